@@ -1,0 +1,107 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef AIRLOCK_WIRE_H
+#define AIRLOCK_WIRE_H
+
+/*
+ * wire: the airlock host <-> guest protocol, in one place.
+ * doc/PROTOCOL.md is the prose version of this header; keep them together.
+ *
+ *     CHANGE WIRE_VERSION IF YOU CHANGE ANYTHING IN THIS FILE THAT
+ *     AFFECTS BYTES ON THE WIRE. There is no negotiation: the version is
+ *     part of the Noise prologue, so peers of different versions fail the
+ *     handshake (and the plaintext version byte lets them say why).
+ *
+ * Layers, outermost first:
+ *   record   u32 big-endian length, then that many bytes. Every byte on the
+ *            connection belongs to a record. The length is checked against
+ *            WIRE_RECORD_MAX (or WIRE_HS_MSG_MAX during the handshake)
+ *            before anything is allocated.
+ *   handshake  three records: initiator's msg1, responder's msg2 (or a
+ *            refusal), then each side's secretstream header.
+ *   transport  every later record is one crypto_secretstream_xchacha20poly1305
+ *            message; its plaintext is one frame.
+ *   frame    u8 type, u32 stream id, payload (the rest of the record).
+ */
+
+#include <stdint.h>
+
+#define WIRE_VERSION 1
+/* Noise prologue: binds the protocol name and version into the handshake
+ * hash, so nothing about the version can be downgraded. */
+#define WIRE_PROLOGUE "airlock wire v1"
+#define WIRE_NOISE_NAME "Noise_IKpsk2_25519_ChaChaPoly_SHA256"
+
+/* ---- record layer ---- */
+#define WIRE_LEN_BYTES 4
+#define WIRE_HS_MSG_MAX 256u              /* handshake records */
+#define WIRE_FRAME_HDR 5u                 /* u8 type + u32 stream */
+#define WIRE_PAYLOAD_MAX (64u * 1024u)    /* frame payload cap */
+#define WIRE_SS_ABYTES 17u                /* crypto_secretstream ABYTES */
+#define WIRE_SS_HEADER 24u                /* crypto_secretstream HEADERBYTES */
+#define WIRE_RECORD_MAX (WIRE_FRAME_HDR + WIRE_PAYLOAD_MAX + WIRE_SS_ABYTES)
+
+/* ---- handshake records ----
+ * msg1  = u8 WIRE_HS_INIT, u8 WIRE_VERSION, Noise message 1
+ *         (e, es, s, ss; payload = 12-byte TAI64N timestamp)
+ * msg2  = u8 WIRE_HS_RESP, Noise message 2 (e, ee, se, psk; empty payload)
+ * refuse= u8 WIRE_HS_REFUSE, u8 reason (enum wire_refusal). Unauthenticated:
+ *         a hint for the human, never trusted for anything else.
+ * then each side sends one record holding its 24-byte secretstream header.
+ */
+enum wire_hs_kind {
+	WIRE_HS_INIT = 0x01,
+	WIRE_HS_RESP = 0x02,
+	WIRE_HS_REFUSE = 0x7f,
+};
+
+enum wire_refusal {
+	WIRE_REFUSE_VERSION = 1,     /* msg1 carried a version we do not speak */
+	WIRE_REFUSE_GUEST_KEY = 2,   /* msg1 did not decrypt: initiator pinned another responder key */
+	WIRE_REFUSE_HOST_KEY = 3,    /* initiator's static key is not on our allow-list */
+	WIRE_REFUSE_REPLAY = 4,      /* msg1 timestamp not newer than the last one seen */
+	WIRE_REFUSE_BUSY = 5,        /* too many sessions */
+	WIRE_REFUSE_MALFORMED = 6,   /* msg1 of the wrong size or shape */
+};
+
+/* ---- streams ----
+ * Stream 0 is the control stream. Initiator-opened streams are odd,
+ * responder-opened streams are even and non-zero. Each data stream has a
+ * credit window per direction: a sender may have at most `window` payload
+ * bytes outstanding; the receiver returns credit with WIRE_WINDOW as its
+ * application consumes. Sending beyond the window is a protocol error that
+ * ends the connection. The control stream is not windowed; its frames are
+ * small and handled at once. */
+#define WIRE_STREAM_CONTROL 0u
+#define WIRE_WINDOW_DEFAULT (256u * 1024u)
+#define WIRE_STREAMS_MAX 4096u
+
+/* ---- frame types ----
+ * Grouped by subsystem. Payload layouts use buf.h encodings (big-endian
+ * integers, u32-length-prefixed byte strings). */
+enum wire_type {
+	/* channel (handled inside chan.c, never seen by applications) */
+	WIRE_WINDOW = 1,    /* stream 0: u32 stream, u32 credit increment */
+	WIRE_BYE = 2,       /* stream 0, sent with TAG_FINAL: orderly close */
+	WIRE_RESET = 3,     /* stream s: the sender abandons stream s */
+
+	/* session (control stream) */
+	WIRE_HELLO = 16,    /* i->r: u32 version, bytes host sync-signing key (32, Ed25519), str client name */
+	WIRE_HELLO_OK = 17, /* r->i: u32 version, str agent name, str root */
+	WIRE_PING = 18,     /* u64 nonce, bytes padding: answered with PONG echoing the payload */
+	WIRE_PONG = 19,
+	WIRE_ERROR = 20,    /* u32 code (errno), str message */
+
+	/* bulk (benchmarks and flow-control tests) */
+	WIRE_BULK_DATA = 32, /* stream s: opaque bytes, discarded by the receiver */
+	WIRE_BULK_END = 33,  /* stream s: u64 total bytes sent */
+	WIRE_BULK_ACK = 34,  /* stream s: u64 total bytes received */
+
+	WIRE_TYPE_MAX = 255,
+};
+
+/* Name of a frame type for logs; "UNKNOWN" for unassigned numbers. */
+const char *wire_type_name(uint8_t type);
+/* Human text for a refusal reason. */
+const char *wire_refusal_str(uint8_t reason);
+
+#endif

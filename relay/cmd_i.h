@@ -1,0 +1,16 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef AIRLOCK_CMD_I_H
+#define AIRLOCK_CMD_I_H
+
+/* Private to the airlock CLI: one function per subcommand. Each gets argv
+ * with argv[0] = the subcommand name and returns the process exit status
+ * (0 ok, 1 runtime failure, 2 usage or bad input). */
+
+int cmd_keygen(int argc, char **argv);
+int cmd_pubkey(int argc, char **argv);
+int cmd_ping(int argc, char **argv);
+
+/* Print "airlock: " + message to stderr. */
+void cmd_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif

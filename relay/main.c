@@ -1,0 +1,62 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* airlock: the host-side command. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <sodium.h>
+
+#include "airlock/mem.h"
+#include "cmd_i.h"
+
+struct command {
+	const char *name;
+	int (*fn)(int argc, char **argv);
+	const char *usage;
+};
+
+static const struct command commands[] = {
+	{ "keygen", cmd_keygen, "keygen -o FILE            write a new private key, print its public key" },
+	{ "pubkey", cmd_pubkey, "pubkey FILE               print the public key of a private key file" },
+	{ "ping", cmd_ping, "ping --guest ADDR --key FILE --guest-key PUBKEY [-n N] [--psk-file F] [--bulk BYTES]" },
+};
+
+void cmd_err(const char *fmt, ...)
+{
+	va_list ap;
+
+	fputs("airlock: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+}
+
+static void usage(FILE *f)
+{
+	fputs("usage: airlock COMMAND [ARGS]\n\ncommands:\n", f);
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		fprintf(f, "  %s\n", commands[i].usage);
+}
+
+int main(int argc, char **argv)
+{
+	if (sodium_init() < 0) {
+		cmd_err("libsodium failed to initialise");
+		return 1;
+	}
+	mem_init_json();
+	if (argc < 2) {
+		usage(stderr);
+		return 2;
+	}
+	if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+		usage(stdout);
+		return 0;
+	}
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		if (!strcmp(argv[1], commands[i].name))
+			return commands[i].fn(argc - 1, argv + 1);
+	cmd_err("unknown command '%s' (try 'airlock help')", argv[1]);
+	return 2;
+}

@@ -1,0 +1,3 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* placeholder: implementation in progress */
+#include "airlock/transport.h"

@@ -1,0 +1,44 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "airlock/wire.h"
+
+#include <stddef.h>
+
+static const char *const type_names[WIRE_TYPE_MAX + 1] = {
+	[WIRE_WINDOW] = "WINDOW",
+	[WIRE_BYE] = "BYE",
+	[WIRE_RESET] = "RESET",
+	[WIRE_HELLO] = "HELLO",
+	[WIRE_HELLO_OK] = "HELLO_OK",
+	[WIRE_PING] = "PING",
+	[WIRE_PONG] = "PONG",
+	[WIRE_ERROR] = "ERROR",
+	[WIRE_BULK_DATA] = "BULK_DATA",
+	[WIRE_BULK_END] = "BULK_END",
+	[WIRE_BULK_ACK] = "BULK_ACK",
+};
+
+const char *wire_type_name(uint8_t type)
+{
+	const char *n = type_names[type];
+	return n ? n : "UNKNOWN";
+}
+
+const char *wire_refusal_str(uint8_t reason)
+{
+	switch (reason) {
+	case WIRE_REFUSE_VERSION:
+		return "the peer speaks a different airlock wire version";
+	case WIRE_REFUSE_GUEST_KEY:
+		return "the guest key this host pinned (--guest-key) is not the guest's key";
+	case WIRE_REFUSE_HOST_KEY:
+		return "this host's key is not on the guest's allow-list (--allow)";
+	case WIRE_REFUSE_REPLAY:
+		return "handshake replayed or host clock went backwards (timestamp not newer than the last one)";
+	case WIRE_REFUSE_BUSY:
+		return "the guest has too many sessions";
+	case WIRE_REFUSE_MALFORMED:
+		return "malformed handshake message";
+	default:
+		return "unknown refusal";
+	}
+}
