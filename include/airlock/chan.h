@@ -28,8 +28,11 @@
  * it has finished with those bytes (or sets CHAN_STREAM_AUTO so chan does it
  * after on_frame returns). A sender whose window is exhausted gets -EAGAIN
  * from chan_send() and an on_writable callback when credit or socket space
- * returns. Memory per connection is bounded by the record cap (input) and
- * CHAN_OUT_HIWAT plus one record (output).
+ * returns. Memory per connection is bounded by the record cap (input:
+ * 4 + WIRE_RECORD_MAX), CHAN_OUT_HIWAT plus a control allowance of two
+ * records (output: data streams stop at HIWAT, the control stream and
+ * chan's own WINDOW/BYE frames may use the allowance), two frame-sized
+ * scratch buffers and at most WIRE_STREAMS_MAX small stream entries.
  *
  * Threading: everything runs on the loop's thread.
  */
@@ -47,11 +50,12 @@ struct chan;
 #define CHAN_REKEY_MS (10u * 60u * 1000u) /* 10 minutes */
 #define CHAN_OUT_HIWAT (256u * 1024u)      /* encrypted bytes queued for the socket */
 #define CHAN_HANDSHAKE_MS 10000u
+#define CHAN_CLOSE_MS 3000u /* chan_close waits this long for the peer's BYE or EOF */
 
 /* The responder's table of allowed initiator keys and, per key, the newest
  * TAI64N timestamp accepted (WireGuard's replay rule: a msg1 whose
  * timestamp is not strictly newer is refused). Shared by all sessions of an
- * agent; kept in memory only. */
+ * agent; kept in memory only. Must outlive every chan that uses it. */
 struct chan_peers;
 
 struct chan_peers *chan_peers_new(void);
@@ -87,7 +91,9 @@ struct chan_ops {
 };
 
 /* Take ownership of fd (closed by chan_free) and start the handshake.
- * Returns NULL when out of memory (fd is then closed). */
+ * cfg is copied (keys included); cfg->peers is shared and must outlive the
+ * chan. Returns NULL when out of memory or cfg is unusable (fd is then
+ * closed; errno says why: ENOMEM, EINVAL). */
 struct chan *chan_new(struct loop *l, int fd, const struct chan_cfg *cfg, const struct chan_ops *ops, void *ud);
 
 /* Close the fd, wipe keys, free. Fires no callback. NULL is a no-op. */
@@ -98,16 +104,22 @@ void chan_free(struct chan *c);
  *   0        queued (sent as the socket allows)
  *   -EAGAIN  no window on this stream, or the output queue is over
  *            CHAN_OUT_HIWAT: wait for on_writable
- *   -EMSGSIZE n too large;  -EPIPE not ready or closing;  -ENOMEM */
+ *   -EMSGSIZE n too large;  -EPIPE not ready or closing;  -ENOMEM
+ *   -EINVAL   type is WIRE_WINDOW or WIRE_BYE (chan's own)
+ *   -ENOSPC   a new stream id, but WIRE_STREAMS_MAX streams exist
+ * Never calls back into the application (errors found while writing are
+ * reported through on_close from the loop). */
 int chan_send(struct chan *c, uint8_t type, uint32_t stream, const void *p, size_t n);
 
 /* Bytes chan_send would accept on this stream now (0 if none). */
 size_t chan_send_space(const struct chan *c, uint32_t stream);
 
 /* Stream ids: a new locally-opened id (odd for the initiator, even for the
- * responder). flags: CHAN_STREAM_AUTO = return receive credit automatically
- * after each on_frame. Streams the peer opens are created on their first
- * frame with flags from chan_set_default_stream_flags(). */
+ * responder), or 0 when out of memory or at WIRE_STREAMS_MAX. Sending on
+ * an id that was never opened creates its state too. flags:
+ * CHAN_STREAM_AUTO = return receive credit automatically after each
+ * on_frame. Streams the peer opens are created on their first frame with
+ * flags from chan_set_default_stream_flags(). */
 #define CHAN_STREAM_AUTO 1u
 uint32_t chan_stream_open(struct chan *c, unsigned flags);
 void chan_set_default_stream_flags(struct chan *c, unsigned flags);
@@ -117,10 +129,13 @@ void chan_stream_close(struct chan *c, uint32_t stream);
 /* Return n bytes of receive credit on stream to the peer. */
 void chan_consume(struct chan *c, uint32_t stream, size_t n);
 
-/* Orderly close (see above). Idempotent. */
+/* Orderly close (see above). Idempotent. Frames the peer sent before it
+ * saw our BYE are still delivered; on_close(0) fires once the peer's BYE
+ * (or EOF at a record boundary) arrives, or -ETIMEDOUT after
+ * CHAN_CLOSE_MS. Before the handshake completed: on_close(-ECANCELED). */
 void chan_close(struct chan *c);
 
-/* Peer's static public key (valid once ready). */
+/* Peer's static public key (valid once ready; NULL before). */
 const uint8_t *chan_peer_key(const struct chan *c);
 bool chan_is_ready(const struct chan *c);
 int chan_fd(const struct chan *c);

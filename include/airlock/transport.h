@@ -47,13 +47,17 @@ int transport_parse(const char *text, struct transport_addr *a, char *err, size_
 /* Canonical text of an address. */
 void transport_format(const struct transport_addr *a, char *out, size_t n);
 
-/* Connect, waiting at most timeout_ms (the fc line exchange included).
- * Returns a connected fd. -ENOTSUP for serial (guest-side only). */
+/* Connect, waiting at most timeout_ms (the fc line exchange included; a
+ * negative timeout_ms waits without limit). Returns a connected fd (tcp:
+ * with TCP_NODELAY), -ETIMEDOUT when the time ran out. -ENOTSUP for serial
+ * (guest-side only). */
 int transport_connect(const struct transport_addr *a, int timeout_ms, char *err, size_t errlen);
 
 /* Listen. Returns a listening fd (for serial: the opened device, in raw
- * mode when it is a tty). A stale unix socket file is replaced. -ENOTSUP
- * for fc. */
+ * mode when it is a tty). A stale unix socket file is replaced; anything
+ * else at the path is an error (-EEXIST for a non-socket, -EADDRINUSE when
+ * something still listens there). A unix listener is created mode 0600.
+ * -ENOTSUP for fc. */
 int transport_listen(const struct transport_addr *a, char *err, size_t errlen);
 
 /* Accept one connection on a listening fd from transport_listen. Returns the
@@ -65,6 +69,12 @@ int transport_accept(const struct transport_addr *a, int lfd);
 /* Serial only: the session on the device ended; the next accept may hand it
  * out again. No-op for other kinds. */
 void transport_release(const struct transport_addr *a, int lfd);
+
+/* The local port a listening (or connected) tcp or vsock socket is bound
+ * to, e.g. after listening on port 0 (transport_format still shows 0 then).
+ * Returns the port, or -errno: -EAFNOSUPPORT for other socket families,
+ * -ERANGE for a vsock port above INT_MAX. */
+int transport_bound_port(int lfd);
 
 /* True when the kind accepts connections on a listening socket (tcp, unix,
  * vsock), false for serial. */

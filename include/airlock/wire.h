@@ -12,7 +12,8 @@
  *     handshake (and the plaintext version byte lets them say why).
  *
  * Layers, outermost first:
- *   record   u32 big-endian length, then that many bytes. Every byte on the
+ *   record   4-byte header (24-bit length + check byte, see below), then
+ *            that many bytes. Every byte on the
  *            connection belongs to a record. The length is checked against
  *            WIRE_RECORD_MAX (or WIRE_HS_MSG_MAX during the handshake)
  *            before anything is allocated.
@@ -21,6 +22,8 @@
  *   transport  every later record is one crypto_secretstream_xchacha20poly1305
  *            message; its plaintext is one frame.
  *   frame    u8 type, u32 stream id, payload (the rest of the record).
+ *            A record whose plaintext is shorter than the 5-byte frame
+ *            header is a protocol error; an unknown type is not.
  */
 
 #include <stdint.h>
@@ -31,8 +34,28 @@
 #define WIRE_PROLOGUE "airlock wire v1"
 #define WIRE_NOISE_NAME "Noise_IKpsk2_25519_ChaChaPoly_SHA256"
 
-/* ---- record layer ---- */
+/* ---- record layer ----
+ * The 4-byte record header is big-endian (check << 24 | length) with
+ * length < 2^24 and check = WIRE_HDR_MAGIC ^ the three length bytes. The
+ * bytes that follow are authenticated by the AEAD anyway; the check byte
+ * makes a damaged header an immediate error instead of a receiver waiting
+ * for bytes that never come (a flipped length bit on a serial line). */
 #define WIRE_LEN_BYTES 4
+#define WIRE_HDR_MAGIC 0xa7u
+
+static inline uint32_t wire_record_hdr(uint32_t len)
+{
+	uint32_t check = WIRE_HDR_MAGIC ^ ((len >> 16) & 0xff) ^ ((len >> 8) & 0xff) ^ (len & 0xff);
+	return (check << 24) | (len & 0xffffffu);
+}
+
+/* 0 and *len on a well-formed header, -1 when the check byte is wrong. */
+static inline int wire_record_len(uint32_t hdr, uint32_t *len)
+{
+	*len = hdr & 0xffffffu;
+	return wire_record_hdr(*len) == hdr ? 0 : -1;
+}
+
 #define WIRE_HS_MSG_MAX 256u              /* handshake records */
 #define WIRE_FRAME_HDR 5u                 /* u8 type + u32 stream */
 #define WIRE_PAYLOAD_MAX (64u * 1024u)    /* frame payload cap */
@@ -79,7 +102,9 @@ enum wire_refusal {
  * Grouped by subsystem. Payload layouts use buf.h encodings (big-endian
  * integers, u32-length-prefixed byte strings). */
 enum wire_type {
-	/* channel (handled inside chan.c, never seen by applications) */
+	/* channel: WINDOW and BYE are handled inside chan.c and never seen by
+	 * applications; RESET is delivered (the application then forgets the
+	 * stream with chan_stream_close) */
 	WIRE_WINDOW = 1,    /* stream 0: u32 stream, u32 credit increment */
 	WIRE_BYE = 2,       /* stream 0, sent with TAG_FINAL: orderly close */
 	WIRE_RESET = 3,     /* stream s: the sender abandons stream s */

@@ -1,0 +1,21 @@
+#!/bin/sh
+# Install what airlock's build and tests need and is missing (Debian 12, as
+# root). Idempotent: does nothing when everything is there.
+set -eu
+PKGS="meson ninja-build pkg-config gcc libc6-dev libfuse3-dev fuse3 libxxhash-dev libzstd-dev
+libsodium-dev libjansson-dev libcmocka-dev socat git"
+missing=""
+for p in $PKGS; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+	if [ "$(id -u)" -ne 0 ]; then
+		echo "airlock: missing packages:$missing (run this as root, or: sudo apt-get install$missing)" >&2
+		exit 1
+	fi
+	echo "installing:$missing"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	# shellcheck disable=SC2086
+	apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi

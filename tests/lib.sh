@@ -1,0 +1,61 @@
+# Shared helpers for integration scripts (sourced, bash).
+# Each script gets a private temp dir, kills what it started on exit, and
+# ends with the plain "N passed, N failed" line.
+
+set -euo pipefail
+
+T=$(mktemp -d /tmp/airlock-test.XXXXXX)
+PIDS=()
+PASS=0
+FAIL=0
+SKIP=0
+
+cleanup() {
+	local p
+	for p in "${PIDS[@]:-}"; do
+		[ -n "$p" ] && kill "$p" 2>/dev/null || true
+	done
+	for p in "${PIDS[@]:-}"; do
+		[ -n "$p" ] && wait "$p" 2>/dev/null || true
+	done
+	rm -rf "$T"
+}
+trap cleanup EXIT
+
+ok() { PASS=$((PASS + 1)); echo "ok - $*"; }
+not_ok() { FAIL=$((FAIL + 1)); echo "not ok - $*"; }
+skip() { SKIP=$((SKIP + 1)); echo "skip - $*"; }
+
+# check NAME CMD...: run a check function, count the result.
+check() {
+	local name=$1
+	shift
+	if "$@"; then ok "$name"; else not_ok "$name"; fi
+}
+
+finish() {
+	echo "$PASS passed, $FAIL failed, $SKIP skipped"
+	[ "$FAIL" -eq 0 ]
+}
+
+# wait_line FILE REGEX [SECONDS]: wait until FILE has a line matching REGEX.
+wait_line() {
+	local file=$1 re=$2 secs=${3:-10} i
+	for ((i = 0; i < secs * 200; i++)); do
+		if grep -qE "$re" "$file" 2>/dev/null; then return 0; fi
+		sleep 0.005
+	done
+	echo "timed out waiting for /$re/ in $file:" >&2
+	cat "$file" >&2 || true
+	return 1
+}
+
+# start_bg LOGPREFIX CMD...: start a background process with stdout and
+# stderr in $T/LOGPREFIX.out/.err; sets BG_PID.
+start_bg() {
+	local name=$1
+	shift
+	"$@" >"$T/$name.out" 2>"$T/$name.err" &
+	BG_PID=$!
+	PIDS+=("$BG_PID")
+}
