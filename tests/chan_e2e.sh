@@ -176,8 +176,10 @@ check "truncation inside a record is detected" test $faults_failed -eq 0
 t_replay() {
 	"$FWD" "$T/rec.sock" "$T/agent.sock" none --save-msg1 "$T/msg1" >"$T/fwd.out" 2>&1 &
 	PIDS+=("$!")
-	wait_line "$T/fwd.out" '^ready' 5 && ping_to "unix:$T/rec.sock" -n 2 &&
-		[ "$("$FWD" --replay "$T/msg1" "$T/agent.sock")" = "refused 4" ]
+	wait_line "$T/fwd.out" '^ready' 5 && ping_to "unix:$T/rec.sock" -n 2 || { cat "$T/ping.log"; return 1; }
+	local got
+	got=$("$FWD" --replay "$T/msg1" "$T/agent.sock")
+	[ "$got" = "refused 4" ] || { echo "replay answered: $got" >&2; tail -3 "$T/agent.err" >&2; return 1; }
 }
 check "a replayed first handshake message is refused" t_replay
 

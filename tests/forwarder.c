@@ -238,8 +238,8 @@ static int replay(const char *file, const char *target)
 		if (r <= 0)
 			break;
 		got += (size_t)r;
-		if (got >= 5)
-			break;
+		if (got >= 4 + 49 || (got >= 6 && in[4] == 0x7f))
+			break; /* a whole msg2, or a whole refusal */
 	}
 	close(fd);
 	if (got >= 6 && in[4] == 0x7f)
