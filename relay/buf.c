@@ -10,7 +10,7 @@
 void buf_init(struct buf *b, size_t max)
 {
 	memset(b, 0, sizeof(*b));
-	b->max = max;
+	b->max = max < BUF_HARD_MAX ? max : BUF_HARD_MAX;
 }
 
 void buf_view(struct buf *b, const void *p, size_t n)

@@ -33,8 +33,11 @@ struct buf {
 	bool view;
 };
 
-/* Set up an empty owned buffer that may hold at most `max` bytes. Allocates
- * nothing until the first write. */
+/* No buffer ever holds more than this, whatever max its owner asks for. */
+#define BUF_HARD_MAX ((size_t)1 << 32)
+
+/* Set up an empty owned buffer that may hold at most `max` bytes (clamped
+ * to BUF_HARD_MAX). Allocates nothing until the first write. */
 void buf_init(struct buf *b, size_t max);
 
 /* Set up a read-only view over p[0..n). The caller keeps ownership of p and
