@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -45,6 +46,7 @@ struct ping {
 	uint64_t bulk_total, bulk_sent, bulk_acked;
 	uint32_t bulk_stream;
 	bool bulk_started, bulk_end_sent, bulk_done;
+	bool concurrent; /* round trips run while the bulk transfer floods */
 	uint64_t bulk_start_ns, bulk_end_ns;
 	uint8_t *bulk_buf;
 	/* result */
@@ -132,20 +134,28 @@ static void bulk_pump(struct ping *p)
 	}
 }
 
+static void bulk_start(struct ping *p)
+{
+	if (!(p->bulk_buf = mem_alloc(BULK_CHUNK))) {
+		fail(p, -ENOMEM, "out of memory");
+		return;
+	}
+	randombytes_buf(p->bulk_buf, BULK_CHUNK);
+	if (!(p->bulk_stream = chan_stream_open(p->chan, CHAN_STREAM_AUTO))) {
+		fail(p, -ENOMEM, "cannot open a stream");
+		return;
+	}
+	p->bulk_started = true;
+	p->bulk_start_ns = loop_now_ns();
+	bulk_pump(p);
+}
+
 static void maybe_finish(struct ping *p)
 {
 	if (p->received < p->n)
 		return;
 	if (p->bulk_total && !p->bulk_started) {
-		if (!(p->bulk_buf = mem_alloc(BULK_CHUNK))) {
-			fail(p, -ENOMEM, "out of memory");
-			return;
-		}
-		randombytes_buf(p->bulk_buf, BULK_CHUNK);
-		p->bulk_stream = chan_stream_open(p->chan, CHAN_STREAM_AUTO);
-		p->bulk_started = true;
-		p->bulk_start_ns = loop_now_ns();
-		bulk_pump(p);
+		bulk_start(p);
 		return;
 	}
 	if (p->bulk_total && !p->bulk_done)
@@ -274,6 +284,8 @@ static void on_ready(struct chan *c, void *ud)
 	}
 	buf_clear(&b);
 	p->t_start_ns = loop_now_ns();
+	if (p->concurrent && p->bulk_total)
+		bulk_start(p);
 	if ((r = send_pings(p)) < 0) {
 		fail(p, r, "send: %s", strerror(-r));
 		return;
@@ -288,7 +300,7 @@ static void on_writable(struct chan *c, void *ud)
 
 	if (p->bulk_started && !p->bulk_done)
 		bulk_pump(p);
-	else if (send_pings(p) < 0)
+	if (send_pings(p) < 0)
 		fail(p, -EIO, "send failed");
 }
 
@@ -345,7 +357,9 @@ static double pct(const uint64_t *sorted, uint32_t n, double q)
 static void usage(void)
 {
 	fputs("usage: airlock ping --guest ADDR --key FILE --guest-key PUBKEY [-n N] [--size BYTES]\n"
-	      "                    [--window W] [--bulk BYTES] [--psk-file FILE] [--timeout S] [--json]\n",
+	      "                    [--window W] [--bulk BYTES [--concurrent]] [--psk-file FILE] [--timeout S]\n"
+	      "                    [--json]\n"
+	      "  --concurrent: do the round trips while the bulk transfer floods another stream\n",
 	      stderr);
 }
 
@@ -375,7 +389,8 @@ int cmd_ping(int argc, char **argv)
 		{ "guest-key", required_argument, NULL, 'G' }, { "size", required_argument, NULL, 's' },
 		{ "window", required_argument, NULL, 'w' }, { "bulk", required_argument, NULL, 'b' },
 		{ "psk-file", required_argument, NULL, 'p' }, { "timeout", required_argument, NULL, 't' },
-		{ "json", no_argument, NULL, 'j' },          { NULL, 0, NULL, 0 },
+		{ "json", no_argument, NULL, 'j' },          { "concurrent", no_argument, NULL, 'c' },
+		{ NULL, 0, NULL, 0 },
 	};
 	struct ping p = { .n = 10, .window = 1, .size = 0 };
 	const char *guest = NULL, *keyfile = NULL, *guest_key = NULL, *psk_file = NULL;
@@ -394,6 +409,7 @@ int cmd_ping(int argc, char **argv)
 		case 'G': guest_key = optarg; break;
 		case 'p': psk_file = optarg; break;
 		case 'j': json = true; break;
+		case 'c': p.concurrent = true; break;
 		case 'n':
 			if (parse_u64(optarg, &v) < 0 || v > PING_MAX_N) {
 				cmd_err("ping: -n must be 0..%u", PING_MAX_N);
@@ -493,6 +509,9 @@ int cmd_ping(int argc, char **argv)
 		json_t *o = json_pack("{s:s, s:f, s:f, s:{s:I, s:I, s:f, s:f, s:f, s:f}}", "guest", guest, "connect_ms",
 		                      conn_ms, "handshake_ms", hs_ms, "rtt_us", "n", (json_int_t)p.received, "size",
 		                      (json_int_t)p.size, "p50", p50, "p99", p99, "min", mn, "max", mx);
+		struct rusage ru;
+		if (o && getrusage(RUSAGE_SELF, &ru) == 0)
+			json_object_set_new(o, "max_rss_kb", json_integer(ru.ru_maxrss));
 		if (o && p.bulk_total)
 			json_object_set_new(o, "bulk",
 			                    json_pack("{s:I, s:f, s:f}", "bytes", (json_int_t)p.bulk_total, "seconds",
@@ -507,8 +526,8 @@ int cmd_ping(int argc, char **argv)
 	} else {
 		printf("handshake with %s: %.3f ms (connect %.3f ms)\n", guest, hs_ms, conn_ms);
 		if (p.received)
-			printf("rtt over %u round trips (%u-byte payload): p50 %.1f us, p99 %.1f us, min %.1f us, max %.1f us\n",
-			       p.received, p.size, p50, p99, mn, mx);
+			printf("rtt over %u round trips (%u-byte payload%s): p50 %.1f us, p99 %.1f us, min %.1f us, max %.1f us\n",
+			       p.received, p.size, p.concurrent && p.bulk_total ? ", during bulk" : "", p50, p99, mn, mx);
 		if (p.bulk_total)
 			printf("bulk %" PRIu64 " bytes in %.3f s: %.1f MiB/s\n", p.bulk_total, bulk_s,
 			       (double)p.bulk_total / 1048576.0 / bulk_s);

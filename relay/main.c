@@ -18,7 +18,7 @@ struct command {
 static const struct command commands[] = {
 	{ "keygen", cmd_keygen, "keygen -o FILE            write a new private key, print its public key" },
 	{ "pubkey", cmd_pubkey, "pubkey FILE               print the public key of a private key file" },
-	{ "ping", cmd_ping, "ping --guest ADDR --key FILE --guest-key PUBKEY [-n N] [--psk-file F] [--bulk BYTES]" },
+	{ "ping", cmd_ping, "ping --guest ADDR --key FILE --guest-key PUBKEY [-n N] [--bulk BYTES [--concurrent]] ..." },
 };
 
 void cmd_err(const char *fmt, ...)
