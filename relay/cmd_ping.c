@@ -527,7 +527,7 @@ int cmd_ping(int argc, char **argv)
 		printf("handshake with %s: %.3f ms (connect %.3f ms)\n", guest, hs_ms, conn_ms);
 		if (p.received)
 			printf("rtt over %u round trips (%u-byte payload%s): p50 %.1f us, p99 %.1f us, min %.1f us, max %.1f us\n",
-			       p.received, p.size, p.concurrent && p.bulk_total ? ", during bulk" : "", p50, p99, mn, mx);
+			       p.received, p.size + 12, p.concurrent && p.bulk_total ? ", during bulk" : "", p50, p99, mn, mx);
 		if (p.bulk_total)
 			printf("bulk %" PRIu64 " bytes in %.3f s: %.1f MiB/s\n", p.bulk_total, bulk_s,
 			       (double)p.bulk_total / 1048576.0 / bulk_s);

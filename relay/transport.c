@@ -38,6 +38,7 @@ static const struct transport_ops *backend_of(const struct transport_addr *a)
 
 /* ---- messages ---- */
 
+__attribute__((format(printf, 4, 0)))
 static void verrf(char *err, size_t errlen, const char *prefix, const char *fmt, va_list ap)
 {
 	int n = 0;
