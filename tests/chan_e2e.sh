@@ -22,7 +22,12 @@ wait_line "$T/agent.out" '^ready'
 ping_to() { # ping_to ADDR [extra args]: stdout+stderr in $T/ping.log
 	local addr=$1
 	shift
-	"$AIRLOCK" ping --guest "$addr" --key "$T/host.key" --guest-key "$GUEST" "$@" >"$T/ping.log" 2>&1
+	# timeout(1) is a backstop: ping has its own --timeout, and a ping that
+	# outlives it is itself a bug worth a message.
+	timeout -k 5 60 "$AIRLOCK" ping --guest "$addr" --key "$T/host.key" --guest-key "$GUEST" "$@" >"$T/ping.log" 2>&1
+	local rc=$?
+	[ $rc -ne 124 ] || echo "ping to $addr hung past 60 s: $*" >&2
+	return $rc
 }
 
 t_unix() { ping_to "unix:$T/agent.sock" -n 20 && grep -q 'rtt over 20 round trips' "$T/ping.log"; }
@@ -137,11 +142,12 @@ n=0
 mitm() { # mitm FAULT: expect failure with a channel error
 	local fault=$1
 	n=$((n + 1))
-	local sock="$T/mitm$n.sock"
-	"$FWD" "$sock" "$T/agent.sock" "$fault" >"$T/fwd.out" 2>"$T/fwd.err" &
+	local sock="$T/mitm$n.sock" out="$T/fwd$n.out"
+	timeout -k 5 60 "$FWD" "$sock" "$T/agent.sock" "$fault" >"$out" 2>"$T/fwd.err" &
 	local fpid=$!
 	PIDS+=("$fpid")
-	wait_line "$T/fwd.out" '^ready' 5 || return 1
+	wait_line "$out" '^ready' 5 || return 1
+	local t0=$SECONDS
 	if ping_to "unix:$sock" -n 40 --window 8 --timeout 2; then
 		echo "fault $fault: session succeeded" >&2
 		kill "$fpid" 2>/dev/null || true
@@ -149,6 +155,13 @@ mitm() { # mitm FAULT: expect failure with a channel error
 	fi
 	kill "$fpid" 2>/dev/null || true
 	wait "$fpid" 2>/dev/null || true
+	if [ $((SECONDS - t0)) -ge 2 ]; then
+		echo "fault $fault: detected only by the client's timeout ($(tail -1 "$T/ping.log"))" >&2
+	fi
+	if ! kill -0 "$AGENT_PID" 2>/dev/null; then
+		echo "fault $fault: the agent died" >&2
+		return 1
+	fi
 	if grep -qE 'malformed PONG|out of order|payload differs|unexpected frame|guest received' "$T/ping.log"; then
 		echo "fault $fault leaked to the application:" >&2
 		cat "$T/ping.log" >&2
@@ -158,9 +171,9 @@ mitm() { # mitm FAULT: expect failure with a channel error
 }
 
 t_mitm_clean() {
-	"$FWD" "$T/clean.sock" "$T/agent.sock" none >"$T/fwd.out" 2>&1 &
+	"$FWD" "$T/clean.sock" "$T/agent.sock" none >"$T/clean.out" 2>&1 &
 	PIDS+=("$!")
-	wait_line "$T/fwd.out" '^ready' 5 && ping_to "unix:$T/clean.sock" -n 40 --window 8 --timeout 4
+	wait_line "$T/clean.out" '^ready' 5 && ping_to "unix:$T/clean.sock" -n 40 --window 8 --timeout 4
 }
 check "forwarder without a fault passes the session" t_mitm_clean
 
@@ -199,9 +212,9 @@ check "truncation inside a record is detected" test $faults_failed -eq 0
 # Replay of a first handshake message: captured from a good session, sent
 # again to the same agent: refused with WIRE_REFUSE_REPLAY (4).
 t_replay() {
-	"$FWD" "$T/rec.sock" "$T/agent.sock" none --save-msg1 "$T/msg1" >"$T/fwd.out" 2>&1 &
+	"$FWD" "$T/rec.sock" "$T/agent.sock" none --save-msg1 "$T/msg1" >"$T/rec.out" 2>&1 &
 	PIDS+=("$!")
-	wait_line "$T/fwd.out" '^ready' 5 && ping_to "unix:$T/rec.sock" -n 2 || { cat "$T/ping.log"; return 1; }
+	wait_line "$T/rec.out" '^ready' 5 && ping_to "unix:$T/rec.sock" -n 2 || { cat "$T/ping.log"; return 1; }
 	local got
 	got=$("$FWD" --replay "$T/msg1" "$T/agent.sock")
 	[ "$got" = "refused 4" ] || { echo "replay answered: $got" >&2; tail -3 "$T/agent.err" >&2; return 1; }
