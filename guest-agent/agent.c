@@ -29,6 +29,7 @@
 #include "airlock/keys.h"
 #include "airlock/loop.h"
 #include "airlock/mem.h"
+#include "airlock/syncg.h"
 #include "airlock/transport.h"
 #include "airlock/wire.h"
 
@@ -43,6 +44,7 @@ struct session {
 	uint8_t sync_pk[32]; /* host's Ed25519 sync-signing key, from HELLO */
 	bool hello;
 	uint64_t bulk_bytes; /* bulk stream bytes received */
+	struct syncg_session *sync; /* made by the first sync frame */
 };
 
 struct agent {
@@ -55,6 +57,9 @@ struct agent {
 	bool have_psk;
 	struct chan_peers *peers;
 	const char *root;
+	const char *state_dir; /* --state, NULL: <root>.airlock-state */
+	struct apply_opts apply_opts;
+	struct syncg *sync;
 	struct session *sessions;
 	unsigned nsessions, max_sessions, next_id;
 	int verbose;
@@ -153,6 +158,42 @@ static int handle_bulk_end(struct session *s, uint32_t stream, struct buf *in)
 	return chan_send(s->chan, WIRE_BULK_ACK, stream, ack, sizeof(ack));
 }
 
+/* Every sync message (syncg.h): fragments are reassembled and parsed
+ * there. A batch that fails verification or apply is answered with
+ * SYNC_NACK and the session goes on; a protocol violation drops it. */
+static int handle_sync(struct session *s, uint32_t stream, struct buf *in, uint8_t type)
+{
+	char err[1024];
+	int r;
+
+	if (!s->sync && (r = syncg_session_new(s->agent->sync, s->chan, s->sync_pk, &s->sync)) < 0)
+		return r;
+	r = syncg_session_frame(s->sync, type, stream, buf_ptr(in), buf_len(in), err, sizeof(err));
+	if (r < 0 || err[0])
+		logmsg("session %u: sync: %s", s->id, err[0] ? err : strerror(-r));
+	return r;
+}
+
+static int handle_sync_begin(struct session *s, uint32_t stream, struct buf *in)
+{
+	return handle_sync(s, stream, in, WIRE_SYNC_BEGIN);
+}
+
+static int handle_sync_levels_req(struct session *s, uint32_t stream, struct buf *in)
+{
+	return handle_sync(s, stream, in, WIRE_SYNC_LEVELS_REQ);
+}
+
+static int handle_sync_entries_req(struct session *s, uint32_t stream, struct buf *in)
+{
+	return handle_sync(s, stream, in, WIRE_SYNC_ENTRIES_REQ);
+}
+
+static int handle_sync_batch(struct session *s, uint32_t stream, struct buf *in)
+{
+	return handle_sync(s, stream, in, WIRE_SYNC_BATCH);
+}
+
 static const struct {
 	frame_fn *fn;
 	const char *name;
@@ -162,6 +203,10 @@ static const struct {
 	[WIRE_PING] = { handle_ping, "PING", true },
 	[WIRE_BULK_DATA] = { handle_bulk_data, "BULK_DATA", false },
 	[WIRE_BULK_END] = { handle_bulk_end, "BULK_END", false },
+	[WIRE_SYNC_BEGIN] = { handle_sync_begin, "SYNC_BEGIN", false },
+	[WIRE_SYNC_LEVELS_REQ] = { handle_sync_levels_req, "SYNC_LEVELS_REQ", false },
+	[WIRE_SYNC_ENTRIES_REQ] = { handle_sync_entries_req, "SYNC_ENTRIES_REQ", false },
+	[WIRE_SYNC_BATCH] = { handle_sync_batch, "SYNC_BATCH", false },
 };
 
 static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t *p, size_t n, void *ud)
@@ -200,6 +245,7 @@ static void session_drop(struct session *s)
 		}
 	}
 	a->nsessions--;
+	syncg_session_free(s->sync);
 	chan_free(s->chan);
 	sodium_memzero(s, sizeof(*s));
 	mem_free(s);
@@ -236,9 +282,21 @@ static void on_close(struct chan *c, int err, const char *why, void *ud)
 	}
 }
 
+static void on_writable(struct chan *c, void *ud)
+{
+	struct session *s = ud;
+	int r;
+
+	if (s->sync && (r = syncg_session_writable(s->sync)) < 0) {
+		logmsg("session %u: sync: sending: %s; closing", s->id, strerror(-r));
+		chan_close(c);
+	}
+}
+
 static const struct chan_ops session_ops = {
 	.on_ready = on_ready,
 	.on_frame = on_frame,
+	.on_writable = on_writable,
 	.on_close = on_close,
 };
 
@@ -321,7 +379,9 @@ static void on_signal(struct loop *l, int fd, uint32_t events, void *ud)
 static void usage(FILE *f)
 {
 	fputs("usage: airlock-agent --listen ADDR --root DIR --key FILE (--allow PUBKEY | --allow-file FILE)...\n"
-	      "                     [--psk-file FILE] [--max-sessions N] [-v]\n"
+	      "                     [--psk-file FILE] [--max-sessions N] [--state DIR] [--fsync none|batch|file] [-v]\n"
+	      "  --state DIR: where the last applied sync sequence is kept (default ROOT.airlock-state;\n"
+	      "               must be outside ROOT)\n"
 	      "  ADDR: tcp:HOST:PORT | unix:PATH | vsock:CID:PORT | serial:DEVICE\n",
 	      f);
 }
@@ -349,9 +409,10 @@ int main(int argc, char **argv)
 		{ "key", required_argument, NULL, 'k' },    { "allow", required_argument, NULL, 'a' },
 		{ "allow-file", required_argument, NULL, 'A' }, { "psk-file", required_argument, NULL, 'p' },
 		{ "max-sessions", required_argument, NULL, 'm' }, { "verbose", no_argument, NULL, 'v' },
+		{ "state", required_argument, NULL, 'S' },  { "fsync", required_argument, NULL, 'F' },
 		{ "help", no_argument, NULL, 'h' },         { NULL, 0, NULL, 0 },
 	};
-	struct agent a = { .lfd = -1, .sfd = -1, .max_sessions = 16 };
+	struct agent a = { .lfd = -1, .sfd = -1, .max_sessions = 16, .apply_opts = { .fsync = APPLY_FSYNC_BATCH } };
 	const char *listen = NULL, *keyfile = NULL;
 	char err[512];
 	int c, r, status = 1;
@@ -419,6 +480,22 @@ int main(int argc, char **argv)
 		case 'v':
 			a.verbose++;
 			break;
+		case 'S':
+			a.state_dir = optarg;
+			break;
+		case 'F':
+			if (!strcmp(optarg, "none"))
+				a.apply_opts.fsync = APPLY_FSYNC_NONE;
+			else if (!strcmp(optarg, "batch"))
+				a.apply_opts.fsync = APPLY_FSYNC_BATCH;
+			else if (!strcmp(optarg, "file"))
+				a.apply_opts.fsync = APPLY_FSYNC_FILE;
+			else {
+				logmsg("--fsync must be none, batch or file");
+				status = 2;
+				goto out;
+			}
+			break;
 		case 'h':
 			usage(stdout);
 			status = 0;
@@ -445,6 +522,12 @@ int main(int argc, char **argv)
 		logmsg("--root %s: %s", a.root, strerror(errno));
 		goto out;
 	}
+	if (syncg_open(a.root, a.state_dir, &a.apply_opts, a.key.pub, &a.sync, err, sizeof(err)) < 0) {
+		logmsg("%s", err);
+		goto out;
+	}
+	logmsg("sync state in %s (last applied batch %llu)", syncg_state_dir(a.sync),
+	       (unsigned long long)syncg_last_seq(a.sync));
 	if (transport_parse(listen, &a.addr, err, sizeof(err)) < 0) {
 		logmsg("--listen: %s", err);
 		status = 2;
@@ -505,6 +588,7 @@ out:
 	if (a.addr.kind == TRANSPORT_UNIX && a.lfd >= 0)
 		unlink(a.addr.path);
 	loop_free(a.loop);
+	syncg_free(a.sync);
 	chan_peers_free(a.peers);
 	sodium_memzero(&a.key, sizeof(a.key));
 	sodium_memzero(a.psk, sizeof(a.psk));

@@ -9,6 +9,8 @@
 int cmd_keygen(int argc, char **argv);
 int cmd_pubkey(int argc, char **argv);
 int cmd_ping(int argc, char **argv);
+int cmd_sync(int argc, char **argv);
+int cmd_audit(int argc, char **argv);
 
 /* Print "airlock: " + message to stderr. */
 void cmd_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -19,6 +19,8 @@ static const struct command commands[] = {
 	{ "keygen", cmd_keygen, "keygen -o FILE            write a new private key, print its public key" },
 	{ "pubkey", cmd_pubkey, "pubkey FILE               print the public key of a private key file" },
 	{ "ping", cmd_ping, "ping --guest ADDR --key FILE --guest-key PUBKEY [-n N] [--bulk BYTES [--concurrent]] ..." },
+	{ "sync", cmd_sync, "sync DIR --guest ADDR --key FILE --guest-key PUBKEY [--policy FILE] [--json] ..." },
+	{ "audit", cmd_audit, "audit [-C DIR] [--json]   withheld paths (with their rule), skipped files, egress denials" },
 };
 
 void cmd_err(const char *fmt, ...)

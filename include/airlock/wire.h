@@ -98,6 +98,12 @@ enum wire_refusal {
 #define WIRE_WINDOW_DEFAULT (256u * 1024u)
 #define WIRE_STREAMS_MAX 4096u
 
+/* sync: largest reassembled sync message (a batch is at most this big:
+ * the host's delta caps use it as max_batch) and most names per request */
+#define WIRE_SYNC_MSG_MAX (256u * 1024u * 1024u)
+#define WIRE_SYNC_REQ_MAX 4096u
+#define WIRE_SYNC_MORE 1u /* first payload byte: more fragments follow */
+
 /* ---- frame types ----
  * Grouped by subsystem. Payload layouts use buf.h encodings (big-endian
  * integers, u32-length-prefixed byte strings). */
@@ -120,6 +126,22 @@ enum wire_type {
 	WIRE_BULK_DATA = 32, /* stream s: opaque bytes, discarded by the receiver */
 	WIRE_BULK_END = 33,  /* stream s: u64 total bytes sent */
 	WIRE_BULK_ACK = 34,  /* stream s: u64 total bytes received */
+
+	/* sync (48..79; doc/PROTOCOL.md "Sync"). All on one host-opened
+	 * stream s. Every sync payload starts with u8 more: 1 = another
+	 * fragment of the same message follows in a frame of the same type,
+	 * 0 = last fragment. The receiver reassembles up to
+	 * WIRE_SYNC_MSG_MAX bytes (checked before growing) and then parses the
+	 * message; below, "payload" means the reassembled message. */
+	WIRE_SYNC_BEGIN = 48,	   /* h->g: u32 chunk min, avg, max, whole_max */
+	WIRE_SYNC_STATE = 49,	   /* g->h: u64 last applied seq, 16 root digest, u64 entries, u32 special files skipped */
+	WIRE_SYNC_LEVELS_REQ = 50, /* h->g: u32 n (<= WIRE_SYNC_REQ_MAX), n x str dir ("" = root) */
+	WIRE_SYNC_LEVEL = 51,	   /* g->h, one per asked dir, in order: str dir, bytes level (manifest_level_encode) */
+	WIRE_SYNC_ENTRIES_REQ = 52, /* h->g: u32 n (<= WIRE_SYNC_REQ_MAX), n x str path */
+	WIRE_SYNC_ENTRY = 53,	   /* g->h, one per asked path: str path, u8 found, [manifest_entry_encode] */
+	WIRE_SYNC_BATCH = 54,	   /* h->g: one signed delta batch (delta.h) */
+	WIRE_SYNC_ACK = 55,	   /* g->h: u64 seq, u64 ops, u64 files, u64 bytes, u64 deleted, u64 kept_dirs */
+	WIRE_SYNC_NACK = 56,	   /* g->h: u64 seq, u32 errno, u8 partial, str message */
 
 	WIRE_TYPE_MAX = 255,
 };

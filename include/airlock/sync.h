@@ -1,0 +1,186 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef AIRLOCK_SYNC_H
+#define AIRLOCK_SYNC_H
+
+/*
+ * sync: the host-side sync engine. It turns a workspace directory plus a
+ * policy into signed delta batches for one guest, over a sync stream of an
+ * already-ready chan (wire.h "sync" group, doc/PROTOCOL.md "Sync").
+ *
+ * Two entry points, both asynchronous on the chan's loop:
+ *
+ *   sync_reconcile()  on every (re)connect: scan the host tree through
+ *                     the policy, learn what the guest holds by a top-down
+ *                     digest exchange in which the host drops every guest
+ *                     entry its policy does not manage (so those are never
+ *                     listed further, compared or touched: a guest-side
+ *                     node_modules survives), diff, send batches, wait for
+ *                     every acknowledgement.
+ *   sync_push_paths() after a reconcile: the paths a change journal saw
+ *                     change (the live FUSE mount's dirty set). Sends what
+ *                     changed relative to the state the guest last
+ *                     confirmed, without asking the guest anything.
+ *
+ * Each finishes with ops->on_done(err, why) exactly once; one operation
+ * runs at a time (-EBUSY otherwise). Progress is reported through
+ * ops->on_progress as batches are built and acknowledged.
+ *
+ * The application owns the chan and routes to the engine every frame whose
+ * type is in the sync group (sync_on_frame), every on_writable
+ * (sync_on_writable), and WIRE_ERROR frames on the sync stream
+ * (sync_on_error). The engine never frees the chan.
+ *
+ * Secrets: a path the policy withholds is never opened. The one exception
+ * is .git/config, which is always withheld and replaced by a *generated*
+ * file holding only whitelisted keys of the host's (sync_git_config); its
+ * bytes are made in memory, the real file is only parsed.
+ *
+ * Errors are -errno; the `why` text names the path, batch or peer.
+ */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "airlock/buf.h"
+#include "airlock/chunk.h"
+#include "airlock/delta.h"
+
+struct chan;
+struct policy;
+struct sync;
+
+/* Most withheld / skipped paths kept for the audit record; the rest are
+ * only counted. */
+#define SYNC_RECORDS_MAX 10000u
+/* A batch is finished once it holds this many bytes (a single larger
+ * file still goes in one batch, up to WIRE_SYNC_MSG_MAX). */
+#define SYNC_BATCH_TARGET (8u << 20)
+/* Batches sent and not yet acknowledged. */
+#define SYNC_BATCHES_IN_FLIGHT 2u
+#define SYNC_GIT_CONFIG ".git/config"
+#define SYNC_GIT_CONFIG_MAX (1u << 20) /* larger host .git/config files are not parsed */
+
+/* ---- shared by host and guest ---- */
+
+/* The 32-byte batch scope (delta.h): SHA-256 over the label
+ * "airlock sync scope v1", the guest's static public key and the host's
+ * sync-signing public key. A batch made for one guest, or by another host
+ * key, is refused. */
+void sync_scope(const uint8_t guest_pub[32], const uint8_t host_sign_pk[32], uint8_t scope[DELTA_SCOPE_LEN]);
+
+/* Delta caps both sides use (max_batch = WIRE_SYNC_MSG_MAX). */
+extern const struct delta_caps sync_delta_caps;
+
+/* Reassembly of fragmented sync messages (wire.h: first byte "more"). */
+struct sync_inbox {
+	uint8_t type; /* type of the message being assembled, 0 = none */
+	struct buf b; /* owned, capped at WIRE_SYNC_MSG_MAX */
+};
+void sync_inbox_init(struct sync_inbox *in);
+void sync_inbox_clear(struct sync_inbox *in);
+/* Add one frame. Returns 1 with the whole message in in->b (the caller
+ * parses it, then calls sync_inbox_done), 0 when more fragments are due,
+ * -EBADMSG for an empty frame or a type change inside a message,
+ * -EMSGSIZE past the cap, -ENOMEM. */
+int sync_inbox_add(struct sync_inbox *in, uint8_t type, const uint8_t *p, size_t n);
+void sync_inbox_done(struct sync_inbox *in);
+
+/* Outgoing messages, fragmented as the stream's window allows. */
+struct sync_outmsg;
+struct sync_outbox {
+	struct sync_outmsg *head, *tail;
+	size_t queued; /* bytes not yet handed to chan */
+};
+void sync_outbox_init(struct sync_outbox *ob);
+void sync_outbox_clear(struct sync_outbox *ob);
+/* Queue a message; takes ownership of data (mem_alloc'd) in every case. */
+int sync_outbox_push(struct sync_outbox *ob, uint8_t type, uint8_t *data, size_t n);
+/* Queue a copy of b's readable bytes. */
+int sync_outbox_push_buf(struct sync_outbox *ob, uint8_t type, const struct buf *b);
+/* Send as much as the chan takes now. 0 (all sent or waiting for
+ * on_writable), or a chan_send error other than -EAGAIN. */
+int sync_outbox_flush(struct sync_outbox *ob, struct chan *c, uint32_t stream);
+
+/* The generated .git/config for the guest, from the host's one at
+ * `path`: only [core] repositoryformatversion, filemode, logallrefupdates,
+ * ignorecase, precomposeunicode, symlinks, autocrlf, eol, safecrlf,
+ * checkstat, trustctime and [extensions] objectformat, refstorage are
+ * copied, and only with plain values ([A-Za-z0-9._-]); bare is always
+ * false. No remotes, URLs, includes, credentials, hooksPath, fsmonitor,
+ * sshCommand or anything else. A missing or unreadable file gives the
+ * minimal config. Appends to out. 0, -EFBIG (over SYNC_GIT_CONFIG_MAX) or
+ * -ENOMEM. */
+int sync_git_config(int dirfd, const char *path, struct buf *out);
+
+/* ---- host engine ---- */
+
+struct sync_progress {
+	const char *phase;	     /* "scan", "reconcile", "send", "done" */
+	uint64_t files_total;	     /* files and links the diff will send */
+	uint64_t bytes_total;	     /* their content bytes */
+	uint64_t files_done;	     /* acknowledged by the guest */
+	uint64_t bytes_done;
+};
+
+struct sync_stats {
+	uint64_t host_entries;	/* managed paths on the host */
+	uint64_t guest_entries; /* managed paths the guest had (reconstructed) */
+	uint64_t levels;	/* directory levels the guest listed */
+	uint64_t changes;	/* ops the diff produced */
+	uint64_t files, symlinks, dirs, chmods, deleted;
+	uint64_t content_bytes; /* bytes of the files sent (before delta) */
+	uint64_t batch_bytes;	/* encoded, signed batch bytes */
+	uint64_t batches;
+	uint64_t withheld;	  /* paths the policy withheld (files and pruned dirs) */
+	uint64_t skipped;	  /* special files and unreadable entries left out */
+	uint64_t vanished;	  /* files that changed or vanished while being sent (left for next sync) */
+	uint64_t kept_dirs;	  /* directory deletes the guest skipped: they hold its own files */
+	uint64_t guest_seq;	  /* last sequence the guest confirmed */
+};
+
+/* A withheld or skipped path, for the audit record. */
+struct sync_record {
+	char *path; /* owned */
+	char *rule; /* owned: policy verdict rule, or why it was skipped */
+};
+
+struct sync_ops {
+	void (*on_progress)(const struct sync_progress *p, void *ud); /* may be NULL */
+	void (*on_done)(int err, const char *why, void *ud);
+};
+
+struct sync_cfg {
+	int dirfd;		      /* the workspace (kept by the caller) */
+	const struct policy *policy;  /* must outlive the engine */
+	const uint8_t *sign_sk;	      /* 64 bytes: keys_signing_key() */
+	const uint8_t *sign_pk;	      /* 32 bytes */
+	const uint8_t *guest_pub;     /* 32 bytes: the pinned guest static key */
+	const struct chunk_params *chunking; /* NULL: chunk_params_default */
+	size_t batch_target;	      /* 0: SYNC_BATCH_TARGET */
+	const struct sync_ops *ops;
+	void *ud;
+};
+
+/* New engine on a ready chan; opens its sync stream. cfg is copied (the
+ * pointers in it must outlive the engine). -ENOMEM, -EINVAL. */
+int sync_new(struct chan *c, const struct sync_cfg *cfg, struct sync **out);
+void sync_free(struct sync *s); /* NULL is a no-op */
+
+int sync_reconcile(struct sync *s);
+/* paths: workspace-relative paths that changed (files or directories,
+ * either end of a rename). -EINVAL before a successful reconcile. */
+int sync_push_paths(struct sync *s, const char *const *paths, size_t n);
+
+void sync_on_frame(struct sync *s, uint8_t type, uint32_t stream, const uint8_t *p, size_t n);
+void sync_on_writable(struct sync *s);
+void sync_on_error(struct sync *s, uint32_t code, const char *msg);
+uint32_t sync_stream(const struct sync *s);
+
+const struct sync_stats *sync_get_stats(const struct sync *s);
+/* Withheld paths (policy) and skipped entries (special files, errors) of
+ * the last scan, each capped at SYNC_RECORDS_MAX; *total counts all. */
+const struct sync_record *sync_withheld(const struct sync *s, size_t *n, uint64_t *total);
+const struct sync_record *sync_skipped(const struct sync *s, size_t *n, uint64_t *total);
+
+#endif
