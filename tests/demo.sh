@@ -1,10 +1,11 @@
 #!/bin/sh
 # The README's main command: install what is missing, build, and run
 # airlock's main job on the embedded default. Until the local sandbox lands
-# (issue "Embedded default sandbox"), the main job is the channel itself: a
-# guest agent on a private Unix socket, pinned keys both ways, a handshake,
-# 1000 round trips and a 256 MiB bulk transfer through the encrypted,
-# flow-controlled channel.
+# (issue "Embedded default sandbox"), the guest agent runs as a plain
+# process on a private Unix socket: pinned keys both ways, the demo project
+# (tests/demo/project) mirrored into the guest minus its .env, the audit of
+# what was withheld, then the channel's latency floor (1000 round trips and
+# a 256 MiB bulk transfer), and a stranger's key refused.
 set -eu
 cd "$(dirname "$0")/.."
 sh tests/deps.sh
@@ -12,6 +13,7 @@ sh tests/deps.sh
 ninja -C build >/dev/null
 
 T=$(mktemp -d /tmp/airlock-demo.XXXXXX)
+export XDG_STATE_HOME="$T/state" # the audit record stays in the demo's temp dir
 agent_pid=
 cleanup() {
 	[ -n "$agent_pid" ] && kill "$agent_pid" 2>/dev/null && wait "$agent_pid" 2>/dev/null
@@ -35,6 +37,17 @@ until grep -q '^ready' "$T/agent.out" 2>/dev/null; do
 	[ $i -lt 250 ] || { cat "$T/agent.log" >&2; exit 1; }
 	sleep 0.02
 done
+
+echo "== airlock sync: the demo project into the guest (policy: tests/demo/project/airlock.json)"
+build/airlock sync tests/demo/project --guest "unix:$T/agent.sock" --key "$T/host.key" --guest-key "$guest"
+echo "-- the guest's copy:"
+(cd "$T/workspace" && find . -path ./.git -prune -o -print | sort)
+if grep -rq AIRLOCK-DEMO-CANARY "$T/workspace"; then
+	echo "demo: the .env secret reached the guest" >&2
+	exit 1
+fi
+echo "-- the .env canary is nowhere in the guest; airlock audit says why:"
+build/airlock audit -C tests/demo/project
 
 echo "== airlock ping: Noise IKpsk2 handshake, 1000 round trips, 256 MiB bulk"
 build/airlock ping --guest "unix:$T/agent.sock" --key "$T/host.key" --guest-key "$guest" -n 1000 --bulk 256M
