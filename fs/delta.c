@@ -518,6 +518,35 @@ int delta_add_change(struct delta_builder *b, int host_dirfd, const struct manif
 	}
 }
 
+/* The signed message: a label and BLAKE2b-256 of the batch (doc/SYNC.md
+ * §4 "Signature"). Ed25519 hashes its message twice with SHA-512 when
+ * signing and once when verifying; over a digest that is 80 bytes instead
+ * of megabytes, and one BLAKE2b pass replaces them. */
+static void sign_msg(const uint8_t *p, size_t n, uint8_t m[DELTA_SIGMSG_LEN])
+{
+	static const char label[] = DELTA_SIG_LABEL;
+
+	_Static_assert(sizeof(label) - 1 + crypto_generichash_BYTES == DELTA_SIGMSG_LEN, "signed message layout");
+	memcpy(m, label, sizeof(label) - 1);
+	crypto_generichash(m + sizeof(label) - 1, crypto_generichash_BYTES, p, n, NULL, 0);
+}
+
+void delta_sign(const uint8_t *p, size_t n, const uint8_t sk[DELTA_SK_LEN], uint8_t sig[DELTA_SIG_LEN])
+{
+	uint8_t m[DELTA_SIGMSG_LEN];
+
+	sign_msg(p, n, m);
+	crypto_sign_detached(sig, NULL, m, sizeof(m), sk);
+}
+
+int delta_sign_verify(const uint8_t *p, size_t n, const uint8_t pk[DELTA_PK_LEN], const uint8_t sig[DELTA_SIG_LEN])
+{
+	uint8_t m[DELTA_SIGMSG_LEN];
+
+	sign_msg(p, n, m);
+	return crypto_sign_verify_detached(sig, m, sizeof(m), pk) == 0 ? 0 : -EPERM;
+}
+
 int delta_builder_finish(struct delta_builder *b, const uint8_t sk[DELTA_SK_LEN], uint8_t **out, size_t *n)
 {
 	if (b->in_put)
@@ -539,7 +568,7 @@ int delta_builder_finish(struct delta_builder *b, const uint8_t sk[DELTA_SK_LEN]
 		d[16 + DELTA_SCOPE_LEN + i] = (uint8_t)(b->nops >> (24 - 8 * i));
 	if (body)
 		memcpy(d + DELTA_HDR_LEN, buf_ptr(&b->body), body);
-	crypto_sign_detached(d + DELTA_HDR_LEN + body, NULL, d, DELTA_HDR_LEN + body, sk);
+	delta_sign(d, DELTA_HDR_LEN + body, sk, d + DELTA_HDR_LEN + body);
 	*out = d;
 	*n = total;
 	return 0;
@@ -609,6 +638,7 @@ struct parse {
 	struct buf in;
 	const struct delta_caps *caps;
 	bool fill;
+	bool defer;	    /* pass 2 leaves inline content to delta_chunk_data */
 	struct delta_batch *b;
 	size_t nchunks;	    /* pass 1: total; pass 2: next free */
 	size_t strbytes;    /* pass 1: total; pass 2: next free */
@@ -779,7 +809,7 @@ static int parse_put(struct parse *ps, struct delta_op *op)
 			ps->chunk_max = c.raw_len;
 		if (!ps->fill)
 			continue;
-		if (c.kind != DELTA_CHUNK_REF) {
+		if (c.kind != DELTA_CHUNK_REF && !ps->defer) {
 			const uint8_t *raw;
 			if ((r = chunk_bytes(ps->b, &c, ps->scratch, &raw)) < 0)
 				FAIL(ps, -EBADMSG, "chunk %u: %s", i,
@@ -795,7 +825,7 @@ static int parse_put(struct parse *ps, struct delta_op *op)
 		FAIL(ps, -EBADMSG, "chunks add up to %llu bytes, file has %llu", (unsigned long long)sum,
 		     (unsigned long long)op->size);
 	ps->nchunks += nch;
-	if (ps->fill && !op->has_refs) {
+	if (ps->fill && !op->has_refs && !ps->defer) {
 		uint8_t h[CHUNK_HASH_LEN];
 		chunk_hasher_final(&fh, h);
 		if (memcmp(h, op->hash, CHUNK_HASH_LEN) != 0)
@@ -918,9 +948,9 @@ static int check_paths(const struct delta_batch *b, char *err, size_t errlen)
 	return r;
 }
 
-int delta_batch_verify(const uint8_t *bytes, size_t n, const uint8_t pk[DELTA_PK_LEN],
-		       const uint8_t scope[DELTA_SCOPE_LEN], uint64_t last_seq, const struct delta_caps *caps,
-		       struct delta_batch **out, char *err, size_t errlen)
+static int batch_verify(const uint8_t *bytes, size_t n, const uint8_t pk[DELTA_PK_LEN],
+			const uint8_t scope[DELTA_SCOPE_LEN], uint64_t last_seq, const struct delta_caps *caps,
+			bool defer, struct delta_batch **out, char *err, size_t errlen)
 {
 	struct parse ps;
 	struct delta_batch *b = NULL;
@@ -948,7 +978,7 @@ int delta_batch_verify(const uint8_t *bytes, size_t n, const uint8_t pk[DELTA_PK
 		return -EIO;
 	/* 1. Signature over everything before it, before looking inside. */
 	size_t signed_len = n - DELTA_SIG_LEN;
-	if (crypto_sign_verify_detached(bytes + signed_len, bytes, signed_len, pk) != 0) {
+	if (delta_sign_verify(bytes, signed_len, pk, bytes + signed_len) != 0) {
 		say(err, errlen, "signature does not verify with the host's sync key");
 		return -EPERM;
 	}
@@ -999,13 +1029,14 @@ int delta_batch_verify(const uint8_t *bytes, size_t n, const uint8_t pk[DELTA_PK
 	b->nchunks = nchunks;
 	b->chunk_max = ps.chunk_max;
 	if (ps.zstd_max) {
-		if (!(ps.scratch = mem_alloc(ps.zstd_max)) || !(b->dctx = ZSTD_createDCtx())) {
+		if ((!defer && !(ps.scratch = mem_alloc(ps.zstd_max))) || !(b->dctx = ZSTD_createDCtx())) {
 			r = -ENOMEM;
 			goto fail;
 		}
 		ZSTD_DCtx_setParameter(b->dctx, ZSTD_d_windowLogMax, ZSTD_WINDOW_LOG_MAX);
 	}
 	ps.fill = true;
+	ps.defer = defer;
 	ps.b = b;
 	if ((r = parse_ops(&ps, buf_ptr(&in), buf_len(&in), nops)) < 0)
 		goto fail;
@@ -1021,4 +1052,18 @@ fail:
 	mem_free(ps.scratch);
 	delta_batch_free(b);
 	return r;
+}
+
+int delta_batch_verify(const uint8_t *bytes, size_t n, const uint8_t pk[DELTA_PK_LEN],
+		       const uint8_t scope[DELTA_SCOPE_LEN], uint64_t last_seq, const struct delta_caps *caps,
+		       struct delta_batch **out, char *err, size_t errlen)
+{
+	return batch_verify(bytes, n, pk, scope, last_seq, caps, false, out, err, errlen);
+}
+
+int delta_batch_verify_deferred(const uint8_t *bytes, size_t n, const uint8_t pk[DELTA_PK_LEN],
+				const uint8_t scope[DELTA_SCOPE_LEN], uint64_t last_seq,
+				const struct delta_caps *caps, struct delta_batch **out, char *err, size_t errlen)
+{
+	return batch_verify(bytes, n, pk, scope, last_seq, caps, true, out, err, errlen);
 }

@@ -18,6 +18,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "airlock/hcache.h"
 #include "airlock/mem.h"
 
 /* Encoding: CHANGE MANIFEST_VERSION IF THE BYTES CHANGE (doc/SYNC.md). */
@@ -659,11 +660,31 @@ static int scan_add(struct scan *s, struct manifest_entry *e)
 }
 
 /* Hash (and chunk) a regular file. 1 = skipped and reported. */
-static int scan_file(struct scan *s, int dfd, const char *name)
+static int scan_file(struct scan *s, int dfd, const char *name, const struct stat *lst)
 {
 	struct manifest_entry e = {.type = MANIFEST_FILE};
 	struct stat st;
 	int fd, r = 0;
+
+	if (s->o->cache) {
+		/* unchanged key since a non-racy hash: not read at all */
+		if ((r = hcache_get(s->o->cache, s->path, lst, &e)) < 0)
+			return r;
+		if (r == 1) {
+			if (s->chunking && e.size > s->chunking->whole_max && !e.chunks) {
+				manifest_entry_clear(&e);
+				e.type = MANIFEST_FILE;
+			} else {
+				/* carried over: the saved cache holds this scan's files */
+				if ((r = hcache_put(s->o->cache, s->path, lst, &e)) == -ENOMEM) {
+					manifest_entry_clear(&e);
+					return r;
+				}
+				return scan_add(s, &e);
+			}
+		}
+		r = 0;
+	}
 
 	fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
 	if (fd < 0) {
@@ -702,6 +723,12 @@ static int scan_file(struct scan *s, int dfd, const char *name)
 		report(s, r == -ESTALE ? MANIFEST_SKIP_CHANGED : MANIFEST_SKIP_ERROR, r == -ESTALE ? 0 : -r);
 		manifest_entry_clear(&e);
 		return 1;
+	}
+	/* keyed by the fstat taken before the read: a change during the
+	 * read moves ctime past it */
+	if (s->o->cache && (r = hcache_put(s->o->cache, s->path, &st, &e)) == -ENOMEM) {
+		manifest_entry_clear(&e);
+		return r;
 	}
 	return scan_add(s, &e);
 }
@@ -760,7 +787,7 @@ static int scan_entry(struct scan *s, int dfd, const char *name, unsigned depth)
 	if ((v = verdict(s, false)) == MANIFEST_SKIP)
 		return 0;
 	if (S_ISREG(st.st_mode)) {
-		r = scan_file(s, dfd, name);
+		r = scan_file(s, dfd, name, &st);
 		return r < 0 ? r : 0;
 	}
 	if (S_ISLNK(st.st_mode)) {
@@ -865,6 +892,8 @@ int manifest_scan(int dirfd, const struct manifest_scan_opts *opts, struct manif
 		r = -errno;
 		goto out;
 	}
+	if (opts->cache)
+		hcache_begin(opts->cache, fd);
 	r = scan_dir(s, fd, 0);
 	if (r == 1)
 		r = -EIO; /* the root itself could not be read */

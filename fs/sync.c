@@ -19,6 +19,7 @@
 #include <sodium.h>
 
 #include "airlock/chan.h"
+#include "airlock/hcache.h"
 #include "airlock/manifest.h"
 #include "airlock/mem.h"
 #include "airlock/policy.h"
@@ -348,6 +349,8 @@ struct sync {
 	struct sync_progress prog;
 	struct records withheld, skipped;
 	struct policy_ctx *pctx;
+	struct hcache *cache; /* NULL without cfg.state_dir */
+	int state_fd;	      /* cfg.state_dir, or -1 */
 	struct buf gitcfg; /* generated .git/config bytes */
 	uint8_t gitcfg_hash[CHUNK_HASH_LEN];
 	bool have_gitcfg;
@@ -480,6 +483,15 @@ int sync_new(struct chan *c, const struct sync_cfg *cfg, struct sync **out)
 	}
 	if (!s->cfg.batch_target)
 		s->cfg.batch_target = SYNC_BATCH_TARGET;
+	s->cfg.state_dir = NULL; /* not kept: opened here */
+	s->state_fd = -1;
+	/* The hash cache is an optimisation: no state directory, no cache. */
+	if (cfg->state_dir &&
+	    (s->state_fd = open(cfg->state_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) >= 0 &&
+	    hcache_new(&s->params, &s->cache) < 0) {
+		close(s->state_fd);
+		s->state_fd = -1;
+	}
 	sync_scope(cfg->guest_pub, cfg->sign_pk, s->scope);
 	sync_inbox_init(&s->in);
 	sync_outbox_init(&s->out);
@@ -508,6 +520,9 @@ void sync_free(struct sync *s)
 	records_clear(&s->withheld);
 	records_clear(&s->skipped);
 	policy_ctx_free(s->pctx);
+	hcache_free(s->cache);
+	if (s->state_fd >= 0)
+		close(s->state_fd);
 	delta_builder_free(s->b);
 	manifest_free(s->hm);
 	manifest_free(s->known);
@@ -593,10 +608,14 @@ static int host_scan(struct sync *s, char *why, size_t whylen)
 	struct scan_ctx x = { .s = s };
 	struct manifest_scan_opts o = {
 		.filter = scan_filter, .filter_ud = &x, .skipped = scan_skipped, .skipped_ud = &x,
-		.chunking = &s->params,
+		.chunking = &s->params, .cache = s->cache,
 	};
 	int r;
 
+	if (s->cache && (r = hcache_load(s->cache, s->state_fd, HCACHE_FILE)) == -ENOMEM) {
+		snprintf(why, whylen, "loading the hash cache: %s", strerror(-r));
+		return r;
+	}
 	records_clear(&s->withheld);
 	records_clear(&s->skipped);
 	manifest_free(s->hm);
@@ -609,6 +628,8 @@ static int host_scan(struct sync *s, char *why, size_t whylen)
 		snprintf(why, whylen, "scanning the workspace: %s", strerror(-x.err));
 		return x.err;
 	}
+	if (s->cache)
+		(void)hcache_save(s->cache, s->state_fd, HCACHE_FILE); /* best effort: next scan hashes more */
 	s->st.withheld = s->withheld.total;
 	s->st.skipped = s->skipped.total;
 	s->have_gitcfg = false;

@@ -17,6 +17,7 @@
 
 #include "airlock/chan.h"
 #include "airlock/delta.h"
+#include "airlock/hcache.h"
 #include "airlock/manifest.h"
 #include "airlock/mem.h"
 #include "airlock/sync.h"
@@ -27,6 +28,7 @@ struct syncg {
 	char *root;
 	char *state_dir;
 	int state_fd;
+	struct hcache *cache; /* hash cache in state_dir (HCACHE_FILE), per scan */
 	uint8_t guest_pub[32];
 	struct syncg_session *owner; /* session holding the sync lock */
 };
@@ -179,6 +181,7 @@ void syncg_free(struct syncg *g)
 	if (!g)
 		return;
 	apply_free(g->apply);
+	hcache_free(g->cache);
 	if (g->state_fd >= 0)
 		close(g->state_fd);
 	mem_free(g->root);
@@ -200,8 +203,10 @@ int syncg_apply_batch(struct syncg *g, const uint8_t *bytes, size_t n, const uin
 	if (st)
 		memset(st, 0, sizeof(*st));
 	sync_scope(g->guest_pub, host_sign_pk, scope);
-	r = delta_batch_verify(bytes, n, host_sign_pk, scope, apply_last_seq(g->apply), &sync_delta_caps, &b, verr,
-			       sizeof(verr));
+	/* Content is checked once, while apply_batch stages it (every chunk and
+	 * file hash, before anything becomes visible): doc/SYNC.md §4. */
+	r = delta_batch_verify_deferred(bytes, n, host_sign_pk, scope, apply_last_seq(g->apply), &sync_delta_caps,
+					&b, verr, sizeof(verr));
 	if (r < 0) {
 		seterr(err, errlen, "batch refused: %s", verr[0] ? verr : strerror(-r));
 		return r;
@@ -295,10 +300,19 @@ static int on_begin(struct syncg_session *ss, struct buf *in, char *err, size_t 
 	/* Everything under the root: which paths the host manages is the
 	 * host's policy, applied on its side while it reads our levels. */
 	struct manifest_scan_opts o = { .chunking = &ss->params };
+	/* Stat-keyed hash cache: files untouched since they were last hashed
+	 * are not read (hcache.h); a command that changed one changed its
+	 * ctime. Without memory for it, scan without. */
+	hcache_free(g->cache);
+	g->cache = NULL;
+	if (hcache_new(&ss->params, &g->cache) == 0 && hcache_load(g->cache, g->state_fd, HCACHE_FILE) != -ENOMEM)
+		o.cache = g->cache;
 	if ((r = apply_manifest(g->apply, &o, &ss->m)) < 0) {
 		seterr(err, errlen, "scanning %s: %s", g->root, strerror(-r));
 		return r;
 	}
+	if (o.cache)
+		(void)hcache_save(g->cache, g->state_fd, HCACHE_FILE); /* best effort */
 	buf_init(&out, 64);
 	if ((r = buf_put_u64(&out, apply_last_seq(g->apply))) < 0 || (r = buf_put(&out, ss->m->root, CHUNK_HASH_LEN)) < 0 ||
 	    (r = buf_put_u64(&out, ss->m->n)) < 0 || (r = buf_put_u32(&out, special)) < 0 ||

@@ -43,6 +43,7 @@ struct synccmd {
 	const struct policy *policy;
 	int dirfd;
 	const char *guest;
+	char state_dir[4096]; /* hash cache; "" = none */
 	bool tty, done, hello_ok;
 	int err;
 	char why[1024];
@@ -193,6 +194,7 @@ static void on_ready(struct chan *c, void *ud)
 	struct sync_cfg cfg = {
 		.dirfd = x->dirfd, .policy = x->policy, .sign_sk = x->sync_sk, .sign_pk = x->sync_pk,
 		.guest_pub = x->guest_pub, .ops = &engine_ops, .ud = x,
+		.state_dir = x->state_dir[0] ? x->state_dir : NULL,
 	};
 	/* For bench/sync.sh only: try another chunk size (min avg/4, max
 	 * 4 x avg, whole files up to 2 x avg). Both sides follow SYNC_BEGIN. */
@@ -316,6 +318,9 @@ int cmd_sync(int argc, char **argv)
 		return 2;
 	}
 	x.policy = policy;
+	/* hash cache beside the audit record; without one every file is hashed */
+	if (audit_dir(dir, 1, x.state_dir, sizeof(x.state_dir), err, sizeof(err)) < 0)
+		x.state_dir[0] = '\0';
 	if (transport_parse(x.guest, &addr, err, sizeof(err)) < 0) {
 		cmd_err("--guest: %s", err);
 		status = 2;

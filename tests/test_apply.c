@@ -514,7 +514,7 @@ static void raw_finish(struct raw *r, int flip_bit)
 	d[50] = (uint8_t)(r->nops >> 8);
 	d[51] = (uint8_t)r->nops;
 	assert_int_equal(buf_reserve(&r->b, DELTA_SIG_LEN, &sig), 0);
-	crypto_sign_detached(sig, NULL, buf_ptr(&r->b), n, sk);
+	delta_sign(buf_ptr(&r->b), n, sk, sig);
 	buf_commit(&r->b, DELTA_SIG_LEN);
 	if (flip_bit >= 0)
 		((uint8_t *)buf_ptr(&r->b))[flip_bit / 8] ^= (uint8_t)(1u << (flip_bit % 8));

@@ -842,7 +842,7 @@ static void test_batch_truncations(void **state)
 	assert_non_null(t);
 	for (size_t len = 0; len < body; len++) {
 		memcpy(t, x, len);
-		crypto_sign_detached(t + len, NULL, t, len, sk);
+		delta_sign(t, len, sk, t + len);
 		struct delta_batch *b = NULL;
 		int r = delta_batch_verify(t, len + DELTA_SIG_LEN, pk, scope, 0, NULL, &b, NULL, 0);
 		assert_int_equal(r, -EBADMSG);
@@ -961,7 +961,7 @@ static int raw_verify(struct raw *r)
 	d[50] = (uint8_t)(r->nops >> 8);
 	d[51] = (uint8_t)r->nops;
 	assert_int_equal(buf_reserve(&r->b, DELTA_SIG_LEN, &sig), 0);
-	crypto_sign_detached(sig, NULL, buf_ptr(&r->b), n, sk);
+	delta_sign(buf_ptr(&r->b), n, sk, sig);
 	buf_commit(&r->b, DELTA_SIG_LEN);
 	struct delta_batch *b = NULL;
 	char err[256];

@@ -35,7 +35,10 @@
 #include "airlock/chunk.h"
 #include "airlock/manifest.h"
 
-#define DELTA_VERSION	1
+/* 2: the signature is over DELTA_SIG_LABEL || BLAKE2b-256(batch), not the raw batch. */
+#define DELTA_VERSION	2
+#define DELTA_SIG_LABEL "airlock delta batch v2 blake2b-256\0"
+#define DELTA_SIGMSG_LEN (sizeof(DELTA_SIG_LABEL) - 1 + 32)
 #define DELTA_SIG_LEN	64 /* Ed25519 detached signature */
 #define DELTA_PK_LEN	32
 #define DELTA_SK_LEN	64
@@ -188,7 +191,26 @@ struct delta_batch;
 int delta_batch_verify(const uint8_t *bytes, size_t n, const uint8_t pk[DELTA_PK_LEN],
 		       const uint8_t scope[DELTA_SCOPE_LEN], uint64_t last_seq, const struct delta_caps *caps,
 		       struct delta_batch **out, char *err, size_t errlen);
+/*
+ * The same checks except the content of inline chunks: no zstd chunk is
+ * decompressed and no inline chunk or inline-only file is hashed here
+ * (frame headers and declared sizes still are checked). For a caller that
+ * reads every inline chunk through delta_chunk_data (which decompresses
+ * under the same cap and checks the chunk hash) and checks every PUT's file
+ * hash before anything becomes visible: apply_batch does, so the guest
+ * decompresses and hashes each chunk once instead of twice. A batch from
+ * this function must not be trusted for content by anything else.
+ */
+int delta_batch_verify_deferred(const uint8_t *bytes, size_t n, const uint8_t pk[DELTA_PK_LEN],
+				const uint8_t scope[DELTA_SCOPE_LEN], uint64_t last_seq,
+				const struct delta_caps *caps, struct delta_batch **out, char *err, size_t errlen);
 void delta_batch_free(struct delta_batch *b);
+
+/* The batch signature over p[0..n) (header and ops): Ed25519 over
+ * DELTA_SIG_LABEL || BLAKE2b-256(p) (doc/SYNC.md §4). delta_sign_verify
+ * returns 0 or -EPERM. */
+void delta_sign(const uint8_t *p, size_t n, const uint8_t sk[DELTA_SK_LEN], uint8_t sig[DELTA_SIG_LEN]);
+int delta_sign_verify(const uint8_t *p, size_t n, const uint8_t pk[DELTA_PK_LEN], const uint8_t sig[DELTA_SIG_LEN]);
 
 uint64_t delta_batch_seq(const struct delta_batch *b);
 size_t delta_batch_count(const struct delta_batch *b);

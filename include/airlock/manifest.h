@@ -162,6 +162,8 @@ typedef int (*manifest_filter_fn)(const char *relpath, bool is_dir, void *ud);
  * filter; err is a positive errno for MANIFEST_SKIP_ERROR, else 0. */
 typedef void (*manifest_skipped_fn)(const char *relpath, enum manifest_skip why, int err, void *ud);
 
+struct hcache;
+
 struct manifest_scan_opts {
 	manifest_filter_fn filter; /* NULL: keep everything */
 	void *filter_ud;
@@ -170,6 +172,10 @@ struct manifest_scan_opts {
 	/* Cut chunk lists for files over params.whole_max with these params;
 	 * NULL: hash only (entries get no chunk list; m->params = default). */
 	const struct chunk_params *chunking;
+	/* Stat-keyed hash cache (hcache.h), or NULL: files whose key matches a
+	 * non-racy entry are not read; every file hashed is put back. The scan
+	 * calls hcache_begin; loading and saving are the caller's. */
+	struct hcache *cache;
 	unsigned max_depth; /* 0: 128. Directories nest at most this deep. */
 	size_t max_entries; /* 0: MANIFEST_ENTRIES_MAX; more is -E2BIG */
 };

@@ -158,6 +158,9 @@ struct sync_cfg {
 	const uint8_t *guest_pub;     /* 32 bytes: the pinned guest static key */
 	const struct chunk_params *chunking; /* NULL: chunk_params_default */
 	size_t batch_target;	      /* 0: SYNC_BATCH_TARGET */
+	/* Directory for the host's hash cache (hcache.h, file HCACHE_FILE),
+	 * e.g. audit_dir(); NULL: every scan hashes every file. */
+	const char *state_dir;
 	const struct sync_ops *ops;
 	void *ud;
 };
