@@ -11,6 +11,10 @@ int cmd_pubkey(int argc, char **argv);
 int cmd_ping(int argc, char **argv);
 int cmd_sync(int argc, char **argv);
 int cmd_audit(int argc, char **argv);
+int cmd_up(int argc, char **argv); /* cmd_up.c: up, down, status, sync-wait */
+int cmd_down(int argc, char **argv);
+int cmd_status(int argc, char **argv);
+int cmd_sync_wait(int argc, char **argv);
 
 /* Print "airlock: " + message to stderr. */
 void cmd_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
