@@ -374,6 +374,12 @@ struct sync {
 	uint64_t next_seq;
 	struct inflight fl[SYNC_BATCHES_IN_FLIGHT];
 	size_t nfl;
+	/* changes skipped because the file changed or vanished while sent:
+	 * the guest still has their old side (fixed up in maybe_done) */
+	size_t *van;
+	size_t nvan, capvan;
+	size_t batch_first; /* index of the first change in the batch being built */
+	struct sync_push_stats push; /* the last sync_push_* */
 };
 
 static void fail(struct sync *s, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -440,6 +446,50 @@ static int records_add(struct records *r, const char *path, const char *rule)
 	return 0;
 }
 
+static int str_tree_cmp(const void *a, const void *b)
+{
+	return manifest_path_cmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* p is anchor itself or beneath it ("" holds everything). */
+static bool path_under(const char *p, const char *anchor)
+{
+	size_t l = strlen(anchor);
+	return !l || (strncmp(p, anchor, l) == 0 && (p[l] == '\0' || p[l] == '/'));
+}
+
+/* Index of the anchor that holds p in anchors[0..n) (sorted in tree order,
+ * none beneath another), or -1. Only the greatest anchor <= p can: any
+ * anchor between an anchor and a path in its subtree would be inside it. */
+static long anchor_holding(char *const *anchors, size_t n, const char *p)
+{
+	size_t lo = 0, hi = n;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (manifest_path_cmp(anchors[mid], p) <= 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo > 0 && path_under(p, anchors[lo - 1]) ? (long)lo - 1 : -1;
+}
+
+/* Forget the records at or beneath the anchors: they are decided again. */
+static void records_drop_under(struct records *r, char *const *anchors, size_t n)
+{
+	size_t k = 0;
+	for (size_t i = 0; i < r->n; i++) {
+		if (anchor_holding(anchors, n, r->v[i].path) >= 0) {
+			mem_free(r->v[i].path);
+			mem_free(r->v[i].rule);
+			r->total--;
+			continue;
+		}
+		r->v[k++] = r->v[i];
+	}
+	r->n = k;
+}
+
 static void reconcile_clear(struct sync *s)
 {
 	for (size_t i = 0; i < s->nge; i++)
@@ -460,6 +510,9 @@ static void reconcile_clear(struct sync *s)
 	mem_free(s->changes);
 	s->changes = NULL;
 	s->nchanges = s->ci = 0;
+	mem_free(s->van);
+	s->van = NULL;
+	s->nvan = s->capvan = 0;
 	manifest_free(s->gm);
 	s->gm = NULL;
 }
@@ -657,6 +710,30 @@ static int host_scan(struct sync *s, char *why, size_t whylen)
 
 /* ---- sending batches ---- */
 
+/* A file this batch already deletes that n was probably moved from: same
+ * content, else same name in another directory; only large files with a
+ * known chunk list (for REFs), and only ones deleted in the batch being
+ * built (a REF reads the base as it was before the batch). */
+static const struct manifest_entry *rename_base(const struct sync *s, const struct manifest_entry *n)
+{
+	const struct manifest_entry *by_name = NULL;
+	const char *nb = strrchr(n->path, '/');
+	nb = nb ? nb + 1 : n->path;
+	for (size_t i = s->batch_first; i < s->ci && i - s->batch_first < 4096; i++) {
+		const struct manifest_change *c = &s->changes[i];
+		const struct manifest_entry *o = c->old;
+		if (c->kind != MANIFEST_REMOVE || !o || o->type != MANIFEST_FILE || !o->chunks ||
+		    o->size <= s->params.whole_max)
+			continue;
+		if (!memcmp(o->hash, n->hash, CHUNK_HASH_LEN))
+			return o;
+		const char *ob = strrchr(o->path, '/');
+		if (!by_name && !strcmp(ob ? ob + 1 : o->path, nb))
+			by_name = o;
+	}
+	return by_name;
+}
+
 static int add_change(struct sync *s, const struct manifest_change *c)
 {
 	const struct manifest_entry *n = c->new;
@@ -671,6 +748,18 @@ static int add_change(struct sync *s, const struct manifest_change *c)
 		    (r = delta_put_end(s->b, s->gitcfg_hash)) < 0)
 			return r;
 		return 0;
+	}
+	const struct manifest_entry *base;
+	if (c->kind == MANIFEST_ADD && n->type == MANIFEST_FILE && (!c->old || c->old->type != MANIFEST_FILE) &&
+	    n->size > s->params.whole_max && (base = rename_base(s, n))) {
+		/* A moved large file: REF chunks read the guest's copy at the
+		 * old path, which apply stages before the batch's DELETEs. */
+		int fd = manifest_open_beneath(s->cfg.dirfd, n->path, O_RDONLY | O_NONBLOCK | O_NOCTTY, false);
+		if (fd < 0)
+			return fd == -ELOOP ? -ESTALE : fd;
+		r = delta_put_file(s->b, n->path, n->mode, fd, base->path, base, NULL);
+		close(fd);
+		return r;
 	}
 	return delta_add_change(s->b, s->cfg.dirfd, c);
 }
@@ -703,6 +792,65 @@ static void count_change(struct sync *s, const struct manifest_change *c, struct
 
 static void maybe_done(struct sync *s);
 
+static int note_vanished(struct sync *s, size_t ci)
+{
+	if (s->nvan == s->capvan) {
+		size_t nc = s->capvan ? s->capvan * 2 : 16;
+		void *nv = mem_realloc(s->van, nc * sizeof(*s->van));
+		if (!nv)
+			return -ENOMEM;
+		s->van = nv;
+		s->capvan = nc;
+	}
+	s->van[s->nvan++] = ci;
+	return 0;
+}
+
+/* What the guest holds after a run in which some changes were skipped
+ * (the file changed or vanished while being read): s->hm, except that a
+ * skipped MODIFY leaves the guest's old file and a skipped ADD leaves
+ * nothing. The change that made the file differ is journaled again, and
+ * the next push compares against this. */
+static int known_without_vanished(struct sync *s, struct manifest **out)
+{
+	struct manifest *m = NULL;
+	size_t k = 0;
+	int r;
+
+	*out = NULL;
+	/* s->van is in change order; look paths up by a sorted copy */
+	const char **vp = mem_calloc(s->nvan, sizeof(*vp));
+	if (!vp)
+		return -ENOMEM;
+	for (size_t i = 0; i < s->nvan; i++)
+		vp[i] = s->changes[s->van[i]].new->path;
+	qsort(vp, s->nvan, sizeof(*vp), str_tree_cmp);
+	if ((r = manifest_new(&s->params, &m)) < 0)
+		goto out;
+	for (size_t i = 0; i < s->hm->n; i++) {
+		const struct manifest_entry *e = &s->hm->e[i];
+		while (k < s->nvan && manifest_path_cmp(vp[k], e->path) < 0)
+			k++;
+		if (k < s->nvan && !strcmp(vp[k], e->path))
+			continue;
+		if ((r = manifest_add(m, e)) < 0)
+			goto out;
+	}
+	for (size_t i = 0; i < s->nvan; i++) {
+		const struct manifest_change *c = &s->changes[s->van[i]];
+		if (c->kind == MANIFEST_MODIFY && c->old && (r = manifest_add(m, c->old)) < 0)
+			goto out;
+	}
+	if ((r = manifest_seal(m)) < 0)
+		goto out;
+	*out = m;
+	m = NULL;
+out:
+	manifest_free(m);
+	mem_free(vp);
+	return r;
+}
+
 /* Build and queue batches while fewer than SYNC_BATCHES_IN_FLIGHT are
  * unacknowledged and nothing else waits for the socket. */
 static void pump(struct sync *s)
@@ -717,6 +865,7 @@ static void pump(struct sync *s)
 	       s->ci < s->nchanges) {
 		struct inflight f = { .seq = s->next_seq };
 		delta_builder_reset(s->b, s->next_seq);
+		s->batch_first = s->ci;
 		while (s->ci < s->nchanges) {
 			const struct manifest_change *c = &s->changes[s->ci];
 			r = add_change(s, c);
@@ -732,6 +881,10 @@ static void pump(struct sync *s)
 				/* changed or vanished since the scan: the next sync
 				 * (or the journal) picks it up */
 				s->st.vanished++;
+				if ((r = note_vanished(s, s->ci)) < 0) {
+					fail(s, r, "out of memory");
+					return;
+				}
 				s->ci++;
 				continue;
 			}
@@ -771,7 +924,21 @@ static void maybe_done(struct sync *s)
 {
 	if (!s->busy || s->phase != PH_SEND || s->ci < s->nchanges || s->nfl > 0)
 		return;
-	/* The guest confirmed everything: what it has is now this scan. */
+	/* The guest confirmed everything: what it has is now this scan (minus
+	 * what could not be read while sending). */
+	if (s->nvan) {
+		struct manifest *m;
+		int r = known_without_vanished(s, &m);
+		manifest_free(s->hm);
+		s->hm = m;
+		if (r < 0) {
+			/* no confirmed state: the caller reconnects and reconciles */
+			manifest_free(s->known);
+			s->known = NULL;
+			fail(s, r, "recording what the guest holds: %s", strerror(-r));
+			return;
+		}
+	}
 	manifest_free(s->known);
 	s->known = s->hm;
 	s->hm = NULL;
@@ -1325,31 +1492,486 @@ int sync_reconcile(struct sync *s)
 	return 0;
 }
 
-int sync_push_paths(struct sync *s, const char *const *paths, size_t n)
+/* ---- targeted push (the live mount's dirty paths) ----
+ *
+ * The new host state is the confirmed one (s->known) with every dirty
+ * path's subtree decided again from the disk: each path is turned into an
+ * anchor, the shallowest point whose parent the confirmed state holds as
+ * a directory (a path under a new, renamed or removed directory anchors at
+ * that directory; a .gitignore anchors at its directory, whose verdicts it
+ * changes). Anchors are sorted in tree order and nested ones dropped. Each
+ * anchor is lstat'ed through its parent, opened beneath the workspace
+ * without following links; a directory is walked (manifest_scan on the
+ * subtree, same policy filter), a file hashed, a link read. Everything
+ * outside the anchors is copied from s->known, so the diff against it
+ * gives exactly the ops for the anchors. Anything that does not fit (the
+ * root, the repository's exclude file, a parent that is not the directory
+ * the confirmed state says, a manifest that does not seal) falls back to
+ * the full scan. */
+
+/* Anchors beyond this (or beyond a quarter of the tree): a full scan costs
+ * about the same and keeps the audit record exact. */
+#define PUSH_ANCHORS_MAX 4096u
+#define PUSH_FULL 1 /* anchor_for: scan the whole tree instead */
+
+/* The anchor for dirty path p into out (MANIFEST_PATH_MAX + 1 bytes), 0;
+ * PUSH_FULL when only a full scan is right. */
+static int anchor_for(const struct sync *s, const char *p, char *out)
 {
-	char why[512];
+	size_t len = strlen(p);
+
+	if (!len || manifest_path_check(p, len) < 0)
+		return PUSH_FULL;
+	if (!strcmp(p, ".git") || !strcmp(p, ".git/info") || !strcmp(p, ".git/info/exclude"))
+		return PUSH_FULL; /* the repository's exclude rules apply everywhere */
+	memcpy(out, p, len + 1);
+	const char *bn = strrchr(out, '/');
+	if (!strcmp(bn ? bn + 1 : out, ".gitignore")) {
+		if (!bn)
+			return PUSH_FULL;
+		out[bn - out] = '\0'; /* its directory's verdicts change */
+	}
+	/* the shallowest component whose parent is not a directory we hold */
+	for (char *sl = strchr(out, '/'); sl; sl = strchr(sl + 1, '/')) {
+		*sl = '\0';
+		long i = manifest_find(s->known, out);
+		if (i < 0 || s->known->e[i].type != MANIFEST_DIR)
+			return 0; /* out is this ancestor */
+		*sl = '/';
+	}
+	return 0;
+}
+
+struct push_scan {
+	struct scan_ctx *x;
+	const char *prefix;
+	size_t plen;
+	char path[MANIFEST_PATH_MAX + 1 + MANIFEST_PATH_MAX + MANIFEST_NAME_MAX + 2];
+};
+
+/* prefix/rel in ps->path; false when longer than a manifest path */
+static bool push_join(struct push_scan *ps, const char *rel)
+{
+	size_t rl = strlen(rel);
+	if (ps->plen + 1 + rl > MANIFEST_PATH_MAX)
+		return false;
+	memcpy(ps->path, ps->prefix, ps->plen);
+	ps->path[ps->plen] = '/';
+	memcpy(ps->path + ps->plen + 1, rel, rl + 1);
+	return true;
+}
+
+static int push_filter(const char *rel, bool is_dir, void *ud)
+{
+	struct push_scan *ps = ud;
+	if (!push_join(ps, rel)) {
+		if (records_add(&ps->x->s->skipped, rel, "path too long") < 0)
+			ps->x->err = -ENOMEM;
+		return MANIFEST_SKIP;
+	}
+	return scan_filter(ps->path, is_dir, ps->x);
+}
+
+static void push_skipped(const char *rel, enum manifest_skip why, int err, void *ud)
+{
+	struct push_scan *ps = ud;
+	if (push_join(ps, rel))
+		scan_skipped(ps->path, why, err, ps->x);
+}
+
+static void push_skip(struct scan_ctx *x, const char *path, enum manifest_skip why, int err)
+{
+	scan_skipped(path, why, err, x);
+}
+
+/* Hash (and, over whole_max, chunk) the regular file open at fd into e. */
+static int push_hash_file(struct sync *s, int fd, const struct stat *st, struct manifest_entry *e)
+{
+	uint8_t io[64 * 1024];
+	int r = 0;
+
+	e->type = MANIFEST_FILE;
+	e->mode = st->st_mode & MANIFEST_MODE_MASK;
+	e->size = (uint64_t)st->st_size;
+	s->push.hashed++;
+	s->push.hashed_bytes += e->size;
+	if (e->size > s->params.whole_max)
+		return chunk_file(&s->params, chunk_read_fd, &fd, e->size, NULL, NULL, &e->chunks, &e->nchunks,
+				  e->hash);
+	struct chunk_hasher h;
+	uint64_t off = 0;
+	chunk_hasher_init(&h);
+	while (off < e->size && r == 0) {
+		size_t k = e->size - off < sizeof(io) ? (size_t)(e->size - off) : sizeof(io);
+		if ((r = chunk_read_fd(&fd, off, io, k)) == 0) {
+			chunk_hasher_update(&h, io, k);
+			off += k;
+		}
+	}
+	chunk_hasher_final(&h, e->hash);
+	return r;
+}
+
+/* Decide anchor `path` from the disk and add what is there (if managed) to
+ * m. 0, -ESTALE when its parent is not the directory the confirmed state
+ * says (full scan), -ENOMEM, -E2BIG. */
+static int push_scan_anchor(struct sync *s, struct scan_ctx *x, const char *path, struct manifest *m)
+{
+	char parent[MANIFEST_PATH_MAX + 1];
+	const char *sl = strrchr(path, '/'), *base = sl ? sl + 1 : path;
+	struct manifest_entry e = { 0 };
+	struct manifest *sub = NULL;
+	struct stat st;
+	int pfd = s->cfg.dirfd, fd = -1, r = 0, v;
+
+	if (sl) {
+		memcpy(parent, path, (size_t)(sl - path));
+		parent[sl - path] = '\0';
+		if ((pfd = manifest_open_beneath(s->cfg.dirfd, parent, O_PATH | O_DIRECTORY, false)) < 0)
+			return pfd == -ENOMEM ? -ENOMEM : -ESTALE;
+	}
+	s->push.lstats++;
+	if (fstatat(pfd, base, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+		if (errno != ENOENT)
+			push_skip(x, path, MANIFEST_SKIP_ERROR, errno);
+		goto out; /* gone: the diff deletes it */
+	}
+	if (S_ISDIR(st.st_mode)) {
+		if ((v = scan_filter(path, true, x)) == MANIFEST_SKIP)
+			goto out;
+		if ((fd = openat(pfd, base, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 || fstat(fd, &st) < 0) {
+			push_skip(x, path, MANIFEST_SKIP_CHANGED, 0);
+			goto out;
+		}
+		struct push_scan ps = { .x = x, .prefix = path, .plen = strlen(path) };
+		unsigned depth = 1;
+		for (const char *c = path; *c; c++)
+			depth += *c == '/';
+		struct manifest_scan_opts o = {
+			.filter = push_filter, .filter_ud = &ps, .skipped = push_skipped, .skipped_ud = &ps,
+			.chunking = &s->params, .max_depth = depth < 128 ? 128 - depth : 1,
+		};
+		s->push.walked++;
+		if ((r = manifest_scan(fd, &o, &sub)) < 0) {
+			if (r == -ENOMEM || r == -E2BIG)
+				goto out;
+			push_skip(x, path, MANIFEST_SKIP_ERROR, -r);
+			r = 0;
+			goto out;
+		}
+		s->push.lstats += sub->n;
+		if (v == MANIFEST_DESCEND && sub->n == 0)
+			goto out; /* kept only for what is beneath: nothing is */
+		e.path = (char *)path;
+		e.type = MANIFEST_DIR;
+		e.mode = st.st_mode & MANIFEST_MODE_MASK;
+		r = manifest_add(m, &e);
+		e.path = NULL; /* the caller's */
+		if (r < 0)
+			goto out;
+		for (size_t i = 0; i < sub->n; i++) {
+			struct manifest_entry c = sub->e[i];
+			if (!push_join(&ps, sub->e[i].path))
+				continue; /* the filter left it out already */
+			c.path = ps.path;
+			if (c.type == MANIFEST_FILE)
+				s->push.hashed++, s->push.hashed_bytes += c.size;
+			if ((r = manifest_add(m, &c)) < 0)
+				goto out;
+		}
+		goto out;
+	}
+	if (scan_filter(path, false, x) == MANIFEST_SKIP)
+		goto out; /* withheld: never opened */
+	if (S_ISREG(st.st_mode)) {
+		if ((fd = openat(pfd, base, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC)) < 0 ||
+		    fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+			push_skip(x, path, MANIFEST_SKIP_CHANGED, 0);
+			goto out;
+		}
+		if (st.st_nlink > 1) {
+			/* A write through one name of a hard link changes the
+			 * others, which the journal does not name: let the full
+			 * scan see all of them (each is an independent file in
+			 * the guest). */
+			r = -ESTALE;
+			goto out;
+		}
+		if ((r = push_hash_file(s, fd, &st, &e)) < 0) {
+			if (r == -ENOMEM)
+				goto out;
+			push_skip(x, path, r == -ESTALE ? MANIFEST_SKIP_CHANGED : MANIFEST_SKIP_ERROR,
+				  r == -ESTALE ? 0 : -r);
+			r = 0;
+			goto out;
+		}
+	} else if (S_ISLNK(st.st_mode)) {
+		char target[MANIFEST_TARGET_MAX + 1];
+		ssize_t k = readlinkat(pfd, base, target, sizeof(target));
+		if (k < 0) {
+			push_skip(x, path, MANIFEST_SKIP_CHANGED, 0);
+			goto out;
+		}
+		if (k == 0 || (size_t)k > MANIFEST_TARGET_MAX) {
+			push_skip(x, path, MANIFEST_SKIP_TARGET, 0);
+			goto out;
+		}
+		target[k] = '\0';
+		e.type = MANIFEST_SYMLINK;
+		e.target = target;
+		e.path = (char *)path;
+		r = manifest_add(m, &e);
+		e = (struct manifest_entry){ 0 };
+		goto out;
+	} else {
+		push_skip(x, path, MANIFEST_SKIP_SPECIAL, 0);
+		goto out;
+	}
+	e.path = (char *)path;
+	r = manifest_add(m, &e);
+	e.path = NULL;
+out:
+	manifest_entry_clear(&e);
+	manifest_free(sub);
+	if (fd >= 0)
+		close(fd);
+	if (pfd != s->cfg.dirfd)
+		close(pfd);
+	return r;
+}
+
+/* Add the generated .git/config when the new state has a .git directory
+ * (m sealed; resealed). */
+static int push_git_config(struct sync *s, struct manifest *m)
+{
+	int r;
+	long gi = manifest_find(m, ".git");
+
+	s->have_gitcfg = false;
+	if (gi < 0 || m->e[gi].type != MANIFEST_DIR || manifest_find(m, SYNC_GIT_CONFIG) >= 0)
+		return 0;
+	buf_reset(&s->gitcfg);
+	if ((r = sync_git_config(s->cfg.dirfd, SYNC_GIT_CONFIG, &s->gitcfg)) < 0)
+		return r;
+	struct manifest_entry e = { .path = (char *)SYNC_GIT_CONFIG, .type = MANIFEST_FILE, .mode = 0644,
+				    .size = buf_len(&s->gitcfg) };
+	chunk_hash(buf_ptr(&s->gitcfg), buf_len(&s->gitcfg), e.hash);
+	memcpy(s->gitcfg_hash, e.hash, CHUNK_HASH_LEN);
+	if ((r = manifest_add(m, &e)) < 0 || (r = manifest_seal(m)) < 0)
+		return r;
+	s->have_gitcfg = true;
+	return 0;
+}
+
+/* A directory the policy keeps only for what is beneath it (DESCEND) must
+ * go when the anchors took the last of that. Returns how many were found;
+ * their paths are appended to *drop. */
+static int push_empty_descend(struct sync *s, const struct manifest *m, char *const *anchors, size_t na,
+			      char ***drop, size_t *ndrop)
+{
+	char p[MANIFEST_PATH_MAX + 1];
+	int found = 0;
+
+	for (size_t a = 0; a < na; a++) {
+		strcpy(p, anchors[a]);
+		for (char *sl = strrchr(p, '/'); sl; sl = strrchr(p, '/')) {
+			*sl = '\0';
+			long i = manifest_find(m, p);
+			if (i < 0 || m->e[i].type != MANIFEST_DIR)
+				break;
+			if ((size_t)i + 1 < m->n && path_under(m->e[i + 1].path, p))
+				break; /* still holds something */
+			struct policy_verdict v;
+			if (policy_check(s->cfg.policy, s->pctx, p, true, &v) < 0 || v.reason == POLICY_SYNCED)
+				break;
+			char **nv = mem_realloc(*drop, (*ndrop + 1) * sizeof(char *));
+			if (!nv)
+				return -ENOMEM;
+			*drop = nv;
+			if (!(nv[*ndrop] = mem_strdup(p)))
+				return -ENOMEM;
+			(*ndrop)++;
+			found++;
+		}
+	}
+	return found;
+}
+
+/* s->hm = s->known outside the anchors, the disk inside them. 0, PUSH_FULL
+ * or -errno (why filled). */
+static int push_build(struct sync *s, char **anchors, size_t na, char *why, size_t whylen)
+{
+	struct scan_ctx x = { .s = s };
+	struct manifest *m = NULL;
+	char **drop = NULL;
+	size_t ndrop = 0;
+	bool git = false;
 	int r;
 
-	if (s->busy)
-		return -EBUSY;
-	if (!s->known)
-		return -EINVAL;
-	/* v1: the dirty paths only invalidate cached ignore rules; the host
-	 * tree is rescanned and diffed against what the guest confirmed,
-	 * without a round trip. A journal-driven partial rescan replaces the
-	 * scan later without changing this interface. */
+	records_drop_under(&s->withheld, anchors, na);
+	records_drop_under(&s->skipped, anchors, na);
+	for (int round = 0;; round++) {
+		manifest_free(m);
+		if ((r = manifest_new(&s->params, &m)) < 0)
+			goto out;
+		for (size_t i = 0; i < s->known->n; i++) {
+			const struct manifest_entry *e = &s->known->e[i];
+			if (anchor_holding(anchors, na, e->path) >= 0)
+				continue;
+			if (ndrop && anchor_holding(drop, ndrop, e->path) >= 0)
+				continue;
+			if ((r = manifest_add(m, e)) < 0)
+				goto out;
+		}
+		for (size_t a = 0; a < na; a++) {
+			if (round == 0 && path_under(SYNC_GIT_CONFIG, anchors[a]))
+				git = true;
+			if (ndrop && anchor_holding(drop, ndrop, anchors[a]) >= 0)
+				continue;
+			if (round == 0)
+				r = push_scan_anchor(s, &x, anchors[a], m);
+			else /* already decided: copy from the last round */
+				r = 0;
+			if (r == -ESTALE) {
+				r = PUSH_FULL;
+				goto out;
+			}
+			if (r < 0)
+				goto out;
+		}
+		if (round > 0) {
+			/* anchors' fresh entries of round 0, minus what is dropped */
+			for (size_t i = 0; i < s->hm->n; i++) {
+				const struct manifest_entry *e = &s->hm->e[i];
+				if (anchor_holding(anchors, na, e->path) < 0 || anchor_holding(drop, ndrop, e->path) >= 0)
+					continue;
+				if ((r = manifest_add(m, e)) < 0)
+					goto out;
+			}
+		}
+		if (x.err) {
+			r = x.err;
+			goto out;
+		}
+		if ((r = manifest_seal(m)) < 0) {
+			r = PUSH_FULL; /* not parent-closed: our idea of the tree is off */
+			goto out;
+		}
+		manifest_free(s->hm);
+		s->hm = m;
+		m = NULL;
+		if (round > 3) {
+			r = PUSH_FULL;
+			goto out;
+		}
+		if ((r = push_empty_descend(s, s->hm, anchors, na, &drop, &ndrop)) < 0)
+			goto out;
+		if (r == 0)
+			break;
+		qsort(drop, ndrop, sizeof(*drop), str_tree_cmp);
+	}
+	if (git && (r = push_git_config(s, s->hm)) < 0) {
+		snprintf(why, whylen, ".git/config: %s (the guest gets a generated one; fix or shrink the host's)",
+			 strerror(-r));
+		goto out;
+	}
+	s->st.withheld = s->withheld.total;
+	s->st.skipped = s->skipped.total;
+	s->st.host_entries = s->hm->n;
+	r = 0;
+out:
+	if (r < 0 && r != PUSH_FULL && !why[0])
+		snprintf(why, whylen, "deciding the changed paths: %s", strerror(-r));
+	for (size_t i = 0; i < ndrop; i++)
+		mem_free(drop[i]);
+	mem_free(drop);
+	manifest_free(m);
+	return r;
+}
+
+static int push_start(struct sync *s, const char *const *paths, size_t n)
+{
+	char why[512] = "";
+	char **anchors = NULL;
+	size_t na = 0;
+	bool full = n > PUSH_ANCHORS_MAX || (n > 64 && n * 4 > s->known->n);
+	int r = 0;
+
 	for (size_t i = 0; i < n; i++)
 		policy_ctx_note_change(s->pctx, paths[i]);
 	reconcile_clear(s);
 	s->busy = true;
 	s->nfl = 0;
 	memset(&s->prog, 0, sizeof(s->prog));
+	memset(&s->push, 0, sizeof(s->push));
+	s->push.paths = n;
 	progress(s, "scan");
-	if ((r = host_scan(s, why, sizeof(why))) < 0) {
-		fail(s, r, "%s", why);
-		return 0;
+	if (!full && n && !(anchors = mem_calloc(n, sizeof(*anchors)))) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < n && !full; i++) {
+		char a[MANIFEST_PATH_MAX + 1];
+		if (anchor_for(s, paths[i], a) == PUSH_FULL) {
+			full = true;
+			break;
+		}
+		if (!(anchors[na] = mem_strdup(a))) {
+			r = -ENOMEM;
+			goto out;
+		}
+		na++;
+	}
+	if (!full && na) {
+		qsort(anchors, na, sizeof(*anchors), str_tree_cmp);
+		size_t k = 0;
+		for (size_t i = 0; i < na; i++) {
+			if (k && path_under(anchors[i], anchors[k - 1])) {
+				mem_free(anchors[i]);
+				continue;
+			}
+			anchors[k++] = anchors[i];
+		}
+		na = k;
+		s->push.anchors = na;
+		if ((r = push_build(s, anchors, na, why, sizeof(why))) == PUSH_FULL)
+			full = true;
+		else if (r < 0)
+			goto out;
+	} else if (!full) {
+		/* nothing dirty: the state stays what the guest confirmed */
+		if ((r = manifest_new(&s->params, &s->hm)) < 0)
+			goto out;
+		for (size_t i = 0; i < s->known->n && r == 0; i++)
+			r = manifest_add(s->hm, &s->known->e[i]);
+		if (r < 0 || (r = manifest_seal(s->hm)) < 0)
+			goto out;
+	}
+	if (full) {
+		/* a full scan against what the guest confirmed, no round trip */
+		s->push.full = true;
+		why[0] = '\0';
+		if ((r = host_scan(s, why, sizeof(why))) < 0)
+			goto out;
 	}
 	if ((r = start_send(s)) < 0)
-		fail(s, r, "comparing with the last confirmed state: %s", strerror(-r));
+		snprintf(why, sizeof(why), "comparing with the last confirmed state: %s", strerror(-r));
+out:
+	for (size_t i = 0; i < na; i++)
+		mem_free(anchors[i]);
+	mem_free(anchors);
+	if (r < 0)
+		fail(s, r, "%s", why[0] ? why : strerror(-r));
 	return 0;
 }
+
+int sync_push_paths(struct sync *s, const char *const *paths, size_t n)
+{
+	if (s->busy)
+		return -EBUSY;
+	if (!s->known)
+		return -EINVAL;
+	return push_start(s, paths, n);
+}
+
+const struct sync_push_stats *sync_get_push_stats(const struct sync *s) { return &s->push; }

@@ -30,6 +30,7 @@ struct syncg {
 	int state_fd;
 	struct hcache *cache; /* hash cache in state_dir (HCACHE_FILE), per scan */
 	uint8_t guest_pub[32];
+	bool durable; /* fsync the sequence file (any --fsync but none) */
 	struct syncg_session *owner; /* session holding the sync lock */
 };
 
@@ -88,7 +89,13 @@ static int load_seq(struct syncg *g, uint64_t *seq, char *err, size_t errlen)
 	return 0;
 }
 
-/* Write the sequence to a temporary name, fsync, rename over the old one. */
+/* Write the sequence to a temporary name, fsync, rename over the old one.
+ * With --fsync none the user chose speed over durability for the whole
+ * workspace copy, and the sequence follows it: after a crash it may lag
+ * the files. The host reconciles by content from the STATE it reads, so it
+ * never resends old batches; a stale sequence only narrows replay
+ * protection against a party that would first have to break the
+ * channel. The two fsyncs were most of a live push's latency. */
 static int save_seq(struct syncg *g, uint64_t seq)
 {
 	char text[32], tmp[64];
@@ -98,12 +105,12 @@ static int save_seq(struct syncg *g, uint64_t seq)
 	int fd = openat(g->state_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return -errno;
-	if (write(fd, text, (size_t)n) != n || fsync(fd) < 0)
+	if (write(fd, text, (size_t)n) != n || (g->durable && fsync(fd) < 0))
 		r = -errno ? -errno : -EIO;
 	close(fd);
 	if (r == 0 && renameat(g->state_fd, tmp, g->state_fd, SYNCG_SEQ_FILE) < 0)
 		r = -errno;
-	if (r == 0)
+	if (r == 0 && g->durable)
 		fsync(g->state_fd);
 	else
 		unlinkat(g->state_fd, tmp, 0);
@@ -164,6 +171,7 @@ int syncg_open(const char *root, const char *state_dir, const struct apply_opts 
 	}
 	if ((r = load_seq(g, &seq, err, errlen)) < 0)
 		goto fail;
+	g->durable = !opts || opts->fsync != APPLY_FSYNC_NONE;
 	if ((r = apply_open(rroot, opts, &g->apply)) < 0) {
 		seterr(err, errlen, "--root %s: %s", rroot, strerror(-r));
 		goto fail;

@@ -11,14 +11,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 #include <sodium.h>
 
+#include "airlock/chan.h"
 #include "airlock/delta.h"
+#include "airlock/loop.h"
 #include "airlock/mem.h"
+#include "airlock/noise.h"
+#include "airlock/policy.h"
 #include "airlock/sync.h"
 #include "airlock/syncg.h"
 #include "airlock/wire.h"
@@ -186,6 +191,308 @@ static void test_inbox_limits(void **state)
 	sync_inbox_clear(&in);
 }
 
+/* ---- the host engine against a real guest session over a chan pair ---- */
+
+struct eng {
+	struct loop *l;
+	struct chan *hc, *gc;
+	struct sync *s;
+	struct syncg *g;
+	struct syncg_session *ss;
+	bool hready, gready, done;
+	int err;
+	char why[512];
+};
+
+static void h_ready(struct chan *c, void *ud)
+{
+	(void)c;
+	((struct eng *)ud)->hready = true;
+}
+static void g_ready(struct chan *c, void *ud)
+{
+	(void)c;
+	((struct eng *)ud)->gready = true;
+}
+static void h_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t *p, size_t n, void *ud)
+{
+	(void)c;
+	struct eng *e = ud;
+	if (e->s)
+		sync_on_frame(e->s, type, stream, p, n);
+}
+static void g_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t *p, size_t n, void *ud)
+{
+	struct eng *e = ud;
+	char err[256];
+	if (!e->ss)
+		assert_int_equal(syncg_session_new(e->g, c, hpk, &e->ss), 0);
+	assert_int_equal(syncg_session_frame(e->ss, type, stream, p, n, err, sizeof(err)), 0);
+}
+static void h_writable(struct chan *c, void *ud)
+{
+	(void)c;
+	struct eng *e = ud;
+	if (e->s)
+		sync_on_writable(e->s);
+}
+static void g_writable(struct chan *c, void *ud)
+{
+	(void)c;
+	struct eng *e = ud;
+	if (e->ss)
+		syncg_session_writable(e->ss);
+}
+static void x_close(struct chan *c, int err, const char *why, void *ud)
+{
+	(void)c;
+	(void)ud;
+	fail_msg("chan closed: %d %s", err, why);
+}
+static const struct chan_ops h_ops = { h_ready, h_frame, h_writable, x_close };
+static const struct chan_ops g_ops = { g_ready, g_frame, g_writable, x_close };
+
+static void e_done(int err, const char *why, void *ud)
+{
+	struct eng *e = ud;
+	e->done = true;
+	e->err = err;
+	snprintf(e->why, sizeof(e->why), "%s", why ? why : "");
+}
+static const struct sync_ops e_ops = { .on_done = e_done };
+
+static void e_check(struct loop *l, void *ud)
+{
+	struct eng *e = ud;
+	if (e->done || (e->hready && e->gready && !e->s))
+		loop_stop(l);
+}
+static void e_timeout(struct loop *l, void *ud)
+{
+	(void)ud;
+	loop_stop(l);
+}
+static void e_run(struct eng *e)
+{
+	uint64_t id = loop_add_timer(e->l, 10000, e_timeout, e);
+	loop_set_before_sleep(e->l, e_check, e);
+	assert_int_equal(loop_run(e->l), 0);
+	loop_set_before_sleep(e->l, NULL, NULL);
+	loop_del_timer(e->l, id);
+}
+
+static void put(const char *root, const char *rel, const char *text)
+{
+	char p[512];
+	snprintf(p, sizeof(p), "%s/%s", root, rel);
+	FILE *f = fopen(p, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+}
+static bool has(const char *root, const char *rel, const char *text)
+{
+	char p[512], b[256] = "";
+	snprintf(p, sizeof(p), "%s/%s", root, rel);
+	FILE *f = fopen(p, "r");
+	if (!f)
+		return false;
+	size_t n = fread(b, 1, sizeof(b) - 1, f);
+	fclose(f);
+	b[n] = '\0';
+	return !strcmp(b, text);
+}
+static bool exists(const char *root, const char *rel)
+{
+	char p[512];
+	struct stat st;
+	snprintf(p, sizeof(p), "%s/%s", root, rel);
+	return lstat(p, &st) == 0;
+}
+
+static void e_push(struct eng *e, const char *const *paths, size_t n)
+{
+	e->done = false;
+	assert_int_equal(sync_push_paths(e->s, paths, n), 0);
+	if (!e->done)
+		e_run(e);
+	assert_true(e->done);
+	if (e->err)
+		fail_msg("push: %s", e->why);
+}
+
+/* Targeted pushes: each step names only its dirty paths, and the guest
+ * follows; the stats show the push looked at those paths only. */
+static void test_push_targeted(void **state)
+{
+	(void)state;
+	struct eng e = { 0 };
+	struct noise_keypair hk, gk;
+	struct chan_peers *peers = chan_peers_new();
+	struct policy *pol;
+	char host[128], guest[128], p[256], err[256];
+	int sv[2];
+
+	snprintf(host, sizeof(host), "%s/eh", dir);
+	snprintf(guest, sizeof(guest), "%s/eg", dir);
+	assert_int_equal(mkdir(host, 0755), 0);
+	assert_int_equal(mkdir(guest, 0755), 0);
+	for (int i = 0; i < 20; i++) {
+		snprintf(p, sizeof(p), "f%d.txt", i);
+		put(host, p, "seed\n");
+	}
+	snprintf(p, sizeof(p), "%s/src", host);
+	assert_int_equal(mkdir(p, 0755), 0);
+	put(host, "src/main.c", "int main;\n");
+
+	randombytes_buf(hk.priv, sizeof(hk.priv));
+	randombytes_buf(gk.priv, sizeof(gk.priv));
+	assert_int_equal(noise_pubkey(hk.pub, hk.priv), 0);
+	assert_int_equal(noise_pubkey(gk.pub, gk.priv), 0);
+	assert_int_equal(chan_peers_allow(peers, hk.pub), 0);
+	assert_non_null(e.l = loop_new());
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
+	struct chan_cfg hc = { .role = NOISE_INITIATOR, .self = &hk, .peer = gk.pub };
+	struct chan_cfg gc = { .role = NOISE_RESPONDER, .self = &gk, .peers = peers };
+	assert_non_null(e.hc = chan_new(e.l, sv[0], &hc, &h_ops, &e));
+	assert_non_null(e.gc = chan_new(e.l, sv[1], &gc, &g_ops, &e));
+	chan_set_default_stream_flags(e.gc, CHAN_STREAM_AUTO); /* as the agent does */
+	e_run(&e);
+	assert_true(e.hready && e.gready);
+	assert_int_equal(syncg_open(guest, NULL, NULL, gpub, &e.g, err, sizeof(err)), 0);
+	assert_int_equal(policy_default(&pol), 0);
+	int dfd = open(host, O_RDONLY | O_DIRECTORY);
+	assert_true(dfd >= 0);
+	struct sync_cfg cfg = { .dirfd = dfd, .policy = pol, .sign_sk = hsk, .sign_pk = hpk, .guest_pub = gpub,
+				.ops = &e_ops, .ud = &e };
+	assert_int_equal(sync_new(e.hc, &cfg, &e.s), 0);
+	assert_int_equal(sync_reconcile(e.s), 0);
+	e_run(&e);
+	assert_true(e.done);
+	assert_int_equal(e.err, 0);
+	assert_true(has(guest, "src/main.c", "int main;\n"));
+
+	/* edit one file: one anchor, one lstat, one file read, no walk */
+	put(host, "f3.txt", "edited\n");
+	const char *p1[] = { "f3.txt" };
+	e_push(&e, p1, 1);
+	const struct sync_push_stats *ps = sync_get_push_stats(e.s);
+	assert_false(ps->full);
+	assert_int_equal(ps->anchors, 1);
+	assert_int_equal(ps->lstats, 1);
+	assert_int_equal(ps->hashed, 1);
+	assert_int_equal(ps->walked, 0);
+	assert_true(has(guest, "f3.txt", "edited\n"));
+
+	/* create in a new directory: only the file is named; the new
+	 * directory becomes the anchor and is walked */
+	snprintf(p, sizeof(p), "%s/new", host);
+	assert_int_equal(mkdir(p, 0755), 0);
+	snprintf(p, sizeof(p), "%s/new/sub", host);
+	assert_int_equal(mkdir(p, 0755), 0);
+	put(host, "new/sub/x", "x\n");
+	const char *p2[] = { "new/sub/x" };
+	e_push(&e, p2, 1);
+	assert_false(sync_get_push_stats(e.s)->full);
+	assert_int_equal(sync_get_push_stats(e.s)->walked, 1);
+	assert_true(has(guest, "new/sub/x", "x\n"));
+
+	/* rename the directory: both ends dirty */
+	char a[256], b[256];
+	snprintf(a, sizeof(a), "%s/new", host);
+	snprintf(b, sizeof(b), "%s/moved", host);
+	assert_int_equal(rename(a, b), 0);
+	const char *p3[] = { "new", "moved" };
+	e_push(&e, p3, 2);
+	assert_false(exists(guest, "new"));
+	assert_true(has(guest, "moved/sub/x", "x\n"));
+
+	/* symlink retarget, chmod, secret rename */
+	snprintf(a, sizeof(a), "%s/ln", host);
+	assert_int_equal(symlink("one", a), 0);
+	const char *p4[] = { "ln" };
+	e_push(&e, p4, 1);
+	assert_int_equal(unlink(a), 0);
+	assert_int_equal(symlink("two", a), 0);
+	snprintf(b, sizeof(b), "%s/f4.txt", host);
+	assert_int_equal(chmod(b, 0600), 0);
+	const char *p5[] = { "ln", "f4.txt" };
+	e_push(&e, p5, 2);
+	char t[16] = "";
+	snprintf(a, sizeof(a), "%s/ln", guest);
+	assert_int_equal(readlink(a, t, sizeof(t) - 1), 3);
+	assert_string_equal(t, "two");
+	struct stat st;
+	snprintf(b, sizeof(b), "%s/f4.txt", guest);
+	assert_int_equal(stat(b, &st), 0);
+	assert_int_equal(st.st_mode & 0777, 0600);
+	snprintf(a, sizeof(a), "%s/f5.txt", host);
+	snprintf(b, sizeof(b), "%s/.env.local", host);
+	assert_int_equal(rename(a, b), 0);
+	const char *p6[] = { "f5.txt", ".env.local" };
+	e_push(&e, p6, 2);
+	assert_false(exists(guest, "f5.txt"));
+	assert_false(exists(guest, ".env.local"));
+	size_t nw;
+	uint64_t tw;
+	const struct sync_record *w = sync_withheld(e.s, &nw, &tw);
+	bool seen = false;
+	for (size_t i = 0; i < nw; i++)
+		seen |= !strcmp(w[i].path, ".env.local");
+	assert_true(seen);
+
+	/* a large (chunked) random file, then moved: REFs to the old path, not its bytes again */
+	{
+		static uint8_t big[400000];
+		randombytes_buf(big, sizeof(big));
+		snprintf(a, sizeof(a), "%s/big.bin", host);
+		FILE *f = fopen(a, "w");
+		assert_non_null(f);
+		assert_int_equal(fwrite(big, 1, sizeof(big), f), sizeof(big));
+		fclose(f);
+		const char *pb[] = { "big.bin" };
+		e_push(&e, pb, 1);
+		snprintf(b, sizeof(b), "%s/src/big-moved.bin", host);
+		assert_int_equal(rename(a, b), 0);
+		uint64_t before = sync_get_stats(e.s)->batch_bytes;
+		const char *pm[] = { "big.bin", "src/big-moved.bin" };
+		e_push(&e, pm, 2);
+		assert_true(sync_get_stats(e.s)->batch_bytes - before < 4096);
+		assert_false(exists(guest, "big.bin"));
+		snprintf(a, sizeof(a), "%s/src/big-moved.bin", guest);
+		f = fopen(a, "r");
+		assert_non_null(f);
+		static uint8_t got[sizeof(big) + 1];
+		assert_int_equal(fread(got, 1, sizeof(got), f), sizeof(big));
+		fclose(f);
+		assert_memory_equal(got, big, sizeof(big));
+	}
+
+	/* delete a tree; the root as a dirty path falls back to a full scan */
+	snprintf(a, sizeof(a), "%s/moved/sub/x", host);
+	assert_int_equal(unlink(a), 0);
+	snprintf(a, sizeof(a), "%s/moved/sub", host);
+	assert_int_equal(rmdir(a), 0);
+	snprintf(a, sizeof(a), "%s/moved", host);
+	assert_int_equal(rmdir(a), 0);
+	const char *p7[] = { "moved/sub/x", "moved/sub", "moved" };
+	e_push(&e, p7, 3);
+	assert_false(exists(guest, "moved"));
+	const char *p8[] = { "" };
+	e_push(&e, p8, 1);
+	assert_true(sync_get_push_stats(e.s)->full);
+
+	sync_free(e.s);
+	syncg_session_free(e.ss);
+	syncg_free(e.g);
+	chan_free(e.hc);
+	chan_free(e.gc);
+	chan_peers_free(peers);
+	loop_free(e.l);
+	policy_free(pol);
+	close(dfd);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -193,6 +500,7 @@ int main(void)
 		cmocka_unit_test(test_state_inside_root_refused),
 		cmocka_unit_test(test_git_config),
 		cmocka_unit_test(test_inbox_limits),
+		cmocka_unit_test(test_push_targeted),
 	};
 	if (sodium_init() < 0)
 		return 1;

@@ -141,6 +141,40 @@ t_git() {
 }
 check "git checkout between two branches through the mount" t_git
 
+# ---------------------------------------------------------------- targeted pushes (doc/SYNC.md §9)
+# Each step is one kind of change the push decides from its dirty paths alone; after each,
+# the guest must match the whole host tree.
+t_targeted() {
+	step() { syncwait || { echo "step $1: sync-wait" >&2; return 1; }; same_tree || { echo "step $1" >&2; return 1; }; }
+	echo "edit 1" >"$W/src/main.c" && step edit || return 1
+	mkdir -p "$W/t/new/deeper" && echo "in new dir" >"$W/t/new/deeper/f.txt" && step create-in-new-dir || return 1
+	[ "$(cat "$G/t/new/deeper/f.txt")" = "in new dir" ] || return 1
+	mv "$W/t/new" "$W/t/renamed" && step rename-dir || return 1
+	[ ! -e "$G/t/new" ] && [ -e "$G/t/renamed/deeper/f.txt" ] || return 1
+	mkdir -p "$W/t/tree/a/b" && echo x >"$W/t/tree/a/b/c" && echo y >"$W/t/tree/a/d" && step tree || return 1
+	rm -rf "$W/t/tree" && step delete-tree || return 1
+	[ ! -e "$G/t/tree" ] || return 1
+	chmod 0600 "$W/t/renamed/deeper/f.txt" && chmod 0700 "$W/t/renamed" && step chmod || return 1
+	[ "$(stat -c %a "$G/t/renamed/deeper/f.txt")" = 600 ] && [ "$(stat -c %a "$G/t/renamed")" = 700 ] || return 1
+	ln -s one "$W/t/link" && step symlink || return 1
+	ln -sfn two "$W/t/link" && step symlink-retarget || return 1
+	[ "$(readlink "$G/t/link")" = two ] || return 1
+	echo "was plain" >"$W/t/plain2.txt" && step plain || return 1
+	mv "$W/t/plain2.txt" "$W/t/.env.prod" && step secret-rename || return 1
+	[ ! -e "$G/t/plain2.txt" ] && [ ! -e "$G/t/.env.prod" ] || return 1
+	ln "$W/t/renamed/deeper/f.txt" "$W/t/hard" && echo "via link" >>"$W/t/hard" && step hard-link || return 1
+	[ "$(cat "$G/t/renamed/deeper/f.txt")" = "$(cat "$G/t/hard")" ] || return 1
+	head -c 300000 /dev/urandom >"$W/t/big.bin" && step big || return 1
+	printf 'XY' | dd of="$W/t/big.bin" bs=1 seek=150000 conv=notrunc status=none && step big-edit || return 1
+	mv "$W/t/big.bin" "$W/t/big2.bin" && step big-rename || return 1
+	echo "renamed/" >"$W/t/.gitignore" && step gitignore || return 1
+	[ ! -e "$G/t/renamed" ] || { echo "an ignored directory stayed in the guest" >&2; return 1; }
+	rm "$W/t/.gitignore" && step gitignore-removed || return 1
+	[ -e "$G/t/renamed/deeper/f.txt" ] || return 1
+	rm -rf "$W/t" && step delete-all
+}
+check "targeted pushes: edit, new dir, dir rename, tree delete, chmod, symlink retarget, secret rename, hard link, big file, .gitignore" t_targeted
+
 # ---------------------------------------------------------------- (c) agent killed mid-burst
 t_agent_kill() {
 	"$WORKLOAD" "$W" 11 3000 >/dev/null &

@@ -171,9 +171,39 @@ int sync_new(struct chan *c, const struct sync_cfg *cfg, struct sync **out);
 void sync_free(struct sync *s); /* NULL is a no-op */
 
 int sync_reconcile(struct sync *s);
-/* paths: workspace-relative paths that changed (files or directories,
- * either end of a rename). -EINVAL before a successful reconcile. */
+/*
+ * paths: workspace-relative paths that changed (files or directories,
+ * either end of a rename). -EINVAL before a successful reconcile.
+ *
+ * Path-targeted: only the dirty paths are looked at (lstat through their
+ * parent, opened beneath the workspace without following links); a
+ * directory among them, or a path under a directory the confirmed state
+ * does not hold (new, renamed, removed), is walked as a subtree; a
+ * .gitignore re-decides its directory's subtree. Everything else is taken
+ * from the state the guest last confirmed. Falls back to a full host scan
+ * (still no guest round trip) for the root, .git/info/exclude, a dirty
+ * file with more than one link (its other names are not in the set), more
+ * than 4096 paths or a quarter of the tree, or any inconsistency between
+ * that state and the disk. Hashes only the files it looks at; the hash
+ * cache is used by full scans only. Renames are a delete plus a put (a
+ * large file's put takes REF chunks from the deleted old path). A
+ * file that changes or vanishes while a batch is built is left for the
+ * next push, and the confirmed state keeps the guest's old version of it.
+ * doc/SYNC.md §9.
+ */
 int sync_push_paths(struct sync *s, const char *const *paths, size_t n);
+
+/* What the last sync_push_paths looked at (for tests and the bench). */
+struct sync_push_stats {
+	uint64_t paths;	       /* dirty paths given */
+	uint64_t anchors;      /* subtrees decided again (after nesting and escalation) */
+	uint64_t lstats;       /* entries stat'ed */
+	uint64_t walked;       /* directories walked as subtrees */
+	uint64_t hashed;       /* files read */
+	uint64_t hashed_bytes; /* their bytes */
+	bool full;	       /* fell back to a full host scan */
+};
+const struct sync_push_stats *sync_get_push_stats(const struct sync *s);
 
 void sync_on_frame(struct sync *s, uint8_t type, uint32_t stream, const uint8_t *p, size_t n);
 void sync_on_writable(struct sync *s);
