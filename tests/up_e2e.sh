@@ -2,13 +2,14 @@
 # airlock up end to end: a real FUSE mount over a workspace, a real agent on
 # a unix socket, live sync of seeded random workloads, editor saves, git
 # checkout, agent restarts, down/edit/up, secrets, clean unmount.
-# usage: up_e2e.sh AIRLOCK AIRLOCK_AGENT FSWORKLOAD   (root + /dev/fuse, else skipped: exit 77)
+# usage: up_e2e.sh AIRLOCK AIRLOCK_AGENT FSWORKLOAD FORWARDER   (root + /dev/fuse, else skipped: exit 77)
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
 
 AIRLOCK=$1
 AGENT=$2
 WORKLOAD=$3
+FWD=$4
 if [ "$(id -u)" != 0 ] || [ ! -c /dev/fuse ]; then
 	echo "skip - up_e2e needs root and /dev/fuse (uid $(id -u), /dev/fuse $([ -c /dev/fuse ] && echo present || echo missing))"
 	exit 77
@@ -37,11 +38,12 @@ stop_agent() {
 }
 UP_PID=
 UPN=0
-start_up() {
+start_up() { # start_up [GUEST_ADDR]
+	local addr=${1:-unix:$T/a.sock}
 	UPN=$((UPN + 1))
-	start_bg "up$UPN" "$AIRLOCK" up "$W" --guest "unix:$T/a.sock" --key "$T/hk" --guest-key "$GPUB"
+	start_bg "up$UPN" "$AIRLOCK" up "$W" --guest "$addr" --key "$T/hk" --guest-key "$GPUB"
 	UP_PID=$BG_PID
-	wait_line "$T/up$UPN.out" "^airlock: $W in sync with unix:$T/a.sock\$" 20
+	wait_line "$T/up$UPN.out" "^airlock: $W in sync with $addr\$" 20
 }
 down() {
 	$TO 15 "$AIRLOCK" down "$W" || return 1
@@ -227,6 +229,33 @@ t_down_edit_up() {
 	same_tree
 }
 check "down, edit the backing directory, up again: guest converges" t_down_edit_up
+
+# ---------------------------------------------------------------- (c') connection cut mid-burst
+# The channel runs through a forwarder the test controls; it is killed in
+# the middle of a burst (both ends see a connection end without FINAL),
+# edits go on, and a new forwarder comes up later at the same path.
+t_cut() {
+	down || return 1
+	start_bg fwd1 "$FWD" "$T/f.sock" "$T/a.sock" none
+	local fpid=$BG_PID
+	wait_line "$T/fwd1.out" '^ready' 5 || return 1
+	start_up "unix:$T/f.sock" || return 1
+	local before
+	before=$(sjson reconnects)
+	"$WORKLOAD" "$W" 21 2000 >/dev/null &
+	local wl=$!
+	sleep 0.1
+	kill -9 "$fpid"
+	wait "$fpid" 2>/dev/null
+	wait "$wl" || return 1
+	echo "written while the connection was cut" >"$W/cut.txt"
+	sleep 0.3
+	start_bg fwd2 "$FWD" "$T/f.sock" "$T/a.sock" none
+	wait_line "$T/fwd2.out" '^ready' 5 || return 1
+	syncwait 30 || return 1
+	same_tree && [ "$(sjson reconnects)" -gt "$before" ]
+}
+check "connection cut mid-burst (forwarder killed), restored later: guest converges" t_cut
 
 # ---------------------------------------------------------------- (f) clean down
 t_clean_down() {
