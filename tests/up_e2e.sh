@@ -230,6 +230,24 @@ t_down_edit_up() {
 }
 check "down, edit the backing directory, up again: guest converges" t_down_edit_up
 
+# ---------------------------------------------------------------- npm install through the mount
+# A local package (no registry needed): npm writes package-lock.json,
+# node_modules with a link, and renames through the mount.
+t_npm() {
+	mkdir -p "$W/npmproj/localpkg" || return 1
+	printf '{"name":"localpkg","version":"1.0.0","main":"index.js"}\n' >"$W/npmproj/localpkg/package.json"
+	echo 'module.exports = () => "hi";' >"$W/npmproj/localpkg/index.js"
+	(cd "$W/npmproj" && $TO 120 npm init -y >/dev/null &&
+		$TO 120 npm install --offline --no-audit --no-fund --no-update-notifier ./localpkg >/dev/null) || return 1
+	[ -e "$W/npmproj/node_modules/localpkg/index.js" ] && [ -e "$W/npmproj/package-lock.json" ] || return 1
+	syncwait 30 && same_tree
+}
+if command -v npm >/dev/null; then
+	check "npm install (a local package) through the mount; the guest matches" t_npm
+else
+	skip "npm install through the mount: npm is not installed"
+fi
+
 # ---------------------------------------------------------------- (c') connection cut mid-burst
 # The channel runs through a forwarder the test controls; it is killed in
 # the middle of a burst (both ends see a connection end without FINAL),
