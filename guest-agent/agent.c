@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <stdint.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -26,6 +27,7 @@
 
 #include "airlock/buf.h"
 #include "airlock/chan.h"
+#include "airlock/exec.h"
 #include "airlock/keys.h"
 #include "airlock/loop.h"
 #include "airlock/mem.h"
@@ -34,6 +36,7 @@
 #include "airlock/wire.h"
 
 struct agent;
+struct gexec;
 
 struct session {
 	struct agent *agent;
@@ -45,6 +48,7 @@ struct session {
 	bool hello;
 	uint64_t bulk_bytes; /* bulk stream bytes received */
 	struct syncg_session *sync; /* made by the first sync frame */
+	struct gexec *execs; /* commands of this session (one host-opened stream each) */
 };
 
 struct agent {
@@ -63,6 +67,9 @@ struct agent {
 	struct session *sessions;
 	unsigned nsessions, max_sessions, next_id;
 	int verbose;
+	struct exec_sys *xsys; /* cgroup context for commands */
+	int root_fd;           /* the workspace root: commands' cwd is resolved beneath it */
+	uint32_t run_uid, run_gid; /* EXEC_ID_KEEP when the agent is not root */
 };
 
 static void logmsg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -194,6 +201,420 @@ static int handle_sync_batch(struct session *s, uint32_t stream, struct buf *in)
 	return handle_sync(s, stream, in, WIRE_SYNC_BATCH);
 }
 
+
+/* ---- exec: commands on host-opened streams (doc/PROTOCOL.md "Exec") ---- */
+
+#define GX_OUTQ_MAX (1024u * 1024u) /* frames waiting for window; output pauses long before */
+#define GX_STDINQ_MAX (WIRE_EXEC_STDIN_WINDOW + WIRE_PAYLOAD_MAX)
+
+struct gexec {
+	struct session *s;
+	struct gexec *next;
+	uint32_t stream;
+	struct exec *e;    /* NULL once the command ended */
+	struct buf outq;   /* frames not yet accepted by chan: u8 type, u32 len, payload */
+	struct buf stdinq; /* stdin bytes the command has not taken yet */
+	bool stdin_eof, stdin_closed;
+	bool paused;       /* we paused its output because the stream's window is full */
+	bool done;         /* EXIT or ERROR queued: free once outq drains */
+};
+
+static struct gexec *gx_find(struct session *s, uint32_t stream)
+{
+	for (struct gexec *g = s->execs; g; g = g->next)
+		if (g->stream == stream)
+			return g;
+	return NULL;
+}
+
+static void gx_free(struct gexec *g)
+{
+	struct session *s = g->s;
+
+	for (struct gexec **pp = &s->execs; *pp; pp = &(*pp)->next) {
+		if (*pp == g) {
+			*pp = g->next;
+			break;
+		}
+	}
+	exec_free(g->e); /* kills what still runs */
+	if (s->chan)
+		chan_stream_close(s->chan, g->stream);
+	buf_clear(&g->outq);
+	buf_clear(&g->stdinq);
+	mem_free(g);
+}
+
+/* Queue one frame for the command's stream. */
+static int gx_queue(struct gexec *g, uint8_t type, const void *p, size_t n)
+{
+	int r;
+
+	if ((r = buf_put_u8(&g->outq, type)) < 0 || (r = buf_put_bytes(&g->outq, p, n)) < 0)
+		return r;
+	return 0;
+}
+
+/* Send what the window allows. Frees g when its last frame went out.
+ * Output is paused while anything waits, resumed once the queue is empty. */
+static void gx_flush(struct gexec *g)
+{
+	struct session *s = g->s;
+	int r = 0;
+
+	while (buf_len(&g->outq) > 0) {
+		struct buf v;
+		uint8_t type;
+		const uint8_t *p;
+		size_t n;
+
+		buf_view(&v, buf_ptr(&g->outq), buf_len(&g->outq));
+		if (buf_get_u8(&v, &type) < 0 || buf_get_bytes(&v, &p, &n, WIRE_PAYLOAD_MAX) < 0) {
+			r = -EBADMSG; /* our own bug */
+			break;
+		}
+		r = chan_send(s->chan, type, g->stream, p, n);
+		if (r == -EAGAIN && (type == WIRE_EXEC_STDOUT || type == WIRE_EXEC_STDERR)) {
+			/* Less window than this chunk: send what fits rather than
+			 * wait for a whole chunk's worth, which a receiver that
+			 * returns credit in quarters of the window might never
+			 * grant. The rest stays queued as a shorter entry written
+			 * over the bytes just sent. */
+			size_t space = chan_send_space(s->chan, g->stream);
+			if (space > 0 && space < n && (r = chan_send(s->chan, type, g->stream, p, space)) == 0) {
+				uint8_t *rest = g->outq.data + g->outq.off + space;
+				size_t left = n - space;
+				rest[0] = type;
+				rest[1] = (uint8_t)(left >> 24);
+				rest[2] = (uint8_t)(left >> 16);
+				rest[3] = (uint8_t)(left >> 8);
+				rest[4] = (uint8_t)left;
+				buf_consume(&g->outq, space);
+				continue;
+			}
+			if (r == 0)
+				r = -EAGAIN;
+		}
+		if (r < 0)
+			break;
+		buf_consume(&g->outq, 1 + 4 + n);
+	}
+	if (r == -EAGAIN) {
+		if (!g->paused && g->e) {
+			g->paused = true;
+			exec_pause_output(g->e, true);
+		}
+		return;
+	}
+	if (r < 0) {
+		logmsg("session %u: exec stream %u: sending: %s; closing", s->id, g->stream, strerror(-r));
+		chan_close(s->chan);
+		return;
+	}
+	if (g->paused && g->e) {
+		g->paused = false;
+		exec_pause_output(g->e, false);
+	}
+	if (g->done)
+		gx_free(g);
+}
+
+static void gx_fail(struct gexec *g, int err, const char *what)
+{
+	struct buf b;
+
+	logmsg("session %u: exec stream %u: %s", g->s->id, g->stream, what);
+	buf_init(&b, WIRE_PAYLOAD_MAX);
+	if (buf_put_u32(&b, (uint32_t)err) < 0 || buf_put_str(&b, what) < 0 ||
+	    gx_queue(g, WIRE_EXEC_ERROR, buf_ptr(&b), buf_len(&b)) < 0) {
+		chan_close(g->s->chan);
+	}
+	buf_clear(&b);
+	exec_free(g->e);
+	g->e = NULL;
+	g->done = true;
+	gx_flush(g);
+}
+
+static void gx_on_output(struct exec *e, int stream, const void *data, size_t n, void *ud)
+{
+	struct gexec *g = ud;
+	(void)e;
+
+	if (gx_queue(g, stream == 2 ? WIRE_EXEC_STDERR : WIRE_EXEC_STDOUT, data, n) < 0) {
+		gx_fail(g, ENOBUFS, "output queue over its cap (the host does not return window)");
+		return;
+	}
+	gx_flush(g);
+}
+
+static void gx_on_exit(struct exec *e, const struct exec_result *x, void *ud)
+{
+	struct gexec *g = ud;
+	uint8_t flags = (uint8_t)((x->timed_out ? WIRE_EXEC_X_TIMED_OUT : 0) | (x->canceled ? WIRE_EXEC_X_CANCELED : 0) |
+				  (x->core_dumped ? WIRE_EXEC_X_CORE : 0));
+	struct buf b;
+	int r;
+
+	buf_init(&b, 64);
+	if ((r = buf_put_u32(&b, (uint32_t)x->exit_code)) < 0 || (r = buf_put_u32(&b, (uint32_t)x->signal)) < 0 ||
+	    (r = buf_put_u8(&b, flags)) < 0 || (r = buf_put_u64(&b, x->duration_ms)) < 0 ||
+	    (r = buf_put_u64(&b, x->stdout_bytes)) < 0 || (r = buf_put_u64(&b, x->stderr_bytes)) < 0 ||
+	    (r = gx_queue(g, WIRE_EXEC_EXIT, buf_ptr(&b), buf_len(&b))) < 0)
+		chan_close(g->s->chan);
+	buf_clear(&b);
+	if (g->s->agent->verbose)
+		logmsg("session %u: exec stream %u: pid %d exit %d signal %d%s in %llu ms", g->s->id, g->stream,
+		       (int)x->pid, x->exit_code, x->signal, x->timed_out ? " (timed out)" : "",
+		       (unsigned long long)x->duration_ms);
+	exec_free(e); /* allowed inside its own callback */
+	g->e = NULL;
+	g->done = true;
+	gx_flush(g);
+}
+
+/* Move queued stdin into the command and return the credit to the host. */
+static void gx_stdin_pump(struct gexec *g)
+{
+	uint64_t taken = 0;
+	uint8_t ack[4];
+
+	while (g->e && !g->stdin_closed && buf_len(&g->stdinq) > 0) {
+		ssize_t w = exec_write_stdin(g->e, buf_ptr(&g->stdinq), buf_len(&g->stdinq));
+		if (w == -EAGAIN || w == 0)
+			break;
+		if (w < 0) {
+			/* the command closed its stdin or ended: the rest is dropped */
+			w = (ssize_t)buf_len(&g->stdinq);
+			g->stdin_closed = true;
+		}
+		buf_consume(&g->stdinq, (size_t)w);
+		taken += (uint64_t)w;
+	}
+	if (!g->e || g->stdin_closed) {
+		taken += buf_len(&g->stdinq);
+		buf_reset(&g->stdinq);
+	}
+	if (g->e && g->stdin_eof && !g->stdin_closed && buf_len(&g->stdinq) == 0) {
+		exec_close_stdin(g->e);
+		g->stdin_closed = true;
+	}
+	if (taken && !g->done) {
+		ack[0] = (uint8_t)(taken >> 24);
+		ack[1] = (uint8_t)(taken >> 16);
+		ack[2] = (uint8_t)(taken >> 8);
+		ack[3] = (uint8_t)taken;
+		if (gx_queue(g, WIRE_EXEC_STDIN_ACK, ack, sizeof(ack)) == 0)
+			gx_flush(g);
+	}
+}
+
+static void gx_on_stdin_writable(struct exec *e, void *ud)
+{
+	(void)e;
+	gx_stdin_pump(ud);
+}
+
+static const struct exec_ops gx_ops = {
+	.on_output = gx_on_output,
+	.on_exit = gx_on_exit,
+	.on_stdin_writable = gx_on_stdin_writable,
+};
+
+static int handle_exec_start(struct session *s, uint32_t stream, struct buf *in)
+{
+	struct agent *a = s->agent;
+	struct gexec *g = NULL;
+	uint8_t flags;
+	uint64_t timeout_ms;
+	uint16_t rows, cols;
+	uint32_t argc = 0, nenv = 0;
+	char *cwd = NULL, **argv = NULL, **env = NULL, **envp = NULL;
+	const char *bad = NULL;
+	char msg[512];
+	int r;
+
+	/* host-opened streams are odd; one command per stream */
+	if (stream == WIRE_STREAM_CONTROL || !(stream & 1) || gx_find(s, stream))
+		return -EPROTO;
+	if ((r = buf_get_u8(in, &flags)) < 0 || (r = buf_get_u64(in, &timeout_ms)) < 0 ||
+	    (r = buf_get_u16(in, &rows)) < 0 || (r = buf_get_u16(in, &cols)) < 0 ||
+	    (r = buf_get_str(in, &cwd, WIRE_EXEC_STR_MAX)) < 0 || (r = buf_get_u32(in, &argc)) < 0)
+		goto out;
+	if (argc == 0 || argc > WIRE_EXEC_ARGS_MAX) {
+		r = -EBADMSG;
+		goto out;
+	}
+	if (!(argv = mem_calloc(argc + 1, sizeof(*argv)))) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (uint32_t i = 0; i < argc; i++)
+		if ((r = buf_get_str(in, &argv[i], WIRE_EXEC_STR_MAX)) < 0)
+			goto out;
+	if ((r = buf_get_u32(in, &nenv)) < 0)
+		goto out;
+	if (nenv > WIRE_EXEC_ARGS_MAX) {
+		r = -EBADMSG;
+		goto out;
+	}
+	if (!(env = mem_calloc(nenv + 1, sizeof(*env)))) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (uint32_t i = 0; i < nenv; i++)
+		if ((r = buf_get_str(in, &env[i], WIRE_EXEC_STR_MAX)) < 0)
+			goto out;
+	if (buf_len(in) != 0) {
+		r = -EBADMSG;
+		goto out;
+	}
+	if (!(g = mem_calloc(1, sizeof(*g)))) {
+		r = -ENOMEM;
+		goto out;
+	}
+	g->s = s;
+	g->stream = stream;
+	buf_init(&g->outq, GX_OUTQ_MAX);
+	buf_init(&g->stdinq, GX_STDINQ_MAX);
+	g->next = s->execs;
+	s->execs = g;
+	/* From here on a failure is the command's, not the session's: it is
+	 * answered with EXEC_ERROR on its stream. */
+	struct exec_env_in ein = { .tty = flags & WIRE_EXEC_F_TTY, .request = (const char *const *)env, .n_request = nenv };
+	if ((r = exec_env_build(&ein, &envp, &bad)) < 0) {
+		snprintf(msg, sizeof(msg), "environment entry '%.200s': %s", bad ? bad : "?",
+			 r == -E2BIG ? "environment too large" : "not NAME=value with a valid name");
+		gx_fail(g, -r, msg);
+		r = 0;
+		goto out;
+	}
+	struct exec_req q = {
+		.argv = (const char *const *)argv, .root_fd = a->root_fd, .cwd = cwd,
+		.envp = (const char *const *)envp, .timeout_ms = timeout_ms,
+		.tty = flags & WIRE_EXEC_F_TTY, .rows = rows, .cols = cols,
+		.stdin_open = flags & WIRE_EXEC_F_STDIN, .uid = a->run_uid, .gid = a->run_gid,
+	};
+	if ((r = exec_start(a->loop, a->xsys, &q, &gx_ops, g, &g->e)) < 0) {
+		g->e = NULL;
+		if (r == -EXDEV)
+			snprintf(msg, sizeof(msg), "cwd '%.200s' leaves the workspace", cwd);
+		else if (r == -ENOENT || r == -ENOTDIR || r == -EACCES)
+			snprintf(msg, sizeof(msg), "cwd '%.200s': %s", cwd, strerror(-r));
+		else
+			snprintf(msg, sizeof(msg), "could not start '%.200s': %s", argv[0], strerror(-r));
+		gx_fail(g, -r, msg);
+		r = 0;
+		goto out;
+	}
+	{
+		uint64_t pid = (uint64_t)exec_pid(g->e);
+		uint8_t p[8];
+		for (int i = 0; i < 8; i++)
+			p[i] = (uint8_t)(pid >> (56 - 8 * i));
+		if (a->verbose)
+			logmsg("session %u: exec stream %u: '%s' pid %d", s->id, stream, argv[0], (int)pid);
+		if ((r = gx_queue(g, WIRE_EXEC_STARTED, p, sizeof(p))) < 0)
+			goto out;
+		gx_flush(g);
+	}
+	r = 0;
+out:
+	for (uint32_t i = 0; argv && i < argc; i++)
+		mem_free(argv[i]);
+	for (uint32_t i = 0; env && i < nenv; i++)
+		mem_free(env[i]);
+	mem_free(argv);
+	mem_free(env);
+	mem_free(cwd);
+	exec_env_free(envp);
+	return r;
+}
+
+/* A frame for a command that already ended: the host has not seen its
+ * EXIT yet. Forget the stream state chan re-created for the frame. */
+static void gx_stale(struct session *s, uint32_t stream)
+{
+	if (stream != WIRE_STREAM_CONTROL)
+		chan_stream_close(s->chan, stream);
+}
+
+static int handle_exec_stdin(struct session *s, uint32_t stream, struct buf *in)
+{
+	struct gexec *g = gx_find(s, stream);
+	uint8_t eof;
+	int r;
+
+	if ((r = buf_get_u8(in, &eof)) < 0)
+		return r;
+	if (!g) {
+		gx_stale(s, stream);
+		return 0;
+	}
+	if (!g->e || g->stdin_eof)
+		return 0; /* ending: the host forgets it on EXIT */
+	if (buf_len(in) && (r = buf_put(&g->stdinq, buf_ptr(in), buf_len(in))) < 0)
+		return -EPROTO; /* over the stdin window */
+	if (eof)
+		g->stdin_eof = true;
+	gx_stdin_pump(g);
+	return 0;
+}
+
+static int handle_exec_signal(struct session *s, uint32_t stream, struct buf *in)
+{
+	struct gexec *g = gx_find(s, stream);
+	uint32_t sig;
+	int r;
+
+	if ((r = buf_get_u32(in, &sig)) < 0)
+		return r;
+	if (sig < 1 || sig > 64)
+		return -EBADMSG;
+	if (!g)
+		gx_stale(s, stream);
+	else if (g->e)
+		exec_signal(g->e, (int)sig); /* -ESRCH: the group is gone, nothing to do */
+	return 0;
+}
+
+static int handle_exec_resize(struct session *s, uint32_t stream, struct buf *in)
+{
+	struct gexec *g = gx_find(s, stream);
+	uint16_t rows, cols;
+	int r;
+
+	if ((r = buf_get_u16(in, &rows)) < 0 || (r = buf_get_u16(in, &cols)) < 0)
+		return r;
+	if (!g)
+		gx_stale(s, stream);
+	else if (g->e)
+		exec_resize(g->e, rows, cols);
+	return 0;
+}
+
+static int handle_exec_cancel(struct session *s, uint32_t stream, struct buf *in)
+{
+	struct gexec *g = gx_find(s, stream);
+	(void)in;
+
+	if (!g)
+		gx_stale(s, stream);
+	else if (g->e)
+		exec_cancel(g->e);
+	return 0;
+}
+
+static void exec_writable(struct session *s)
+{
+	struct gexec *g = s->execs, *next;
+
+	for (; g; g = next) {
+		next = g->next; /* gx_flush may free g */
+		gx_flush(g);
+	}
+}
+
 static const struct {
 	frame_fn *fn;
 	const char *name;
@@ -207,6 +628,11 @@ static const struct {
 	[WIRE_SYNC_LEVELS_REQ] = { handle_sync_levels_req, "SYNC_LEVELS_REQ", false },
 	[WIRE_SYNC_ENTRIES_REQ] = { handle_sync_entries_req, "SYNC_ENTRIES_REQ", false },
 	[WIRE_SYNC_BATCH] = { handle_sync_batch, "SYNC_BATCH", false },
+	[WIRE_EXEC_START] = { handle_exec_start, "EXEC_START", false },
+	[WIRE_EXEC_STDIN] = { handle_exec_stdin, "EXEC_STDIN", false },
+	[WIRE_EXEC_SIGNAL] = { handle_exec_signal, "EXEC_SIGNAL", false },
+	[WIRE_EXEC_RESIZE] = { handle_exec_resize, "EXEC_RESIZE", false },
+	[WIRE_EXEC_CANCEL] = { handle_exec_cancel, "EXEC_CANCEL", false },
 };
 
 static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t *p, size_t n, void *ud)
@@ -245,6 +671,9 @@ static void session_drop(struct session *s)
 		}
 	}
 	a->nsessions--;
+	/* a session that ends kills its commands */
+	while (s->execs)
+		gx_free(s->execs);
 	syncg_session_free(s->sync);
 	chan_free(s->chan);
 	sodium_memzero(s, sizeof(*s));
@@ -290,7 +719,9 @@ static void on_writable(struct chan *c, void *ud)
 	if (s->sync && (r = syncg_session_writable(s->sync)) < 0) {
 		logmsg("session %u: sync: sending: %s; closing", s->id, strerror(-r));
 		chan_close(c);
+		return;
 	}
+	exec_writable(s);
 }
 
 static const struct chan_ops session_ops = {
@@ -376,10 +807,48 @@ static void on_signal(struct loop *l, int fd, uint32_t events, void *ud)
 	loop_stop(l);
 }
 
+/* --run-as USER | UID:GID. USER is looked up in /etc/passwd by hand (no NSS:
+ * the agent links statically). 0 or -EINVAL / -ENOENT. */
+static int parse_run_as(const char *spec, uint32_t *uid, uint32_t *gid)
+{
+	char *end;
+	unsigned long u, g;
+	FILE *f;
+	char line[1024];
+	int r = -ENOENT;
+
+	u = strtoul(spec, &end, 10);
+	if (end != spec && *end == ':') {
+		g = strtoul(end + 1, &end, 10);
+		if (*end || u >= EXEC_ID_KEEP || g >= EXEC_ID_KEEP)
+			return -EINVAL;
+		*uid = (uint32_t)u;
+		*gid = (uint32_t)g;
+		return 0;
+	}
+	if (!(f = fopen("/etc/passwd", "re")))
+		return -ENOENT;
+	while (fgets(line, sizeof(line), f)) {
+		char *name = strtok(line, ":"), *pw = strtok(NULL, ":"), *us = strtok(NULL, ":"), *gs = strtok(NULL, ":");
+		(void)pw;
+		if (name && us && gs && !strcmp(name, spec)) {
+			*uid = (uint32_t)strtoul(us, NULL, 10);
+			*gid = (uint32_t)strtoul(gs, NULL, 10);
+			r = 0;
+			break;
+		}
+	}
+	fclose(f);
+	return r;
+}
+
 static void usage(FILE *f)
 {
 	fputs("usage: airlock-agent --listen ADDR --root DIR --key FILE (--allow PUBKEY | --allow-file FILE)...\n"
-	      "                     [--psk-file FILE] [--max-sessions N] [--state DIR] [--fsync none|batch|file] [-v]\n"
+	      "                     [--psk-file FILE] [--max-sessions N] [--state DIR] [--fsync none|batch|file]\n"
+	      "                     [--run-as USER|UID:GID] [-v]\n"
+	      "  --run-as: who runs commands when the agent is root (default: the owner of ROOT\n"
+	      "            when that is not root, else nobody, 65534:65534)\n"
 	      "  --state DIR: where the last applied sync sequence is kept (default ROOT.airlock-state;\n"
 	      "               must be outside ROOT)\n"
 	      "  ADDR: tcp:HOST:PORT | unix:PATH | vsock:CID:PORT | serial:DEVICE\n",
@@ -410,10 +879,11 @@ int main(int argc, char **argv)
 		{ "allow-file", required_argument, NULL, 'A' }, { "psk-file", required_argument, NULL, 'p' },
 		{ "max-sessions", required_argument, NULL, 'm' }, { "verbose", no_argument, NULL, 'v' },
 		{ "state", required_argument, NULL, 'S' },  { "fsync", required_argument, NULL, 'F' },
+		{ "run-as", required_argument, NULL, 'U' },
 		{ "help", no_argument, NULL, 'h' },         { NULL, 0, NULL, 0 },
 	};
-	struct agent a = { .lfd = -1, .sfd = -1, .max_sessions = 16, .apply_opts = { .fsync = APPLY_FSYNC_BATCH } };
-	const char *listen = NULL, *keyfile = NULL;
+	struct agent a = { .lfd = -1, .sfd = -1, .root_fd = -1, .run_uid = EXEC_ID_KEEP, .run_gid = EXEC_ID_KEEP, .max_sessions = 16, .apply_opts = { .fsync = APPLY_FSYNC_BATCH } };
+	const char *listen = NULL, *keyfile = NULL, *run_as = NULL;
 	char err[512];
 	int c, r, status = 1;
 	sigset_t mask;
@@ -496,6 +966,9 @@ int main(int argc, char **argv)
 				goto out;
 			}
 			break;
+		case 'U':
+			run_as = optarg;
+			break;
 		case 'h':
 			usage(stdout);
 			status = 0;
@@ -526,6 +999,39 @@ int main(int argc, char **argv)
 		logmsg("%s", err);
 		goto out;
 	}
+	if ((a.root_fd = open(a.root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+		logmsg("--root %s: %s", a.root, strerror(errno));
+		goto out;
+	}
+	/* Commands never run as root: as --run-as, else as the owner of the
+	 * workspace (so they can write it) when that is not root, else as
+	 * nobody (the workspace is then read-only to them). A non-root agent
+	 * runs them as itself. */
+	if (geteuid() == 0) {
+		struct stat rst;
+		if (run_as) {
+			if ((r = parse_run_as(run_as, &a.run_uid, &a.run_gid)) < 0) {
+				logmsg("--run-as '%s': %s", run_as, r == -EINVAL ? "not USER or UID:GID" : "no such user in /etc/passwd");
+				status = 2;
+				goto out;
+			}
+		} else if (fstat(a.root_fd, &rst) == 0 && rst.st_uid != 0) {
+			a.run_uid = rst.st_uid;
+			a.run_gid = rst.st_gid;
+		} else {
+			a.run_uid = a.run_gid = 65534;
+		}
+		if (a.run_uid == 0)
+			logmsg("warning: --run-as root: commands run with the agent's full privileges");
+	}
+	if ((r = exec_sys_new(NULL, &a.xsys)) < 0) {
+		logmsg("exec: %s", strerror(-r));
+		goto out;
+	}
+	if (a.run_uid != EXEC_ID_KEEP)
+		logmsg("exec: commands run as uid %u gid %u; %s", a.run_uid, a.run_gid, exec_sys_describe(a.xsys));
+	else
+		logmsg("exec: commands run as the agent (uid %u); %s", (unsigned)geteuid(), exec_sys_describe(a.xsys));
 	logmsg("sync state in %s (last applied batch %llu)", syncg_state_dir(a.sync),
 	       (unsigned long long)syncg_last_seq(a.sync));
 	if (transport_parse(listen, &a.addr, err, sizeof(err)) < 0) {
@@ -587,6 +1093,9 @@ out:
 		close(a.sfd);
 	if (a.addr.kind == TRANSPORT_UNIX && a.lfd >= 0)
 		unlink(a.addr.path);
+	exec_sys_free(a.xsys);
+	if (a.root_fd >= 0)
+		close(a.root_fd);
 	loop_free(a.loop);
 	syncg_free(a.sync);
 	chan_peers_free(a.peers);

@@ -38,6 +38,7 @@
 #include "airlock/mem.h"
 #include "airlock/mount.h"
 #include "airlock/policy.h"
+#include "airlock/relay.h"
 #include "airlock/sync.h"
 #include "airlock/transport.h"
 #include "airlock/wire.h"
@@ -119,6 +120,25 @@ static void pathset_clear(struct pathset *ps)
 
 /* ---- the daemon ---- */
 
+/* One command forwarded to the guest on its own stream (doc/UP.md "Exec"). */
+struct xcmd {
+	struct up *u;
+	struct relay_cmd *cmd;
+	struct xcmd *next;
+	struct buf start;      /* EXEC_START payload, until sent */
+	uint64_t barrier;      /* journal seq the guest must have applied first */
+	uint32_t stream;       /* 0 until EXEC_START went out */
+	bool paused;           /* the relay holds output back: credit is owed, not returned */
+	size_t owed;
+	size_t stdin_inflight; /* stdin bytes sent, not yet acknowledged (WIRE_EXEC_STDIN_WINDOW) */
+};
+
+/* A sync_wait waiting for its barrier. */
+struct syncw {
+	uint64_t token, barrier;
+	struct syncw *next;
+};
+
 enum up_state { UP_DOWN, UP_HANDSHAKE, UP_RECONCILING, UP_LIVE };
 static const char *const state_names[] = { "disconnected", "connecting", "reconciling", "live" };
 
@@ -163,6 +183,11 @@ struct up {
 	char policy_abs[PATH_MAX];   /* "" = built-in default */
 	struct timespec policy_mtime;
 
+	struct relay *relay;
+	char sock[PATH_MAX];	     /* relay socket path */
+	struct xcmd *xcmds;	     /* commands not yet ended */
+	struct syncw *syncws;	     /* sync_waits not yet satisfied */
+
 	_Atomic uint64_t first_notify_ns; /* set by FUSE threads, taken by the loop */
 	atomic_bool mount_gone;
 	bool stopping;
@@ -170,6 +195,7 @@ struct up {
 
 static void up_status_write(struct up *u);
 static void up_connect(struct up *u);
+static void exec_kick(struct up *u);
 
 static void mark_dirty(struct up *u)
 {
@@ -270,6 +296,7 @@ static void on_sync_done(int err, const char *why, void *ud)
 	}
 	if (u->op_upto > u->applied_seq)
 		u->applied_seq = u->op_upto;
+
 	if (u->op_t0_ns && now > u->op_t0_ns)
 		lat_add(u, now - u->op_t0_ns);
 	u->withheld = sync_get_stats(u->sync)->withheld;
@@ -284,11 +311,13 @@ static void on_sync_done(int err, const char *why, void *ud)
 		if (!u->announced) {
 			u->announced = true;
 			if (u->ready_fd < 0) {
+				printf("airlock: relay socket %s\n", u->sock);
 				printf("airlock: %s in sync with %s\n", u->dir, u->guest);
 				fflush(stdout);
 			} else { /* -d: tell the parent, then log to the state dir */
 				char log[PATH_MAX + 32];
 				int fd;
+				dprintf(u->ready_fd, "airlock: relay socket %s\n", u->sock);
 				dprintf(u->ready_fd, "airlock: %s in sync with %s\n", u->dir, u->guest);
 				close(u->ready_fd);
 				u->ready_fd = -1;
@@ -448,6 +477,7 @@ static void before_sleep(struct loop *l, void *ud)
 	}
 	if (u->state == UP_LIVE && u->busy)
 		drain_journal(u); /* coalesce into the next push */
+	exec_kick(u); /* commands and sync_waits whose barrier is now applied */
 	if (u->status_dirty && !u->status_timer) {
 		uint64_t now = loop_now_ms(), due = u->status_last_ms + STATUS_MIN_MS;
 		if (now >= due)
@@ -461,6 +491,348 @@ static void on_wake(struct loop *l, void *ud)
 {
 	(void)l;
 	(void)ud; /* the work happens in before_sleep */
+}
+
+
+/* ---- exec backend: relay_backend_ops over the channel ----
+ *
+ * Each command gets its own host-opened stream. EXEC_START goes out only
+ * once applied_seq has reached the journal's barrier seq taken when the
+ * request arrived (design.md section 3): a command never sees a file older
+ * than the request. Output credit is returned as the relay takes the bytes,
+ * and held back while the relay pauses the command, so a slow client
+ * stalls that command in the guest and nothing else. Nothing ever runs on
+ * the host: without a guest the request fails. */
+
+static void xcmd_free(struct up *u, struct xcmd *x)
+{
+	for (struct xcmd **pp = &u->xcmds; *pp; pp = &(*pp)->next) {
+		if (*pp == x) {
+			*pp = x->next;
+			break;
+		}
+	}
+	if (x->stream && u->chan)
+		chan_stream_close(u->chan, x->stream);
+	buf_clear(&x->start);
+	mem_free(x);
+}
+
+/* End every command with an error (the connection is gone). */
+static void exec_fail_all(struct up *u, const char *code, const char *msg)
+{
+	while (u->xcmds) {
+		struct xcmd *x = u->xcmds;
+		struct relay_cmd *cmd = x->cmd;
+		x->stream = 0; /* the chan is gone or going */
+		xcmd_free(u, x);
+		if (cmd)
+			relay_cmd_error(cmd, code, msg);
+	}
+}
+
+static bool guest_usable(const struct up *u)
+{
+	return u->chan && !u->stopping && (u->state == UP_LIVE || u->state == UP_RECONCILING);
+}
+
+/* Send what has passed its barrier; answer satisfied sync_waits. */
+static void exec_kick(struct up *u)
+{
+	struct xcmd *x, *next;
+
+	for (struct syncw **pp = &u->syncws; *pp;) {
+		struct syncw *w = *pp;
+		if (u->applied_seq >= w->barrier) {
+			*pp = w->next;
+			relay_sync_done(u->relay, w->token);
+			mem_free(w);
+		} else {
+			pp = &w->next;
+		}
+	}
+	if (u->state != UP_LIVE || !u->chan)
+		return;
+	for (x = u->xcmds; x; x = next) {
+		int r;
+		next = x->next;
+		if (x->stream || u->applied_seq < x->barrier)
+			continue;
+		if (!(x->stream = chan_stream_open(u->chan, 0))) {
+			struct relay_cmd *cmd = x->cmd;
+			xcmd_free(u, x);
+			relay_cmd_error(cmd, "busy", "too many streams to the guest");
+			continue;
+		}
+		r = chan_send(u->chan, WIRE_EXEC_START, x->stream, buf_ptr(&x->start), buf_len(&x->start));
+		if (r == -EAGAIN) { /* no room now: before_sleep tries again */
+			chan_stream_close(u->chan, x->stream);
+			x->stream = 0;
+			continue;
+		}
+		if (r < 0) {
+			struct relay_cmd *cmd = x->cmd;
+			char msg[128];
+			snprintf(msg, sizeof(msg), "sending the command to the guest failed: %s", strerror(-r));
+			xcmd_free(u, x);
+			relay_cmd_error(cmd, "backend_error", msg);
+			continue;
+		}
+		buf_clear(&x->start);
+	}
+}
+
+static int be_exec_start(void *ud, struct relay_cmd *cmd, const struct relay_exec_req *req)
+{
+	struct up *u = ud;
+	struct xcmd *x;
+	uint8_t flags = (uint8_t)((req->tty ? WIRE_EXEC_F_TTY : 0) | (req->stdin_open ? WIRE_EXEC_F_STDIN : 0));
+	int r;
+
+	if (!guest_usable(u)) {
+		relay_cmd_error(cmd, "guest_disconnected",
+				"the guest is not connected (see airlock status); nothing was run");
+		return 0;
+	}
+	if (!(x = mem_calloc(1, sizeof(*x))))
+		return -ENOMEM;
+	x->u = u;
+	x->cmd = cmd;
+	buf_init(&x->start, WIRE_PAYLOAD_MAX);
+	if ((r = buf_put_u8(&x->start, flags)) < 0 || (r = buf_put_u64(&x->start, req->timeout_ms)) < 0 ||
+	    (r = buf_put_u16(&x->start, req->rows)) < 0 || (r = buf_put_u16(&x->start, req->cols)) < 0 ||
+	    (r = buf_put_str(&x->start, req->cwd ? req->cwd : "")) < 0 || (r = buf_put_u32(&x->start, (uint32_t)req->argc)) < 0)
+		goto fail;
+	for (size_t i = 0; i < req->argc; i++)
+		if ((r = buf_put_str(&x->start, req->argv[i])) < 0)
+			goto fail;
+	if ((r = buf_put_u32(&x->start, (uint32_t)req->nenv)) < 0)
+		goto fail;
+	for (size_t i = 0; i < req->nenv; i++)
+		if ((r = buf_put_str(&x->start, req->env[i])) < 0)
+			goto fail;
+	if (req->argc == 0 || req->argc > WIRE_EXEC_ARGS_MAX || req->nenv > WIRE_EXEC_ARGS_MAX) {
+		r = -E2BIG;
+		goto fail;
+	}
+	x->barrier = journal_barrier_seq(u->journal);
+	x->next = u->xcmds;
+	u->xcmds = x;
+	relay_cmd_set_data(cmd, x);
+	exec_kick(u);
+	return 0;
+fail:
+	buf_clear(&x->start);
+	mem_free(x);
+	return r == -ENOBUFS ? -E2BIG : r; /* argv + env must fit one frame (64 KiB) */
+}
+
+static int be_stdin_write(void *ud, struct relay_cmd *cmd, const void *data, size_t n, bool eof)
+{
+	struct up *u = ud;
+	struct xcmd *x = relay_cmd_data(cmd);
+	const uint8_t *p = data;
+	uint8_t frame[WIRE_PAYLOAD_MAX];
+	size_t nframes = n / (WIRE_PAYLOAD_MAX - 1) + 1;
+	int r;
+
+	if (!x || !u->chan)
+		return -ENOTCONN;
+	if (!x->stream || x->stdin_inflight + n > WIRE_EXEC_STDIN_WINDOW ||
+	    chan_send_space(u->chan, x->stream) < n + nframes)
+		return -EAGAIN;
+	do {
+		size_t k = n > WIRE_PAYLOAD_MAX - 1 ? WIRE_PAYLOAD_MAX - 1 : n;
+		frame[0] = eof && k == n;
+		memcpy(frame + 1, p, k);
+		if ((r = chan_send(u->chan, WIRE_EXEC_STDIN, x->stream, frame, k + 1)) < 0)
+			return r;
+		x->stdin_inflight += k;
+		p += k;
+		n -= k;
+	} while (n > 0);
+	return 0;
+}
+
+static int be_send_small(struct up *u, struct relay_cmd *cmd, uint8_t type, const void *p, size_t n)
+{
+	struct xcmd *x = relay_cmd_data(cmd);
+
+	if (!x || !u->chan)
+		return -ENOTCONN;
+	if (!x->stream)
+		return -EAGAIN; /* still waiting for its barrier */
+	return chan_send(u->chan, type, x->stream, p, n);
+}
+
+static int be_signal(void *ud, struct relay_cmd *cmd, int signo)
+{
+	uint8_t p[4] = { 0, 0, 0, (uint8_t)signo };
+
+	if (signo < 1 || signo > 64)
+		return -EINVAL;
+	return be_send_small(ud, cmd, WIRE_EXEC_SIGNAL, p, sizeof(p));
+}
+
+static int be_resize(void *ud, struct relay_cmd *cmd, uint16_t rows, uint16_t cols)
+{
+	uint8_t p[4] = { (uint8_t)(rows >> 8), (uint8_t)rows, (uint8_t)(cols >> 8), (uint8_t)cols };
+
+	return be_send_small(ud, cmd, WIRE_EXEC_RESIZE, p, sizeof(p));
+}
+
+static int be_cancel(void *ud, struct relay_cmd *cmd)
+{
+	struct up *u = ud;
+	struct xcmd *x = relay_cmd_data(cmd);
+
+	if (x && !x->stream) { /* never reached the guest */
+		xcmd_free(u, x);
+		relay_cmd_error(cmd, "canceled", "canceled before it started in the guest");
+		return 0;
+	}
+	return be_send_small(u, cmd, WIRE_EXEC_CANCEL, NULL, 0);
+}
+
+static void be_pause(void *ud, struct relay_cmd *cmd, bool paused)
+{
+	struct up *u = ud;
+	struct xcmd *x = relay_cmd_data(cmd);
+
+	if (!x)
+		return;
+	x->paused = paused;
+	if (!paused && x->owed && x->stream && u->chan) {
+		chan_consume(u->chan, x->stream, x->owed);
+		x->owed = 0;
+	}
+}
+
+static int be_sync_wait(void *ud, uint64_t token)
+{
+	struct up *u = ud;
+	struct syncw *w;
+
+	if (!(w = mem_calloc(1, sizeof(*w))))
+		return -ENOMEM;
+	w->token = token;
+	w->barrier = journal_barrier_seq(u->journal);
+	w->next = u->syncws;
+	u->syncws = w;
+	exec_kick(u);
+	return 0;
+}
+
+static void be_release(void *ud, struct relay_cmd *cmd)
+{
+	struct up *u = ud;
+	struct xcmd *x = relay_cmd_data(cmd);
+
+	if (!x)
+		return;
+	if (x->stream && u->chan)
+		chan_send(u->chan, WIRE_EXEC_CANCEL, x->stream, NULL, 0); /* the guest also kills it when the session ends */
+	xcmd_free(u, x);
+}
+
+static const struct relay_backend_ops backend_ops = {
+	.exec_start = be_exec_start,
+	.stdin_write = be_stdin_write,
+	.signal = be_signal,
+	.resize = be_resize,
+	.cancel = be_cancel,
+	.pause = be_pause,
+	.sync_wait = be_sync_wait,
+	.release = be_release,
+};
+
+static struct xcmd *xcmd_by_stream(struct up *u, uint32_t stream)
+{
+	for (struct xcmd *x = u->xcmds; x; x = x->next)
+		if (x->stream && x->stream == stream)
+			return x;
+	return NULL;
+}
+
+/* Frames 80..111 from the guest. */
+static void handle_exec_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t *data, size_t n)
+{
+	struct xcmd *x = xcmd_by_stream(u, stream);
+	struct relay_cmd *cmd;
+	struct buf in;
+	char why[160];
+
+	if (!x) { /* released meanwhile: return the credit, forget the stream at its end */
+		if (u->chan && (type == WIRE_EXEC_STDOUT || type == WIRE_EXEC_STDERR))
+			chan_consume(u->chan, stream, n);
+		if (u->chan && (type == WIRE_EXEC_EXIT || type == WIRE_EXEC_ERROR))
+			chan_stream_close(u->chan, stream);
+		return;
+	}
+	cmd = x->cmd;
+	buf_view(&in, data, n);
+	switch (type) {
+	case WIRE_EXEC_STARTED: {
+		uint64_t pid;
+		if (buf_get_u64(&in, &pid) < 0 || pid > INT32_MAX)
+			goto bad;
+		relay_cmd_started(cmd, (int64_t)pid);
+		chan_consume(u->chan, stream, n); /* every frame on the stream counts against its window */
+		return;
+	}
+	case WIRE_EXEC_STDOUT:
+	case WIRE_EXEC_STDERR:
+		relay_cmd_output(cmd, type == WIRE_EXEC_STDOUT ? RELAY_STDOUT : RELAY_STDERR, data, n);
+		if (x->paused)
+			x->owed += n;
+		else
+			chan_consume(u->chan, stream, n);
+		return;
+	case WIRE_EXEC_STDIN_ACK: {
+		uint32_t k;
+		if (buf_get_u32(&in, &k) < 0 || k > x->stdin_inflight)
+			goto bad;
+		x->stdin_inflight -= k;
+		chan_consume(u->chan, stream, n);
+		return;
+	}
+	case WIRE_EXEC_EXIT: {
+		uint32_t code, sig;
+		uint8_t fl;
+		uint64_t dur, nout, nerr;
+		if (buf_get_u32(&in, &code) < 0 || buf_get_u32(&in, &sig) < 0 || buf_get_u8(&in, &fl) < 0 ||
+		    buf_get_u64(&in, &dur) < 0 || buf_get_u64(&in, &nout) < 0 || buf_get_u64(&in, &nerr) < 0 ||
+		    code > 255 || sig > 64)
+			goto bad;
+		struct relay_exit ex = {
+			.code = sig ? -1 : (int)code,
+			.signal = (int)sig,
+			.timed_out = fl & WIRE_EXEC_X_TIMED_OUT,
+			.duration_ms = dur,
+		};
+		xcmd_free(u, x);
+		relay_cmd_exit(cmd, &ex);
+		return;
+	}
+	case WIRE_EXEC_ERROR: {
+		uint32_t err;
+		char *msg = NULL;
+		if (buf_get_u32(&in, &err) < 0 || buf_get_str(&in, &msg, 1024) < 0) {
+			mem_free(msg);
+			goto bad;
+		}
+		xcmd_free(u, x);
+		relay_cmd_error(cmd, err == EXDEV || err == ENOENT || err == ENOTDIR || err == EACCES ? "bad_cwd" : "spawn_failed",
+				msg);
+		mem_free(msg);
+		return;
+	}
+	default:
+		break;
+	}
+bad:
+	snprintf(why, sizeof(why), "malformed %s (%u) from the guest on stream %u", wire_type_name(type), type, stream);
+	drop_conn(u, -EPROTO, why);
 }
 
 /* ---- frames ---- */
@@ -481,11 +853,17 @@ static void handle_error(struct up *u, uint32_t stream, struct buf *in)
 	uint32_t code = 0;
 	char *msg = NULL;
 	char why[400];
+	struct xcmd *x;
 
 	if (buf_get_u32(in, &code) < 0 || buf_get_str(in, &msg, 1024) < 0) {
 		drop_conn(u, -EPROTO, "guest reported a malformed error");
 	} else if (u->sync && stream == sync_stream(u->sync)) {
 		sync_on_error(u->sync, code, msg);
+	} else if (stream && (x = xcmd_by_stream(u, stream))) { /* e.g. an agent without exec */
+		struct relay_cmd *cmd = x->cmd;
+		snprintf(why, sizeof(why), "the guest refused the command: %.200s", msg);
+		xcmd_free(u, x);
+		relay_cmd_error(cmd, "backend_error", why);
 	} else {
 		snprintf(why, sizeof(why), "guest reported an error: %.200s (%s)", msg, strerror((int)code));
 		drop_conn(u, -EPROTO, why);
@@ -511,6 +889,10 @@ static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_
 	if (type >= WIRE_SYNC_BEGIN && type <= 79) {
 		if (u->sync)
 			sync_on_frame(u->sync, type, stream, data, n);
+		return;
+	}
+	if (type >= WIRE_EXEC_START && type <= 111) {
+		handle_exec_frame(u, type, stream, data, n);
 		return;
 	}
 	if (!handlers[type].fn) {
@@ -592,6 +974,8 @@ static void on_close(struct chan *c, int err, const char *why, void *ud)
 	u->sync = NULL;
 	u->chan = NULL;
 	chan_free(c);
+	exec_fail_all(u, "guest_disconnected",
+		      "the connection to the guest was lost (the guest ends the commands of a lost session)");
 	u->busy = false;
 	u->state = UP_DOWN;
 	u->reconnects++;
@@ -706,7 +1090,7 @@ static void up_status_write(struct up *u)
 	clock_gettime(CLOCK_REALTIME, &now);
 	bool changed = policy_changed(u);
 	o = json_pack("{s:i, s:I, s:s, s:s, s:b, s:s, s:I, s:I, s:I, s:{s:f, s:f, s:I}, s:I, s:I, s:I, s:s, s:s, s:s, "
-		      "s:I}",
+		      "s:I, s:s}",
 		      "version", 1, "pid", (json_int_t)getpid(), "dir", u->dir, "guest", u->guest, "connected",
 		      u->state == UP_LIVE || u->state == UP_RECONCILING, "state", state_names[u->state],
 		      "journal_seq", (json_int_t)journal_barrier_seq(u->journal), "applied_seq",
@@ -714,7 +1098,7 @@ static void up_status_write(struct up *u)
 		      "samples", (json_int_t)u->nlat, "bytes_sent", (json_int_t)(u->bytes_closed + cs.bytes_out),
 		      "withheld", (json_int_t)u->withheld, "reconnects", (json_int_t)u->reconnects, "policy",
 		      policy_source(u->policy), "policy_note", changed ? POLICY_NOTE : "", "last_error",
-		      u->last_error, "updated_ns", (json_int_t)((uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec));
+		      u->last_error, "updated_ns", (json_int_t)((uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec), "socket", u->sock);
 	if (!o)
 		return;
 	snprintf(path, sizeof(path), "%s/%s", u->state_dir, UP_STATUS_FILE);
@@ -969,7 +1353,19 @@ int cmd_up(int argc, char **argv)
 			r == -ENODEV || r == -EPERM ? " (needs /dev/fuse and permission to mount)" : "");
 		goto out;
 	}
-	fprintf(stderr, "airlock: %s mounted; connecting to %s\n", u.dir, u.guest);
+	{
+		const struct policy_execution *pe = policy_execution(u.policy);
+		struct relay_cfg rc = { .path = u.sock };
+		if (pe && pe->timeout_seconds > 0 && pe->timeout_seconds < 30 * 86400)
+			rc.timeout_s = (unsigned)pe->timeout_seconds;
+		if ((r = relay_default_path(u.dir, u.sock, sizeof(u.sock))) < 0 ||
+		    (r = relay_new(u.loop, &rc, &backend_ops, &u, &u.relay)) < 0) {
+			cmd_err("up: relay socket %s: %s%s", u.sock[0] ? u.sock : "(for this workspace)", strerror(-r),
+				r == -EADDRINUSE ? " (another airlock serves it; set AIRLOCK_SOCKET to use another path)" : "");
+			goto out;
+		}
+	}
+	fprintf(stderr, "airlock: %s mounted; relay socket %s; connecting to %s\n", u.dir, u.sock, u.guest);
 	up_status_write(&u);
 	up_connect(&u);
 	if ((r = loop_run(u.loop)) < 0)
@@ -981,8 +1377,18 @@ out:
 		mount_stop(u.mount);
 		u.mount = NULL;
 	}
+	relay_free(u.relay); /* releases running commands while the chan still exists */
+	u.relay = NULL;
 	if (u.chan)
 		chan_free(u.chan);
+	u.chan = NULL;
+	while (u.xcmds) /* relay_free released them all; nothing of the relay may be used now */
+		xcmd_free(&u, u.xcmds);
+	while (u.syncws) {
+		struct syncw *w = u.syncws;
+		u.syncws = w->next;
+		mem_free(w);
+	}
 	sync_free(u.sync);
 	sync_free(u.dead_sync);
 	if (u.loop) {
@@ -1175,6 +1581,7 @@ int cmd_status(int argc, char **argv)
 		       json_integer_value(json_object_get(st, "reconnects")));
 		printf("policy      %s%s%s\n", json_string_value(json_object_get(st, "policy")), note && *note ? ": " : "",
 		       note ? note : "");
+		printf("relay       %s\n", json_string_value(json_object_get(st, "socket")) ? json_string_value(json_object_get(st, "socket")) : "-");
 		if (lerr && *lerr)
 			printf("last error  %s\n", lerr);
 	}

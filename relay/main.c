@@ -24,6 +24,7 @@ static const struct command commands[] = {
 	{ "down", cmd_down, "down DIR                  stop airlock up for DIR and unmount it" },
 	{ "status", cmd_status, "status [-C DIR] [--json]  connection, pending changes, applied seq, latency" },
 	{ "sync-wait", cmd_sync_wait, "sync-wait [-C DIR] [--timeout S]  wait until every change so far is on the guest" },
+	{ "exec", cmd_exec, "exec [-C DIR] [--timeout S] [--stdin|--no-stdin] -- CMD [ARG...]  run CMD in the guest" },
 	{ "audit", cmd_audit, "audit [-C DIR] [--json]   withheld paths (with their rule), skipped files, egress denials" },
 };
 

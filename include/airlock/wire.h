@@ -104,6 +104,15 @@ enum wire_refusal {
 #define WIRE_SYNC_REQ_MAX 4096u
 #define WIRE_SYNC_MORE 1u /* first payload byte: more fragments follow */
 
+/* exec: request limits and flag bits (see WIRE_EXEC_START / _EXIT) */
+#define WIRE_EXEC_ARGS_MAX 4096u
+#define WIRE_EXEC_STR_MAX (WIRE_PAYLOAD_MAX)
+#define WIRE_EXEC_STDIN_WINDOW (256u * 1024u)
+#define WIRE_EXEC_F_TTY 1u
+#define WIRE_EXEC_F_STDIN 2u
+#define WIRE_EXEC_X_TIMED_OUT 1u
+#define WIRE_EXEC_X_CANCELED 2u
+#define WIRE_EXEC_X_CORE 4u
 /* ---- frame types ----
  * Grouped by subsystem. Payload layouts use buf.h encodings (big-endian
  * integers, u32-length-prefixed byte strings). */
@@ -143,6 +152,32 @@ enum wire_type {
 	WIRE_SYNC_ACK = 55,	   /* g->h: u64 seq, u64 ops, u64 files, u64 bytes, u64 deleted, u64 kept_dirs */
 	WIRE_SYNC_NACK = 56,	   /* g->h: u64 seq, u32 errno, u8 partial, str message */
 
+	/* exec (80..111; doc/PROTOCOL.md "Exec"). One host-opened stream per
+	 * command, created by EXEC_START; the guest ends it with exactly one
+	 * EXEC_EXIT or EXEC_ERROR, after which both sides forget the stream.
+	 * Output frames (g->h) count against the stream's window, which the
+	 * host returns as its client consumes, so a slow reader pauses the
+	 * command in the guest. Host->guest frames are credited by the guest
+	 * at once; EXEC_STDIN_ACK is the stdin window (WIRE_EXEC_STDIN_WINDOW
+	 * bytes in flight at most). */
+	WIRE_EXEC_START = 80,	/* h->g: u8 flags (WIRE_EXEC_F_*), u64 timeout_ms (0 = none),
+				 * u16 rows, u16 cols, str cwd (relative, "" = root),
+				 * u32 argc (1..WIRE_EXEC_ARGS_MAX), argc x str,
+				 * u32 nenv (<= WIRE_EXEC_ARGS_MAX), nenv x str "NAME=value";
+				 * the whole request fits one frame (WIRE_PAYLOAD_MAX) */
+	WIRE_EXEC_STARTED = 81,	/* g->h: u64 pid (in the guest) */
+	WIRE_EXEC_STDOUT = 82,	/* g->h: raw bytes (with a tty: the terminal's output) */
+	WIRE_EXEC_STDERR = 83,	/* g->h: raw bytes */
+	WIRE_EXEC_STDIN = 84,	/* h->g: u8 eof, raw bytes (the rest of the frame) */
+	WIRE_EXEC_SIGNAL = 85,	/* h->g: u32 signal (Linux numbering) to the process group */
+	WIRE_EXEC_RESIZE = 86,	/* h->g: u16 rows, u16 cols (tty only) */
+	WIRE_EXEC_CANCEL = 87,	/* h->g: empty; TERM, grace, KILL on the tree */
+	WIRE_EXEC_EXIT = 88,	/* g->h: u32 code (0..255, shell convention: 128+N on signal N),
+				 * u32 signal (0 = exited), u8 flags (WIRE_EXEC_X_*),
+				 * u64 duration_ms, u64 stdout bytes, u64 stderr bytes. Last frame. */
+	WIRE_EXEC_ERROR = 89,	/* g->h: u32 errno, str message: the command could not start
+				 * (or was dropped); last frame of the stream */
+	WIRE_EXEC_STDIN_ACK = 90, /* g->h: u32 stdin bytes taken off the stream (returns stdin credit) */
 	WIRE_TYPE_MAX = 255,
 };
 
