@@ -308,6 +308,9 @@ static void on_sync_done(int err, const char *why, void *ud)
 		u->state = UP_LIVE;
 		u->backoff_ms = BACKOFF_MIN_MS;
 		u->last_error[0] = '\0';
+		/* Going live is news for `airlock status` now, not after the
+		 * throttle: a status read right after "in sync" must say so. */
+		up_status_write(u);
 		if (!u->announced) {
 			u->announced = true;
 			if (u->ready_fd < 0) {

@@ -4,8 +4,10 @@
 # (issue "Embedded default sandbox"), the guest agent runs as a plain
 # process on a private Unix socket: pinned keys both ways, the demo project
 # (tests/demo/project) mirrored into the guest minus its .env, the audit of
-# what was withheld, then the channel's latency floor (1000 round trips and
-# a 256 MiB bulk transfer), and a stranger's key refused.
+# what was withheld, `airlock up` keeping a mounted copy in sync live while
+# `airlock exec` runs the demo's tests in the guest, the channel's latency
+# floor (1000 round trips and a 256 MiB bulk transfer), and a stranger's
+# key refused.
 set -eu
 cd "$(dirname "$0")/.."
 sh tests/deps.sh
@@ -48,6 +50,35 @@ if grep -rq AIRLOCK-DEMO-CANARY "$T/workspace"; then
 fi
 echo "-- the .env canary is nowhere in the guest; airlock audit says why:"
 build/airlock audit -C tests/demo/project
+
+if [ -c /dev/fuse ]; then
+	echo "== airlock up: mount a copy of the demo project over itself, keep the guest in sync live"
+	cp -a tests/demo/project "$T/project"
+	chmod 711 "$T" # commands run as nobody in the guest and must reach its workspace copy
+	build/airlock up "$T/project" --guest "unix:$T/agent.sock" --key "$T/host.key" --guest-key "$guest" \
+		>"$T/up.out" 2>"$T/up.err" &
+	up_pid=$!
+	i=0
+	until grep -q 'in sync' "$T/up.err" "$T/up.out" 2>/dev/null; do
+		i=$((i + 1))
+		[ $i -lt 500 ] || { cat "$T/up.err" >&2; exit 1; }
+		sleep 0.02
+	done
+	cat "$T/up.out" "$T/up.err"
+	echo "-- airlock exec -- sh tests/test_greet.sh   (runs in the guest, as nobody, without the .env)"
+	build/airlock exec -C "$T/project" -- sh tests/test_greet.sh
+	echo "-- an editor saves a change through the mount; the very next command sees it:"
+	echo "Edited at $(date -u +%H:%M:%S.%N)." >>"$T/project/README.md"
+	echo "   host:  $(tail -1 "$T/project/README.md")"
+	echo "   guest: $(build/airlock exec -C "$T/project" -- tail -1 README.md)"
+	build/airlock exec -C "$T/project" -- sh -c 'echo "guest: $(id -un) in $(pwd); HOME=$HOME; env has $(env | wc -l) variables"'
+	build/airlock sync-wait -C "$T/project" # also makes the daemon write a fresh status
+	build/airlock status -C "$T/project"
+	build/airlock down "$T/project"
+	wait "$up_pid" 2>/dev/null || true
+else
+	echo "== (no /dev/fuse here: skipping airlock up / exec)"
+fi
 
 echo "== airlock ping: Noise IKpsk2 handshake, 1000 round trips, 256 MiB bulk"
 build/airlock ping --guest "unix:$T/agent.sock" --key "$T/host.key" --guest-key "$guest" -n 1000 --bulk 256M
