@@ -13,7 +13,7 @@
 #include "airlock/mem.h"
 #include "fuzz.h"
 
-#define MUTATIONS 3000u
+#define MUTATIONS      3000u
 #define FUZZ_MAX_INPUT (1u << 20)
 
 static uint64_t rng = 0x6169726c6f636b21ull;
@@ -38,7 +38,7 @@ static size_t mutate(uint8_t *buf, size_t n, size_t cap)
 			break;
 		case 1: /* set a byte to an interesting value */
 			if (n) {
-				static const uint8_t v[] = { 0, 1, 0x7f, 0x80, 0xff, '/', '.', 0xfe };
+				static const uint8_t v[] = {0, 1, 0x7f, 0x80, 0xff, '/', '.', 0xfe};
 				buf[next() % n] = v[next() % sizeof(v)];
 			}
 			break;

@@ -13,6 +13,18 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* An invariant every input must keep; a violation is a finding (abort
+ * makes libFuzzer save the input and fails the smoke test). */
+#define FUZZ_ASSERT(cond)                                                                                              \
+	do {                                                                                                           \
+		if (!(cond)) {                                                                                         \
+			fprintf(stderr, "%s:%d: invariant failed: %s\n", __FILE__, __LINE__, #cond);                   \
+			abort();                                                                                       \
+		}                                                                                                      \
+	} while (0)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -12,13 +12,17 @@
 
 static uint8_t pk[DELTA_PK_LEN], sk[DELTA_SK_LEN], scope[DELTA_SCOPE_LEN];
 static const struct delta_caps caps = {
-	.max_batch = 1u << 20, .max_ops = 256, .max_chunks = 1024, .max_chunk = 1u << 18, .max_file = 1u << 24,
+    .max_batch = 1u << 20,
+    .max_ops = 256,
+    .max_chunks = 1024,
+    .max_chunk = 1u << 18,
+    .max_file = 1u << 24,
 };
 
 static void keys(void)
 {
 	static int done;
-	uint8_t seed[32] = { 1, 2, 3 };
+	uint8_t seed[32] = {1, 2, 3};
 
 	if (done)
 		return;

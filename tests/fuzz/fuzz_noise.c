@@ -39,6 +39,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		/* guest side: read msg1 */
 		noise_hs_init(&r, NOISE_RESPONDER, "p", 1, &guest, NULL, NULL);
 		if (noise_read_msg1(&r, data + 1, size - 1, payload, sizeof(payload), &plen, &stage) == 0) {
+			/* only the host's key can have made a message that authenticates */
+			FUZZ_ASSERT(plen == size - 1 - NOISE_MSG1_LEN(0));
+			FUZZ_ASSERT(memcmp(r.rs, host.pub, NOISE_KEY_LEN) == 0);
 			uint8_t m2[NOISE_MSG2_LEN(0)];
 			size_t m2len;
 			if (noise_write_msg2(&r, NULL, 0, m2, sizeof(m2), &m2len) == 0)
@@ -49,8 +52,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		/* host side: a real msg1 out, then read the fuzzed msg2 */
 		noise_hs_init(&i, NOISE_INITIATOR, "p", 1, &host, guest.pub, NULL);
 		if (noise_write_msg1(&i, "0123456789ab", 12, m1, sizeof(m1), &m1len) == 0 &&
-		    noise_read_msg2(&i, data + 1, size - 1, payload, sizeof(payload), &plen) == 0)
+		    noise_read_msg2(&i, data + 1, size - 1, payload, sizeof(payload), &plen) == 0) {
+			/* nobody holds the guest's private key here: no reply can authenticate */
+			FUZZ_ASSERT(!"msg2 authenticated without the guest's key");
 			noise_split(&i, i2r, r2i, NULL);
+		}
 		noise_hs_clear(&i);
 	}
 	return 0;
