@@ -55,7 +55,7 @@ static int sock_for(const char *addr, int listening, int *port_out)
 {
 	int fd;
 	if (!strncmp(addr, "unix:", 5)) {
-		struct sockaddr_un sa = { .sun_family = AF_UNIX };
+		struct sockaddr_un sa = {.sun_family = AF_UNIX};
 		snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", addr + 5);
 		if ((fd = socket(AF_UNIX, SOCK_STREAM, 0)) < 0)
 			die("socket");
@@ -74,7 +74,7 @@ static int sock_for(const char *addr, int listening, int *port_out)
 			die("address");
 		memcpy(host, addr + 4, (size_t)(colon - addr - 4));
 		host[colon - addr - 4] = 0;
-		struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1)) };
+		struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
 		inet_pton(AF_INET, host, &sa.sin_addr);
 		if ((fd = socket(AF_INET, SOCK_STREAM, 0)) < 0)
 			die("socket");
@@ -124,7 +124,8 @@ static _Noreturn void serve(const char *addr)
 			uint8_t hdr[5];
 			if (full(fd, hdr, 5, 0) < 0)
 				break;
-			uint32_t n = ((uint32_t)hdr[0] << 24) | ((uint32_t)hdr[1] << 16) | ((uint32_t)hdr[2] << 8) | hdr[3];
+			uint32_t n =
+			    ((uint32_t)hdr[0] << 24) | ((uint32_t)hdr[1] << 16) | ((uint32_t)hdr[2] << 8) | hdr[3];
 			if (n > REC || full(fd, buf, n, 0) < 0)
 				break;
 			if (hdr[4] == 1) { /* echo */
@@ -167,7 +168,7 @@ static int ping(int argc, char **argv)
 	if (!buf || !rtt)
 		die("calloc");
 	uint32_t len = 8 + 4 + size; /* same payload as airlock ping: nonce + bytes */
-	uint8_t hdr[5] = { (uint8_t)(len >> 24), (uint8_t)(len >> 16), (uint8_t)(len >> 8), (uint8_t)len, 1 };
+	uint8_t hdr[5] = {(uint8_t)(len >> 24), (uint8_t)(len >> 16), (uint8_t)(len >> 8), (uint8_t)len, 1};
 	for (unsigned i = 0; i < n; i++) {
 		uint64_t t0 = now_ns();
 		if (full(fd, hdr, 5, 1) < 0 || full(fd, buf, len, 1) < 0 || full(fd, hdr, 5, 0) < 0 ||
@@ -183,12 +184,12 @@ static int ping(int argc, char **argv)
 		uint64_t t0 = now_ns(), sent = 0, got = 0;
 		while (sent < bulk) {
 			uint32_t k = bulk - sent < REC ? (uint32_t)(bulk - sent) : REC;
-			uint8_t h[5] = { (uint8_t)(k >> 24), (uint8_t)(k >> 16), (uint8_t)(k >> 8), (uint8_t)k, 2 };
+			uint8_t h[5] = {(uint8_t)(k >> 24), (uint8_t)(k >> 16), (uint8_t)(k >> 8), (uint8_t)k, 2};
 			if (full(fd, h, 5, 1) < 0 || full(fd, buf, k, 1) < 0)
 				die("bulk");
 			sent += k;
 		}
-		uint8_t h[5] = { 0, 0, 0, 0, 3 };
+		uint8_t h[5] = {0, 0, 0, 0, 3};
 		if (full(fd, h, 5, 1) < 0 || full(fd, &got, 8, 0) < 0)
 			die("bulk end");
 		double s = (now_ns() - t0) / 1e9;

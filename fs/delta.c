@@ -638,7 +638,7 @@ struct parse {
 	struct buf in;
 	const struct delta_caps *caps;
 	bool fill;
-	bool defer;	    /* pass 2 leaves inline content to delta_chunk_data */
+	bool defer; /* pass 2 leaves inline content to delta_chunk_data */
 	struct delta_batch *b;
 	size_t nchunks;	    /* pass 1: total; pass 2: next free */
 	size_t strbytes;    /* pass 1: total; pass 2: next free */
@@ -1062,8 +1062,8 @@ int delta_batch_verify(const uint8_t *bytes, size_t n, const uint8_t pk[DELTA_PK
 }
 
 int delta_batch_verify_deferred(const uint8_t *bytes, size_t n, const uint8_t pk[DELTA_PK_LEN],
-				const uint8_t scope[DELTA_SCOPE_LEN], uint64_t last_seq,
-				const struct delta_caps *caps, struct delta_batch **out, char *err, size_t errlen)
+				const uint8_t scope[DELTA_SCOPE_LEN], uint64_t last_seq, const struct delta_caps *caps,
+				struct delta_batch **out, char *err, size_t errlen)
 {
 	return batch_verify(bytes, n, pk, scope, last_seq, caps, true, out, err, errlen);
 }

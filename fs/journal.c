@@ -27,30 +27,30 @@ enum { CLS_PRECISE = 0, CLS_RESCAN = 1 };
 
 struct jnode {
 	struct journal_rec rec;
-	struct jnode *next;   /* FIFO */
-	struct jnode *hnext;  /* hash chain, when indexed */
+	struct jnode *next;  /* FIFO */
+	struct jnode *hnext; /* hash chain, when indexed */
 	uint64_t hash;
-	uint64_t gen;         /* rename generation when indexed (PRECISE) */
+	uint64_t gen; /* rename generation when indexed (PRECISE) */
 	unsigned cls : 1;
 	unsigned indexed : 1;
-	unsigned top : 1;     /* RESCAN of a top-level entry (counted in ntop) */
+	unsigned top : 1; /* RESCAN of a top-level entry (counted in ntop) */
 };
 
 struct journal {
 	pthread_mutex_t lock;
 	/* everything below is protected by lock */
 	struct jnode *head, *tail;
-	size_t npending;       /* nodes in the FIFO */
-	size_t nprecise;       /* ... of which precise */
-	size_t nrescan;        /* ... of which RESCAN of a full path */
-	size_t ntop;           /* ... of which RESCAN of a top-level entry */
-	bool degraded;         /* precise cap hit; cleared when drained empty */
-	bool root_rescan;      /* everything collapsed into one root RESCAN */
+	size_t npending;  /* nodes in the FIFO */
+	size_t nprecise;  /* ... of which precise */
+	size_t nrescan;	  /* ... of which RESCAN of a full path */
+	size_t ntop;	  /* ... of which RESCAN of a top-level entry */
+	bool degraded;	  /* precise cap hit; cleared when drained empty */
+	bool root_rescan; /* everything collapsed into one root RESCAN */
 	uint64_t root_first, root_last;
-	uint64_t seq;          /* last assigned */
-	uint64_t gen;          /* bumped by every rename/exchange */
+	uint64_t seq; /* last assigned */
+	uint64_t gen; /* bumped by every rename/exchange */
 	struct jnode **buckets;
-	size_t nbuckets;       /* power of two */
+	size_t nbuckets; /* power of two */
 	size_t max_records;
 	struct journal_stats stats;
 	/* immutable after journal_new */
@@ -59,16 +59,14 @@ struct journal {
 };
 
 #define DEFAULT_MAX_RECORDS 16384
-#define MAX_TOP_RECORDS 1024
+#define MAX_TOP_RECORDS	    1024
 
 static const char *const op_names[JOURNAL_OP_MAX] = {
-	[JOURNAL_CREATE] = "create",   [JOURNAL_MKDIR] = "mkdir",
-	[JOURNAL_SYMLINK] = "symlink", [JOURNAL_MKNOD] = "mknod",
-	[JOURNAL_LINK] = "link",       [JOURNAL_UNLINK] = "unlink",
-	[JOURNAL_RMDIR] = "rmdir",     [JOURNAL_RENAME] = "rename",
-	[JOURNAL_EXCHANGE] = "exchange", [JOURNAL_WRITE] = "write",
-	[JOURNAL_TRUNCATE] = "truncate", [JOURNAL_SETATTR] = "setattr",
-	[JOURNAL_XATTR] = "xattr",     [JOURNAL_RESCAN] = "rescan",
+    [JOURNAL_CREATE] = "create", [JOURNAL_MKDIR] = "mkdir",	  [JOURNAL_SYMLINK] = "symlink",
+    [JOURNAL_MKNOD] = "mknod",	 [JOURNAL_LINK] = "link",	  [JOURNAL_UNLINK] = "unlink",
+    [JOURNAL_RMDIR] = "rmdir",	 [JOURNAL_RENAME] = "rename",	  [JOURNAL_EXCHANGE] = "exchange",
+    [JOURNAL_WRITE] = "write",	 [JOURNAL_TRUNCATE] = "truncate", [JOURNAL_SETATTR] = "setattr",
+    [JOURNAL_XATTR] = "xattr",	 [JOURNAL_RESCAN] = "rescan",
 };
 
 const char *journal_op_name(enum journal_op op)
@@ -311,8 +309,8 @@ static void append_rescan(struct journal *j, const char *path, uint64_t seq)
 }
 
 /* Try to merge op into the newest pending precise record of path. */
-static bool try_coalesce(struct journal *j, struct jnode *n, enum journal_op op, uint64_t off,
-			 uint64_t len, uint32_t flags, uint64_t seq)
+static bool try_coalesce(struct journal *j, struct jnode *n, enum journal_op op, uint64_t off, uint64_t len,
+			 uint32_t flags, uint64_t seq)
 {
 	struct journal_rec *r = &n->rec;
 
@@ -348,8 +346,8 @@ static bool has_path2(enum journal_op op)
 }
 
 /* must hold j->lock */
-static void append_locked(struct journal *j, enum journal_op op, const char *path,
-			  const char *path2, uint64_t off, uint64_t len, uint32_t flags, uint64_t seq)
+static void append_locked(struct journal *j, enum journal_op op, const char *path, const char *path2, uint64_t off,
+			  uint64_t len, uint32_t flags, uint64_t seq)
 {
 	struct jnode *n, *old;
 	uint64_t h;
@@ -376,8 +374,7 @@ static void append_locked(struct journal *j, enum journal_op op, const char *pat
 		return;
 	}
 	n = mem_calloc(1, sizeof(*n));
-	if (!n || !(n->rec.path = mem_strdup(path)) ||
-	    (path2 && !(n->rec.path2 = mem_strdup(path2)))) {
+	if (!n || !(n->rec.path = mem_strdup(path)) || (path2 && !(n->rec.path2 = mem_strdup(path2)))) {
 		if (n)
 			node_free(n);
 		collapse(j, seq);
@@ -413,8 +410,8 @@ static void append_locked(struct journal *j, enum journal_op op, const char *pat
 	}
 }
 
-uint64_t journal_append(struct journal *j, enum journal_op op, const char *path,
-			const char *path2, uint64_t off, uint64_t len, uint32_t flags)
+uint64_t journal_append(struct journal *j, enum journal_op op, const char *path, const char *path2, uint64_t off,
+			uint64_t len, uint32_t flags)
 {
 	uint64_t seq;
 	bool was_empty;

@@ -51,14 +51,14 @@
 #define AIRLOCK_FSTYPE "fuse.airlock"
 
 struct inode {
-	int fd;                /* O_PATH|O_NOFOLLOW, owned */
+	int fd; /* O_PATH|O_NOFOLLOW, owned */
 	dev_t dev;
 	ino_t ino;
-	mode_t type;           /* S_IFMT bits; a backing inode never changes type */
-	_Atomic int rfd;       /* O_RDONLY for reads, opened on first use, or -1 */
-	_Atomic int wfd;       /* O_WRONLY for writes, opened on first use, or -1 */
-	uint64_t nlookup;      /* protected by mount->lock */
-	struct inode *hnext;   /* protected by mount->lock */
+	mode_t type;	     /* S_IFMT bits; a backing inode never changes type */
+	_Atomic int rfd;     /* O_RDONLY for reads, opened on first use, or -1 */
+	_Atomic int wfd;     /* O_WRONLY for writes, opened on first use, or -1 */
+	uint64_t nlookup;    /* protected by mount->lock */
+	struct inode *hnext; /* protected by mount->lock */
 	/* the name it was last looked up by, for the reaper (may be stale
 	 * after a rename: then that eviction just misses); protected by lock */
 	fuse_ino_t parent;
@@ -66,9 +66,9 @@ struct inode {
 };
 
 struct mount {
-	char *path;            /* canonical absolute path of DIR */
+	char *path; /* canonical absolute path of DIR */
 	size_t pathlen;
-	struct inode root;     /* FUSE_ROOT_ID; never in the table, never freed early */
+	struct inode root; /* FUSE_ROOT_ID; never in the table, never freed early */
 	struct journal *j;
 	struct fuse_session *se;
 	pthread_t thread;
@@ -76,10 +76,10 @@ struct mount {
 	bool am_root;
 	unsigned max_threads;
 	double timeout;
-	dev_t mnt_dev;         /* st_dev of the mounted root (FUSE connection id) */
-	bool no_open;          /* the kernel does zero-message open/opendir */
-	atomic_int io_fds;     /* per-inode I/O descriptors open */
-	int fd_limit;          /* RLIMIT_NOFILE in force */
+	dev_t mnt_dev;	   /* st_dev of the mounted root (FUSE connection id) */
+	bool no_open;	   /* the kernel does zero-message open/opendir */
+	atomic_int io_fds; /* per-inode I/O descriptors open */
+	int fd_limit;	   /* RLIMIT_NOFILE in force */
 	atomic_bool stopping;
 	void (*on_exit)(void *ud);
 	void *ud;
@@ -93,12 +93,12 @@ struct mount {
 	 * descriptors near the fd limit */
 	pthread_t reaper;
 	bool reaper_started;
-	bool reaper_stop;      /* protected by lock */
+	bool reaper_stop; /* protected by lock */
 	pthread_cond_t reap_cond;
 	size_t reap_high, reap_low; /* inodes: start above high, evict down to
-	                               low (I/O descriptors stay under half of
-	                               the limit by themselves: io_cache_full) */
-	bool reap_now;         /* protected by lock: a request hit EMFILE */
+				       low (I/O descriptors stay under half of
+				       the limit by themselves: io_cache_full) */
+	bool reap_now;		    /* protected by lock: a request hit EMFILE */
 };
 
 /* ---- helpers ---- */
@@ -248,8 +248,7 @@ static int io_get(struct mount *m, struct inode *in, bool write, struct iofd *io
 	if (S_ISDIR(in->type))
 		return -EISDIR;
 	proc_path(pp, in->fd);
-	while ((fd = open(pp, (write ? O_WRONLY : O_RDONLY) | O_CLOEXEC)) < 0 &&
-	       fd_pressure_retry(m, errno, &tries))
+	while ((fd = open(pp, (write ? O_WRONLY : O_RDONLY) | O_CLOEXEC)) < 0 && fd_pressure_retry(m, errno, &tries))
 		;
 	if (fd < 0)
 		return neg_errno();
@@ -276,8 +275,7 @@ static void node_adopt_fd(struct mount *m, struct inode *in, int fd, bool write)
 {
 	int expected = -1;
 
-	if (!io_cache_full(m) &&
-	    atomic_compare_exchange_strong(write ? &in->wfd : &in->rfd, &expected, fd))
+	if (!io_cache_full(m) && atomic_compare_exchange_strong(write ? &in->wfd : &in->rfd, &expected, fd))
 		atomic_fetch_add(&m->io_fds, 1);
 	else
 		close(fd);
@@ -318,8 +316,7 @@ static void table_grow(struct mount *m)
 /* Take a reference on the inode for (st_dev, st_ino) found as name in
  * parent, creating it with fd (which it then owns). *fd is set to -1 when
  * consumed. */
-static struct inode *table_ref(struct mount *m, const struct stat *st, int *fd, fuse_ino_t parent,
-			       const char *name)
+static struct inode *table_ref(struct mount *m, const struct stat *st, int *fd, fuse_ino_t parent, const char *name)
 {
 	struct inode *in;
 	char *oldname = NULL;
@@ -425,23 +422,20 @@ static void *reaper_main(void *arg)
 		}
 		m->reap_now = false;
 		n = 0;
-		for (scanned = 0; scanned < m->nbuckets && n < REAP_BATCH &&
-				  atomic_load(&m->ninodes) > m->reap_low + n;
+		for (scanned = 0; scanned < m->nbuckets && n < REAP_BATCH && atomic_load(&m->ninodes) > m->reap_low + n;
 		     scanned++) {
 			struct inode *in;
 
 			m->reap_cursor = (m->reap_cursor + 1) & (m->nbuckets - 1);
 			for (in = m->buckets[m->reap_cursor]; in && n < REAP_BATCH; in = in->hnext) {
-				if (S_ISDIR(in->type) || !in->name ||
-				    !(items[n].name = mem_strdup(in->name)))
+				if (S_ISDIR(in->type) || !in->name || !(items[n].name = mem_strdup(in->name)))
 					continue;
 				items[n++].parent = in->parent;
 			}
 		}
 		pthread_mutex_unlock(&m->lock);
 		for (i = 0; i < n; i++) {
-			fuse_lowlevel_notify_inval_entry(m->se, items[i].parent, items[i].name,
-							 strlen(items[i].name));
+			fuse_lowlevel_notify_inval_entry(m->se, items[i].parent, items[i].name, strlen(items[i].name));
 			mem_free(items[i].name);
 		}
 		/* let the FORGETs arrive before looking again */
@@ -454,8 +448,7 @@ static void *reaper_main(void *arg)
 }
 
 /* Look name up in parent, taking a kernel reference on the result. */
-static int do_lookup(struct mount *m, struct inode *parent, const char *name,
-		     struct fuse_entry_param *e)
+static int do_lookup(struct mount *m, struct inode *parent, const char *name, struct fuse_entry_param *e)
 {
 	struct inode *in;
 	int fd, r = 0, tries = 0;
@@ -474,8 +467,7 @@ static int do_lookup(struct mount *m, struct inode *parent, const char *name,
 		r = neg_errno();
 		goto out;
 	}
-	in = table_ref(m, &e->attr, &fd,
-		       parent == &m->root ? FUSE_ROOT_ID : (fuse_ino_t)(uintptr_t)parent, name);
+	in = table_ref(m, &e->attr, &fd, parent == &m->root ? FUSE_ROOT_ID : (fuse_ino_t)(uintptr_t)parent, name);
 	if (!in) {
 		r = -ENOMEM;
 		goto out;
@@ -558,8 +550,8 @@ static void journal_unnamed(struct mount *m)
 	journal_append(m->j, JOURNAL_RESCAN, "", NULL, 0, 0, 0);
 }
 
-static void journal_child(struct mount *m, enum journal_op op, struct inode *p, const char *name,
-			  struct inode *p2, const char *name2)
+static void journal_child(struct mount *m, enum journal_op op, struct inode *p, const char *name, struct inode *p2,
+			  const char *name2)
 {
 	char *a = NULL, *b = NULL;
 
@@ -571,8 +563,8 @@ static void journal_child(struct mount *m, enum journal_op op, struct inode *p, 
 	mem_free(b);
 }
 
-static void journal_node(struct mount *m, enum journal_op op, struct inode *in, uint64_t off,
-			 uint64_t len, uint32_t flags)
+static void journal_node(struct mount *m, enum journal_op op, struct inode *in, uint64_t off, uint64_t len,
+			 uint32_t flags)
 {
 	char *a;
 	int r = node_path(m, in, &a);
@@ -593,8 +585,7 @@ static void op_init(void *ud, struct fuse_conn_info *conn)
 	struct mount *m = ud;
 
 	/* zero-message open/opendir: see io_get and do_readdir */
-	m->no_open = (conn->capable & FUSE_CAP_NO_OPEN_SUPPORT) &&
-		     (conn->capable & FUSE_CAP_NO_OPENDIR_SUPPORT);
+	m->no_open = (conn->capable & FUSE_CAP_NO_OPEN_SUPPORT) && (conn->capable & FUSE_CAP_NO_OPENDIR_SUPPORT);
 	/* O_TRUNC arrives as a setattr (journaled there), never inside an
 	 * open the kernel may not send */
 	conn->want &= ~FUSE_CAP_ATOMIC_O_TRUNC;
@@ -660,7 +651,7 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 
 static int set_times(struct inode *in, int fd, const struct stat *attr, int valid)
 {
-	struct timespec tv[2] = { { .tv_nsec = UTIME_OMIT }, { .tv_nsec = UTIME_OMIT } };
+	struct timespec tv[2] = {{.tv_nsec = UTIME_OMIT}, {.tv_nsec = UTIME_OMIT}};
 	char pp[64];
 
 	if (valid & FUSE_SET_ATTR_ATIME_NOW)
@@ -681,8 +672,7 @@ static int set_times(struct inode *in, int fd, const struct stat *attr, int vali
 	return utimensat(AT_FDCWD, pp, tv, 0) < 0 ? neg_errno() : 0;
 }
 
-static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid,
-		       struct fuse_file_info *fi)
+static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid, struct fuse_file_info *fi)
 {
 	(void)fi;
 	struct mount *m = req_mount(req);
@@ -758,8 +748,8 @@ static void op_readlink(fuse_req_t req, fuse_ino_t ino)
 
 /* Shared tail of mknod/mkdir/symlink: look the new entry up, journal it,
  * reply. r is the result of the creating syscall. */
-static void finish_new(fuse_req_t req, struct mount *m, struct inode *parent, const char *name,
-		       int r, enum journal_op op)
+static void finish_new(fuse_req_t req, struct mount *m, struct inode *parent, const char *name, int r,
+		       enum journal_op op)
 {
 	struct fuse_entry_param e;
 
@@ -876,8 +866,8 @@ static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 	reply_err(req, 0);
 }
 
-static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
-		      const char *newname, unsigned int flags)
+static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent, const char *newname,
+		      unsigned int flags)
 {
 	struct mount *m = req_mount(req);
 	struct inode *p = node_of(m, parent), *np = node_of(m, newparent);
@@ -890,8 +880,7 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_
 		reply_err(req, neg_errno());
 		return;
 	}
-	journal_child(m, flags & RENAME_EXCHANGE ? JOURNAL_EXCHANGE : JOURNAL_RENAME, p, name, np,
-		      newname);
+	journal_child(m, flags & RENAME_EXCHANGE ? JOURNAL_EXCHANGE : JOURNAL_RENAME, p, name, np, newname);
 	reply_err(req, 0);
 }
 
@@ -907,14 +896,13 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		reply_err(req, -ENOSYS);
 		return;
 	}
-	fi->fh = 0; /* I/O uses the inode's descriptors */
+	fi->fh = 0;	    /* I/O uses the inode's descriptors */
 	fi->keep_cache = 1; /* the page cache is coherent: all writes come through us */
 	fi->noflush = 1;
 	fuse_reply_open(req, fi);
 }
 
-static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
-		      struct fuse_file_info *fi)
+static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, struct fuse_file_info *fi)
 {
 	struct mount *m = req_mount(req);
 	struct inode *p = node_of(m, parent);
@@ -928,7 +916,7 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	creds_push(req, m);
 	while ((fd = openat(p->fd, name,
 			    (acc == O_RDONLY ? O_RDONLY : O_WRONLY) | O_CREAT | O_NOFOLLOW | O_CLOEXEC |
-				    (fi->flags & (O_EXCL | O_TRUNC)),
+				(fi->flags & (O_EXCL | O_TRUNC)),
 			    mode)) < 0 &&
 	       fd_pressure_retry(m, errno, &tries))
 		;
@@ -950,8 +938,7 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 		table_unref(m, node_of(m, e.ino), 1); /* interrupted: no reference taken */
 }
 
-static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-		    struct fuse_file_info *fi)
+static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
 {
 	struct mount *m = req_mount(req);
 	struct fuse_bufvec buf = FUSE_BUFVEC_INIT(size);
@@ -1016,7 +1003,7 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_f
 {
 	struct mount *m = req_mount(req);
 	struct inode *in = node_of(m, ino);
-	struct iofd io = { .fd = atomic_load(&in->wfd) };
+	struct iofd io = {.fd = atomic_load(&in->wfd)};
 	int r = io.fd >= 0 ? 0 : io_get(m, in, false, &io);
 
 	(void)fi;
@@ -1026,8 +1013,7 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_f
 	reply_err(req, r);
 }
 
-static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len,
-			 struct fuse_file_info *fi)
+static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, struct fuse_file_info *fi)
 {
 	struct mount *m = req_mount(req);
 	struct iofd io;
@@ -1046,8 +1032,7 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, of
 	reply_err(req, 0);
 }
 
-static void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
-		     struct fuse_file_info *fi)
+static void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, struct fuse_file_info *fi)
 {
 	struct mount *m = req_mount(req);
 	struct iofd io;
@@ -1065,12 +1050,11 @@ static void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
 	fuse_reply_lseek(req, pos);
 }
 
-static void op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
-			       struct fuse_file_info *fi_in, fuse_ino_t ino_out, off_t off_out,
-			       struct fuse_file_info *fi_out, size_t len, int flags)
+static void op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in, struct fuse_file_info *fi_in,
+			       fuse_ino_t ino_out, off_t off_out, struct fuse_file_info *fi_out, size_t len, int flags)
 {
 	struct mount *m = req_mount(req);
-	struct iofd in = { .fd = -1 }, out = { .fd = -1 };
+	struct iofd in = {.fd = -1}, out = {.fd = -1};
 	off_t start = off_out;
 	ssize_t n = -1;
 	int r;
@@ -1184,15 +1168,13 @@ out:
 	mem_free(buf);
 }
 
-static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-		       struct fuse_file_info *fi)
+static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
 {
 	(void)fi;
 	do_readdir(req, ino, size, off, false);
 }
 
-static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-			   struct fuse_file_info *fi)
+static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
 {
 	(void)fi;
 	do_readdir(req, ino, size, off, true);
@@ -1243,8 +1225,7 @@ static void op_access(fuse_req_t req, fuse_ino_t ino, int mask)
 
 /* ---- xattrs (through the /proc link, so not on symlinks: see MOUNT.md) ---- */
 
-static void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
-			size_t size, int flags)
+static void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value, size_t size, int flags)
 {
 	struct mount *m = req_mount(req);
 	struct inode *in = node_of(m, ino);
@@ -1338,42 +1319,42 @@ static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
  * every process using the workspace goes through this one mount.
  */
 static const struct fuse_lowlevel_ops mount_ops = {
-	.init = op_init,
-	.lookup = op_lookup,
-	.forget = op_forget,
-	.forget_multi = op_forget_multi,
-	.getattr = op_getattr,
-	.setattr = op_setattr,
-	.readlink = op_readlink,
-	.mknod = op_mknod,
-	.mkdir = op_mkdir,
-	.symlink = op_symlink,
-	.link = op_link,
-	.unlink = op_unlink,
-	.rmdir = op_rmdir,
-	.rename = op_rename,
-	.open = op_open,
-	.create = op_create,
-	.read = op_read,
-	.write_buf = op_write_buf,
-	/* no flush: "not implemented" spares every close(2) a round trip;
-	 * nothing is buffered per open */
-	.release = op_release,
-	.fsync = op_fsync,
-	.fallocate = op_fallocate,
-	.lseek = op_lseek,
-	.copy_file_range = op_copy_file_range,
-	.opendir = op_opendir,
-	.readdir = op_readdir,
-	.readdirplus = op_readdirplus,
-	.releasedir = op_releasedir,
-	.fsyncdir = op_fsyncdir,
-	.statfs = op_statfs,
-	.access = op_access,
-	.setxattr = op_setxattr,
-	.getxattr = op_getxattr,
-	.listxattr = op_listxattr,
-	.removexattr = op_removexattr,
+    .init = op_init,
+    .lookup = op_lookup,
+    .forget = op_forget,
+    .forget_multi = op_forget_multi,
+    .getattr = op_getattr,
+    .setattr = op_setattr,
+    .readlink = op_readlink,
+    .mknod = op_mknod,
+    .mkdir = op_mkdir,
+    .symlink = op_symlink,
+    .link = op_link,
+    .unlink = op_unlink,
+    .rmdir = op_rmdir,
+    .rename = op_rename,
+    .open = op_open,
+    .create = op_create,
+    .read = op_read,
+    .write_buf = op_write_buf,
+    /* no flush: "not implemented" spares every close(2) a round trip;
+     * nothing is buffered per open */
+    .release = op_release,
+    .fsync = op_fsync,
+    .fallocate = op_fallocate,
+    .lseek = op_lseek,
+    .copy_file_range = op_copy_file_range,
+    .opendir = op_opendir,
+    .readdir = op_readdir,
+    .readdirplus = op_readdirplus,
+    .releasedir = op_releasedir,
+    .fsyncdir = op_fsyncdir,
+    .statfs = op_statfs,
+    .access = op_access,
+    .setxattr = op_setxattr,
+    .getxattr = op_getxattr,
+    .listxattr = op_listxattr,
+    .removexattr = op_removexattr,
 };
 
 /* ---- mount table ---- */
@@ -1384,8 +1365,8 @@ static void unescape(char *s)
 	char *d = s;
 
 	for (; *s; s++) {
-		if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' && s[2] <= '7' &&
-		    s[3] >= '0' && s[3] <= '7') {
+		if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' && s[2] <= '7' && s[3] >= '0' &&
+		    s[3] <= '7') {
 			*d++ = (char)((s[1] - '0') * 64 + (s[2] - '0') * 8 + (s[3] - '0'));
 			s += 3;
 		} else {
@@ -1580,7 +1561,7 @@ static int raise_fd_limit(void)
 	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
 		return 1024;
 	if (rl.rlim_max < want) {
-		struct rlimit up = { want, want };
+		struct rlimit up = {want, want};
 
 		if (setrlimit(RLIMIT_NOFILE, &up) == 0) /* needs CAP_SYS_RESOURCE */
 			return (int)want;
@@ -1617,8 +1598,7 @@ static void mount_free(struct mount *m)
 	mem_free(m);
 }
 
-int mount_start(const char *dir, struct journal *j, const struct mount_opts *opts,
-		struct mount **out)
+int mount_start(const char *dir, struct journal *j, const struct mount_opts *opts, struct mount **out)
 {
 	struct mount *m;
 	struct stat st;

@@ -29,11 +29,11 @@
 /* shared */
 
 const struct delta_caps sync_delta_caps = {
-	.max_batch = WIRE_SYNC_MSG_MAX,
-	.max_ops = 65536,
-	.max_chunks = 262144,
-	.max_chunk = CHUNK_SIZE_LIMIT,
-	.max_file = 1ull << 40,
+    .max_batch = WIRE_SYNC_MSG_MAX,
+    .max_ops = 65536,
+    .max_chunks = 262144,
+    .max_chunk = CHUNK_SIZE_LIMIT,
+    .max_file = 1ull << 40,
 };
 
 void sync_scope(const uint8_t guest_pub[32], const uint8_t host_sign_pk[32], uint8_t scope[DELTA_SCOPE_LEN])
@@ -182,11 +182,19 @@ int sync_outbox_flush(struct sync_outbox *ob, struct chan *c, uint32_t stream)
 static const struct {
 	const char *section, *key;
 } git_keys[] = {
-	{ "core", "repositoryformatversion" }, { "core", "filemode" },	   { "core", "logallrefupdates" },
-	{ "core", "ignorecase" },	       { "core", "precomposeunicode" }, { "core", "symlinks" },
-	{ "core", "autocrlf" },		       { "core", "eol" },		   { "core", "safecrlf" },
-	{ "core", "checkstat" },	       { "core", "trustctime" },	   { "extensions", "objectformat" },
-	{ "extensions", "refstorage" },
+    {"core", "repositoryformatversion"},
+    {"core", "filemode"},
+    {"core", "logallrefupdates"},
+    {"core", "ignorecase"},
+    {"core", "precomposeunicode"},
+    {"core", "symlinks"},
+    {"core", "autocrlf"},
+    {"core", "eol"},
+    {"core", "safecrlf"},
+    {"core", "checkstat"},
+    {"core", "trustctime"},
+    {"extensions", "objectformat"},
+    {"extensions", "refstorage"},
 };
 #define N_GIT_KEYS (sizeof(git_keys) / sizeof(git_keys[0]))
 
@@ -213,7 +221,7 @@ static bool plain_value(const char *v)
 
 int sync_git_config(int dirfd, const char *path, struct buf *out)
 {
-	char *vals[N_GIT_KEYS] = { 0 };
+	char *vals[N_GIT_KEYS] = {0};
 	char *text = NULL;
 	int r = 0, fd;
 	struct stat st;
@@ -351,7 +359,7 @@ struct sync {
 	struct policy_ctx *pctx;
 	struct hcache *cache; /* NULL without cfg.state_dir */
 	int state_fd;	      /* cfg.state_dir, or -1 */
-	struct buf gitcfg; /* generated .git/config bytes */
+	struct buf gitcfg;    /* generated .git/config bytes */
 	uint8_t gitcfg_hash[CHUNK_HASH_LEN];
 	bool have_gitcfg;
 	/* manifests */
@@ -378,7 +386,7 @@ struct sync {
 	 * the guest still has their old side (fixed up in maybe_done) */
 	size_t *van;
 	size_t nvan, capvan;
-	size_t batch_first; /* index of the first change in the batch being built */
+	size_t batch_first;	     /* index of the first change in the batch being built */
 	struct sync_push_stats push; /* the last sync_push_* */
 };
 
@@ -582,8 +590,14 @@ void sync_free(struct sync *s)
 	mem_free(s);
 }
 
-uint32_t sync_stream(const struct sync *s) { return s->stream; }
-const struct sync_stats *sync_get_stats(const struct sync *s) { return &s->st; }
+uint32_t sync_stream(const struct sync *s)
+{
+	return s->stream;
+}
+const struct sync_stats *sync_get_stats(const struct sync *s)
+{
+	return &s->st;
+}
 
 const struct sync_record *sync_withheld(const struct sync *s, size_t *n, uint64_t *total)
 {
@@ -642,14 +656,29 @@ static void scan_skipped(const char *rel, enum manifest_skip why, int err, void 
 	char text[160];
 
 	switch (why) {
-	case MANIFEST_SKIP_SPECIAL: snprintf(text, sizeof(text), "special file (fifo, socket or device): not synced"); break;
-	case MANIFEST_SKIP_DEPTH: snprintf(text, sizeof(text), "nested too deep"); break;
-	case MANIFEST_SKIP_NAME: snprintf(text, sizeof(text), "path too long"); break;
-	case MANIFEST_SKIP_TARGET: snprintf(text, sizeof(text), "symlink target too long"); break;
-	case MANIFEST_SKIP_ERROR: snprintf(text, sizeof(text), "unreadable: %s", strerror(err)); break;
-	case MANIFEST_SKIP_CHANGED: snprintf(text, sizeof(text), "changed while scanned"); break;
-	case MANIFEST_SKIP_RESERVED: return; /* airlock's own temporaries */
-	default: snprintf(text, sizeof(text), "skipped"); break;
+	case MANIFEST_SKIP_SPECIAL:
+		snprintf(text, sizeof(text), "special file (fifo, socket or device): not synced");
+		break;
+	case MANIFEST_SKIP_DEPTH:
+		snprintf(text, sizeof(text), "nested too deep");
+		break;
+	case MANIFEST_SKIP_NAME:
+		snprintf(text, sizeof(text), "path too long");
+		break;
+	case MANIFEST_SKIP_TARGET:
+		snprintf(text, sizeof(text), "symlink target too long");
+		break;
+	case MANIFEST_SKIP_ERROR:
+		snprintf(text, sizeof(text), "unreadable: %s", strerror(err));
+		break;
+	case MANIFEST_SKIP_CHANGED:
+		snprintf(text, sizeof(text), "changed while scanned");
+		break;
+	case MANIFEST_SKIP_RESERVED:
+		return; /* airlock's own temporaries */
+	default:
+		snprintf(text, sizeof(text), "skipped");
+		break;
 	}
 	if (records_add(&x->s->skipped, rel, text) < 0)
 		x->err = -ENOMEM;
@@ -658,10 +687,14 @@ static void scan_skipped(const char *rel, enum manifest_skip why, int err, void 
 /* Scan the host tree into s->hm, with the generated .git/config. */
 static int host_scan(struct sync *s, char *why, size_t whylen)
 {
-	struct scan_ctx x = { .s = s };
+	struct scan_ctx x = {.s = s};
 	struct manifest_scan_opts o = {
-		.filter = scan_filter, .filter_ud = &x, .skipped = scan_skipped, .skipped_ud = &x,
-		.chunking = &s->params, .cache = s->cache,
+	    .filter = scan_filter,
+	    .filter_ud = &x,
+	    .skipped = scan_skipped,
+	    .skipped_ud = &x,
+	    .chunking = &s->params,
+	    .cache = s->cache,
 	};
 	int r;
 
@@ -690,12 +723,13 @@ static int host_scan(struct sync *s, char *why, size_t whylen)
 	if (gi >= 0 && s->hm->e[gi].type == MANIFEST_DIR) {
 		buf_reset(&s->gitcfg);
 		if ((r = sync_git_config(s->cfg.dirfd, SYNC_GIT_CONFIG, &s->gitcfg)) < 0) {
-			snprintf(why, whylen, ".git/config: %s (the guest gets a generated one; fix or shrink the host's)",
+			snprintf(why, whylen,
+				 ".git/config: %s (the guest gets a generated one; fix or shrink the host's)",
 				 strerror(-r));
 			return r;
 		}
-		struct manifest_entry e = { .path = (char *)SYNC_GIT_CONFIG, .type = MANIFEST_FILE, .mode = 0644,
-					    .size = buf_len(&s->gitcfg) };
+		struct manifest_entry e = {
+		    .path = (char *)SYNC_GIT_CONFIG, .type = MANIFEST_FILE, .mode = 0644, .size = buf_len(&s->gitcfg)};
 		chunk_hash(buf_ptr(&s->gitcfg), buf_len(&s->gitcfg), e.hash);
 		memcpy(s->gitcfg_hash, e.hash, CHUNK_HASH_LEN);
 		if ((r = manifest_add(s->hm, &e)) < 0 || (r = manifest_seal(s->hm)) < 0) {
@@ -775,7 +809,9 @@ static void count_change(struct sync *s, const struct manifest_change *c, struct
 		return;
 	}
 	switch (c->new->type) {
-	case MANIFEST_DIR: s->st.dirs++; break;
+	case MANIFEST_DIR:
+		s->st.dirs++;
+		break;
 	case MANIFEST_SYMLINK:
 		s->st.symlinks++;
 		f->files++;
@@ -786,7 +822,8 @@ static void count_change(struct sync *s, const struct manifest_change *c, struct
 		f->files++;
 		f->bytes += c->new->size;
 		break;
-	default: break;
+	default:
+		break;
 	}
 }
 
@@ -863,7 +900,7 @@ static void pump(struct sync *s)
 	}
 	while (s->busy && s->phase == PH_SEND && s->out.queued == 0 && s->nfl < SYNC_BATCHES_IN_FLIGHT &&
 	       s->ci < s->nchanges) {
-		struct inflight f = { .seq = s->next_seq };
+		struct inflight f = {.seq = s->next_seq};
 		delta_builder_reset(s->b, s->next_seq);
 		s->batch_first = s->ci;
 		while (s->ci < s->nchanges) {
@@ -871,7 +908,8 @@ static void pump(struct sync *s)
 			r = add_change(s, c);
 			if (r == -ENOBUFS) {
 				if (delta_builder_ops(s->b) == 0) {
-					fail(s, -EFBIG, "%s: too large for one batch (%u MiB, the most a batch may hold)",
+					fail(s, -EFBIG,
+					     "%s: too large for one batch (%u MiB, the most a batch may hold)",
 					     c->new ? c->new->path : c->old->path, WIRE_SYNC_MSG_MAX >> 20);
 					return;
 				}
@@ -1061,7 +1099,7 @@ static int feed_level(struct sync *s, const char *dir, const uint8_t *p, size_t 
 	for (uint32_t k = 0; k < count; k++) {
 		const uint8_t *name;
 		size_t nl;
-		struct manifest_entry e = { 0 };
+		struct manifest_entry e = {0};
 		if (buf_get_bytes(&in, &name, &nl, MANIFEST_NAME_MAX) < 0 || nl == 0 || memchr(name, '/', nl) ||
 		    memchr(name, '\0', nl) || buf_get_u8(&in, &e.type) < 0 || buf_get_u32(&in, &e.mode) < 0 ||
 		    buf_get_u64(&in, &e.size) < 0 || buf_get(&in, e.hash, CHUNK_HASH_LEN) < 0)
@@ -1337,7 +1375,7 @@ static int on_entry(struct sync *s, struct buf *in)
 {
 	char *path = NULL;
 	uint8_t found;
-	struct manifest_entry e = { 0 };
+	struct manifest_entry e = {0};
 	int r;
 
 	if (s->phase != PH_ENTRIES || s->nanswered >= s->nasked)
@@ -1382,7 +1420,8 @@ static int on_ack(struct sync *s, struct buf *in)
 	if (s->phase != PH_SEND || s->nfl == 0)
 		return -EPROTO;
 	if ((r = buf_get_u64(in, &seq)) < 0 || (r = buf_get_u64(in, &ops)) < 0 || (r = buf_get_u64(in, &files)) < 0 ||
-	    (r = buf_get_u64(in, &bytes)) < 0 || (r = buf_get_u64(in, &deleted)) < 0 || (r = buf_get_u64(in, &kept)) < 0)
+	    (r = buf_get_u64(in, &bytes)) < 0 || (r = buf_get_u64(in, &deleted)) < 0 ||
+	    (r = buf_get_u64(in, &kept)) < 0)
 		return r;
 	if (seq != s->fl[0].seq)
 		return -EPROTO;
@@ -1418,9 +1457,9 @@ static const struct {
 	msg_fn *fn;
 	const char *name;
 } host_msgs[WIRE_TYPE_MAX + 1] = {
-	[WIRE_SYNC_STATE] = { on_state, "SYNC_STATE" }, [WIRE_SYNC_LEVEL] = { on_level, "SYNC_LEVEL" },
-	[WIRE_SYNC_ENTRY] = { on_entry, "SYNC_ENTRY" }, [WIRE_SYNC_ACK] = { on_ack, "SYNC_ACK" },
-	[WIRE_SYNC_NACK] = { on_nack, "SYNC_NACK" },
+    [WIRE_SYNC_STATE] = {on_state, "SYNC_STATE"}, [WIRE_SYNC_LEVEL] = {on_level, "SYNC_LEVEL"},
+    [WIRE_SYNC_ENTRY] = {on_entry, "SYNC_ENTRY"}, [WIRE_SYNC_ACK] = {on_ack, "SYNC_ACK"},
+    [WIRE_SYNC_NACK] = {on_nack, "SYNC_NACK"},
 };
 
 void sync_on_frame(struct sync *s, uint8_t type, uint32_t stream, const uint8_t *p, size_t n)
@@ -1512,7 +1551,7 @@ int sync_reconcile(struct sync *s)
 /* Anchors beyond this (or beyond a quarter of the tree): a full scan costs
  * about the same and keeps the audit record exact. */
 #define PUSH_ANCHORS_MAX 4096u
-#define PUSH_FULL 1 /* anchor_for: scan the whole tree instead */
+#define PUSH_FULL	 1 /* anchor_for: scan the whole tree instead */
 
 /* The anchor for dirty path p into out (MANIFEST_PATH_MAX + 1 bytes), 0;
  * PUSH_FULL when only a full scan is right. */
@@ -1619,7 +1658,7 @@ static int push_scan_anchor(struct sync *s, struct scan_ctx *x, const char *path
 {
 	char parent[MANIFEST_PATH_MAX + 1];
 	const char *sl = strrchr(path, '/'), *base = sl ? sl + 1 : path;
-	struct manifest_entry e = { 0 };
+	struct manifest_entry e = {0};
 	struct manifest *sub = NULL;
 	struct stat st;
 	int pfd = s->cfg.dirfd, fd = -1, r = 0, v;
@@ -1639,17 +1678,22 @@ static int push_scan_anchor(struct sync *s, struct scan_ctx *x, const char *path
 	if (S_ISDIR(st.st_mode)) {
 		if ((v = scan_filter(path, true, x)) == MANIFEST_SKIP)
 			goto out;
-		if ((fd = openat(pfd, base, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 || fstat(fd, &st) < 0) {
+		if ((fd = openat(pfd, base, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
+		    fstat(fd, &st) < 0) {
 			push_skip(x, path, MANIFEST_SKIP_CHANGED, 0);
 			goto out;
 		}
-		struct push_scan ps = { .x = x, .prefix = path, .plen = strlen(path) };
+		struct push_scan ps = {.x = x, .prefix = path, .plen = strlen(path)};
 		unsigned depth = 1;
 		for (const char *c = path; *c; c++)
 			depth += *c == '/';
 		struct manifest_scan_opts o = {
-			.filter = push_filter, .filter_ud = &ps, .skipped = push_skipped, .skipped_ud = &ps,
-			.chunking = &s->params, .max_depth = depth < 128 ? 128 - depth : 1,
+		    .filter = push_filter,
+		    .filter_ud = &ps,
+		    .skipped = push_skipped,
+		    .skipped_ud = &ps,
+		    .chunking = &s->params,
+		    .max_depth = depth < 128 ? 128 - depth : 1,
 		};
 		s->push.walked++;
 		if ((r = manifest_scan(fd, &o, &sub)) < 0) {
@@ -1721,7 +1765,7 @@ static int push_scan_anchor(struct sync *s, struct scan_ctx *x, const char *path
 		e.target = target;
 		e.path = (char *)path;
 		r = manifest_add(m, &e);
-		e = (struct manifest_entry){ 0 };
+		e = (struct manifest_entry){0};
 		goto out;
 	} else {
 		push_skip(x, path, MANIFEST_SKIP_SPECIAL, 0);
@@ -1753,8 +1797,8 @@ static int push_git_config(struct sync *s, struct manifest *m)
 	buf_reset(&s->gitcfg);
 	if ((r = sync_git_config(s->cfg.dirfd, SYNC_GIT_CONFIG, &s->gitcfg)) < 0)
 		return r;
-	struct manifest_entry e = { .path = (char *)SYNC_GIT_CONFIG, .type = MANIFEST_FILE, .mode = 0644,
-				    .size = buf_len(&s->gitcfg) };
+	struct manifest_entry e = {
+	    .path = (char *)SYNC_GIT_CONFIG, .type = MANIFEST_FILE, .mode = 0644, .size = buf_len(&s->gitcfg)};
 	chunk_hash(buf_ptr(&s->gitcfg), buf_len(&s->gitcfg), e.hash);
 	memcpy(s->gitcfg_hash, e.hash, CHUNK_HASH_LEN);
 	if ((r = manifest_add(m, &e)) < 0 || (r = manifest_seal(m)) < 0)
@@ -1766,8 +1810,8 @@ static int push_git_config(struct sync *s, struct manifest *m)
 /* A directory the policy keeps only for what is beneath it (DESCEND) must
  * go when the anchors took the last of that. Returns how many were found;
  * their paths are appended to *drop. */
-static int push_empty_descend(struct sync *s, const struct manifest *m, char *const *anchors, size_t na,
-			      char ***drop, size_t *ndrop)
+static int push_empty_descend(struct sync *s, const struct manifest *m, char *const *anchors, size_t na, char ***drop,
+			      size_t *ndrop)
 {
 	char p[MANIFEST_PATH_MAX + 1];
 	int found = 0;
@@ -1801,7 +1845,7 @@ static int push_empty_descend(struct sync *s, const struct manifest *m, char *co
  * or -errno (why filled). */
 static int push_build(struct sync *s, char **anchors, size_t na, char *why, size_t whylen)
 {
-	struct scan_ctx x = { .s = s };
+	struct scan_ctx x = {.s = s};
 	struct manifest *m = NULL;
 	char **drop = NULL;
 	size_t ndrop = 0;
@@ -1843,7 +1887,8 @@ static int push_build(struct sync *s, char **anchors, size_t na, char *why, size
 			/* anchors' fresh entries of round 0, minus what is dropped */
 			for (size_t i = 0; i < s->hm->n; i++) {
 				const struct manifest_entry *e = &s->hm->e[i];
-				if (anchor_holding(anchors, na, e->path) < 0 || anchor_holding(drop, ndrop, e->path) >= 0)
+				if (anchor_holding(anchors, na, e->path) < 0 ||
+				    anchor_holding(drop, ndrop, e->path) >= 0)
 					continue;
 				if ((r = manifest_add(m, e)) < 0)
 					goto out;
@@ -1974,4 +2019,7 @@ int sync_push_paths(struct sync *s, const char *const *paths, size_t n)
 	return push_start(s, paths, n);
 }
 
-const struct sync_push_stats *sync_get_push_stats(const struct sync *s) { return &s->push; }
+const struct sync_push_stats *sync_get_push_stats(const struct sync *s)
+{
+	return &s->push;
+}

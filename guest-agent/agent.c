@@ -46,9 +46,9 @@ struct session {
 	char peer[KEYS_B64_LEN];
 	uint8_t sync_pk[32]; /* host's Ed25519 sync-signing key, from HELLO */
 	bool hello;
-	uint64_t bulk_bytes; /* bulk stream bytes received */
+	uint64_t bulk_bytes;	    /* bulk stream bytes received */
 	struct syncg_session *sync; /* made by the first sync frame */
-	struct gexec *execs; /* commands of this session (one host-opened stream each) */
+	struct gexec *execs;	    /* commands of this session (one host-opened stream each) */
 };
 
 struct agent {
@@ -67,8 +67,8 @@ struct agent {
 	struct session *sessions;
 	unsigned nsessions, max_sessions, next_id;
 	int verbose;
-	struct exec_sys *xsys; /* cgroup context for commands */
-	int root_fd;           /* the workspace root: commands' cwd is resolved beneath it */
+	struct exec_sys *xsys;	   /* cgroup context for commands */
+	int root_fd;		   /* the workspace root: commands' cwd is resolved beneath it */
 	uint32_t run_uid, run_gid; /* EXEC_ID_KEEP when the agent is not root */
 };
 
@@ -128,7 +128,8 @@ static int handle_hello(struct session *s, uint32_t stream, struct buf *in)
 	memcpy(s->sync_pk, pk, 32);
 	s->hello = true;
 	logmsg("session %u: hello from %s (%s)", s->id, s->peer, client);
-	if ((r = buf_put_u32(&out, WIRE_VERSION)) < 0 || (r = buf_put_str(&out, "airlock-agent " AIRLOCK_VERSION)) < 0 ||
+	if ((r = buf_put_u32(&out, WIRE_VERSION)) < 0 ||
+	    (r = buf_put_str(&out, "airlock-agent " AIRLOCK_VERSION)) < 0 ||
 	    (r = buf_put_str(&out, s->agent->root)) < 0)
 		goto out;
 	r = chan_send(s->chan, WIRE_HELLO_OK, stream, buf_ptr(&out), buf_len(&out));
@@ -201,22 +202,21 @@ static int handle_sync_batch(struct session *s, uint32_t stream, struct buf *in)
 	return handle_sync(s, stream, in, WIRE_SYNC_BATCH);
 }
 
-
 /* ---- exec: commands on host-opened streams (doc/PROTOCOL.md "Exec") ---- */
 
-#define GX_OUTQ_MAX (1024u * 1024u) /* frames waiting for window; output pauses long before */
+#define GX_OUTQ_MAX   (1024u * 1024u) /* frames waiting for window; output pauses long before */
 #define GX_STDINQ_MAX (WIRE_EXEC_STDIN_WINDOW + WIRE_PAYLOAD_MAX)
 
 struct gexec {
 	struct session *s;
 	struct gexec *next;
 	uint32_t stream;
-	struct exec *e;    /* NULL once the command ended */
+	struct exec *e;	   /* NULL once the command ended */
 	struct buf outq;   /* frames not yet accepted by chan: u8 type, u32 len, payload */
 	struct buf stdinq; /* stdin bytes the command has not taken yet */
 	bool stdin_eof, stdin_closed;
-	bool paused;       /* we paused its output because the stream's window is full */
-	bool done;         /* EXIT or ERROR queued: free once outq drains */
+	bool paused; /* we paused its output because the stream's window is full */
+	bool done;   /* EXIT or ERROR queued: free once outq drains */
 };
 
 static struct gexec *gx_find(struct session *s, uint32_t stream)
@@ -351,8 +351,8 @@ static void gx_on_output(struct exec *e, int stream, const void *data, size_t n,
 static void gx_on_exit(struct exec *e, const struct exec_result *x, void *ud)
 {
 	struct gexec *g = ud;
-	uint8_t flags = (uint8_t)((x->timed_out ? WIRE_EXEC_X_TIMED_OUT : 0) | (x->canceled ? WIRE_EXEC_X_CANCELED : 0) |
-				  (x->core_dumped ? WIRE_EXEC_X_CORE : 0));
+	uint8_t flags = (uint8_t)((x->timed_out ? WIRE_EXEC_X_TIMED_OUT : 0) |
+				  (x->canceled ? WIRE_EXEC_X_CANCELED : 0) | (x->core_dumped ? WIRE_EXEC_X_CORE : 0));
 	struct buf b;
 	int r;
 
@@ -416,9 +416,9 @@ static void gx_on_stdin_writable(struct exec *e, void *ud)
 }
 
 static const struct exec_ops gx_ops = {
-	.on_output = gx_on_output,
-	.on_exit = gx_on_exit,
-	.on_stdin_writable = gx_on_stdin_writable,
+    .on_output = gx_on_output,
+    .on_exit = gx_on_exit,
+    .on_stdin_writable = gx_on_stdin_writable,
 };
 
 static int handle_exec_start(struct session *s, uint32_t stream, struct buf *in)
@@ -481,7 +481,8 @@ static int handle_exec_start(struct session *s, uint32_t stream, struct buf *in)
 	s->execs = g;
 	/* From here on a failure is the command's, not the session's: it is
 	 * answered with EXEC_ERROR on its stream. */
-	struct exec_env_in ein = { .tty = flags & WIRE_EXEC_F_TTY, .request = (const char *const *)env, .n_request = nenv };
+	struct exec_env_in ein = {
+	    .tty = flags & WIRE_EXEC_F_TTY, .request = (const char *const *)env, .n_request = nenv};
 	if ((r = exec_env_build(&ein, &envp, &bad)) < 0) {
 		snprintf(msg, sizeof(msg), "environment entry '%.200s': %s", bad ? bad : "?",
 			 r == -E2BIG ? "environment too large" : "not NAME=value with a valid name");
@@ -490,10 +491,17 @@ static int handle_exec_start(struct session *s, uint32_t stream, struct buf *in)
 		goto out;
 	}
 	struct exec_req q = {
-		.argv = (const char *const *)argv, .root_fd = a->root_fd, .cwd = cwd,
-		.envp = (const char *const *)envp, .timeout_ms = timeout_ms,
-		.tty = flags & WIRE_EXEC_F_TTY, .rows = rows, .cols = cols,
-		.stdin_open = flags & WIRE_EXEC_F_STDIN, .uid = a->run_uid, .gid = a->run_gid,
+	    .argv = (const char *const *)argv,
+	    .root_fd = a->root_fd,
+	    .cwd = cwd,
+	    .envp = (const char *const *)envp,
+	    .timeout_ms = timeout_ms,
+	    .tty = flags & WIRE_EXEC_F_TTY,
+	    .rows = rows,
+	    .cols = cols,
+	    .stdin_open = flags & WIRE_EXEC_F_STDIN,
+	    .uid = a->run_uid,
+	    .gid = a->run_gid,
 	};
 	if ((r = exec_start(a->loop, a->xsys, &q, &gx_ops, g, &g->e)) < 0) {
 		g->e = NULL;
@@ -620,19 +628,19 @@ static const struct {
 	const char *name;
 	bool before_hello; /* allowed before HELLO */
 } handlers[WIRE_TYPE_MAX + 1] = {
-	[WIRE_HELLO] = { handle_hello, "HELLO", true },
-	[WIRE_PING] = { handle_ping, "PING", true },
-	[WIRE_BULK_DATA] = { handle_bulk_data, "BULK_DATA", false },
-	[WIRE_BULK_END] = { handle_bulk_end, "BULK_END", false },
-	[WIRE_SYNC_BEGIN] = { handle_sync_begin, "SYNC_BEGIN", false },
-	[WIRE_SYNC_LEVELS_REQ] = { handle_sync_levels_req, "SYNC_LEVELS_REQ", false },
-	[WIRE_SYNC_ENTRIES_REQ] = { handle_sync_entries_req, "SYNC_ENTRIES_REQ", false },
-	[WIRE_SYNC_BATCH] = { handle_sync_batch, "SYNC_BATCH", false },
-	[WIRE_EXEC_START] = { handle_exec_start, "EXEC_START", false },
-	[WIRE_EXEC_STDIN] = { handle_exec_stdin, "EXEC_STDIN", false },
-	[WIRE_EXEC_SIGNAL] = { handle_exec_signal, "EXEC_SIGNAL", false },
-	[WIRE_EXEC_RESIZE] = { handle_exec_resize, "EXEC_RESIZE", false },
-	[WIRE_EXEC_CANCEL] = { handle_exec_cancel, "EXEC_CANCEL", false },
+    [WIRE_HELLO] = {handle_hello, "HELLO", true},
+    [WIRE_PING] = {handle_ping, "PING", true},
+    [WIRE_BULK_DATA] = {handle_bulk_data, "BULK_DATA", false},
+    [WIRE_BULK_END] = {handle_bulk_end, "BULK_END", false},
+    [WIRE_SYNC_BEGIN] = {handle_sync_begin, "SYNC_BEGIN", false},
+    [WIRE_SYNC_LEVELS_REQ] = {handle_sync_levels_req, "SYNC_LEVELS_REQ", false},
+    [WIRE_SYNC_ENTRIES_REQ] = {handle_sync_entries_req, "SYNC_ENTRIES_REQ", false},
+    [WIRE_SYNC_BATCH] = {handle_sync_batch, "SYNC_BATCH", false},
+    [WIRE_EXEC_START] = {handle_exec_start, "EXEC_START", false},
+    [WIRE_EXEC_STDIN] = {handle_exec_stdin, "EXEC_STDIN", false},
+    [WIRE_EXEC_SIGNAL] = {handle_exec_signal, "EXEC_SIGNAL", false},
+    [WIRE_EXEC_RESIZE] = {handle_exec_resize, "EXEC_RESIZE", false},
+    [WIRE_EXEC_CANCEL] = {handle_exec_cancel, "EXEC_CANCEL", false},
 };
 
 static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t *p, size_t n, void *ud)
@@ -725,20 +733,20 @@ static void on_writable(struct chan *c, void *ud)
 }
 
 static const struct chan_ops session_ops = {
-	.on_ready = on_ready,
-	.on_frame = on_frame,
-	.on_writable = on_writable,
-	.on_close = on_close,
+    .on_ready = on_ready,
+    .on_frame = on_frame,
+    .on_writable = on_writable,
+    .on_close = on_close,
 };
 
 static void session_start(struct agent *a, int fd)
 {
 	struct session *s;
 	struct chan_cfg cfg = {
-		.role = NOISE_RESPONDER,
-		.self = &a->key,
-		.peers = a->peers,
-		.psk = a->have_psk ? a->psk : NULL,
+	    .role = NOISE_RESPONDER,
+	    .self = &a->key,
+	    .peers = a->peers,
+	    .psk = a->have_psk ? a->psk : NULL,
 	};
 
 	if (a->nsessions >= a->max_sessions) {
@@ -829,7 +837,8 @@ static int parse_run_as(const char *spec, uint32_t *uid, uint32_t *gid)
 	if (!(f = fopen("/etc/passwd", "re")))
 		return -ENOENT;
 	while (fgets(line, sizeof(line), f)) {
-		char *name = strtok(line, ":"), *pw = strtok(NULL, ":"), *us = strtok(NULL, ":"), *gs = strtok(NULL, ":");
+		char *name = strtok(line, ":"), *pw = strtok(NULL, ":"), *us = strtok(NULL, ":"),
+		     *gs = strtok(NULL, ":");
 		(void)pw;
 		if (name && us && gs && !strcmp(name, spec)) {
 			*uid = (uint32_t)strtoul(us, NULL, 10);
@@ -874,15 +883,27 @@ static int load_psk(struct agent *a, const char *path)
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
-		{ "listen", required_argument, NULL, 'l' }, { "root", required_argument, NULL, 'r' },
-		{ "key", required_argument, NULL, 'k' },    { "allow", required_argument, NULL, 'a' },
-		{ "allow-file", required_argument, NULL, 'A' }, { "psk-file", required_argument, NULL, 'p' },
-		{ "max-sessions", required_argument, NULL, 'm' }, { "verbose", no_argument, NULL, 'v' },
-		{ "state", required_argument, NULL, 'S' },  { "fsync", required_argument, NULL, 'F' },
-		{ "run-as", required_argument, NULL, 'U' },
-		{ "help", no_argument, NULL, 'h' },         { NULL, 0, NULL, 0 },
+	    {"listen", required_argument, NULL, 'l'},
+	    {"root", required_argument, NULL, 'r'},
+	    {"key", required_argument, NULL, 'k'},
+	    {"allow", required_argument, NULL, 'a'},
+	    {"allow-file", required_argument, NULL, 'A'},
+	    {"psk-file", required_argument, NULL, 'p'},
+	    {"max-sessions", required_argument, NULL, 'm'},
+	    {"verbose", no_argument, NULL, 'v'},
+	    {"state", required_argument, NULL, 'S'},
+	    {"fsync", required_argument, NULL, 'F'},
+	    {"run-as", required_argument, NULL, 'U'},
+	    {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0},
 	};
-	struct agent a = { .lfd = -1, .sfd = -1, .root_fd = -1, .run_uid = EXEC_ID_KEEP, .run_gid = EXEC_ID_KEEP, .max_sessions = 16, .apply_opts = { .fsync = APPLY_FSYNC_BATCH } };
+	struct agent a = {.lfd = -1,
+			  .sfd = -1,
+			  .root_fd = -1,
+			  .run_uid = EXEC_ID_KEEP,
+			  .run_gid = EXEC_ID_KEEP,
+			  .max_sessions = 16,
+			  .apply_opts = {.fsync = APPLY_FSYNC_BATCH}};
 	const char *listen = NULL, *keyfile = NULL, *run_as = NULL;
 	char err[512];
 	int c, r, status = 1;
@@ -920,7 +941,7 @@ int main(int argc, char **argv)
 			break;
 		}
 		case 'A': {
-			uint8_t (*keys)[32] = NULL;
+			uint8_t(*keys)[32] = NULL;
 			size_t n = 0;
 			if (keys_load_allow_file(optarg, &keys, &n, err, sizeof(err)) < 0) {
 				logmsg("%s", err);
@@ -1011,7 +1032,8 @@ int main(int argc, char **argv)
 		struct stat rst;
 		if (run_as) {
 			if ((r = parse_run_as(run_as, &a.run_uid, &a.run_gid)) < 0) {
-				logmsg("--run-as '%s': %s", run_as, r == -EINVAL ? "not USER or UID:GID" : "no such user in /etc/passwd");
+				logmsg("--run-as '%s': %s", run_as,
+				       r == -EINVAL ? "not USER or UID:GID" : "no such user in /etc/passwd");
 				status = 2;
 				goto out;
 			}

@@ -30,7 +30,7 @@ struct syncg {
 	int state_fd;
 	struct hcache *cache; /* hash cache in state_dir (HCACHE_FILE), per scan */
 	uint8_t guest_pub[32];
-	bool durable; /* fsync the sequence file (any --fsync but none) */
+	bool durable;		     /* fsync the sequence file (any --fsync but none) */
 	struct syncg_session *owner; /* session holding the sync lock */
 };
 
@@ -197,8 +197,14 @@ void syncg_free(struct syncg *g)
 	mem_free(g);
 }
 
-uint64_t syncg_last_seq(const struct syncg *g) { return apply_last_seq(g->apply); }
-const char *syncg_state_dir(const struct syncg *g) { return g->state_dir; }
+uint64_t syncg_last_seq(const struct syncg *g)
+{
+	return apply_last_seq(g->apply);
+}
+const char *syncg_state_dir(const struct syncg *g)
+{
+	return g->state_dir;
+}
 
 int syncg_apply_batch(struct syncg *g, const uint8_t *bytes, size_t n, const uint8_t host_sign_pk[32],
 		      struct apply_stats *st, char *err, size_t errlen)
@@ -213,8 +219,8 @@ int syncg_apply_batch(struct syncg *g, const uint8_t *bytes, size_t n, const uin
 	sync_scope(g->guest_pub, host_sign_pk, scope);
 	/* Content is checked once, while apply_batch stages it (every chunk and
 	 * file hash, before anything becomes visible): doc/SYNC.md §4. */
-	r = delta_batch_verify_deferred(bytes, n, host_sign_pk, scope, apply_last_seq(g->apply), &sync_delta_caps,
-					&b, verr, sizeof(verr));
+	r = delta_batch_verify_deferred(bytes, n, host_sign_pk, scope, apply_last_seq(g->apply), &sync_delta_caps, &b,
+					verr, sizeof(verr));
 	if (r < 0) {
 		seterr(err, errlen, "batch refused: %s", verr[0] ? verr : strerror(-r));
 		return r;
@@ -296,8 +302,9 @@ static int on_begin(struct syncg_session *ss, struct buf *in, char *err, size_t 
 		seterr(err, errlen, "another session is syncing this workspace");
 		return -EBUSY;
 	}
-	if ((r = buf_get_u32(in, &p.min)) < 0 || (r = buf_get_u32(in, &p.avg)) < 0 || (r = buf_get_u32(in, &p.max)) < 0 ||
-	    (r = buf_get_u32(in, &p.whole_max)) < 0 || buf_len(in) != 0 || chunk_params_check(&p) < 0) {
+	if ((r = buf_get_u32(in, &p.min)) < 0 || (r = buf_get_u32(in, &p.avg)) < 0 ||
+	    (r = buf_get_u32(in, &p.max)) < 0 || (r = buf_get_u32(in, &p.whole_max)) < 0 || buf_len(in) != 0 ||
+	    chunk_params_check(&p) < 0) {
 		seterr(err, errlen, "SYNC_BEGIN with malformed chunk parameters");
 		return -EBADMSG;
 	}
@@ -307,7 +314,7 @@ static int on_begin(struct syncg_session *ss, struct buf *in, char *err, size_t 
 	ss->m = NULL;
 	/* Everything under the root: which paths the host manages is the
 	 * host's policy, applied on its side while it reads our levels. */
-	struct manifest_scan_opts o = { .chunking = &ss->params };
+	struct manifest_scan_opts o = {.chunking = &ss->params};
 	/* Stat-keyed hash cache: files untouched since they were last hashed
 	 * are not read (hcache.h); a command that changed one changed its
 	 * ctime. Without memory for it, scan without. */
@@ -322,9 +329,9 @@ static int on_begin(struct syncg_session *ss, struct buf *in, char *err, size_t 
 	if (o.cache)
 		(void)hcache_save(g->cache, g->state_fd, HCACHE_FILE); /* best effort */
 	buf_init(&out, 64);
-	if ((r = buf_put_u64(&out, apply_last_seq(g->apply))) < 0 || (r = buf_put(&out, ss->m->root, CHUNK_HASH_LEN)) < 0 ||
-	    (r = buf_put_u64(&out, ss->m->n)) < 0 || (r = buf_put_u32(&out, special)) < 0 ||
-	    (r = reply(ss, WIRE_SYNC_STATE, &out)) < 0)
+	if ((r = buf_put_u64(&out, apply_last_seq(g->apply))) < 0 ||
+	    (r = buf_put(&out, ss->m->root, CHUNK_HASH_LEN)) < 0 || (r = buf_put_u64(&out, ss->m->n)) < 0 ||
+	    (r = buf_put_u32(&out, special)) < 0 || (r = reply(ss, WIRE_SYNC_STATE, &out)) < 0)
 		seterr(err, errlen, "answering SYNC_BEGIN: %s", strerror(-r));
 	buf_clear(&out);
 	return r;
@@ -449,18 +456,26 @@ static int on_batch(struct syncg_session *ss, struct buf *in, char *err, size_t 
 			seq = seq << 8 | buf_ptr(in)[40 + i];
 	if (ar == 0) {
 		r = buf_put_u64(&out, seq);
-		if (r == 0) r = buf_put_u64(&out, st.ops);
-		if (r == 0) r = buf_put_u64(&out, st.files);
-		if (r == 0) r = buf_put_u64(&out, st.bytes);
-		if (r == 0) r = buf_put_u64(&out, st.deleted);
-		if (r == 0) r = buf_put_u64(&out, st.kept_dirs);
+		if (r == 0)
+			r = buf_put_u64(&out, st.ops);
+		if (r == 0)
+			r = buf_put_u64(&out, st.files);
+		if (r == 0)
+			r = buf_put_u64(&out, st.bytes);
+		if (r == 0)
+			r = buf_put_u64(&out, st.deleted);
+		if (r == 0)
+			r = buf_put_u64(&out, st.kept_dirs);
 		if (r == 0)
 			r = reply(ss, WIRE_SYNC_ACK, &out);
 	} else {
 		r = buf_put_u64(&out, seq);
-		if (r == 0) r = buf_put_u32(&out, (uint32_t)-ar);
-		if (r == 0) r = buf_put_u8(&out, st.partial);
-		if (r == 0) r = buf_put_str(&out, why);
+		if (r == 0)
+			r = buf_put_u32(&out, (uint32_t)-ar);
+		if (r == 0)
+			r = buf_put_u8(&out, st.partial);
+		if (r == 0)
+			r = buf_put_str(&out, why);
 		if (r == 0)
 			r = reply(ss, WIRE_SYNC_NACK, &out);
 	}
@@ -476,14 +491,14 @@ static const struct {
 	msg_fn *fn;
 	const char *name;
 } guest_msgs[WIRE_TYPE_MAX + 1] = {
-	[WIRE_SYNC_BEGIN] = { on_begin, "SYNC_BEGIN" },
-	[WIRE_SYNC_LEVELS_REQ] = { on_levels_req, "SYNC_LEVELS_REQ" },
-	[WIRE_SYNC_ENTRIES_REQ] = { on_entries_req, "SYNC_ENTRIES_REQ" },
-	[WIRE_SYNC_BATCH] = { on_batch, "SYNC_BATCH" },
+    [WIRE_SYNC_BEGIN] = {on_begin, "SYNC_BEGIN"},
+    [WIRE_SYNC_LEVELS_REQ] = {on_levels_req, "SYNC_LEVELS_REQ"},
+    [WIRE_SYNC_ENTRIES_REQ] = {on_entries_req, "SYNC_ENTRIES_REQ"},
+    [WIRE_SYNC_BATCH] = {on_batch, "SYNC_BATCH"},
 };
 
-int syncg_session_frame(struct syncg_session *ss, uint8_t type, uint32_t stream, const uint8_t *p, size_t n,
-			char *err, size_t errlen)
+int syncg_session_frame(struct syncg_session *ss, uint8_t type, uint32_t stream, const uint8_t *p, size_t n, char *err,
+			size_t errlen)
 {
 	int r;
 

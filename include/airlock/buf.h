@@ -51,8 +51,14 @@ void buf_clear(struct buf *b);
 void buf_reset(struct buf *b);
 
 /* Readable bytes. */
-static inline size_t buf_len(const struct buf *b) { return b->len - b->off; }
-static inline const uint8_t *buf_ptr(const struct buf *b) { return b->data + b->off; }
+static inline size_t buf_len(const struct buf *b)
+{
+	return b->len - b->off;
+}
+static inline const uint8_t *buf_ptr(const struct buf *b)
+{
+	return b->data + b->off;
+}
 
 /* Make room for n more bytes and return a pointer to them in *out; the
  * caller writes there and then calls buf_commit(b, n) (or fewer). Compacts

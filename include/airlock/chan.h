@@ -46,11 +46,11 @@
 struct loop;
 struct chan;
 
-#define CHAN_REKEY_BYTES (1ull << 30)     /* 1 GiB */
-#define CHAN_REKEY_MS (10u * 60u * 1000u) /* 10 minutes */
-#define CHAN_OUT_HIWAT (256u * 1024u)      /* encrypted bytes queued for the socket */
+#define CHAN_REKEY_BYTES  (1ull << 30)	      /* 1 GiB */
+#define CHAN_REKEY_MS	  (10u * 60u * 1000u) /* 10 minutes */
+#define CHAN_OUT_HIWAT	  (256u * 1024u)      /* encrypted bytes queued for the socket */
 #define CHAN_HANDSHAKE_MS 10000u
-#define CHAN_CLOSE_MS 3000u /* chan_close waits this long for the peer's BYE or EOF */
+#define CHAN_CLOSE_MS	  3000u /* chan_close waits this long for the peer's BYE or EOF */
 
 /* The responder's table of allowed initiator keys and, per key, the newest
  * TAI64N timestamp accepted (WireGuard's replay rule: a msg1 whose
@@ -67,13 +67,13 @@ size_t chan_peers_count(const struct chan_peers *p);
 struct chan_cfg {
 	enum noise_role role;
 	const struct noise_keypair *self;
-	const uint8_t *peer;      /* initiator: the pinned responder key */
+	const uint8_t *peer;	  /* initiator: the pinned responder key */
 	struct chan_peers *peers; /* responder: allow-list + replay table */
-	const uint8_t *psk;       /* NULL = 32 zero bytes */
-	uint32_t window;          /* initial per-stream window; 0 = WIRE_WINDOW_DEFAULT */
-	uint64_t rekey_bytes;     /* 0 = CHAN_REKEY_BYTES */
-	uint32_t rekey_ms;        /* 0 = CHAN_REKEY_MS */
-	uint32_t handshake_ms;    /* 0 = CHAN_HANDSHAKE_MS */
+	const uint8_t *psk;	  /* NULL = 32 zero bytes */
+	uint32_t window;	  /* initial per-stream window; 0 = WIRE_WINDOW_DEFAULT */
+	uint64_t rekey_bytes;	  /* 0 = CHAN_REKEY_BYTES */
+	uint32_t rekey_ms;	  /* 0 = CHAN_REKEY_MS */
+	uint32_t handshake_ms;	  /* 0 = CHAN_HANDSHAKE_MS */
 };
 
 struct chan_ops {
@@ -141,11 +141,11 @@ bool chan_is_ready(const struct chan *c);
 int chan_fd(const struct chan *c);
 
 struct chan_stats {
-	uint64_t bytes_in, bytes_out;     /* on the wire */
+	uint64_t bytes_in, bytes_out; /* on the wire */
 	uint64_t frames_in, frames_out;
 	uint64_t rekeys_sent, rekeys_seen;
-	uint64_t handshake_ns;            /* connect-to-ready */
-	size_t out_queued;                /* encrypted bytes waiting for the socket */
+	uint64_t handshake_ns; /* connect-to-ready */
+	size_t out_queued;     /* encrypted bytes waiting for the socket */
 };
 void chan_get_stats(const struct chan *c, struct chan_stats *st);
 

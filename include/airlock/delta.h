@@ -36,14 +36,14 @@
 #include "airlock/manifest.h"
 
 /* 2: the signature is over DELTA_SIG_LABEL || BLAKE2b-256(batch), not the raw batch. */
-#define DELTA_VERSION	2
-#define DELTA_SIG_LABEL "airlock delta batch v2 blake2b-256\0"
+#define DELTA_VERSION	 2
+#define DELTA_SIG_LABEL	 "airlock delta batch v2 blake2b-256\0"
 #define DELTA_SIGMSG_LEN (sizeof(DELTA_SIG_LABEL) - 1 + 32)
-#define DELTA_SIG_LEN	64 /* Ed25519 detached signature */
-#define DELTA_PK_LEN	32
-#define DELTA_SK_LEN	64
-#define DELTA_SCOPE_LEN 32 /* what the batch is for; see delta_builder_new */
-#define DELTA_HDR_LEN	(4 + 1 + 1 + 2 + DELTA_SCOPE_LEN + 8 + 4)
+#define DELTA_SIG_LEN	 64 /* Ed25519 detached signature */
+#define DELTA_PK_LEN	 32
+#define DELTA_SK_LEN	 64
+#define DELTA_SCOPE_LEN	 32 /* what the batch is for; see delta_builder_new */
+#define DELTA_HDR_LEN	 (4 + 1 + 1 + 2 + DELTA_SCOPE_LEN + 8 + 4)
 
 enum delta_op_type {
 	DELTA_MKDIR = 1,   /* create a directory (or set the mode of an existing one) */
@@ -202,8 +202,8 @@ int delta_batch_verify(const uint8_t *bytes, size_t n, const uint8_t pk[DELTA_PK
  * this function must not be trusted for content by anything else.
  */
 int delta_batch_verify_deferred(const uint8_t *bytes, size_t n, const uint8_t pk[DELTA_PK_LEN],
-				const uint8_t scope[DELTA_SCOPE_LEN], uint64_t last_seq,
-				const struct delta_caps *caps, struct delta_batch **out, char *err, size_t errlen);
+				const uint8_t scope[DELTA_SCOPE_LEN], uint64_t last_seq, const struct delta_caps *caps,
+				struct delta_batch **out, char *err, size_t errlen);
 void delta_batch_free(struct delta_batch *b);
 
 /* The batch signature over p[0..n) (header and ops): Ed25519 over
