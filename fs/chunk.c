@@ -135,6 +135,34 @@ void chunk_hasher_final(struct chunk_hasher *h, uint8_t out[CHUNK_HASH_LEN])
 	memcpy(out, c.digest, CHUNK_HASH_LEN);
 }
 
+/* Seed of the list hash: a file of two or more chunks is identified by a
+ * hash of its chunk hashes, which can never be confused with the plain
+ * hash of some file's bytes that happen to spell those hashes. */
+#define CHUNK_LIST_SEED 0x61726c6b63686b73ull /* "arlkchks" */
+
+void chunk_hasher_init_list(struct chunk_hasher *h)
+{
+	XXH3_128bits_reset_withSeed((XXH3_state_t *)(void *)h->state, CHUNK_LIST_SEED);
+}
+
+void chunk_list_hash(const struct chunk *list, size_t n, uint8_t out[CHUNK_HASH_LEN])
+{
+	struct chunk_hasher h;
+
+	if (n == 1) {
+		memcpy(out, list[0].hash, CHUNK_HASH_LEN);
+		return;
+	}
+	if (n == 0) {
+		chunk_hash("", 0, out);
+		return;
+	}
+	chunk_hasher_init_list(&h);
+	for (size_t i = 0; i < n; i++)
+		chunk_hasher_update(&h, list[i].hash, CHUNK_HASH_LEN);
+	chunk_hasher_final(&h, out);
+}
+
 int chunk_params_check(const struct chunk_params *p)
 {
 	if (!p || p->min < CHUNK_MIN_LIMIT || p->avg <= p->min || p->max <= p->avg || p->max > CHUNK_SIZE_LIMIT)
@@ -354,8 +382,7 @@ static int win_init(struct window *w, const struct chunk_params *p, chunk_read_f
 /* Cut, hash and append chunks of the new file from pos until EOF, or, when
  * `old` is given, until a boundary lands on an old one in the unchanged
  * tail; then append the rest of the old list, shifted. */
-static int run(const struct chunk_params *p, struct window *w, struct list *l, uint64_t pos, struct chunk_hasher *fh,
-	       chunk_fn each, void *each_ud, const struct chunk *old, size_t nold, uint64_t dirty_end,
+static int run(const struct chunk_params *p, struct window *w, struct list *l, uint64_t pos, chunk_fn each, void *each_ud, const struct chunk *old, size_t nold, uint64_t dirty_end,
 	       uint64_t old_tail)
 {
 	size_t j = 0;
@@ -370,8 +397,6 @@ static int run(const struct chunk_params *p, struct window *w, struct list *l, u
 			return r;
 		size_t c = chunk_cut(p, d, want);
 		chunk_hash(d, c, h);
-		if (fh)
-			chunk_hasher_update(fh, d, c);
 		if ((r = list_push(l, pos, (uint32_t)c, h)) < 0)
 			return r;
 		if (each && (r = each(each_ud, &l->v[l->n - 1], d)) < 0)
@@ -397,17 +422,15 @@ int chunk_file(const struct chunk_params *p, chunk_read_fn rd, void *ud, uint64_
 {
 	struct window w;
 	struct list l = {0};
-	struct chunk_hasher fh;
 	int r;
 
 	if (chunk_params_check(p) < 0)
 		return -EINVAL;
-	chunk_hasher_init(&fh);
 	if (size == 0) {
 		*out = NULL;
 		*n = 0;
 		if (file_hash)
-			chunk_hasher_final(&fh, file_hash);
+			chunk_list_hash(NULL, 0, file_hash);
 		return 0;
 	}
 	if ((r = win_init(&w, p, rd, ud, size)) < 0)
@@ -417,13 +440,12 @@ int chunk_file(const struct chunk_params *p, chunk_read_fn rd, void *ud, uint64_
 		uint8_t h[CHUNK_HASH_LEN];
 		if ((r = win_get(&w, 0, (size_t)size, &d)) == 0) {
 			chunk_hash(d, (size_t)size, h);
-			chunk_hasher_update(&fh, d, (size_t)size);
 			r = list_push(&l, 0, (uint32_t)size, h);
 			if (r == 0 && each)
 				r = each(each_ud, &l.v[0], d);
 		}
 	} else {
-		r = run(p, &w, &l, 0, &fh, each, each_ud, NULL, 0, 0, 0);
+		r = run(p, &w, &l, 0, each, each_ud, NULL, 0, 0, 0);
 	}
 	mem_free(w.buf);
 	if (r < 0) {
@@ -431,7 +453,7 @@ int chunk_file(const struct chunk_params *p, chunk_read_fn rd, void *ud, uint64_
 		return r;
 	}
 	if (file_hash)
-		chunk_hasher_final(&fh, file_hash);
+		chunk_list_hash(l.v, l.n, file_hash);
 	list_out(&l, out, n);
 	return 0;
 }
@@ -480,7 +502,7 @@ int chunk_update(const struct chunk_params *p, const struct chunk *old, size_t n
 			goto out;
 	if ((r = win_init(&w, p, rd, ud, new_size)) < 0)
 		goto out;
-	r = run(p, &w, &l, old[k].off, NULL, NULL, NULL, old, nold, dirty_end, old_tail);
+	r = run(p, &w, &l, old[k].off, NULL, NULL, old, nold, dirty_end, old_tail);
 	if (reread)
 		*reread = w.nread;
 	mem_free(w.buf);

@@ -745,6 +745,7 @@ static int parse_put(struct parse *ps, struct delta_op *op)
 	uint32_t nch;
 	uint64_t sum = 0;
 	struct chunk_hasher fh;
+	uint8_t first[CHUNK_HASH_LEN] = {0};
 	int r;
 
 	if ((r = get_mode(ps, &op->mode)) < 0)
@@ -764,8 +765,11 @@ static int parse_put(struct parse *ps, struct delta_op *op)
 	if (ps->fill) {
 		op->chunks = ps->b->chunks + ps->nchunks;
 		op->nchunks = nch;
-		chunk_hasher_init(&fh);
 	}
+	/* the file hash is a function of the chunk list (chunk.h): checked
+	 * here from the hashes alone; each chunk's bytes are checked against
+	 * its own hash (inline: below or at apply; REF: at apply) */
+	chunk_hasher_init_list(&fh);
 	for (uint32_t i = 0; i < nch; i++) {
 		struct delta_chunk c = {0};
 		if (buf_get_u8(&ps->in, &c.kind) < 0 || buf_get_u32(&ps->in, &c.raw_len) < 0 ||
@@ -807,6 +811,9 @@ static int parse_put(struct parse *ps, struct delta_op *op)
 		}
 		if (c.raw_len > ps->chunk_max)
 			ps->chunk_max = c.raw_len;
+		if (i == 0)
+			memcpy(first, c.hash, CHUNK_HASH_LEN);
+		chunk_hasher_update(&fh, c.hash, CHUNK_HASH_LEN);
 		if (!ps->fill)
 			continue;
 		if (c.kind != DELTA_CHUNK_REF && !ps->defer) {
@@ -816,8 +823,7 @@ static int parse_put(struct parse *ps, struct delta_op *op)
 				     r == -EBADMSG && c.kind == DELTA_CHUNK_ZSTD
 					 ? "bad zstd data or content hash mismatch"
 					 : "content hash mismatch");
-			if (!op->has_refs)
-				chunk_hasher_update(&fh, raw, c.raw_len);
+			(void)raw;
 		}
 		ps->b->chunks[ps->nchunks + i] = c;
 	}
@@ -825,9 +831,14 @@ static int parse_put(struct parse *ps, struct delta_op *op)
 		FAIL(ps, -EBADMSG, "chunks add up to %llu bytes, file has %llu", (unsigned long long)sum,
 		     (unsigned long long)op->size);
 	ps->nchunks += nch;
-	if (ps->fill && !op->has_refs && !ps->defer) {
+	{
 		uint8_t h[CHUNK_HASH_LEN];
-		chunk_hasher_final(&fh, h);
+		if (nch == 0)
+			chunk_hash("", 0, h);
+		else if (nch == 1)
+			memcpy(h, first, CHUNK_HASH_LEN);
+		else
+			chunk_hasher_final(&fh, h);
 		if (memcmp(h, op->hash, CHUNK_HASH_LEN) != 0)
 			FAIL(ps, -EBADMSG, "file content hash mismatch");
 	}

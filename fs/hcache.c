@@ -14,7 +14,7 @@
 
 /* CHANGE HCACHE_VERSION IF THE FILE FORMAT CHANGES (doc/SYNC.md §3). */
 static const uint8_t hcache_magic[4] = {'A', 'L', 'H', 'C'};
-#define HCACHE_VERSION 1
+#define HCACHE_VERSION 2 /* 2: file hash of multi-chunk files is the list hash */
 #define HDR_LEN	       (4 + 4 + 4 * 4 + 8)
 #define ENT_MIN	       (2 + 1 + 5 * 8 + 4 + CHUNK_HASH_LEN + 4)
 #define REC_LEN	       (4 + CHUNK_HASH_LEN)

@@ -243,8 +243,13 @@ static void test_file_equals_split(void **state)
 	assert_int_equal(chunk_split(&chunk_params_default, d, n, &a, &na), 0);
 	assert_int_equal(chunk_file(&chunk_params_default, mem_read, &m, n, NULL, NULL, &b, &nb, fh), 0);
 	assert_true(same_list(a, na, b, nb));
-	chunk_hash(d, n, want);
+	chunk_list_hash(a, na, want);
 	assert_memory_equal(fh, want, CHUNK_HASH_LEN);
+	/* a file of two or more chunks: not the hash of its bytes */
+	assert_true(na > 1);
+	uint8_t bytes_hash[CHUNK_HASH_LEN];
+	chunk_hash(d, n, bytes_hash);
+	assert_memory_not_equal(fh, bytes_hash, CHUNK_HASH_LEN);
 	assert_int_equal(chunk_list_check(&chunk_params_default, a, na, n), 0);
 	mem_free(a);
 	mem_free(b);

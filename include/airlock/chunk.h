@@ -10,6 +10,13 @@
  * collision-resistant against an adversary (the batch signature carries
  * authenticity; see doc/SYNC.md "Hashes").
  *
+ * File hash (chunk_list_hash): a function of the file's chunk list only —
+ * the content hash of the bytes for an empty or one-chunk file (every file
+ * up to whole_max), and a seeded XXH3-128 of the chunk hashes in order for
+ * a file of two or more chunks. So an edit of a large file needs only the
+ * chunks it touched re-read and re-hashed (chunk_update), never the whole
+ * file (doc/SYNC.md §2).
+ *
  * Chunking: FastCDC (Xia et al., USENIX ATC 2016) with a 64-bit gear hash,
  * cut-point skipping below `min` and normalized chunking level 2 (a harder
  * mask before `avg`, an easier one after), hard cut at `max`. A cut
@@ -55,6 +62,9 @@ struct chunk {
 	uint8_t hash[CHUNK_HASH_LEN];
 };
 
+/* The file hash of a file whose chunk list is list[0..n) (see above). */
+void chunk_list_hash(const struct chunk *list, size_t n, uint8_t out[CHUNK_HASH_LEN]);
+
 /* XXH3-128 of p[0..n), canonical form. */
 void chunk_hash(const void *p, size_t n, uint8_t out[CHUNK_HASH_LEN]);
 
@@ -65,6 +75,9 @@ struct chunk_hasher {
 void chunk_hasher_init(struct chunk_hasher *h);
 void chunk_hasher_update(struct chunk_hasher *h, const void *p, size_t n);
 void chunk_hasher_final(struct chunk_hasher *h, uint8_t out[CHUNK_HASH_LEN]);
+/* Start a list hash instead: feed it the chunk hashes of a file of two or
+ * more chunks, in order (what chunk_list_hash does for such a list). */
+void chunk_hasher_init_list(struct chunk_hasher *h);
 
 /* The length of the chunk that starts at d, given n bytes from d to the end
  * of the file (only the first p->max are looked at). Returns n when n <=
@@ -90,8 +103,8 @@ typedef int (*chunk_fn)(void *ud, const struct chunk *c, const uint8_t *data);
 
 /* Chunk a file of `size` bytes read through rd, sequentially, with one
  * buffer of 2 * p->max bytes. `each` (may be NULL) sees every chunk with
- * its bytes, in order. When file_hash is not NULL it receives the content
- * hash of the whole file (computed in the same pass). */
+ * its bytes, in order. When file_hash is not NULL it receives the file
+ * hash (chunk_list_hash of the result). */
 int chunk_file(const struct chunk_params *p, chunk_read_fn rd, void *ud, uint64_t size, chunk_fn each, void *each_ud,
 	       struct chunk **out, size_t *n, uint8_t file_hash[CHUNK_HASH_LEN]);
 
