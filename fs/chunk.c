@@ -382,8 +382,8 @@ static int win_init(struct window *w, const struct chunk_params *p, chunk_read_f
 /* Cut, hash and append chunks of the new file from pos until EOF, or, when
  * `old` is given, until a boundary lands on an old one in the unchanged
  * tail; then append the rest of the old list, shifted. */
-static int run(const struct chunk_params *p, struct window *w, struct list *l, uint64_t pos, chunk_fn each, void *each_ud, const struct chunk *old, size_t nold, uint64_t dirty_end,
-	       uint64_t old_tail)
+static int run(const struct chunk_params *p, struct window *w, struct list *l, uint64_t pos, chunk_fn each,
+	       void *each_ud, const struct chunk *old, size_t nold, uint64_t dirty_end, uint64_t old_tail)
 {
 	size_t j = 0;
 	uint8_t h[CHUNK_HASH_LEN];

@@ -473,6 +473,62 @@ out:
 	return r;
 }
 
+int delta_put_chunks(struct delta_builder *b, const char *path, uint32_t mode, int fd, const char *base,
+		     const struct manifest_entry *have, const struct chunk *list, size_t n, uint64_t size,
+		     uint64_t *read_bytes)
+{
+	struct have h = {0};
+	uint8_t fh[CHUNK_HASH_LEN], ch[CHUNK_HASH_LEN];
+	uint8_t *scratch = NULL;
+	uint64_t sum = 0;
+	int r;
+
+	if (size > b->caps.max_file)
+		return -EMSGSIZE;
+	if (chunk_list_check(&b->cp, list, n, size) < 0)
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++)
+		sum += list[i].len;
+	if (sum != size)
+		return -EINVAL;
+	if ((r = have_init(&h, have, b->caps.max_chunk)) < 0)
+		return r;
+	if ((r = delta_put_begin(b, path, mode, base)) < 0)
+		goto out;
+	for (size_t i = 0; i < n && r == 0; i++) {
+		const struct chunk *c = &list[i];
+		const struct chunk *hit = h.n ? bsearch(c, h.v, h.n, sizeof(struct chunk), chunk_cmp) : NULL;
+		if (hit) {
+			r = delta_put_ref(b, hit->off, hit->len, hit->hash);
+			continue;
+		}
+		if (!scratch && !(scratch = mem_alloc(b->cp.max))) {
+			r = -ENOMEM;
+			break;
+		}
+		if ((r = chunk_read_fd(&fd, c->off, scratch, c->len)) < 0)
+			break;
+		if (read_bytes)
+			*read_bytes += c->len;
+		chunk_hash(scratch, c->len, ch);
+		if (memcmp(ch, c->hash, CHUNK_HASH_LEN) != 0) {
+			r = -ESTALE; /* the file changed after its list was made */
+			break;
+		}
+		r = delta_put_inline(b, scratch, c->len);
+	}
+	if (r < 0) {
+		put_drop(b);
+		goto out;
+	}
+	chunk_list_hash(list, n, fh);
+	r = delta_put_end(b, fh);
+out:
+	mem_free(scratch);
+	mem_free(h.v);
+	return r;
+}
+
 int delta_add_change(struct delta_builder *b, int host_dirfd, const struct manifest_change *c)
 {
 	const struct manifest_entry *o = c->old, *n = c->new;

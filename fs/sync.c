@@ -388,7 +388,73 @@ struct sync {
 	size_t nvan, capvan;
 	size_t batch_first;	     /* index of the first change in the batch being built */
 	struct sync_push_stats push; /* the last sync_push_* */
+	/* sync_push_hinted: the valid hints of the push being decided
+	 * (borrowed for the call), sorted by path */
+	struct hint_ref *hints;
+	size_t nhints;
+	/* files whose hint must not be trusted: left for a later push (the
+	 * confirmed state kept the guest's old version), hashed in full when
+	 * next looked at; all of them when the list overflowed */
+	char **unranged;
+	size_t nunranged, capunranged;
+	bool unranged_all;
 };
+
+struct hint_ref {
+	const char *path;
+	const struct sync_hint *h;
+};
+
+#define UNRANGED_MAX 4096u
+
+static long unranged_find(const struct sync *s, const char *path)
+{
+	for (size_t i = 0; i < s->nunranged; i++)
+		if (!strcmp(s->unranged[i], path))
+			return (long)i;
+	return -1;
+}
+
+/* Never fails: without memory (or room) every hint is distrusted. */
+static void unranged_add(struct sync *s, const char *path)
+{
+	if (s->unranged_all || unranged_find(s, path) >= 0)
+		return;
+	if (s->nunranged == s->capunranged) {
+		size_t nc = s->capunranged ? s->capunranged * 2 : 16;
+		char **nv = nc <= UNRANGED_MAX ? mem_realloc(s->unranged, nc * sizeof(*nv)) : NULL;
+		if (!nv) {
+			s->unranged_all = true;
+			return;
+		}
+		s->unranged = nv;
+		s->capunranged = nc;
+	}
+	if (!(s->unranged[s->nunranged] = mem_strdup(path))) {
+		s->unranged_all = true;
+		return;
+	}
+	s->nunranged++;
+}
+
+static void unranged_del(struct sync *s, const char *path)
+{
+	long i = unranged_find(s, path);
+	if (i < 0)
+		return;
+	mem_free(s->unranged[i]);
+	s->unranged[i] = s->unranged[--s->nunranged];
+}
+
+static void unranged_clear(struct sync *s)
+{
+	for (size_t i = 0; i < s->nunranged; i++)
+		mem_free(s->unranged[i]);
+	mem_free(s->unranged);
+	s->unranged = NULL;
+	s->nunranged = s->capunranged = 0;
+	s->unranged_all = false;
+}
 
 static void fail(struct sync *s, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
@@ -587,6 +653,7 @@ void sync_free(struct sync *s)
 	delta_builder_free(s->b);
 	manifest_free(s->hm);
 	manifest_free(s->known);
+	unranged_clear(s);
 	mem_free(s);
 }
 
@@ -783,17 +850,29 @@ static int add_change(struct sync *s, const struct manifest_change *c)
 			return r;
 		return 0;
 	}
-	const struct manifest_entry *base;
+	const struct manifest_entry *base = NULL;
 	if (c->kind == MANIFEST_ADD && n->type == MANIFEST_FILE && (!c->old || c->old->type != MANIFEST_FILE) &&
-	    n->size > s->params.whole_max && (base = rename_base(s, n))) {
-		/* A moved large file: REF chunks read the guest's copy at the
-		 * old path, which apply stages before the batch's DELETEs. */
+	    n->size > s->params.whole_max)
+		base = rename_base(s, n);
+	if (n && n->type == MANIFEST_FILE && (c->kind == MANIFEST_ADD || c->kind == MANIFEST_MODIFY) &&
+	    (n->nchunks || base)) {
+		/* The scan left its chunk list: only the chunks the guest lacks
+		 * are read (each checked against the list). A moved large file
+		 * takes REFs from the guest's copy at the old path, which apply
+		 * stages before the batch's DELETEs. */
+		const struct manifest_entry *have = base				      ? base
+						    : c->old && c->old->type == MANIFEST_FILE ? c->old
+											      : NULL;
 		int fd = manifest_open_beneath(s->cfg.dirfd, n->path, O_RDONLY | O_NONBLOCK | O_NOCTTY, false);
 		if (fd < 0)
 			return fd == -ELOOP ? -ESTALE : fd;
-		r = delta_put_file(s->b, n->path, n->mode, fd, base->path, base, NULL);
+		if (n->nchunks)
+			r = delta_put_chunks(s->b, n->path, n->mode, fd, base ? base->path : NULL, have, n->chunks,
+					     n->nchunks, n->size, &s->push.put_read);
+		else
+			r = delta_put_file(s->b, n->path, n->mode, fd, base->path, base, NULL);
 		close(fd);
-		return r;
+		return r == -EINVAL ? -ESTALE : r;
 	}
 	return delta_add_change(s->b, s->cfg.dirfd, c);
 }
@@ -840,6 +919,8 @@ static int note_vanished(struct sync *s, size_t ci)
 		s->capvan = nc;
 	}
 	s->van[s->nvan++] = ci;
+	if (s->changes[ci].new)
+		unranged_add(s, s->changes[ci].new->path);
 	return 0;
 }
 
@@ -1506,6 +1587,7 @@ int sync_reconcile(struct sync *s)
 	if (s->busy)
 		return -EBUSY;
 	reconcile_clear(s);
+	unranged_clear(s); /* a full comparison: every file is decided from its content */
 	s->busy = true;
 	s->have_state = false;
 	s->phase = PH_BEGIN;
@@ -1620,7 +1702,64 @@ static void push_skipped(const char *rel, enum manifest_skip why, int err, void 
 
 static void push_skip(struct scan_ctx *x, const char *path, enum manifest_skip why, int err)
 {
+	unranged_add(x->s, path); /* the confirmed state keeps the guest's version */
 	scan_skipped(path, why, err, x);
+}
+
+static int hint_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct hint_ref *)a)->path, ((const struct hint_ref *)b)->path);
+}
+
+/* Re-chunk a large file from its confirmed chunk list and its hint
+ * (chunk_update). 0 with e filled, 1 when the hint cannot be used (hash
+ * the whole file), or -errno. */
+static int push_ranged(struct sync *s, int fd, const struct stat *st, const char *path, struct manifest_entry *e)
+{
+	struct hint_ref key = {.path = path}, *hr;
+	uint64_t nsz = (uint64_t)st->st_size, off, end, reread = 0;
+	long k;
+	int r;
+
+	if (!s->nhints || s->unranged_all || nsz <= s->params.whole_max ||
+	    !(hr = bsearch(&key, s->hints, s->nhints, sizeof(key), hint_cmp)) || unranged_find(s, path) >= 0 ||
+	    (k = manifest_find(s->known, path)) < 0)
+		return 1;
+	const struct sync_hint *h = hr->h;
+	const struct manifest_entry *o = &s->known->e[k];
+	if (o->type != MANIFEST_FILE || !o->nchunks)
+		return 1;
+	e->type = MANIFEST_FILE;
+	e->mode = st->st_mode & MANIFEST_MODE_MASK;
+	e->size = nsz;
+	if (!h->resized && nsz == o->size && h->lo >= h->hi) {
+		/* attributes only: the confirmed list stands */
+		if (!(e->chunks = mem_calloc(o->nchunks, sizeof(*e->chunks))))
+			return -ENOMEM;
+		memcpy(e->chunks, o->chunks, o->nchunks * sizeof(*e->chunks));
+		e->nchunks = o->nchunks;
+	} else {
+		if (h->resized || nsz != o->size) {
+			off = h->lo < o->size ? h->lo : o->size;
+			end = nsz;
+		} else {
+			off = h->lo;
+			end = h->hi < nsz ? h->hi : nsz;
+		}
+		if (off > end)
+			off = end;
+		r = chunk_update(&s->params, o->chunks, o->nchunks, off, end, nsz, chunk_read_fd, &fd, &e->chunks,
+				 &e->nchunks, &reread);
+		if (r == -EINVAL)
+			return 1;
+		if (r < 0)
+			return r;
+	}
+	chunk_list_hash(e->chunks, e->nchunks, e->hash);
+	s->push.hashed++;
+	s->push.hashed_bytes += reread;
+	s->push.ranged++;
+	return 0;
 }
 
 /* Hash (and, over whole_max, chunk) the regular file open at fd into e. */
@@ -1741,7 +1880,13 @@ static int push_scan_anchor(struct sync *s, struct scan_ctx *x, const char *path
 			r = -ESTALE;
 			goto out;
 		}
-		if ((r = push_hash_file(s, fd, &st, &e)) < 0) {
+		if ((r = push_ranged(s, fd, &st, path, &e)) == 1) {
+			manifest_entry_clear(&e);
+			e = (struct manifest_entry){0};
+			if ((r = push_hash_file(s, fd, &st, &e)) == 0)
+				unranged_del(s, path);
+		}
+		if (r < 0) {
 			if (r == -ENOMEM)
 				goto out;
 			push_skip(x, path, r == -ESTALE ? MANIFEST_SKIP_CHANGED : MANIFEST_SKIP_ERROR,
@@ -2010,13 +2155,31 @@ out:
 	return 0;
 }
 
-int sync_push_paths(struct sync *s, const char *const *paths, size_t n)
+int sync_push_hinted(struct sync *s, const char *const *paths, const struct sync_hint *hints, size_t n)
 {
+	int r;
+
 	if (s->busy)
 		return -EBUSY;
 	if (!s->known)
 		return -EINVAL;
-	return push_start(s, paths, n);
+	s->nhints = 0;
+	if (hints && n && (s->hints = mem_calloc(n, sizeof(*s->hints)))) {
+		for (size_t i = 0; i < n; i++)
+			if (hints[i].valid)
+				s->hints[s->nhints++] = (struct hint_ref){.path = paths[i], .h = &hints[i]};
+		qsort(s->hints, s->nhints, sizeof(*s->hints), hint_cmp);
+	} /* without memory: no hints, every file hashed in full */
+	r = push_start(s, paths, n);
+	mem_free(s->hints);
+	s->hints = NULL;
+	s->nhints = 0;
+	return r;
+}
+
+int sync_push_paths(struct sync *s, const char *const *paths, size_t n)
+{
+	return sync_push_hinted(s, paths, NULL, n);
 }
 
 const struct sync_push_stats *sync_get_push_stats(const struct sync *s)

@@ -44,23 +44,24 @@
 #include "airlock/wire.h"
 #include "cmd_i.h"
 
-#define UP_PID_FILE "up.pid"	    /* pid, flock'ed by the daemon while it runs */
+#define UP_PID_FILE    "up.pid"	     /* pid, flock'ed by the daemon while it runs */
 #define UP_STATUS_FILE "status.json" /* written by the daemon, read by status/sync-wait */
-#define UP_LOG_FILE "up.log"	    /* the daemon's stderr after -d */
-#define STATUS_MIN_MS 100u	    /* status file rewritten at most this often */
+#define UP_LOG_FILE    "up.log"	     /* the daemon's stderr after -d */
+#define STATUS_MIN_MS  100u	     /* status file rewritten at most this often */
 #define BACKOFF_MIN_MS 100u
 #define BACKOFF_MAX_MS 5000u
-#define CONNECT_MS 2000	     /* one connect attempt (blocks the loop: see doc/UP.md) */
-#define LAT_WINDOW 1000u     /* pushes kept for the latency percentiles */
-#define PENDING_MAX 100000u  /* more distinct dirty paths than this: full reconcile */
-#define DRAIN_BATCH 256u
-#define DOWN_WAIT_MS 10000u
-#define POLICY_NOTE "policy is read once at start: edits to it apply after restart"
+#define CONNECT_MS     2000    /* one connect attempt (blocks the loop: see doc/UP.md) */
+#define LAT_WINDOW     1000u   /* pushes kept for the latency percentiles */
+#define PENDING_MAX    100000u /* more distinct dirty paths than this: full reconcile */
+#define DRAIN_BATCH    256u
+#define DOWN_WAIT_MS   10000u
+#define POLICY_NOTE    "policy is read once at start: edits to it apply after restart"
 
 /* ---- a set of dirty paths (open addressing, owned strings) ---- */
 
 struct pathset {
-	char **slot; /* cap entries, NULL = empty */
+	char **slot;		/* cap entries, NULL = empty */
+	struct sync_hint *hint; /* what the journal said about slot[i]'s content */
 	size_t cap, n;
 };
 
@@ -76,9 +77,13 @@ static int pathset_grow(struct pathset *ps)
 {
 	size_t ncap = ps->cap ? ps->cap * 2 : 256;
 	char **ns = mem_calloc(ncap, sizeof(*ns));
+	struct sync_hint *nh = mem_calloc(ncap, sizeof(*nh));
 
-	if (!ns)
+	if (!ns || !nh) {
+		mem_free(ns);
+		mem_free(nh);
 		return -ENOMEM;
+	}
 	for (size_t i = 0; i < ps->cap; i++) {
 		if (!ps->slot[i])
 			continue;
@@ -86,28 +91,63 @@ static int pathset_grow(struct pathset *ps)
 		while (ns[j])
 			j = (j + 1) & (ncap - 1);
 		ns[j] = ps->slot[i];
+		nh[j] = ps->hint[i];
 	}
 	mem_free(ps->slot);
+	mem_free(ps->hint);
 	ps->slot = ns;
+	ps->hint = nh;
 	ps->cap = ncap;
 	return 0;
 }
 
-/* 0 (added or already there) or -ENOMEM. */
-static int pathset_add(struct pathset *ps, const char *path)
+/* The path's hint (added with an empty valid one when new), or NULL
+ * without memory. */
+static struct sync_hint *pathset_add(struct pathset *ps, const char *path)
 {
-	int r;
-
-	if ((ps->n + 1) * 2 > ps->cap && (r = pathset_grow(ps)) < 0)
-		return r;
+	if ((ps->n + 1) * 2 > ps->cap && pathset_grow(ps) < 0)
+		return NULL;
 	size_t j = path_hash(path) & (ps->cap - 1);
 	for (; ps->slot[j]; j = (j + 1) & (ps->cap - 1))
 		if (!strcmp(ps->slot[j], path))
-			return 0;
+			return &ps->hint[j];
 	if (!(ps->slot[j] = mem_strdup(path)))
-		return -ENOMEM;
+		return NULL;
+	ps->hint[j] = (struct sync_hint){.lo = UINT64_MAX, .hi = 0, .valid = true};
 	ps->n++;
-	return 0;
+	return &ps->hint[j];
+}
+
+/* Fold one journal record into the hint of its path: writes and truncates
+ * narrow what changed; anything that can change what the path names
+ * (create, rename, link, unlink, rescan) makes the hint useless. */
+static void hint_note(struct sync_hint *h, const struct journal_rec *r)
+{
+	switch (r->op) {
+	case JOURNAL_WRITE:
+		if (r->flags & JOURNAL_F_WHOLE) {
+			h->valid = false;
+			break;
+		}
+		for (uint32_t i = 0; i < r->nranges; i++) {
+			uint64_t end = r->ranges[i].off + r->ranges[i].len;
+			if (r->ranges[i].off < h->lo)
+				h->lo = r->ranges[i].off;
+			if (end > h->hi)
+				h->hi = end;
+		}
+		break;
+	case JOURNAL_TRUNCATE:
+		if (r->size < h->lo)
+			h->lo = r->size;
+		h->resized = true;
+		break;
+	case JOURNAL_SETATTR:
+	case JOURNAL_XATTR:
+		break;
+	default:
+		h->valid = false;
+	}
 }
 
 static void pathset_clear(struct pathset *ps)
@@ -115,7 +155,8 @@ static void pathset_clear(struct pathset *ps)
 	for (size_t i = 0; i < ps->cap; i++)
 		mem_free(ps->slot[i]);
 	mem_free(ps->slot);
-	*ps = (struct pathset){ 0 };
+	mem_free(ps->hint);
+	*ps = (struct pathset){0};
 }
 
 /* ---- the daemon ---- */
@@ -125,10 +166,10 @@ struct xcmd {
 	struct up *u;
 	struct relay_cmd *cmd;
 	struct xcmd *next;
-	struct buf start;      /* EXEC_START payload, until sent */
-	uint64_t barrier;      /* journal seq the guest must have applied first */
-	uint32_t stream;       /* 0 until EXEC_START went out */
-	bool paused;           /* the relay holds output back: credit is owed, not returned */
+	struct buf start; /* EXEC_START payload, until sent */
+	uint64_t barrier; /* journal seq the guest must have applied first */
+	uint32_t stream;  /* 0 until EXEC_START went out */
+	bool paused;	  /* the relay holds output back: credit is owed, not returned */
 	size_t owed;
 	size_t stdin_inflight; /* stdin bytes sent, not yet acknowledged (WIRE_EXEC_STDIN_WINDOW) */
 };
@@ -140,7 +181,7 @@ struct syncw {
 };
 
 enum up_state { UP_DOWN, UP_HANDSHAKE, UP_RECONCILING, UP_LIVE };
-static const char *const state_names[] = { "disconnected", "connecting", "reconciling", "live" };
+static const char *const state_names[] = {"disconnected", "connecting", "reconciling", "live"};
 
 struct up {
 	struct loop *loop;
@@ -159,34 +200,34 @@ struct up {
 	int dirfd, sigfd, lockfd, ready_fd;
 
 	enum up_state state;
-	bool busy, op_full;	     /* a sync operation runs; it is a reconcile */
-	uint64_t op_upto, op_t0_ns;  /* journal seq it covers; first notify of its changes */
+	bool busy, op_full;	    /* a sync operation runs; it is a reconcile */
+	uint64_t op_upto, op_t0_ns; /* journal seq it covers; first notify of its changes */
 	size_t op_npaths;
-	bool announced;		     /* the "in sync" line was printed */
+	bool announced; /* the "in sync" line was printed */
 	uint64_t backoff_ms, retry_timer, stop_timer;
 	uint64_t reconnects;
 	char last_error[1024];
 
-	struct pathset pending;	     /* dirty paths not yet handed to the engine */
-	bool pending_full;	     /* a root rescan: the next operation is a reconcile */
+	struct pathset pending; /* dirty paths not yet handed to the engine */
+	bool pending_full;	/* a root rescan: the next operation is a reconcile */
 	uint64_t pending_upto, pending_t0_ns;
-	uint64_t applied_seq;	     /* every journaled op <= this is on the guest */
+	uint64_t applied_seq; /* every journaled op <= this is on the guest */
 
 	uint64_t lat_ns[LAT_WINDOW];
 	size_t nlat, lat_next;
-	uint64_t bytes_closed;	     /* bytes_out of chans already gone */
+	uint64_t bytes_closed; /* bytes_out of chans already gone */
 	uint64_t withheld, withheld_saved;
 
 	uint64_t status_last_ms, status_timer;
 	bool status_dirty;
-	char policy_rel[PATH_MAX];   /* policy file relative to dir ("" = outside: policy_abs) */
-	char policy_abs[PATH_MAX];   /* "" = built-in default */
+	char policy_rel[PATH_MAX]; /* policy file relative to dir ("" = outside: policy_abs) */
+	char policy_abs[PATH_MAX]; /* "" = built-in default */
 	struct timespec policy_mtime;
 
 	struct relay *relay;
-	char sock[PATH_MAX];	     /* relay socket path */
-	struct xcmd *xcmds;	     /* commands not yet ended */
-	struct syncw *syncws;	     /* sync_waits not yet satisfied */
+	char sock[PATH_MAX];  /* relay socket path */
+	struct xcmd *xcmds;   /* commands not yet ended */
+	struct syncw *syncws; /* sync_waits not yet satisfied */
 
 	_Atomic uint64_t first_notify_ns; /* set by FUSE threads, taken by the loop */
 	atomic_bool mount_gone;
@@ -348,8 +389,8 @@ static void on_sync_progress(const struct sync_progress *p, void *ud)
 }
 
 static const struct sync_ops engine_ops = {
-	.on_progress = on_sync_progress,
-	.on_done = on_sync_done,
+    .on_progress = on_sync_progress,
+    .on_done = on_sync_done,
 };
 
 /* Take the time of the first notify since the last take. */
@@ -370,13 +411,19 @@ static void drain_journal(struct up *u)
 		for (size_t i = 0; i < n; i++) {
 			struct journal_rec *r = &recs[i];
 			if (!u->pending_full) {
+				struct sync_hint *h1, *h2 = NULL;
 				if (r->op == JOURNAL_RESCAN && !r->path[0])
 					u->pending_full = true;
-				else if (pathset_add(&u->pending, r->path) < 0 ||
-					 (r->path2 && pathset_add(&u->pending, r->path2) < 0))
+				else if (!(h1 = pathset_add(&u->pending, r->path)) ||
+					 (r->path2 && !(h2 = pathset_add(&u->pending, r->path2))))
 					u->pending_full = true;
 				else if (u->pending.n > PENDING_MAX)
 					u->pending_full = true;
+				else {
+					hint_note(h1, r);
+					if (h2)
+						hint_note(h2, r);
+				}
 				if (u->pending_full)
 					pathset_clear(&u->pending);
 			}
@@ -401,8 +448,8 @@ static void start_reconcile(struct up *u)
 	drain_journal(u);
 	pathset_clear(&u->pending);
 	u->pending_full = false;
-	u->op_upto = u->pending_upto > journal_barrier_seq(u->journal) ? u->pending_upto
-									: journal_barrier_seq(u->journal);
+	u->op_upto =
+	    u->pending_upto > journal_barrier_seq(u->journal) ? u->pending_upto : journal_barrier_seq(u->journal);
 	u->op_t0_ns = u->state == UP_LIVE ? u->pending_t0_ns : 0; /* only live rescans count as latency */
 	u->pending_t0_ns = 0;
 	u->op_full = true;
@@ -418,6 +465,7 @@ static void start_reconcile(struct up *u)
 static void start_push(struct up *u)
 {
 	const char **paths;
+	struct sync_hint *hints;
 	size_t n = 0;
 	int r;
 
@@ -425,14 +473,20 @@ static void start_push(struct up *u)
 		start_reconcile(u);
 		return;
 	}
-	if (!(paths = mem_calloc(u->pending.n ? u->pending.n : 1, sizeof(*paths)))) {
+	paths = mem_calloc(u->pending.n ? u->pending.n : 1, sizeof(*paths));
+	hints = mem_calloc(u->pending.n ? u->pending.n : 1, sizeof(*hints));
+	if (!paths || !hints) {
+		mem_free(paths);
+		mem_free(hints);
 		u->pending_full = true;
 		pathset_clear(&u->pending);
 		return;
 	}
 	for (size_t i = 0; i < u->pending.cap; i++)
-		if (u->pending.slot[i])
+		if (u->pending.slot[i]) {
+			hints[n] = u->pending.hint[i];
 			paths[n++] = u->pending.slot[i];
+		}
 	u->op_upto = u->pending_upto;
 	u->op_t0_ns = u->pending_t0_ns;
 	u->op_full = false;
@@ -440,8 +494,9 @@ static void start_push(struct up *u)
 	u->pending_t0_ns = 0;
 	u->busy = true;
 	mark_dirty(u);
-	r = sync_push_paths(u->sync, paths, n); /* may finish (on_done) before it returns */
+	r = sync_push_hinted(u->sync, paths, hints, n); /* may finish (on_done) before it returns */
 	mem_free(paths);
+	mem_free(hints);
 	pathset_clear(&u->pending);
 	if (r < 0) {
 		u->busy = false;
@@ -480,7 +535,7 @@ static void before_sleep(struct loop *l, void *ud)
 	}
 	if (u->state == UP_LIVE && u->busy)
 		drain_journal(u); /* coalesce into the next push */
-	exec_kick(u); /* commands and sync_waits whose barrier is now applied */
+	exec_kick(u);		  /* commands and sync_waits whose barrier is now applied */
 	if (u->status_dirty && !u->status_timer) {
 		uint64_t now = loop_now_ms(), due = u->status_last_ms + STATUS_MIN_MS;
 		if (now >= due)
@@ -495,7 +550,6 @@ static void on_wake(struct loop *l, void *ud)
 	(void)l;
 	(void)ud; /* the work happens in before_sleep */
 }
-
 
 /* ---- exec backend: relay_backend_ops over the channel ----
  *
@@ -604,7 +658,8 @@ static int be_exec_start(void *ud, struct relay_cmd *cmd, const struct relay_exe
 	buf_init(&x->start, WIRE_PAYLOAD_MAX);
 	if ((r = buf_put_u8(&x->start, flags)) < 0 || (r = buf_put_u64(&x->start, req->timeout_ms)) < 0 ||
 	    (r = buf_put_u16(&x->start, req->rows)) < 0 || (r = buf_put_u16(&x->start, req->cols)) < 0 ||
-	    (r = buf_put_str(&x->start, req->cwd ? req->cwd : "")) < 0 || (r = buf_put_u32(&x->start, (uint32_t)req->argc)) < 0)
+	    (r = buf_put_str(&x->start, req->cwd ? req->cwd : "")) < 0 ||
+	    (r = buf_put_u32(&x->start, (uint32_t)req->argc)) < 0)
 		goto fail;
 	for (size_t i = 0; i < req->argc; i++)
 		if ((r = buf_put_str(&x->start, req->argv[i])) < 0)
@@ -670,7 +725,7 @@ static int be_send_small(struct up *u, struct relay_cmd *cmd, uint8_t type, cons
 
 static int be_signal(void *ud, struct relay_cmd *cmd, int signo)
 {
-	uint8_t p[4] = { 0, 0, 0, (uint8_t)signo };
+	uint8_t p[4] = {0, 0, 0, (uint8_t)signo};
 
 	if (signo < 1 || signo > 64)
 		return -EINVAL;
@@ -679,7 +734,7 @@ static int be_signal(void *ud, struct relay_cmd *cmd, int signo)
 
 static int be_resize(void *ud, struct relay_cmd *cmd, uint16_t rows, uint16_t cols)
 {
-	uint8_t p[4] = { (uint8_t)(rows >> 8), (uint8_t)rows, (uint8_t)(cols >> 8), (uint8_t)cols };
+	uint8_t p[4] = {(uint8_t)(rows >> 8), (uint8_t)rows, (uint8_t)(cols >> 8), (uint8_t)cols};
 
 	return be_send_small(ud, cmd, WIRE_EXEC_RESIZE, p, sizeof(p));
 }
@@ -734,19 +789,20 @@ static void be_release(void *ud, struct relay_cmd *cmd)
 	if (!x)
 		return;
 	if (x->stream && u->chan)
-		chan_send(u->chan, WIRE_EXEC_CANCEL, x->stream, NULL, 0); /* the guest also kills it when the session ends */
+		chan_send(u->chan, WIRE_EXEC_CANCEL, x->stream, NULL,
+			  0); /* the guest also kills it when the session ends */
 	xcmd_free(u, x);
 }
 
 static const struct relay_backend_ops backend_ops = {
-	.exec_start = be_exec_start,
-	.stdin_write = be_stdin_write,
-	.signal = be_signal,
-	.resize = be_resize,
-	.cancel = be_cancel,
-	.pause = be_pause,
-	.sync_wait = be_sync_wait,
-	.release = be_release,
+    .exec_start = be_exec_start,
+    .stdin_write = be_stdin_write,
+    .signal = be_signal,
+    .resize = be_resize,
+    .cancel = be_cancel,
+    .pause = be_pause,
+    .sync_wait = be_sync_wait,
+    .release = be_release,
 };
 
 static struct xcmd *xcmd_by_stream(struct up *u, uint32_t stream)
@@ -808,10 +864,10 @@ static void handle_exec_frame(struct up *u, uint8_t type, uint32_t stream, const
 		    code > 255 || sig > 64)
 			goto bad;
 		struct relay_exit ex = {
-			.code = sig ? -1 : (int)code,
-			.signal = (int)sig,
-			.timed_out = fl & WIRE_EXEC_X_TIMED_OUT,
-			.duration_ms = dur,
+		    .code = sig ? -1 : (int)code,
+		    .signal = (int)sig,
+		    .timed_out = fl & WIRE_EXEC_X_TIMED_OUT,
+		    .duration_ms = dur,
 		};
 		xcmd_free(u, x);
 		relay_cmd_exit(cmd, &ex);
@@ -825,8 +881,9 @@ static void handle_exec_frame(struct up *u, uint8_t type, uint32_t stream, const
 			goto bad;
 		}
 		xcmd_free(u, x);
-		relay_cmd_error(cmd, err == EXDEV || err == ENOENT || err == ENOTDIR || err == EACCES ? "bad_cwd" : "spawn_failed",
-				msg);
+		relay_cmd_error(
+		    cmd, err == EXDEV || err == ENOENT || err == ENOTDIR || err == EACCES ? "bad_cwd" : "spawn_failed",
+		    msg);
 		mem_free(msg);
 		return;
 	}
@@ -878,8 +935,8 @@ static const struct {
 	frame_fn *fn;
 	const char *name;
 } handlers[WIRE_TYPE_MAX + 1] = {
-	[WIRE_HELLO_OK] = { handle_hello_ok, "HELLO_OK" },
-	[WIRE_ERROR] = { handle_error, "ERROR" },
+    [WIRE_HELLO_OK] = {handle_hello_ok, "HELLO_OK"},
+    [WIRE_ERROR] = {handle_error, "ERROR"},
 };
 
 static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t *data, size_t n, void *ud)
@@ -923,8 +980,14 @@ static void on_ready(struct chan *c, void *ud)
 	}
 	buf_clear(&b);
 	struct sync_cfg cfg = {
-		.dirfd = u->dirfd, .policy = u->policy, .sign_sk = u->sync_sk, .sign_pk = u->sync_pk,
-		.guest_pub = u->guest_pub, .ops = &engine_ops, .ud = u, .state_dir = u->state_dir,
+	    .dirfd = u->dirfd,
+	    .policy = u->policy,
+	    .sign_sk = u->sync_sk,
+	    .sign_pk = u->sync_pk,
+	    .guest_pub = u->guest_pub,
+	    .ops = &engine_ops,
+	    .ud = u,
+	    .state_dir = u->state_dir,
 	};
 	if ((r = sync_new(c, &cfg, &u->sync)) < 0) {
 		drop_conn(u, r, "starting the sync engine failed");
@@ -992,10 +1055,10 @@ static void on_close(struct chan *c, int err, const char *why, void *ud)
 }
 
 static const struct chan_ops up_chan_ops = {
-	.on_ready = on_ready,
-	.on_frame = on_frame,
-	.on_writable = on_writable,
-	.on_close = on_close,
+    .on_ready = on_ready,
+    .on_frame = on_frame,
+    .on_writable = on_writable,
+    .on_close = on_close,
 };
 
 static void up_connect(struct up *u)
@@ -1014,8 +1077,8 @@ static void up_connect(struct up *u)
 		schedule_retry(u);
 		return;
 	}
-	struct chan_cfg cfg = { .role = NOISE_INITIATOR, .self = &u->key, .peer = u->guest_pub,
-				.psk = u->have_psk ? u->psk : NULL };
+	struct chan_cfg cfg = {
+	    .role = NOISE_INITIATOR, .self = &u->key, .peer = u->guest_pub, .psk = u->have_psk ? u->psk : NULL};
 	if (!(u->chan = chan_new(u->loop, fd, &cfg, &up_chan_ops, u))) {
 		snprintf(u->last_error, sizeof(u->last_error), "out of memory");
 		schedule_retry(u);
@@ -1036,7 +1099,9 @@ static void on_signal(struct loop *l, int fd, uint32_t events, void *ud)
 		if (si.ssi_signo == SIGUSR1) /* sync-wait asks for a fresh status */
 			up_status_write(u);
 		else
-			begin_shutdown(u, si.ssi_signo == SIGINT ? "SIGINT" : si.ssi_signo == SIGHUP ? "SIGHUP" : "SIGTERM");
+			begin_shutdown(u, si.ssi_signo == SIGINT   ? "SIGINT"
+					  : si.ssi_signo == SIGHUP ? "SIGHUP"
+								   : "SIGTERM");
 	}
 }
 
@@ -1068,7 +1133,7 @@ static void up_status_write(struct up *u)
 	char path[PATH_MAX + 32], tmp[PATH_MAX + 48];
 	uint64_t sorted[LAT_WINDOW];
 	struct timespec now;
-	struct chan_stats cs = { 0 };
+	struct chan_stats cs = {0};
 	double p50 = 0, p99 = 0;
 	size_t pending;
 	json_t *o;
@@ -1089,19 +1154,20 @@ static void up_status_write(struct up *u)
 	}
 	if (u->chan)
 		chan_get_stats(u->chan, &cs);
-	pending = journal_pending(u->journal) + u->pending.n + (u->pending_full ? 1 : 0) + (u->busy ? u->op_npaths + 1 : 0);
+	pending =
+	    journal_pending(u->journal) + u->pending.n + (u->pending_full ? 1 : 0) + (u->busy ? u->op_npaths + 1 : 0);
 	clock_gettime(CLOCK_REALTIME, &now);
 	bool changed = policy_changed(u);
 	o = json_pack("{s:i, s:I, s:s, s:s, s:b, s:s, s:I, s:I, s:I, s:{s:f, s:f, s:I}, s:I, s:I, s:I, s:s, s:s, s:s, "
 		      "s:I, s:s}",
 		      "version", 1, "pid", (json_int_t)getpid(), "dir", u->dir, "guest", u->guest, "connected",
-		      u->state == UP_LIVE || u->state == UP_RECONCILING, "state", state_names[u->state],
-		      "journal_seq", (json_int_t)journal_barrier_seq(u->journal), "applied_seq",
-		      (json_int_t)u->applied_seq, "pending", (json_int_t)pending, "latency_ms", "p50", p50, "p99", p99,
-		      "samples", (json_int_t)u->nlat, "bytes_sent", (json_int_t)(u->bytes_closed + cs.bytes_out),
-		      "withheld", (json_int_t)u->withheld, "reconnects", (json_int_t)u->reconnects, "policy",
-		      policy_source(u->policy), "policy_note", changed ? POLICY_NOTE : "", "last_error",
-		      u->last_error, "updated_ns", (json_int_t)((uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec), "socket", u->sock);
+		      u->state == UP_LIVE || u->state == UP_RECONCILING, "state", state_names[u->state], "journal_seq",
+		      (json_int_t)journal_barrier_seq(u->journal), "applied_seq", (json_int_t)u->applied_seq, "pending",
+		      (json_int_t)pending, "latency_ms", "p50", p50, "p99", p99, "samples", (json_int_t)u->nlat,
+		      "bytes_sent", (json_int_t)(u->bytes_closed + cs.bytes_out), "withheld", (json_int_t)u->withheld,
+		      "reconnects", (json_int_t)u->reconnects, "policy", policy_source(u->policy), "policy_note",
+		      changed ? POLICY_NOTE : "", "last_error", u->last_error, "updated_ns",
+		      (json_int_t)((uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec), "socket", u->sock);
 	if (!o)
 		return;
 	snprintf(path, sizeof(path), "%s/%s", u->state_dir, UP_STATUS_FILE);
@@ -1125,7 +1191,7 @@ static void up_status_write(struct up *u)
 /* pid of the daemon holding dir's pid file, 0 when none runs. */
 static pid_t daemon_pid(const char *state_dir)
 {
-	char path[PATH_MAX + 32], text[32] = { 0 };
+	char path[PATH_MAX + 32], text[32] = {0};
 	pid_t pid = 0;
 	int fd;
 
@@ -1182,8 +1248,9 @@ static void remove_state_files(struct up *u)
 
 static void up_usage(void)
 {
-	fputs("usage: airlock up DIR --guest ADDR --key FILE --guest-key PUBKEY [--policy FILE] [--psk-file FILE] [-d]\n",
-	      stderr);
+	fputs(
+	    "usage: airlock up DIR --guest ADDR --key FILE --guest-key PUBKEY [--policy FILE] [--psk-file FILE] [-d]\n",
+	    stderr);
 }
 
 /* -d: fork before anything starts threads; the parent waits for the "in
@@ -1221,15 +1288,18 @@ static int daemonize(int *ready_fd)
 int cmd_up(int argc, char **argv)
 {
 	static const struct option opts[] = {
-		{ "guest", required_argument, NULL, 'g' },     { "key", required_argument, NULL, 'k' },
-		{ "guest-key", required_argument, NULL, 'G' }, { "policy", required_argument, NULL, 'P' },
-		{ "psk-file", required_argument, NULL, 'p' },  { "daemon", no_argument, NULL, 'd' },
-		{ NULL, 0, NULL, 0 },
+	    {"guest", required_argument, NULL, 'g'},
+	    {"key", required_argument, NULL, 'k'},
+	    {"guest-key", required_argument, NULL, 'G'},
+	    {"policy", required_argument, NULL, 'P'},
+	    {"psk-file", required_argument, NULL, 'p'},
+	    {"daemon", no_argument, NULL, 'd'},
+	    {NULL, 0, NULL, 0},
 	};
 	static struct up u; /* large (latency window); one per process */
 	const char *keyfile = NULL, *guest_key = NULL, *psk_file = NULL, *policy_file = NULL, *dir;
-	struct journal_opts jo = { .notify = on_journal_notify, .notify_ud = &u };
-	struct mount_opts mo = { .on_exit = on_mount_exit, .ud = &u };
+	struct journal_opts jo = {.notify = on_journal_notify, .notify_ud = &u};
+	struct mount_opts mo = {.on_exit = on_mount_exit, .ud = &u};
 	char err[1024];
 	bool daemon = false;
 	sigset_t set;
@@ -1242,13 +1312,27 @@ int cmd_up(int argc, char **argv)
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "d", opts, NULL)) != -1) {
 		switch (c) {
-		case 'g': u.guest = optarg; break;
-		case 'k': keyfile = optarg; break;
-		case 'G': guest_key = optarg; break;
-		case 'P': policy_file = optarg; break;
-		case 'p': psk_file = optarg; break;
-		case 'd': daemon = true; break;
-		default: up_usage(); return 2;
+		case 'g':
+			u.guest = optarg;
+			break;
+		case 'k':
+			keyfile = optarg;
+			break;
+		case 'G':
+			guest_key = optarg;
+			break;
+		case 'P':
+			policy_file = optarg;
+			break;
+		case 'p':
+			psk_file = optarg;
+			break;
+		case 'd':
+			daemon = true;
+			break;
+		default:
+			up_usage();
+			return 2;
 		}
 	}
 	if (!u.guest || !keyfile || !guest_key || optind != argc - 1) {
@@ -1323,8 +1407,8 @@ int cmd_up(int argc, char **argv)
 	}
 	if ((r = take_pid_file(&u, &other)) < 0) {
 		if (r == -EBUSY)
-			cmd_err("up: airlock up is already running for %s (pid %d); stop it with: airlock down %s", u.dir,
-				(int)other, u.dir);
+			cmd_err("up: airlock up is already running for %s (pid %d); stop it with: airlock down %s",
+				u.dir, (int)other, u.dir);
 		else
 			cmd_err("up: pid file in %s: %s", u.state_dir, strerror(-r));
 		goto out_nopid;
@@ -1358,13 +1442,15 @@ int cmd_up(int argc, char **argv)
 	}
 	{
 		const struct policy_execution *pe = policy_execution(u.policy);
-		struct relay_cfg rc = { .path = u.sock };
+		struct relay_cfg rc = {.path = u.sock};
 		if (pe && pe->timeout_seconds > 0 && pe->timeout_seconds < 30 * 86400)
 			rc.timeout_s = (unsigned)pe->timeout_seconds;
 		if ((r = relay_default_path(u.dir, u.sock, sizeof(u.sock))) < 0 ||
 		    (r = relay_new(u.loop, &rc, &backend_ops, &u, &u.relay)) < 0) {
 			cmd_err("up: relay socket %s: %s%s", u.sock[0] ? u.sock : "(for this workspace)", strerror(-r),
-				r == -EADDRINUSE ? " (another airlock serves it; set AIRLOCK_SOCKET to use another path)" : "");
+				r == -EADDRINUSE
+				    ? " (another airlock serves it; set AIRLOCK_SOCKET to use another path)"
+				    : "");
 			goto out;
 		}
 	}
@@ -1500,9 +1586,9 @@ static int read_status(const char *sdir, json_t **out)
 static int parse_dir_opts(const char *cmd, int argc, char **argv, const char **dir, bool *json, double *timeout)
 {
 	static const struct option opts[] = {
-		{ "json", no_argument, NULL, 'j' },
-		{ "timeout", required_argument, NULL, 't' },
-		{ NULL, 0, NULL, 0 },
+	    {"json", no_argument, NULL, 'j'},
+	    {"timeout", required_argument, NULL, 't'},
+	    {NULL, 0, NULL, 0},
 	};
 	int c;
 
@@ -1510,7 +1596,9 @@ static int parse_dir_opts(const char *cmd, int argc, char **argv, const char **d
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "C:", opts, NULL)) != -1) {
 		switch (c) {
-		case 'C': *dir = optarg; break;
+		case 'C':
+			*dir = optarg;
+			break;
 		case 'j':
 			if (!json)
 				goto bad;
@@ -1525,7 +1613,8 @@ static int parse_dir_opts(const char *cmd, int argc, char **argv, const char **d
 				goto bad;
 			break;
 		}
-		default: goto bad;
+		default:
+			goto bad;
 		}
 	}
 	if (optind != argc)
@@ -1567,11 +1656,12 @@ int cmd_status(int argc, char **argv)
 		json_t *lat = json_object_get(st, "latency_ms");
 		const char *note = json_string_value(json_object_get(st, "policy_note"));
 		const char *lerr = json_string_value(json_object_get(st, "last_error"));
-		printf("workspace   %s (airlock up, pid %d)\n", json_string_value(json_object_get(st, "dir")), (int)pid);
+		printf("workspace   %s (airlock up, pid %d)\n", json_string_value(json_object_get(st, "dir")),
+		       (int)pid);
 		printf("guest       %s: %s\n", json_string_value(json_object_get(st, "guest")),
 		       json_string_value(json_object_get(st, "state")));
-		printf("journal     seq %" JSON_INTEGER_FORMAT ", applied %" JSON_INTEGER_FORMAT ", %" JSON_INTEGER_FORMAT
-		       " pending\n",
+		printf("journal     seq %" JSON_INTEGER_FORMAT ", applied %" JSON_INTEGER_FORMAT
+		       ", %" JSON_INTEGER_FORMAT " pending\n",
 		       json_integer_value(json_object_get(st, "journal_seq")),
 		       json_integer_value(json_object_get(st, "applied_seq")),
 		       json_integer_value(json_object_get(st, "pending")));
@@ -1582,9 +1672,11 @@ int cmd_status(int argc, char **argv)
 		       (double)json_integer_value(json_object_get(st, "bytes_sent")) / 1048576.0,
 		       json_integer_value(json_object_get(st, "withheld")),
 		       json_integer_value(json_object_get(st, "reconnects")));
-		printf("policy      %s%s%s\n", json_string_value(json_object_get(st, "policy")), note && *note ? ": " : "",
-		       note ? note : "");
-		printf("relay       %s\n", json_string_value(json_object_get(st, "socket")) ? json_string_value(json_object_get(st, "socket")) : "-");
+		printf("policy      %s%s%s\n", json_string_value(json_object_get(st, "policy")),
+		       note && *note ? ": " : "", note ? note : "");
+		printf("relay       %s\n", json_string_value(json_object_get(st, "socket"))
+					       ? json_string_value(json_object_get(st, "socket"))
+					       : "-");
 		if (lerr && *lerr)
 			printf("last error  %s\n", lerr);
 	}
@@ -1633,8 +1725,7 @@ int cmd_sync_wait(int argc, char **argv)
 			uint64_t upd = (uint64_t)json_integer_value(json_object_get(st, "updated_ns"));
 			uint64_t applied = (uint64_t)json_integer_value(json_object_get(st, "applied_seq"));
 			uint64_t pending = (uint64_t)json_integer_value(json_object_get(st, "pending"));
-			if (!have_barrier && upd >= t0_real &&
-			    json_integer_value(json_object_get(st, "pid")) == pid) {
+			if (!have_barrier && upd >= t0_real && json_integer_value(json_object_get(st, "pid")) == pid) {
 				barrier = (uint64_t)json_integer_value(json_object_get(st, "journal_seq"));
 				have_barrier = true;
 			}

@@ -132,6 +132,20 @@ int delta_put_file(struct delta_builder *b, const char *path, uint32_t mode, int
 		   const struct manifest_entry *have, struct manifest_entry *made);
 
 /*
+ * A whole PUT of a file whose chunk list list[0..n) (of a file of `size`
+ * bytes, for this builder's chunk params) is already known, e.g. from
+ * chunk_update after an edit: chunks the guest has (`have`, as for
+ * delta_put_file) become REFs without reading anything; only the others are
+ * read from fd, and each must still hash to its list entry, else -ESTALE
+ * (the file changed since the list was made; the PUT is dropped). The file
+ * hash is chunk_list_hash(list). *read_bytes (may be NULL) is increased by
+ * the bytes read. -EINVAL when the list does not describe `size` bytes.
+ */
+int delta_put_chunks(struct delta_builder *b, const char *path, uint32_t mode, int fd, const char *base,
+		     const struct manifest_entry *have, const struct chunk *list, size_t n, uint64_t size,
+		     uint64_t *read_bytes);
+
+/*
  * The op(s) for one manifest_change from manifest_diff(guest, host):
  * REMOVE -> DELETE (TREE when a directory is replaced by another type),
  * ADD/MODIFY -> MKDIR, SYMLINK or PUT (content read from host_dirfd, with

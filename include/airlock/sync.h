@@ -58,8 +58,8 @@ struct sync;
 #define SYNC_BATCH_TARGET (8u << 20)
 /* Batches sent and not yet acknowledged. */
 #define SYNC_BATCHES_IN_FLIGHT 2u
-#define SYNC_GIT_CONFIG ".git/config"
-#define SYNC_GIT_CONFIG_MAX (1u << 20) /* larger host .git/config files are not parsed */
+#define SYNC_GIT_CONFIG	       ".git/config"
+#define SYNC_GIT_CONFIG_MAX    (1u << 20) /* larger host .git/config files are not parsed */
 
 /* ---- shared by host and guest ---- */
 
@@ -116,10 +116,10 @@ int sync_git_config(int dirfd, const char *path, struct buf *out);
 /* ---- host engine ---- */
 
 struct sync_progress {
-	const char *phase;	     /* "scan", "reconcile", "send", "done" */
-	uint64_t files_total;	     /* files and links the diff will send */
-	uint64_t bytes_total;	     /* their content bytes */
-	uint64_t files_done;	     /* acknowledged by the guest */
+	const char *phase;    /* "scan", "reconcile", "send", "done" */
+	uint64_t files_total; /* files and links the diff will send */
+	uint64_t bytes_total; /* their content bytes */
+	uint64_t files_done;  /* acknowledged by the guest */
 	uint64_t bytes_done;
 };
 
@@ -132,11 +132,11 @@ struct sync_stats {
 	uint64_t content_bytes; /* bytes of the files sent (before delta) */
 	uint64_t batch_bytes;	/* encoded, signed batch bytes */
 	uint64_t batches;
-	uint64_t withheld;	  /* paths the policy withheld (files and pruned dirs) */
-	uint64_t skipped;	  /* special files and unreadable entries left out */
-	uint64_t vanished;	  /* files that changed or vanished while being sent (left for next sync) */
-	uint64_t kept_dirs;	  /* directory deletes the guest skipped: they hold its own files */
-	uint64_t guest_seq;	  /* last sequence the guest confirmed */
+	uint64_t withheld;  /* paths the policy withheld (files and pruned dirs) */
+	uint64_t skipped;   /* special files and unreadable entries left out */
+	uint64_t vanished;  /* files that changed or vanished while being sent (left for next sync) */
+	uint64_t kept_dirs; /* directory deletes the guest skipped: they hold its own files */
+	uint64_t guest_seq; /* last sequence the guest confirmed */
 };
 
 /* A withheld or skipped path, for the audit record. */
@@ -151,13 +151,13 @@ struct sync_ops {
 };
 
 struct sync_cfg {
-	int dirfd;		      /* the workspace (kept by the caller) */
-	const struct policy *policy;  /* must outlive the engine */
-	const uint8_t *sign_sk;	      /* 64 bytes: keys_signing_key() */
-	const uint8_t *sign_pk;	      /* 32 bytes */
-	const uint8_t *guest_pub;     /* 32 bytes: the pinned guest static key */
+	int dirfd;			     /* the workspace (kept by the caller) */
+	const struct policy *policy;	     /* must outlive the engine */
+	const uint8_t *sign_sk;		     /* 64 bytes: keys_signing_key() */
+	const uint8_t *sign_pk;		     /* 32 bytes */
+	const uint8_t *guest_pub;	     /* 32 bytes: the pinned guest static key */
 	const struct chunk_params *chunking; /* NULL: chunk_params_default */
-	size_t batch_target;	      /* 0: SYNC_BATCH_TARGET */
+	size_t batch_target;		     /* 0: SYNC_BATCH_TARGET */
 	/* Directory for the host's hash cache (hcache.h, file HCACHE_FILE),
 	 * e.g. audit_dir(); NULL: every scan hashes every file. */
 	const char *state_dir;
@@ -193,6 +193,34 @@ int sync_reconcile(struct sync *s);
  */
 int sync_push_paths(struct sync *s, const char *const *paths, size_t n);
 
+/*
+ * What a change journal knows about how a dirty path's content changed
+ * since it was last handed to a push. With `valid`, the path was only
+ * written, truncated or had its attributes changed (no create, rename,
+ * link or unlink), and its content can differ from what was last pushed
+ * only in bytes [lo, hi) and, when `resized` or the size differs, from lo
+ * (or the smaller size) to the end. lo > hi means no byte was written.
+ */
+struct sync_hint {
+	uint64_t lo, hi;
+	bool valid;
+	bool resized;
+};
+
+/*
+ * sync_push_paths with a hint per path (hints may be NULL). A large file
+ * (over whole_max, already in the confirmed state as a chunk list) with a
+ * valid hint is re-chunked with chunk_update from that list: only the
+ * chunks around the written bytes are read, cut and hashed, and its PUT
+ * reads only the chunks the guest lacks. A hint that understates a change
+ * costs no correctness: every chunk the PUT reuses is one the guest holds
+ * (a REF, verified there), every other chunk is read and checked, and the
+ * bytes the hint missed are journaled, so a later push covers them. A
+ * file left for a later push (changed while sent) is hashed in full next
+ * time, whatever its hint says.
+ */
+int sync_push_hinted(struct sync *s, const char *const *paths, const struct sync_hint *hints, size_t n);
+
 /* What the last sync_push_paths looked at (for tests and the bench). */
 struct sync_push_stats {
 	uint64_t paths;	       /* dirty paths given */
@@ -200,7 +228,9 @@ struct sync_push_stats {
 	uint64_t lstats;       /* entries stat'ed */
 	uint64_t walked;       /* directories walked as subtrees */
 	uint64_t hashed;       /* files read */
-	uint64_t hashed_bytes; /* their bytes */
+	uint64_t hashed_bytes; /* their bytes (for ranged files: the bytes re-read) */
+	uint64_t ranged;       /* large files re-chunked from a hint (chunk_update) */
+	uint64_t put_read;     /* bytes read to build PUTs of files with a chunk list */
 	bool full;	       /* fell back to a full host scan */
 };
 const struct sync_push_stats *sync_get_push_stats(const struct sync *s);
