@@ -1625,6 +1625,36 @@ bad:
 	return -1;
 }
 
+static uint64_t real_now_ns(void)
+{
+	struct timespec now;
+	clock_gettime(CLOCK_REALTIME, &now);
+	return (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+}
+
+/* The daemon's status as of now: ask for a fresh one (SIGUSR1) and wait
+ * up to wait_ms for a status written after the request; else the last one
+ * written (its updated_ns says how old it is). 0, or -1 without any. */
+static int fresh_status(const char *sdir, pid_t pid, unsigned wait_ms, json_t **out)
+{
+	uint64_t t0 = real_now_ns(), start = loop_now_ms();
+
+	*out = NULL;
+	if (kill(pid, SIGUSR1) == 0) {
+		while (loop_now_ms() - start < wait_ms) {
+			json_t *st = NULL;
+			if (read_status(sdir, &st) == 0 &&
+			    (uint64_t)json_integer_value(json_object_get(st, "updated_ns")) >= t0) {
+				*out = st;
+				return 0;
+			}
+			json_decref(st);
+			usleep(2000);
+		}
+	}
+	return read_status(sdir, out) == 0 ? 0 : -1;
+}
+
 int cmd_status(int argc, char **argv)
 {
 	const char *dir;
@@ -1639,7 +1669,7 @@ int cmd_status(int argc, char **argv)
 		return 1;
 	pid = daemon_pid(sdir);
 	if (pid)
-		read_status(sdir, &st);
+		fresh_status(sdir, pid, 1000, &st);
 	if (!pid || !st || json_integer_value(json_object_get(st, "pid")) != pid) {
 		if (json)
 			printf("{\"running\":false,\"dir\":\"%s\"}\n", dir);

@@ -215,6 +215,13 @@ t_status() {
 	grep -q 'live' "$T/status.txt" && [ "$(sjson pending)" = 0 ] &&
 		[ "$(sjson applied_seq)" = "$(sjson journal_seq)" ] || { cat "$T/status.txt" >&2; return 1; }
 	echo "# $(grep latency "$T/status.txt")"
+	# status asks the daemon for a fresh status: an edit made just before is counted
+	local js0 js1
+	js0=$(sjson journal_seq)
+	echo fresh >>"$W/status-probe.txt"
+	js1=$(sjson journal_seq)
+	[ "$js1" -gt "$js0" ] || { echo "status after an edit: journal_seq $js1, before $js0" >&2; return 1; }
+	"$AIRLOCK" sync-wait -C "$W" --timeout 30
 }
 check "status: live, nothing pending, applied == journal seq" t_status
 
