@@ -39,6 +39,7 @@
 #include "airlock/mount.h"
 #include "airlock/policy.h"
 #include "airlock/relay.h"
+#include "airlock/sandbox.h"
 #include "airlock/sync.h"
 #include "airlock/transport.h"
 #include "airlock/wire.h"
@@ -191,11 +192,23 @@ struct up {
 	_Atomic uint64_t first_notify_ns; /* set by FUSE threads, taken by the loop */
 	atomic_bool mount_gone;
 	bool stopping;
+
+	/* the embedded sandbox (no --guest): doc/SANDBOX.md */
+	struct sandbox_cfg sb_cfg;
+	struct sandbox *sb;	     /* NULL when none runs (idle-stopped, or --guest) */
+	bool use_sandbox;
+	bool idle_stopped;	     /* stopped by the idle TTL; the next activity starts it */
+	int64_t ttl_s;		     /* workspace.ttl_seconds; <= 0: no idle stop */
+	uint64_t last_active_ms;     /* last relay request or sync activity */
+	uint64_t idle_timer;
+	char sb_describe[256];	     /* kept while idle-stopped, for status */
+	char guest_name[PATH_MAX + 32]; /* what u->guest shows for a sandbox */
 };
 
 static void up_status_write(struct up *u);
 static void up_connect(struct up *u);
 static void exec_kick(struct up *u);
+static void up_touch(struct up *u);
 
 static void mark_dirty(struct up *u)
 {
@@ -386,6 +399,7 @@ static void drain_journal(struct up *u)
 	} while (n == DRAIN_BATCH);
 	if (!total)
 		return;
+	up_touch(u);
 	if (upto > u->pending_upto)
 		u->pending_upto = upto;
 	if (!u->pending_t0_ns)
@@ -471,6 +485,9 @@ static void before_sleep(struct loop *l, void *ud)
 		begin_shutdown(u, "the mount went away");
 	if (u->stopping)
 		return;
+	/* a change while idle-stopped starts the sandbox again */
+	if (u->idle_stopped && journal_pending(u->journal) > 0)
+		up_touch(u);
 	/* a push that finishes at once leaves room for the next */
 	for (int i = 0; i < 4 && u->state == UP_LIVE && !u->busy; i++) {
 		drain_journal(u);
@@ -592,7 +609,10 @@ static int be_exec_start(void *ud, struct relay_cmd *cmd, const struct relay_exe
 	uint8_t flags = (uint8_t)((req->tty ? WIRE_EXEC_F_TTY : 0) | (req->stdin_open ? WIRE_EXEC_F_STDIN : 0));
 	int r;
 
-	if (!guest_usable(u)) {
+	up_touch(u);
+	/* with the embedded sandbox a command waits for a (re)connection in
+	 * progress, e.g. after an idle stop; it fails if that connection does */
+	if (!guest_usable(u) && !(u->use_sandbox && u->chan && !u->stopping)) {
 		relay_cmd_error(cmd, "guest_disconnected",
 				"the guest is not connected (see airlock status); nothing was run");
 		return 0;
@@ -716,6 +736,7 @@ static int be_sync_wait(void *ud, uint64_t token)
 	struct up *u = ud;
 	struct syncw *w;
 
+	up_touch(u);
 	if (!(w = mem_calloc(1, sizeof(*w))))
 		return -ENOMEM;
 	w->token = token;
@@ -970,7 +991,7 @@ static void on_close(struct chan *c, int err, const char *why, void *ud)
 	if (err < 0 && !u->stopping) {
 		snprintf(u->last_error, sizeof(u->last_error), "%s", why ? why : strerror(-err));
 		fprintf(stderr, "airlock: connection to %s lost: %s\n", u->guest, u->last_error);
-	} else if (!u->stopping) {
+	} else if (!u->stopping && !u->idle_stopped) {
 		fprintf(stderr, "airlock: guest %s closed the session\n", u->guest);
 	}
 	u->dead_sync = u->sync; /* the engine may be on the stack: free it later */
@@ -988,6 +1009,12 @@ static void on_close(struct chan *c, int err, const char *why, void *ud)
 		loop_stop(u->loop);
 		return;
 	}
+	if (u->idle_stopped) { /* the idle TTL closed it: stop the sandbox, no retry */
+		sandbox_stop(u->sb);
+		u->sb = NULL;
+		up_status_write(u);
+		return;
+	}
 	schedule_retry(u);
 }
 
@@ -998,13 +1025,107 @@ static const struct chan_ops up_chan_ops = {
 	.on_close = on_close,
 };
 
+/* ---- the embedded sandbox: start, idle stop, wake (doc/SANDBOX.md) ---- */
+
+/* Start the sandbox; its keys and address become the guest's. Blocks the
+ * loop for the start (bounded by SANDBOX_START_MS; ~10 ms for local). */
+static int sandbox_begin(struct up *u, char *err, size_t errlen)
+{
+	int r;
+
+	if ((r = sandbox_start(&u->sb_cfg, &u->sb, err, errlen)) < 0)
+		return r;
+	if ((r = transport_parse(sandbox_address(u->sb), &u->addr, err, errlen)) < 0) {
+		sandbox_stop(u->sb);
+		u->sb = NULL;
+		return r;
+	}
+	u->key = *sandbox_host_key(u->sb);
+	memcpy(u->guest_pub, sandbox_guest_pub(u->sb), sizeof(u->guest_pub));
+	if ((r = keys_signing_key(&u->key, u->sync_sk, u->sync_pk)) < 0) {
+		snprintf(err, errlen, "deriving the sync key failed");
+		sandbox_stop(u->sb);
+		u->sb = NULL;
+		return r;
+	}
+	snprintf(u->sb_describe, sizeof(u->sb_describe), "%s", sandbox_describe(u->sb));
+	fprintf(stderr, "airlock: sandbox started in %.1f ms (%s); state in %s\n", sandbox_start_ms(u->sb),
+		sandbox_describe(u->sb), sandbox_dir(u->sb));
+	return 0;
+}
+
+/* Activity (a relay request, a journaled change): refresh the idle TTL and
+ * start an idle-stopped sandbox again. */
+static void up_touch(struct up *u)
+{
+	u->last_active_ms = loop_now_ms();
+	if (!u->idle_stopped || u->stopping)
+		return;
+	u->idle_stopped = false;
+	u->backoff_ms = BACKOFF_MIN_MS;
+	fprintf(stderr, "airlock: activity: starting the sandbox again\n");
+	if (u->retry_timer) {
+		loop_del_timer(u->loop, u->retry_timer);
+		u->retry_timer = 0;
+	}
+	up_connect(u); /* starts the sandbox, connects; reconcile follows */
+	mark_dirty(u);
+}
+
+static bool up_idle(const struct up *u)
+{
+	return u->state == UP_LIVE && !u->busy && !u->xcmds && !u->syncws && !u->pending.n && !u->pending_full &&
+	       journal_pending(u->journal) == 0;
+}
+
+static void on_idle_timer(struct loop *l, void *ud)
+{
+	struct up *u = ud;
+	uint64_t ttl_ms = (uint64_t)u->ttl_s * 1000u, tick = ttl_ms / 4 < 1000 ? ttl_ms / 4 : 1000;
+
+	u->idle_timer = loop_add_timer(l, tick ? tick : 1, on_idle_timer, u);
+	if (u->stopping || u->idle_stopped || !u->sb)
+		return;
+	if (!up_idle(u)) {
+		if (u->xcmds || u->busy) /* a running command or sync is activity */
+			u->last_active_ms = loop_now_ms();
+		return;
+	}
+	if (loop_now_ms() - u->last_active_ms < ttl_ms)
+		return;
+	fprintf(stderr, "airlock: idle for %lld s (workspace.ttl_seconds): stopping the sandbox\n", (long long)u->ttl_s);
+	u->idle_stopped = true;
+	mark_dirty(u);
+	if (u->chan) {
+		chan_close(u->chan); /* on_close stops the sandbox */
+	} else {
+		sandbox_stop(u->sb);
+		u->sb = NULL;
+	}
+}
+
 static void up_connect(struct up *u)
 {
 	char err[512];
 	int fd;
 
-	if (u->stopping)
+	if (u->stopping || u->idle_stopped)
 		return;
+	if (u->use_sandbox && (!u->sb || !sandbox_alive(u->sb))) {
+		if (u->sb)
+			fprintf(stderr, "airlock: the sandbox's agent is gone; starting it again\n");
+		sandbox_stop(u->sb);
+		u->sb = NULL;
+		if (sandbox_begin(u, err, sizeof(err)) < 0) {
+			if (strcmp(u->last_error, err)) {
+				snprintf(u->last_error, sizeof(u->last_error), "%s", err);
+				fprintf(stderr, "airlock: %s (retrying)\n", err);
+			}
+			mark_dirty(u);
+			schedule_retry(u);
+			return;
+		}
+	}
 	if ((fd = transport_connect(&u->addr, CONNECT_MS, err, sizeof(err))) < 0) {
 		if (strcmp(u->last_error, err)) {
 			snprintf(u->last_error, sizeof(u->last_error), "%s", err);
@@ -1102,6 +1223,13 @@ static void up_status_write(struct up *u)
 		      "withheld", (json_int_t)u->withheld, "reconnects", (json_int_t)u->reconnects, "policy",
 		      policy_source(u->policy), "policy_note", changed ? POLICY_NOTE : "", "last_error",
 		      u->last_error, "updated_ns", (json_int_t)((uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec), "socket", u->sock);
+	if (o && u->use_sandbox)
+		json_object_update_new(
+		    o, json_pack("{s:s, s:s, s:s, s:I, s:I, s:f}", "sandbox", sandbox_kind_name(u->sb_cfg.kind),
+				 "sandbox_describe", u->sb_describe, "sandbox_state",
+				 u->sb ? "running" : u->idle_stopped ? "idle-stopped" : "stopped", "ttl_seconds",
+				 (json_int_t)u->ttl_s, "idle_ms", (json_int_t)(loop_now_ms() - u->last_active_ms),
+				 "sandbox_start_ms", u->sb ? sandbox_start_ms(u->sb) : 0.0));
 	if (!o)
 		return;
 	snprintf(path, sizeof(path), "%s/%s", u->state_dir, UP_STATUS_FILE);
@@ -1182,7 +1310,9 @@ static void remove_state_files(struct up *u)
 
 static void up_usage(void)
 {
-	fputs("usage: airlock up DIR --guest ADDR --key FILE --guest-key PUBKEY [--policy FILE] [--psk-file FILE] [-d]\n",
+	fputs("usage: airlock up DIR [--policy FILE] [-d]\n"
+	      "           [--sandbox local|vm | --guest ADDR --key FILE --guest-key PUBKEY [--psk-file FILE]]\n"
+	      "  without --guest: the embedded sandbox (--sandbox local, the default; doc/SANDBOX.md)\n",
 	      stderr);
 }
 
@@ -1224,10 +1354,10 @@ int cmd_up(int argc, char **argv)
 		{ "guest", required_argument, NULL, 'g' },     { "key", required_argument, NULL, 'k' },
 		{ "guest-key", required_argument, NULL, 'G' }, { "policy", required_argument, NULL, 'P' },
 		{ "psk-file", required_argument, NULL, 'p' },  { "daemon", no_argument, NULL, 'd' },
-		{ NULL, 0, NULL, 0 },
+		{ "sandbox", required_argument, NULL, 's' },   { NULL, 0, NULL, 0 },
 	};
 	static struct up u; /* large (latency window); one per process */
-	const char *keyfile = NULL, *guest_key = NULL, *psk_file = NULL, *policy_file = NULL, *dir;
+	const char *keyfile = NULL, *guest_key = NULL, *psk_file = NULL, *policy_file = NULL, *sandbox = NULL, *dir;
 	struct journal_opts jo = { .notify = on_journal_notify, .notify_ud = &u };
 	struct mount_opts mo = { .on_exit = on_mount_exit, .ud = &u };
 	char err[1024];
@@ -1248,19 +1378,36 @@ int cmd_up(int argc, char **argv)
 		case 'P': policy_file = optarg; break;
 		case 'p': psk_file = optarg; break;
 		case 'd': daemon = true; break;
+		case 's': sandbox = optarg; break;
 		default: up_usage(); return 2;
 		}
 	}
-	if (!u.guest || !keyfile || !guest_key || optind != argc - 1) {
+	if (optind != argc - 1) {
 		up_usage();
 		return 2;
 	}
 	dir = argv[optind];
-	if (transport_parse(u.guest, &u.addr, err, sizeof(err)) < 0) {
-		cmd_err("--guest: %s", err);
+	u.use_sandbox = !u.guest;
+	if (u.guest && sandbox) {
+		cmd_err("up: --guest and --sandbox exclude each other (--guest names a running guest; --sandbox starts one)");
 		return 2;
 	}
-	if (keys_pub_parse(guest_key, u.guest_pub) < 0) {
+	if (u.use_sandbox) {
+		if (keyfile || guest_key || psk_file) {
+			cmd_err("up: --key, --guest-key and --psk-file go with --guest; the sandbox makes and pins its own keys");
+			return 2;
+		}
+		if (sandbox_kind_parse(sandbox ? sandbox : "local", &u.sb_cfg.kind) < 0) {
+			cmd_err("up: --sandbox '%s': expected local or vm", sandbox);
+			return 2;
+		}
+	} else if (!keyfile || !guest_key) {
+		up_usage();
+		return 2;
+	} else if (transport_parse(u.guest, &u.addr, err, sizeof(err)) < 0) {
+		cmd_err("--guest: %s", err);
+		return 2;
+	} else if (keys_pub_parse(guest_key, u.guest_pub) < 0) {
 		cmd_err("--guest-key '%s' is not a public key (44 characters of base64)", guest_key);
 		return 2;
 	}
@@ -1293,7 +1440,7 @@ int cmd_up(int argc, char **argv)
 			u.policy_abs[0] = '\0';
 		}
 	}
-	if (keys_load(keyfile, &u.key, err, sizeof(err)) < 0) {
+	if (!u.use_sandbox && keys_load(keyfile, &u.key, err, sizeof(err)) < 0) {
 		cmd_err("%s", err);
 		status = 2;
 		goto out;
@@ -1309,7 +1456,7 @@ int cmd_up(int argc, char **argv)
 		sodium_memzero(&kp, sizeof(kp));
 		u.have_psk = true;
 	}
-	if (keys_signing_key(&u.key, u.sync_sk, u.sync_pk) < 0) {
+	if (!u.use_sandbox && keys_signing_key(&u.key, u.sync_sk, u.sync_pk) < 0) {
 		cmd_err("out of memory");
 		goto out;
 	}
@@ -1328,6 +1475,19 @@ int cmd_up(int argc, char **argv)
 		else
 			cmd_err("up: pid file in %s: %s", u.state_dir, strerror(-r));
 		goto out_nopid;
+	}
+	/* the sandbox before the mount: its namespaces never hold a copy of it */
+	if (u.use_sandbox) {
+		const struct policy_workspace *pw = policy_workspace(u.policy);
+		u.sb_cfg.workspace = u.dir;
+		u.ttl_s = pw ? pw->ttl_seconds : -1;
+		snprintf(u.guest_name, sizeof(u.guest_name), "sandbox %s", sandbox_kind_name(u.sb_cfg.kind));
+		u.guest = u.guest_name;
+		u.last_active_ms = loop_now_ms();
+		if (sandbox_begin(&u, err, sizeof(err)) < 0) {
+			cmd_err("up: sandbox: %s", err);
+			goto out;
+		}
 	}
 	/* the real files, opened before the mount covers them */
 	if ((u.dirfd = open(u.dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
@@ -1369,6 +1529,8 @@ int cmd_up(int argc, char **argv)
 		}
 	}
 	fprintf(stderr, "airlock: %s mounted; relay socket %s; connecting to %s\n", u.dir, u.sock, u.guest);
+	if (u.use_sandbox && u.ttl_s > 0)
+		u.idle_timer = loop_add_timer(u.loop, 1000, on_idle_timer, &u);
 	up_status_write(&u);
 	up_connect(&u);
 	if ((r = loop_run(u.loop)) < 0)
@@ -1401,7 +1563,11 @@ out:
 			loop_del_timer(u.loop, u.stop_timer);
 		if (u.status_timer)
 			loop_del_timer(u.loop, u.status_timer);
+		if (u.idle_timer)
+			loop_del_timer(u.loop, u.idle_timer);
 	}
+	sandbox_stop(u.sb); /* state kept: the next up starts where this one left */
+	u.sb = NULL;
 	if (u.lockfd >= 0) {
 		remove_state_files(&u);
 		close(u.lockfd);
@@ -1441,23 +1607,66 @@ static int state_dir_of(const char *dir, char *out, size_t n)
 static void wait_usage(const char *cmd)
 {
 	if (!strcmp(cmd, "down"))
-		fputs("usage: airlock down DIR\n", stderr);
+		fputs("usage: airlock down DIR [--destroy]\n"
+		      "  --destroy: also remove the sandbox's state (its workspace copy, home, keys)\n",
+		      stderr);
 	else if (!strcmp(cmd, "status"))
 		fputs("usage: airlock status [-C DIR] [--json]\n", stderr);
 	else
 		fputs("usage: airlock sync-wait [-C DIR] [--timeout S]\n", stderr);
 }
 
+/* down --destroy: the sandbox's state goes once nothing runs. */
+static int down_destroy(const char *dir)
+{
+	char real[PATH_MAX], err[PATH_MAX + 128];
+	int r;
+
+	if (!realpath(dir, real)) {
+		cmd_err("down: %s: %s", dir, strerror(errno));
+		return 1;
+	}
+	if ((r = sandbox_destroy(real, err, sizeof(err))) < 0) {
+		cmd_err("down: --destroy: %s", err);
+		return 1;
+	}
+	fprintf(stderr, "airlock: the sandbox state of %s is removed\n", real);
+	return 0;
+}
+
+static int down_stop(char **argv);
+
 int cmd_down(int argc, char **argv)
+{
+	int r;
+
+	if (argc == 3 && !strcmp(argv[1], "--destroy")) {
+		argv[1] = argv[2];
+		argv[2] = "--destroy";
+	}
+	if (argc == 3 && strcmp(argv[2], "--destroy")) {
+		wait_usage("down");
+		return 2;
+	}
+	if (argc != 2 && argc != 3) {
+		wait_usage("down");
+		return 2;
+	}
+	if (argc == 3) { /* works without a daemon, even one that never ran */
+		char sdir[PATH_MAX], err[512];
+		if (audit_dir(argv[1], 0, sdir, sizeof(sdir), err, sizeof(err)) == 0 && (r = down_stop(argv)) != 0)
+			return r;
+		return down_destroy(argv[1]);
+	}
+	return down_stop(argv);
+}
+
+static int down_stop(char **argv)
 {
 	char sdir[PATH_MAX];
 	pid_t pid;
 	int r;
 
-	if (argc != 2) {
-		wait_usage("down");
-		return 2;
-	}
 	if (state_dir_of(argv[1], sdir, sizeof(sdir)) < 0)
 		return 1;
 	if (!(pid = daemon_pid(sdir))) {
@@ -1585,6 +1794,17 @@ int cmd_status(int argc, char **argv)
 		printf("policy      %s%s%s\n", json_string_value(json_object_get(st, "policy")), note && *note ? ": " : "",
 		       note ? note : "");
 		printf("relay       %s\n", json_string_value(json_object_get(st, "socket")) ? json_string_value(json_object_get(st, "socket")) : "-");
+		if (json_object_get(st, "sandbox")) {
+			long long ttl = (long long)json_integer_value(json_object_get(st, "ttl_seconds"));
+			printf("sandbox     %s, %s (%s)\n", json_string_value(json_object_get(st, "sandbox")),
+			       json_string_value(json_object_get(st, "sandbox_state")),
+			       json_string_value(json_object_get(st, "sandbox_describe")));
+			if (ttl > 0)
+				printf("idle ttl    %lld s (idle for %.1f s)\n", ttl,
+				       (double)json_integer_value(json_object_get(st, "idle_ms")) / 1000.0);
+			else
+				printf("idle ttl    none (workspace.ttl_seconds unset)\n");
+		}
 		if (lerr && *lerr)
 			printf("last error  %s\n", lerr);
 	}

@@ -12,6 +12,8 @@
 
 #include "airlock/sandbox.h"
 
+struct sandbox_common;
+
 struct sandbox {
 	enum sandbox_kind kind;
 	char dir[PATH_MAX];	  /* …/sandboxes/<id>, mode 0700 */
@@ -24,6 +26,7 @@ struct sandbox {
 	double start_ms;
 	pid_t pid;  /* what the host waits for; 0 when none */
 	void *impl; /* backend state */
+	struct sandbox_common *common; /* sandbox.c's own (the state dir lock) */
 };
 
 /* Backends: fill sb->addr, sb->describe, sb->pid, sb->impl; the common
