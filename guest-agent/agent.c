@@ -71,12 +71,12 @@ struct agent {
 	struct session *sessions;
 	unsigned nsessions, max_sessions, next_id;
 	int verbose;
-	struct exec_sys *xsys;	   /* cgroup context for commands */
-	int root_fd;		   /* the workspace root: commands' cwd is resolved beneath it */
-	uint32_t run_uid, run_gid; /* EXEC_ID_KEEP when the agent is not root */
-	const char *home;	   /* --home: HOME of commands (NULL: exec's default) */
+	struct exec_sys *xsys;	      /* cgroup context for commands */
+	int root_fd;		      /* the workspace root: commands' cwd is resolved beneath it */
+	uint32_t run_uid, run_gid;    /* EXEC_ID_KEEP when the agent is not root */
+	const char *home;	      /* --home: HOME of commands (NULL: exec's default) */
 	struct exec_confine *confine; /* --confine: Landlock + seccomp for commands */
-	bool init;		   /* PID 1 of a pid namespace (the local sandbox) */
+	bool init;		      /* PID 1 of a pid namespace (the local sandbox) */
 };
 
 static void logmsg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -488,10 +488,8 @@ static int handle_exec_start(struct session *s, uint32_t stream, struct buf *in)
 	s->execs = g;
 	/* From here on a failure is the command's, not the session's: it is
 	 * answered with EXEC_ERROR on its stream. */
-	struct exec_env_in ein = {.home = a->home,
-				  .tty = flags & WIRE_EXEC_F_TTY,
-				  .request = (const char *const *)env,
-				  .n_request = nenv};
+	struct exec_env_in ein = {
+	    .home = a->home, .tty = flags & WIRE_EXEC_F_TTY, .request = (const char *const *)env, .n_request = nenv};
 	if ((r = exec_env_build(&ein, &envp, &bad)) < 0) {
 		snprintf(msg, sizeof(msg), "environment entry '%.200s': %s", bad ? bad : "?",
 			 r == -E2BIG ? "environment too large" : "not NAME=value with a valid name");
@@ -905,8 +903,10 @@ static void dir_of(const char *path, char *out, size_t n)
 static int confine_setup(struct agent *a, const char *keyfile)
 {
 	char keydir[PATH_MAX], rundir[PATH_MAX], statedir[PATH_MAX], err[512];
-	const char *writable[] = {a->root,     "/tmp",	    a->home ? a->home : "/tmp", "/dev/null", "/dev/zero",
-				  "/dev/full", "/dev/tty", "/dev/pts", "/dev/ptmx", "/dev/shm", NULL};
+	const char *writable[] = {a->root,     "/tmp",	    a->home ? a->home : "/tmp",
+				  "/dev/null", "/dev/zero", "/dev/full",
+				  "/dev/tty",  "/dev/pts",  "/dev/ptmx",
+				  "/dev/shm",  NULL};
 	const char *hidden[4] = {keydir, statedir, NULL, NULL};
 	int r;
 

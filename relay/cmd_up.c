@@ -195,13 +195,13 @@ struct up {
 
 	/* the embedded sandbox (no --guest): doc/SANDBOX.md */
 	struct sandbox_cfg sb_cfg;
-	struct sandbox *sb;	     /* NULL when none runs (idle-stopped, or --guest) */
+	struct sandbox *sb; /* NULL when none runs (idle-stopped, or --guest) */
 	bool use_sandbox;
-	bool idle_stopped;	     /* stopped by the idle TTL; the next activity starts it */
-	int64_t ttl_s;		     /* workspace.ttl_seconds; <= 0: no idle stop */
-	uint64_t last_active_ms;     /* last relay request or sync activity */
+	bool idle_stopped;	 /* stopped by the idle TTL; the next activity starts it */
+	int64_t ttl_s;		 /* workspace.ttl_seconds; <= 0: no idle stop */
+	uint64_t last_active_ms; /* last relay request or sync activity */
 	uint64_t idle_timer;
-	char sb_describe[256];	     /* kept while idle-stopped, for status */
+	char sb_describe[256];		/* kept while idle-stopped, for status */
 	char guest_name[PATH_MAX + 32]; /* what u->guest shows for a sandbox */
 };
 
@@ -1093,7 +1093,8 @@ static void on_idle_timer(struct loop *l, void *ud)
 	}
 	if (loop_now_ms() - u->last_active_ms < ttl_ms)
 		return;
-	fprintf(stderr, "airlock: idle for %lld s (workspace.ttl_seconds): stopping the sandbox\n", (long long)u->ttl_s);
+	fprintf(stderr, "airlock: idle for %lld s (workspace.ttl_seconds): stopping the sandbox\n",
+		(long long)u->ttl_s);
 	u->idle_stopped = true;
 	mark_dirty(u);
 	if (u->chan) {
@@ -1224,12 +1225,15 @@ static void up_status_write(struct up *u)
 		      policy_source(u->policy), "policy_note", changed ? POLICY_NOTE : "", "last_error",
 		      u->last_error, "updated_ns", (json_int_t)((uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec), "socket", u->sock);
 	if (o && u->use_sandbox)
-		json_object_update_new(
-		    o, json_pack("{s:s, s:s, s:s, s:I, s:I, s:f}", "sandbox", sandbox_kind_name(u->sb_cfg.kind),
-				 "sandbox_describe", u->sb_describe, "sandbox_state",
-				 u->sb ? "running" : u->idle_stopped ? "idle-stopped" : "stopped", "ttl_seconds",
-				 (json_int_t)u->ttl_s, "idle_ms", (json_int_t)(loop_now_ms() - u->last_active_ms),
-				 "sandbox_start_ms", u->sb ? sandbox_start_ms(u->sb) : 0.0));
+		json_object_update_new(o, json_pack("{s:s, s:s, s:s, s:I, s:I, s:f}", "sandbox",
+						    sandbox_kind_name(u->sb_cfg.kind), "sandbox_describe",
+						    u->sb_describe, "sandbox_state",
+						    u->sb	      ? "running"
+						    : u->idle_stopped ? "idle-stopped"
+								      : "stopped",
+						    "ttl_seconds", (json_int_t)u->ttl_s, "idle_ms",
+						    (json_int_t)(loop_now_ms() - u->last_active_ms), "sandbox_start_ms",
+						    u->sb ? sandbox_start_ms(u->sb) : 0.0));
 	if (!o)
 		return;
 	snprintf(path, sizeof(path), "%s/%s", u->state_dir, UP_STATUS_FILE);
@@ -1351,10 +1355,10 @@ static int daemonize(int *ready_fd)
 int cmd_up(int argc, char **argv)
 {
 	static const struct option opts[] = {
-		{ "guest", required_argument, NULL, 'g' },     { "key", required_argument, NULL, 'k' },
-		{ "guest-key", required_argument, NULL, 'G' }, { "policy", required_argument, NULL, 'P' },
-		{ "psk-file", required_argument, NULL, 'p' },  { "daemon", no_argument, NULL, 'd' },
-		{ "sandbox", required_argument, NULL, 's' },   { NULL, 0, NULL, 0 },
+	    {"guest", required_argument, NULL, 'g'},	 {"key", required_argument, NULL, 'k'},
+	    {"guest-key", required_argument, NULL, 'G'}, {"policy", required_argument, NULL, 'P'},
+	    {"psk-file", required_argument, NULL, 'p'},	 {"daemon", no_argument, NULL, 'd'},
+	    {"sandbox", required_argument, NULL, 's'},	 {NULL, 0, NULL, 0},
 	};
 	static struct up u; /* large (latency window); one per process */
 	const char *keyfile = NULL, *guest_key = NULL, *psk_file = NULL, *policy_file = NULL, *sandbox = NULL, *dir;
@@ -1378,7 +1382,9 @@ int cmd_up(int argc, char **argv)
 		case 'P': policy_file = optarg; break;
 		case 'p': psk_file = optarg; break;
 		case 'd': daemon = true; break;
-		case 's': sandbox = optarg; break;
+		case 's':
+			sandbox = optarg;
+			break;
 		default: up_usage(); return 2;
 		}
 	}
@@ -1389,12 +1395,14 @@ int cmd_up(int argc, char **argv)
 	dir = argv[optind];
 	u.use_sandbox = !u.guest;
 	if (u.guest && sandbox) {
-		cmd_err("up: --guest and --sandbox exclude each other (--guest names a running guest; --sandbox starts one)");
+		cmd_err("up: --guest and --sandbox exclude each other (--guest names a running guest; --sandbox starts "
+			"one)");
 		return 2;
 	}
 	if (u.use_sandbox) {
 		if (keyfile || guest_key || psk_file) {
-			cmd_err("up: --key, --guest-key and --psk-file go with --guest; the sandbox makes and pins its own keys");
+			cmd_err("up: --key, --guest-key and --psk-file go with --guest; the sandbox makes and pins its "
+				"own keys");
 			return 2;
 		}
 		if (sandbox_kind_parse(sandbox ? sandbox : "local", &u.sb_cfg.kind) < 0) {
