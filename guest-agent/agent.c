@@ -355,6 +355,8 @@ static void gx_on_output(struct exec *e, int stream, const void *data, size_t n,
 	gx_flush(g);
 }
 
+static void sweep_strays(struct agent *a);
+
 static void gx_on_exit(struct exec *e, const struct exec_result *x, void *ud)
 {
 	struct gexec *g = ud;
@@ -377,7 +379,9 @@ static void gx_on_exit(struct exec *e, const struct exec_result *x, void *ud)
 	exec_free(e); /* allowed inside its own callback */
 	g->e = NULL;
 	g->done = true;
-	gx_flush(g);
+	struct agent *a = g->s->agent;
+	gx_flush(g); /* may free g */
+	sweep_strays(a);
 }
 
 /* Move queued stdin into the command and return the credit to the host. */
@@ -858,6 +862,32 @@ static void reap_orphans(struct agent *a)
 			continue;
 		siginfo_t si;
 		(void)waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG);
+	}
+	closedir(d);
+}
+
+/* PID 1 without cgroups (the local sandbox): once no command runs, every
+ * other process in the namespace escaped a finished command's process
+ * group (setsid, daemons): kill them, as a cgroup kill would have with
+ * their command (exec.h: background jobs die with their command). */
+static void sweep_strays(struct agent *a)
+{
+	DIR *d;
+	struct dirent *de;
+
+	if (!a->init || (exec_sys_caps(a->xsys) & EXEC_CAP_CG2))
+		return;
+	for (struct session *s = a->sessions; s; s = s->next)
+		for (struct gexec *g = s->execs; g; g = g->next)
+			if (g->e)
+				return;
+	if (!(d = opendir("/proc")))
+		return;
+	while ((de = readdir(d))) {
+		char *end;
+		long pid = strtol(de->d_name, &end, 10);
+		if (!*end && pid > 1)
+			(void)kill((pid_t)pid, SIGKILL);
 	}
 	closedir(d);
 }

@@ -51,6 +51,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -616,6 +617,14 @@ int sandbox_local_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char 
 	c->out_fd = op[1];
 	/* a socket left by an agent that was killed would make bind fail */
 	snprintf(path, sizeof(path), "%s/run/agent.sock", sb->dir);
+	if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+		r = -ENAMETOOLONG;
+		snprintf(err, errlen,
+			 "the sandbox's socket path %s is longer than a Unix socket path may be (%zu bytes): set "
+			 "XDG_DATA_HOME to a shorter directory",
+			 path, sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+		goto fail;
+	}
 	(void)unlink(path);
 	if ((size_t)snprintf(sb->addr, sizeof(sb->addr), "unix:%s", path) >= sizeof(sb->addr)) {
 		r = -ENAMETOOLONG;
@@ -731,10 +740,19 @@ int sandbox_local_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char 
 	op[0] = -1;
 	sb->impl = l;
 	l = NULL;
-	snprintf(sb->describe, sizeof(sb->describe),
-		 "local: user+mount+pid+ipc+uts+net namespaces (uid %u inside = %s outside), private root, landlock, "
-		 "seccomp; a shared kernel (weaker than a VM)",
-		 SB_UID, geteuid() == 0 ? "nobody" : "you");
+	{
+		/* one kernel: the agent's Landlock is the one we can ask about */
+		long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, 1U /* LANDLOCK_CREATE_RULESET_VERSION */);
+		char ll[48];
+		if (abi > 0)
+			snprintf(ll, sizeof(ll), "landlock ABI %ld", abi);
+		else
+			snprintf(ll, sizeof(ll), "no landlock");
+		snprintf(sb->describe, sizeof(sb->describe),
+			 "local: user+mount+pid+ipc+uts+net namespaces (uid %u inside = %s outside), private root, %s, "
+			 "seccomp; a shared kernel (weaker than a VM)",
+			 SB_UID, geteuid() == 0 ? "nobody" : "you", ll);
+	}
 	r = 0;
 	goto out;
 

@@ -140,6 +140,17 @@ t_pid1() {
 }
 check "PID 1 (the agent) survives kill -TERM/-KILL from a command; its environ is unreadable" t_pid1
 
+t_strays() {
+	local out
+	X -- sh -c 'setsid sleep 777 </dev/null >/dev/null 2>&1 & sleep 0.1' || return 1
+	sleep 0.3
+	! pgrep -f 'sleep 777' >/dev/null || { echo "a setsid stray survived: $(pgrep -af 'sleep 777')" >&2; return 1; }
+	# and orphans are reaped: no zombie stays behind
+	out=$(X -- sh -c '(sh -c "exit 3" &) ; sleep 0.2; grep -l "^State:.*Z" /proc/[0-9]*/status 2>/dev/null | wc -l')
+	[ "$out" = 0 ] || { echo "zombies: $out" >&2; return 1; }
+}
+check "a setsid stray dies with the last command; PID 1 reaps orphans" t_strays
+
 t_network() {
 	local port out ips
 	port=$((20000 + RANDOM % 20000))
