@@ -202,6 +202,7 @@ struct up {
 	uint64_t last_active_ms; /* last relay request or sync activity */
 	uint64_t idle_timer;
 	char sb_describe[256];		/* kept while idle-stopped, for status */
+	char sb_dir[PATH_MAX];		/* its state directory, likewise */
 	char guest_name[PATH_MAX + 32]; /* what u->guest shows for a sandbox */
 };
 
@@ -1049,6 +1050,7 @@ static int sandbox_begin(struct up *u, char *err, size_t errlen)
 		return r;
 	}
 	snprintf(u->sb_describe, sizeof(u->sb_describe), "%s", sandbox_describe(u->sb));
+	snprintf(u->sb_dir, sizeof(u->sb_dir), "%s", sandbox_dir(u->sb));
 	fprintf(stderr, "airlock: sandbox started in %.1f ms (%s); state in %s\n", sandbox_start_ms(u->sb),
 		sandbox_describe(u->sb), sandbox_dir(u->sb));
 	return 0;
@@ -1225,9 +1227,9 @@ static void up_status_write(struct up *u)
 		      policy_source(u->policy), "policy_note", changed ? POLICY_NOTE : "", "last_error",
 		      u->last_error, "updated_ns", (json_int_t)((uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec), "socket", u->sock);
 	if (o && u->use_sandbox)
-		json_object_update_new(o, json_pack("{s:s, s:s, s:s, s:I, s:I, s:f}", "sandbox",
+		json_object_update_new(o, json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:f}", "sandbox",
 						    sandbox_kind_name(u->sb_cfg.kind), "sandbox_describe",
-						    u->sb_describe, "sandbox_state",
+						    u->sb_describe, "sandbox_dir", u->sb_dir, "sandbox_state",
 						    u->sb	      ? "running"
 						    : u->idle_stopped ? "idle-stopped"
 								      : "stopped",
