@@ -947,8 +947,16 @@ static int confine_setup(struct agent *a, const char *keyfile)
 		hidden[2] = rundir;
 	}
 	for (int i = 0; hidden[i]; i++) {
-		if (hidden[i][0] != '/') {
-			logmsg("--confine: %s must be an absolute path", hidden[i]);
+		size_t n = strlen(hidden[i]);
+		if (hidden[i][0] != '/' || n == 1) {
+			logmsg("--confine: the key, state and socket directories must be absolute and not / (%s)",
+			       hidden[i]);
+			return -EINVAL;
+		}
+		/* commands must still reach the workspace */
+		if (!strncmp(a->root, hidden[i], n) && (a->root[n] == '/' || !a->root[n])) {
+			logmsg("--confine: the workspace %s is inside %s, which commands may not read", a->root,
+			       hidden[i]);
 			return -EINVAL;
 		}
 	}
