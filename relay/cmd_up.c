@@ -1633,8 +1633,12 @@ static int down_destroy(const char *dir)
 	int r;
 
 	if (!realpath(dir, real)) {
-		cmd_err("down: %s: %s", dir, strerror(errno));
-		return 1;
+		/* the workspace may be gone; its sandbox's state is still named by its path */
+		if (dir[0] != '/' || strlen(dir) >= sizeof(real)) {
+			cmd_err("down: %s: %s (give the workspace's absolute path)", dir, strerror(errno));
+			return 1;
+		}
+		snprintf(real, sizeof(real), "%s", dir);
 	}
 	if ((r = sandbox_destroy(real, err, sizeof(err))) < 0) {
 		cmd_err("down: --destroy: %s", err);

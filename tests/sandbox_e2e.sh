@@ -142,9 +142,11 @@ check "PID 1 (the agent) survives kill -TERM/-KILL from a command; its environ i
 
 t_strays() {
 	local out
-	X -- sh -c 'setsid sleep 777 </dev/null >/dev/null 2>&1 & sleep 0.1' || return 1
+	local n=7$$ # unique on this machine while we run
+	X -- sh -c "setsid sleep $n </dev/null >/dev/null 2>&1 & sleep 0.1" || return 1
+	pgrep -f "airlock-agent .*--root $W --key" >/dev/null || return 1
 	sleep 0.3
-	! pgrep -f 'sleep 777' >/dev/null || { echo "a setsid stray survived: $(pgrep -af 'sleep 777')" >&2; return 1; }
+	! pgrep -xf "sleep $n" >/dev/null || { echo "a setsid stray survived: $(pgrep -af "sleep $n")" >&2; return 1; }
 	# and orphans are reaped: no zombie stays behind
 	out=$(X -- sh -c '(sh -c "exit 3" &) ; sleep 0.2; grep -l "^State:.*Z" /proc/[0-9]*/status 2>/dev/null | wc -l')
 	[ "$out" = 0 ] || { echo "zombies: $out" >&2; return 1; }
@@ -230,7 +232,7 @@ t_ttl() {
 	sleep 0.3
 	st=$("$AIRLOCK" status -C "$W" --json)
 	grep -q '"sandbox_state":"idle-stopped"' <<<"$st" || { echo "$st" >&2; return 1; }
-	! pgrep -f "airlock-agent --listen unix:/airlock/run" >/dev/null || { echo "agent still runs" >&2; return 1; }
+	! pgrep -f "airlock-agent .*--root $W --key" >/dev/null || { echo "agent still runs" >&2; return 1; }
 	# a command starts it again and waits for it
 	[ "$(X -- echo two)" = two ] || { cat "$T/up.err" >&2; return 1; }
 	"$AIRLOCK" status -C "$W" --json | grep -q '"sandbox_state":"running"' || return 1
