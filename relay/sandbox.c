@@ -54,6 +54,23 @@ const char *sandbox_kind_name(enum sandbox_kind k)
 	return k == SANDBOX_LOCAL ? "local" : k == SANDBOX_VM ? "vm" : "?";
 }
 
+bool sandbox_as_nobody(void)
+{
+	unsigned long in, out, n;
+	bool mapped = false;
+	FILE *f;
+
+	if (geteuid() != 0)
+		return false;
+	if (!(f = fopen("/proc/self/uid_map", "re")))
+		return true; /* no /proc: assume the initial namespace */
+	while (fscanf(f, "%lu %lu %lu", &in, &out, &n) == 3)
+		if (in <= SANDBOX_NOBODY && SANDBOX_NOBODY - in < n)
+			mapped = true;
+	fclose(f);
+	return mapped;
+}
+
 int sandbox_dir_of(const char *workspace, char *out, size_t outlen)
 {
 	const char *xdg = getenv("XDG_DATA_HOME"), *home = getenv("HOME");
@@ -176,7 +193,8 @@ int sandbox_start(const struct sandbox_cfg *cfg, struct sandbox **out, char *err
 			goto fail;
 		}
 		/* as root the sandbox's user is nobody outside (sandbox_local.c) */
-		if (cfg->kind == SANDBOX_LOCAL && geteuid() == 0 && chown(path, SANDBOX_NOBODY, SANDBOX_NOBODY) < 0) {
+		if (cfg->kind == SANDBOX_LOCAL && sandbox_as_nobody() &&
+		    chown(path, SANDBOX_NOBODY, SANDBOX_NOBODY) < 0) {
 			r = -errno;
 			snprintf(err, errlen, "cannot chown %s to nobody: %s", path, strerror(errno));
 			goto fail;

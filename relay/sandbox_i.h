@@ -29,6 +29,11 @@ struct sandbox {
 	struct sandbox_common *common; /* sandbox.c's own (the state dir lock) */
 };
 
+/* Whether the sandbox's user is nobody (65534) outside: we are root and
+ * 65534 exists in our user namespace (a root inside a user namespace that
+ * maps only itself runs the sandbox as itself). */
+bool sandbox_as_nobody(void);
+
 /* Backends: fill sb->addr, sb->describe, sb->pid, sb->impl; the common
  * code has created sb->dir, the keys and sb->agent_path, and measures
  * start_ms around the call. */

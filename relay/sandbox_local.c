@@ -510,8 +510,9 @@ int sandbox_local_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char 
 	void *stack = MAP_FAILED;
 	pid_t pid = -1;
 	int r, na = 0;
-	uid_t ouid = geteuid() == 0 ? SB_NOBODY : geteuid();
-	gid_t ogid = geteuid() == 0 ? SB_NOBODY : getegid();
+	bool nobody = sandbox_as_nobody();
+	uid_t ouid = nobody ? SB_NOBODY : geteuid();
+	gid_t ogid = nobody ? SB_NOBODY : getegid();
 
 	if (cfg->workspace[0] != '/' || !strcmp(cfg->workspace, "/")) {
 		snprintf(err, errlen, "workspace %s must be an absolute path below /", cfg->workspace);
@@ -642,10 +643,11 @@ int sandbox_local_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char 
 	    clone(child_main, (char *)stack + SB_STACK,
 		  CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | SIGCHLD, c);
 	if (pid < 0) {
-		const char *hint = userns_hint(errno);
-		r = -errno;
-		snprintf(err, errlen, "cannot create the sandbox's namespaces: %s%s%s", strerror(errno),
-			 hint ? ": " : "", hint ? hint : "");
+		int e = errno; /* userns_hint reads files */
+		const char *hint = userns_hint(e);
+		r = -e;
+		snprintf(err, errlen, "cannot create the sandbox's namespaces: %s%s%s", strerror(e), hint ? ": " : "",
+			 hint ? hint : "");
 		goto fail;
 	}
 	/* the child has its own copy of everything below */
@@ -751,7 +753,7 @@ int sandbox_local_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char 
 		snprintf(sb->describe, sizeof(sb->describe),
 			 "local: user+mount+pid+ipc+uts+net namespaces (uid %u inside = %s outside), private root, %s, "
 			 "seccomp; a shared kernel (weaker than a VM)",
-			 SB_UID, geteuid() == 0 ? "nobody" : "you", ll);
+			 SB_UID, nobody ? "nobody" : "you", ll);
 	}
 	r = 0;
 	goto out;

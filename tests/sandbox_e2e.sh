@@ -271,4 +271,28 @@ t_nobody() {
 }
 check "an ordinary user (nobody) starts the sandbox; airlock ping reaches its agent" t_nobody
 
+t_userns_off() {
+	# user.max_user_namespaces is per user namespace: 0 inside a nested one
+	# disables them for what runs there, without touching the machine's setting
+	mkdir -p "$T/nsws"
+	! unshare -Ur sh -c "echo 0 >/proc/sys/user/max_user_namespaces && XDG_DATA_HOME=$T/nsdata \"$HARNESS\" $T/nsws $AGENT" \
+		</dev/null >/dev/null 2>"$T/ns.err" || return 1
+	cat "$T/ns.err"
+	grep -q "user namespaces are disabled (user.max_user_namespaces=0; enable with: sysctl -w user.max_user_namespaces=" "$T/ns.err"
+}
+check "with user namespaces disabled, the start fails naming the sysctl to change" t_userns_off
+
+t_args() {
+	local rc
+	rc=0; "$AIRLOCK" up "$W" --guest "unix:$T/x.sock" --sandbox local 2>"$T/a.err" || rc=$?
+	[ "$rc" = 2 ] && grep -q 'exclude each other' "$T/a.err" || return 1
+	rc=0; "$AIRLOCK" up "$W" --sandbox bogus 2>"$T/a.err" || rc=$?
+	[ "$rc" = 2 ] && grep -q "'bogus': expected local or vm" "$T/a.err" || return 1
+	rc=0; "$AIRLOCK" up "$W" --key "$T/nokey" 2>"$T/a.err" || rc=$?
+	[ "$rc" = 2 ] && grep -q 'the sandbox makes and pins its own keys' "$T/a.err" || return 1
+	mount | grep -q " $W " && return 1
+	return 0
+}
+check "up: --guest with --sandbox, an unknown kind, --key without --guest are refused (exit 2)" t_args
+
 finish
