@@ -866,7 +866,8 @@ static void reap_orphans(struct agent *a)
 	closedir(d);
 }
 
-/* PID 1 without cgroups (the local sandbox): once no command runs, every
+/* PID 1 with --confine and without cgroups (the local sandbox, where every
+ * process but the agent descends from a command): once no command runs, every
  * other process in the namespace escaped a finished command's process
  * group (setsid, daemons): kill them, as a cgroup kill would have with
  * their command (exec.h: background jobs die with their command). */
@@ -875,7 +876,7 @@ static void sweep_strays(struct agent *a)
 	DIR *d;
 	struct dirent *de;
 
-	if (!a->init || (exec_sys_caps(a->xsys) & EXEC_CAP_CG2))
+	if (!a->init || !a->confine || (exec_sys_caps(a->xsys) & EXEC_CAP_CG2))
 		return;
 	for (struct session *s = a->sessions; s; s = s->next)
 		for (struct gexec *g = s->execs; g; g = g->next)
