@@ -106,6 +106,10 @@ struct lctx {
 	int nm;
 	char key_text[KEYS_B64_LEN + 1];
 	char key_path[64];
+	/* /etc/passwd and /etc/group as the sandbox sees them: the host's,
+	 * with uid/gid 1000 renamed to airlock (home /home/airlock) */
+	char *etc_text[2];
+	size_t etc_len[2];
 	char *argv[SB_MAX_ARGS];
 	char argbuf[SB_MAX_ARGS][PATH_MAX + 32];
 	char *envp[4];
@@ -125,6 +129,7 @@ enum {
 	STAGE_PRIVATE,
 	STAGE_ROOTFS,
 	STAGE_MOUNT,
+	STAGE_ETC,
 	STAGE_HOSTNAME,
 	STAGE_LOOPBACK,
 	STAGE_PIVOT,
@@ -140,6 +145,7 @@ static const char *const stage_names[] = {
     [STAGE_PRIVATE] = "making mounts private",
     [STAGE_ROOTFS] = "mounting the root tmpfs",
     [STAGE_MOUNT] = "mounting",
+    [STAGE_ETC] = "writing /etc/passwd and /etc/group",
     [STAGE_HOSTNAME] = "setting the hostname",
     [STAGE_LOOPBACK] = "bringing up lo",
     [STAGE_PIVOT] = "pivot_root",
@@ -268,6 +274,48 @@ static int c_mount_one(struct mnt *m)
 	return -EINVAL;
 }
 
+/* Over the read-only /etc: passwd and group made by the parent, written to
+ * a scratch tmpfs, bound file by file (read-only), the scratch detached. */
+static int c_etc(const struct lctx *c)
+{
+	static const char *const name[2] = {"passwd", "group"};
+	static char src[64], dst[64];
+	struct mount_attr ma = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
+	const char *scratch = SB_NEWROOT "/.etc";
+	int r = 0;
+
+	if (!c->etc_text[0] && !c->etc_text[1])
+		return 0;
+	if (mkdir(scratch, 0755) < 0 || mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=4m") < 0)
+		return -errno;
+	for (int i = 0; i < 2 && r == 0; i++) {
+		int fd;
+		if (!c->etc_text[i])
+			continue;
+		memcpy(src, scratch, c_strlen(scratch));
+		src[c_strlen(scratch)] = '/';
+		memcpy(src + c_strlen(scratch) + 1, name[i], c_strlen(name[i]) + 1);
+		memcpy(dst, SB_NEWROOT "/etc/", sizeof(SB_NEWROOT "/etc/") - 1);
+		memcpy(dst + sizeof(SB_NEWROOT "/etc/") - 1, name[i], c_strlen(name[i]) + 1);
+		if ((fd = open(src, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)) < 0) {
+			r = -errno;
+			break;
+		}
+		if (write(fd, c->etc_text[i], c->etc_len[i]) != (ssize_t)c->etc_len[i])
+			r = errno ? -errno : -EIO;
+		close(fd);
+		if (r == 0 && mount(src, dst, NULL, MS_BIND, NULL) < 0)
+			r = -errno;
+		if (r == 0 && syscall(SYS_mount_setattr, AT_FDCWD, dst, 0, &ma, sizeof(ma)) < 0)
+			r = -errno;
+	}
+	if (umount2(scratch, MNT_DETACH) < 0 && r == 0)
+		r = -errno;
+	if (rmdir(scratch) < 0 && r == 0)
+		r = -errno;
+	return r;
+}
+
 static int c_loopback_up(void)
 {
 	struct ifreq ifr;
@@ -328,6 +376,8 @@ static int child_main(void *arg)
 		if (c->m[i].fd >= 0)
 			close(c->m[i].fd);
 
+	if ((r = c_etc(c)) < 0)
+		c_fail(c, STAGE_ETC, -r, NULL);
 	if (sethostname("airlock", 7) < 0)
 		c_fail(c, STAGE_HOSTNAME, errno, NULL);
 	if ((r = c_loopback_up()) < 0)
@@ -407,6 +457,45 @@ static int add_sysdir(struct lctx *c, const char *dir)
 		return add_mnt(c, M_SYMLINK, target, dir);
 	}
 	return S_ISDIR(st.st_mode) ? add_mnt(c, M_BIND_RO, dir, dir) : 0;
+}
+
+/* The host's passwd/group without the entries of uid/gid 1000 (third
+ * field), plus ours. Best effort: on any failure the host's file shows. */
+static void etc_prepare(struct lctx *c, int i, const char *path, const char *ours)
+{
+	enum { ETC_MAX = 1 << 20 };
+	char line[4096];
+	size_t n = 0, lo = strlen(ours);
+	char *out;
+	FILE *f;
+
+	if (!(f = fopen(path, "re")))
+		return;
+	if (!(out = mem_alloc(ETC_MAX))) {
+		fclose(f);
+		return;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		size_t ll = strlen(line);
+		const char *p = strchr(line, ':');
+		if (p)
+			p = strchr(p + 1, ':');
+		if (p && !strncmp(p + 1, "1000:", 5))
+			continue;
+		if (n + ll + lo + 1 >= ETC_MAX) {
+			mem_free(out);
+			fclose(f);
+			return;
+		}
+		memcpy(out + n, line, ll);
+		n += ll;
+	}
+	fclose(f);
+	if (n && out[n - 1] != '\n')
+		out[n++] = '\n';
+	memcpy(out + n, ours, lo);
+	c->etc_text[i] = out;
+	c->etc_len[i] = n + lo;
 }
 
 static const char *userns_hint(int err)
@@ -598,6 +687,8 @@ int sandbox_local_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char 
 	c->envp[1] = "HOME=" SB_HOME;
 	c->envp[2] = "LANG=C.UTF-8";
 	c->envp[3] = NULL;
+	etc_prepare(c, 0, "/etc/passwd", "airlock:x:1000:1000:airlock sandbox:" SB_HOME ":/bin/sh\n");
+	etc_prepare(c, 1, "/etc/group", "airlock:x:1000:\n");
 
 	/* fds: the agent binary, its log, stdin, the pipes */
 	if ((c->agent_fd = open(sb->agent_path, O_PATH | O_CLOEXEC)) < 0) {
@@ -774,6 +865,8 @@ out:
 			if (fds[i] >= 0)
 				close(fds[i]);
 		sodium_memzero(c->key_text, sizeof(c->key_text));
+		mem_free(c->etc_text[0]);
+		mem_free(c->etc_text[1]);
 		mem_free(c);
 	}
 	int pfds[] = {go[0], go[1], ep[0], ep[1], op[0], op[1]};

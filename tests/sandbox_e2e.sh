@@ -64,9 +64,10 @@ check "up without --guest starts the local sandbox (state dir, nobody-owned copy
 
 t_same_path() {
 	[ "$(X -- pwd)" = "$W" ] && [ "$(X -- cat README)" = "hello from the workspace" ] &&
-		[ "$(X -- sh -c 'echo $HOME')" = /home/airlock ] && [ "$(X -- hostname)" = airlock ]
+		[ "$(X -- sh -c 'echo $HOME')" = /home/airlock ] && [ "$(X -- hostname)" = airlock ] &&
+		[ "$(X -- sh -c 'echo $(id -un) $(getent passwd 1000 | cut -d: -f6)')" = "airlock /home/airlock" ]
 }
-check "the workspace copy is at the host's path; HOME /home/airlock; hostname airlock" t_same_path
+check "the workspace copy is at the host's path; HOME /home/airlock, user airlock; hostname airlock" t_same_path
 
 t_home_hidden() {
 	local out
