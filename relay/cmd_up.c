@@ -539,16 +539,25 @@ static void xcmd_free(struct up *u, struct xcmd *x)
 	mem_free(x);
 }
 
-/* End every command with an error (the connection is gone). */
-static void exec_fail_all(struct up *u, const char *code, const char *msg)
+/* End commands with an error (the connection is gone): all of them
+ * (which = 0), only those sent to the guest (1), or only those still
+ * waiting to be sent (2). The scan restarts after each one: the relay's
+ * callbacks may change the list. */
+static void exec_fail_some(struct up *u, int which, const char *code, const char *msg)
 {
-	while (u->xcmds) {
-		struct xcmd *x = u->xcmds;
+	struct xcmd *x = u->xcmds;
+
+	while (x) {
 		struct relay_cmd *cmd = x->cmd;
+		if ((which == 1 && !x->stream) || (which == 2 && x->stream)) {
+			x = x->next;
+			continue;
+		}
 		x->stream = 0; /* the chan is gone or going */
 		xcmd_free(u, x);
 		if (cmd)
 			relay_cmd_error(cmd, code, msg);
+		x = u->xcmds;
 	}
 }
 
@@ -612,8 +621,9 @@ static int be_exec_start(void *ud, struct relay_cmd *cmd, const struct relay_exe
 
 	up_touch(u);
 	/* with the embedded sandbox a command waits for a (re)connection in
-	 * progress, e.g. after an idle stop; it fails if that connection does */
-	if (!guest_usable(u) && !(u->use_sandbox && u->chan && !u->stopping)) {
+	 * progress or scheduled, e.g. after an idle stop; it fails if that
+	 * connection attempt does */
+	if (!guest_usable(u) && !(u->use_sandbox && (u->chan || u->retry_timer) && !u->stopping)) {
 		relay_cmd_error(cmd, "guest_disconnected",
 				"the guest is not connected (see airlock status); nothing was run");
 		return 0;
@@ -999,8 +1009,9 @@ static void on_close(struct chan *c, int err, const char *why, void *ud)
 	u->sync = NULL;
 	u->chan = NULL;
 	chan_free(c);
-	exec_fail_all(u, "guest_disconnected",
-		      "the connection to the guest was lost (the guest ends the commands of a lost session)");
+	/* with the sandbox, commands not yet sent wait for the reconnect */
+	exec_fail_some(u, u->use_sandbox && !u->stopping && !u->idle_stopped ? 1 : 0, "guest_disconnected",
+		       "the connection to the guest was lost (the guest ends the commands of a lost session)");
 	u->busy = false;
 	u->state = UP_DOWN;
 	u->reconnects++;
@@ -1066,6 +1077,8 @@ static void up_touch(struct up *u)
 	u->idle_stopped = false;
 	u->backoff_ms = BACKOFF_MIN_MS;
 	fprintf(stderr, "airlock: activity: starting the sandbox again\n");
+	if (u->chan) /* the idle close is still under way: its on_close reconnects */
+		return;
 	if (u->retry_timer) {
 		loop_del_timer(u->loop, u->retry_timer);
 		u->retry_timer = 0;
@@ -1124,6 +1137,7 @@ static void up_connect(struct up *u)
 				snprintf(u->last_error, sizeof(u->last_error), "%s", err);
 				fprintf(stderr, "airlock: %s (retrying)\n", err);
 			}
+			exec_fail_some(u, 2, "guest_disconnected", u->last_error);
 			mark_dirty(u);
 			schedule_retry(u);
 			return;
@@ -1134,6 +1148,7 @@ static void up_connect(struct up *u)
 			snprintf(u->last_error, sizeof(u->last_error), "%s", err);
 			fprintf(stderr, "airlock: %s (retrying)\n", err);
 		}
+		exec_fail_some(u, 2, "guest_disconnected", u->last_error); /* queued for this attempt */
 		mark_dirty(u);
 		schedule_retry(u);
 		return;

@@ -188,6 +188,19 @@ EOF
 }
 check "no network: host loopback server, host addresses, public addresses and DNS all fail; only lo" t_network
 
+t_agent_killed() {
+	local pid
+	pid=$(pgrep -f "airlock-agent .*--root $W --key") || return 1
+	kill -KILL "$pid"
+	# once the daemon saw the session end, the next command waits for the
+	# sandbox's restart (or runs in it, if that was quicker)
+	wait_line "$T/up.err" 'lost|closed the session' 10 || return 1
+	[ "$(X -- echo back)" = back ] || { tail -5 "$T/up.err" >&2; return 1; }
+	grep -q "the sandbox's agent is gone; starting it again" "$T/up.err" &&
+		[ "$(pgrep -f "airlock-agent .*--root $W --key")" != "$pid" ]
+}
+check "an agent killed from the host is started again; the next command waits for it and runs" t_agent_killed
+
 t_sync() {
 	local i
 	for i in 1 2 3; do
