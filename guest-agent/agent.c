@@ -12,14 +12,18 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
 #include <stdint.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -67,9 +71,12 @@ struct agent {
 	struct session *sessions;
 	unsigned nsessions, max_sessions, next_id;
 	int verbose;
-	struct exec_sys *xsys;	   /* cgroup context for commands */
-	int root_fd;		   /* the workspace root: commands' cwd is resolved beneath it */
-	uint32_t run_uid, run_gid; /* EXEC_ID_KEEP when the agent is not root */
+	struct exec_sys *xsys;	      /* cgroup context for commands */
+	int root_fd;		      /* the workspace root: commands' cwd is resolved beneath it */
+	uint32_t run_uid, run_gid;    /* EXEC_ID_KEEP when the agent is not root */
+	const char *home;	      /* --home: HOME of commands (NULL: exec's default) */
+	struct exec_confine *confine; /* --confine: Landlock + seccomp for commands */
+	bool init;		      /* PID 1 of a pid namespace (the local sandbox) */
 };
 
 static void logmsg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -348,6 +355,8 @@ static void gx_on_output(struct exec *e, int stream, const void *data, size_t n,
 	gx_flush(g);
 }
 
+static void sweep_strays(struct agent *a);
+
 static void gx_on_exit(struct exec *e, const struct exec_result *x, void *ud)
 {
 	struct gexec *g = ud;
@@ -370,7 +379,9 @@ static void gx_on_exit(struct exec *e, const struct exec_result *x, void *ud)
 	exec_free(e); /* allowed inside its own callback */
 	g->e = NULL;
 	g->done = true;
-	gx_flush(g);
+	struct agent *a = g->s->agent;
+	gx_flush(g); /* may free g */
+	sweep_strays(a);
 }
 
 /* Move queued stdin into the command and return the credit to the host. */
@@ -482,7 +493,7 @@ static int handle_exec_start(struct session *s, uint32_t stream, struct buf *in)
 	/* From here on a failure is the command's, not the session's: it is
 	 * answered with EXEC_ERROR on its stream. */
 	struct exec_env_in ein = {
-	    .tty = flags & WIRE_EXEC_F_TTY, .request = (const char *const *)env, .n_request = nenv};
+	    .home = a->home, .tty = flags & WIRE_EXEC_F_TTY, .request = (const char *const *)env, .n_request = nenv};
 	if ((r = exec_env_build(&ein, &envp, &bad)) < 0) {
 		snprintf(msg, sizeof(msg), "environment entry '%.200s': %s", bad ? bad : "?",
 			 r == -E2BIG ? "environment too large" : "not NAME=value with a valid name");
@@ -502,6 +513,7 @@ static int handle_exec_start(struct session *s, uint32_t stream, struct buf *in)
 	    .stdin_open = flags & WIRE_EXEC_F_STDIN,
 	    .uid = a->run_uid,
 	    .gid = a->run_gid,
+	    .confine = a->confine,
 	};
 	if ((r = exec_start(a->loop, a->xsys, &q, &gx_ops, g, &g->e)) < 0) {
 		g->e = NULL;
@@ -804,15 +816,158 @@ static void on_listen(struct loop *l, int fd, uint32_t events, void *ud)
 	}
 }
 
+/* PID 1 of the sandbox's pid namespace: orphans are re-parented to us.
+ * Reap the zombies among our children that are not commands: a command's
+ * main process stays a zombie until exec.c collects it (its pid is its
+ * process group id, see exec.c), so waitpid(-1) is never called. The
+ * children are found in /proc (bounded by the sandbox's process count). */
+static bool is_command_pid(struct agent *a, pid_t pid)
+{
+	for (struct session *s = a->sessions; s; s = s->next)
+		for (struct gexec *g = s->execs; g; g = g->next)
+			if (g->e && exec_pid(g->e) == pid)
+				return true;
+	return false;
+}
+
+static void reap_orphans(struct agent *a)
+{
+	DIR *d = opendir("/proc");
+	struct dirent *de;
+	pid_t self = getpid();
+
+	if (!d)
+		return;
+	while ((de = readdir(d))) {
+		char path[64], buf[512], *p;
+		char *end;
+		long pid = strtol(de->d_name, &end, 10);
+		ssize_t n;
+		int fd;
+
+		if (*end || pid <= 1)
+			continue;
+		snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+		if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+			continue;
+		n = read(fd, buf, sizeof(buf) - 1);
+		close(fd);
+		if (n <= 0)
+			continue;
+		buf[n] = '\0';
+		/* "pid (comm) S ppid ...": comm may hold anything, even ')' */
+		if (!(p = strrchr(buf, ')')) || p[1] != ' ' || p[2] != 'Z')
+			continue;
+		if (strtol(p + 4, NULL, 10) != self || is_command_pid(a, (pid_t)pid))
+			continue;
+		siginfo_t si;
+		(void)waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG);
+	}
+	closedir(d);
+}
+
+/* PID 1 with --confine and without cgroups (the local sandbox, where every
+ * process but the agent descends from a command): once no command runs, every
+ * other process in the namespace escaped a finished command's process
+ * group (setsid, daemons): kill them, as a cgroup kill would have with
+ * their command (exec.h: background jobs die with their command). */
+static void sweep_strays(struct agent *a)
+{
+	DIR *d;
+	struct dirent *de;
+
+	if (!a->init || !a->confine || (exec_sys_caps(a->xsys) & EXEC_CAP_CG2))
+		return;
+	for (struct session *s = a->sessions; s; s = s->next)
+		for (struct gexec *g = s->execs; g; g = g->next)
+			if (g->e)
+				return;
+	if (!(d = opendir("/proc")))
+		return;
+	while ((de = readdir(d))) {
+		char *end;
+		long pid = strtol(de->d_name, &end, 10);
+		if (!*end && pid > 1)
+			(void)kill((pid_t)pid, SIGKILL);
+	}
+	closedir(d);
+}
+
 static void on_signal(struct loop *l, int fd, uint32_t events, void *ud)
 {
+	struct agent *a = ud;
 	struct signalfd_siginfo si;
 	(void)events;
-	(void)ud;
 
-	if (read(fd, &si, sizeof(si)) == (ssize_t)sizeof(si))
+	while (read(fd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+		if (si.ssi_signo == SIGCHLD) {
+			reap_orphans(a);
+			continue;
+		}
+		/* As PID 1, a signal from inside the namespace (a command's) has
+		 * a sender pid; the host's stop comes from outside (pid 0). */
+		if (a->init && si.ssi_pid != 0) {
+			logmsg("signal %u from pid %u inside the sandbox: ignored", si.ssi_signo, si.ssi_pid);
+			continue;
+		}
 		logmsg("signal %u: shutting down", si.ssi_signo);
-	loop_stop(l);
+		loop_stop(l);
+		return;
+	}
+}
+
+/* The directory part of path ("." when none) into out. */
+static void dir_of(const char *path, char *out, size_t n)
+{
+	const char *slash = strrchr(path, '/');
+
+	if (!slash)
+		snprintf(out, n, ".");
+	else if (slash == path)
+		snprintf(out, n, "/");
+	else
+		snprintf(out, n, "%.*s", (int)(slash - path), path);
+}
+
+/* --confine: commands write only the workspace, /tmp, --home and a few
+ * devices, and read nothing of the agent's (doc/SANDBOX.md). */
+static int confine_setup(struct agent *a, const char *keyfile)
+{
+	char keydir[PATH_MAX], rundir[PATH_MAX], statedir[PATH_MAX], err[512];
+	const char *writable[] = {a->root,     "/tmp",	    a->home ? a->home : "/tmp",
+				  "/dev/null", "/dev/zero", "/dev/full",
+				  "/dev/tty",  "/dev/pts",  "/dev/ptmx",
+				  "/dev/shm",  NULL};
+	const char *hidden[4] = {keydir, statedir, NULL, NULL};
+	int r;
+
+	dir_of(keyfile, keydir, sizeof(keydir));
+	snprintf(statedir, sizeof(statedir), "%s", syncg_state_dir(a->sync));
+	if (a->addr.kind == TRANSPORT_UNIX) {
+		dir_of(a->addr.path, rundir, sizeof(rundir));
+		hidden[2] = rundir;
+	}
+	for (int i = 0; hidden[i]; i++) {
+		size_t n = strlen(hidden[i]);
+		if (hidden[i][0] != '/' || n == 1) {
+			logmsg("--confine: the key, state and socket directories must be absolute and not / (%s)",
+			       hidden[i]);
+			return -EINVAL;
+		}
+		/* commands must still reach the workspace */
+		if (!strncmp(a->root, hidden[i], n) && (a->root[n] == '/' || !a->root[n])) {
+			logmsg("--confine: the workspace %s is inside %s, which commands may not read", a->root,
+			       hidden[i]);
+			return -EINVAL;
+		}
+	}
+	struct exec_confine_cfg cfg = {.writable = writable, .hidden = hidden};
+	if ((r = exec_confine_new(&cfg, &a->confine, err, sizeof(err))) < 0) {
+		logmsg("--confine: %s", err);
+		return r;
+	}
+	logmsg("exec: commands confined: %s", exec_confine_describe(a->confine));
+	return 0;
 }
 
 /* --run-as USER | UID:GID. USER is looked up in /etc/passwd by hand (no NSS:
@@ -855,7 +1010,10 @@ static void usage(FILE *f)
 {
 	fputs("usage: airlock-agent --listen ADDR --root DIR --key FILE (--allow PUBKEY | --allow-file FILE)...\n"
 	      "                     [--psk-file FILE] [--max-sessions N] [--state DIR] [--fsync none|batch|file]\n"
-	      "                     [--run-as USER|UID:GID] [-v]\n"
+	      "                     [--run-as USER|UID:GID] [--home DIR] [--confine] [-v]\n"
+	      "  --home DIR: HOME of commands (default /tmp)\n"
+	      "  --confine: Landlock and seccomp for commands (they write only ROOT, /tmp and\n"
+	      "             --home; they cannot read the key, state or socket directories)\n"
 	      "  --run-as: who runs commands when the agent is root (default: the owner of ROOT\n"
 	      "            when that is not root, else nobody, 65534:65534)\n"
 	      "  --state DIR: where the last applied sync sequence is kept (default ROOT.airlock-state;\n"
@@ -894,6 +1052,8 @@ int main(int argc, char **argv)
 	    {"state", required_argument, NULL, 'S'},
 	    {"fsync", required_argument, NULL, 'F'},
 	    {"run-as", required_argument, NULL, 'U'},
+	    {"home", required_argument, NULL, 'H'},
+	    {"confine", no_argument, NULL, 'C'},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
@@ -905,6 +1065,7 @@ int main(int argc, char **argv)
 			  .max_sessions = 16,
 			  .apply_opts = {.fsync = APPLY_FSYNC_BATCH}};
 	const char *listen = NULL, *keyfile = NULL, *run_as = NULL;
+	bool confine = false;
 	char err[512];
 	int c, r, status = 1;
 	sigset_t mask;
@@ -990,6 +1151,12 @@ int main(int argc, char **argv)
 		case 'U':
 			run_as = optarg;
 			break;
+		case 'H':
+			a.home = optarg;
+			break;
+		case 'C':
+			confine = true;
+			break;
 		case 'h':
 			usage(stdout);
 			status = 0;
@@ -1010,6 +1177,13 @@ int main(int argc, char **argv)
 	if (keys_load(keyfile, &a.key, err, sizeof(err)) < 0) {
 		logmsg("%s", err);
 		status = 2;
+		goto out;
+	}
+	/* Commands share our uid in the sandbox: non-dumpable, they can
+	 * neither ptrace us nor read our memory or environ in /proc. */
+	a.init = getpid() == 1;
+	if ((confine || a.init) && prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) {
+		logmsg("prctl(PR_SET_DUMPABLE): %s", strerror(errno));
 		goto out;
 	}
 	if (mkdir(a.root, 0755) < 0 && errno != EEXIST) {
@@ -1069,10 +1243,16 @@ int main(int argc, char **argv)
 	sigemptyset(&mask);
 	sigaddset(&mask, SIGINT);
 	sigaddset(&mask, SIGTERM);
+	if (a.init)
+		sigaddset(&mask, SIGCHLD); /* orphans to reap */
 	sigprocmask(SIG_BLOCK, &mask, NULL);
 	if ((a.sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC)) < 0 ||
 	    loop_add_fd(a.loop, a.sfd, EPOLLIN, on_signal, &a) < 0) {
 		logmsg("signalfd: %s", strerror(errno));
+		goto out;
+	}
+	if (confine && confine_setup(&a, keyfile) < 0) {
+		status = 2;
 		goto out;
 	}
 	if ((a.lfd = transport_listen(&a.addr, err, sizeof(err))) < 0) {
@@ -1116,6 +1296,7 @@ out:
 	if (a.addr.kind == TRANSPORT_UNIX && a.lfd >= 0)
 		unlink(a.addr.path);
 	exec_sys_free(a.xsys);
+	exec_confine_free(a.confine);
 	if (a.root_fd >= 0)
 		close(a.root_fd);
 	loop_free(a.loop);

@@ -72,6 +72,7 @@ enum stage {
 	ST_CWD,
 	ST_PDEATH,
 	ST_FDS,
+	ST_CONFINE,
 	ST_EXEC,
 };
 
@@ -696,6 +697,7 @@ struct child {
 	gid_t gid;
 	bool nproc_set, as_set;
 	struct rlimit nproc, as;
+	const struct exec_confine *confine;
 	pid_t parent;
 };
 
@@ -828,6 +830,13 @@ static __attribute__((noreturn)) void child_main(const struct child *c)
 			(void)fcntl((int)fd, F_SETFD, FD_CLOEXEC);
 	}
 
+	/* 10. Landlock and seccomp last: nothing above needs what they deny. */
+	if (c->confine) {
+		int r = exec_confine_apply(c->confine);
+		if (r < 0)
+			child_fail(c, ST_CONFINE, -r);
+	}
+
 	child_fail(c, ST_EXEC, child_execvp(c));
 }
 
@@ -927,6 +936,7 @@ int exec_start(struct loop *loop, struct exec_sys *sys, const struct exec_req *r
 	c.path = env_path(req->envp);
 	c.tty_slave = -1;
 	c.parent = getpid();
+	c.confine = req->confine;
 
 	if ((r = open_cwd(req->root_fd, req->cwd, &cwd_fd)) < 0)
 		goto fail;

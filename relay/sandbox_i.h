@@ -12,6 +12,8 @@
 
 #include "airlock/sandbox.h"
 
+struct sandbox_common;
+
 struct sandbox {
 	enum sandbox_kind kind;
 	char dir[PATH_MAX];	  /* …/sandboxes/<id>, mode 0700 */
@@ -24,7 +26,13 @@ struct sandbox {
 	double start_ms;
 	pid_t pid;  /* what the host waits for; 0 when none */
 	void *impl; /* backend state */
+	struct sandbox_common *common; /* sandbox.c's own (the state dir lock) */
 };
+
+/* Whether the sandbox's user is nobody (65534) outside: we are root and
+ * 65534 exists in our user namespace (a root inside a user namespace that
+ * maps only itself runs the sandbox as itself). */
+bool sandbox_as_nobody(void);
 
 /* Backends: fill sb->addr, sb->describe, sb->pid, sb->impl; the common
  * code has created sb->dir, the keys and sb->agent_path, and measures

@@ -1,13 +1,15 @@
 #!/bin/sh
 # The README's main command: install what is missing, build, and run
-# airlock's main job on the embedded default. Until the local sandbox lands
-# (issue "Embedded default sandbox"), the guest agent runs as a plain
-# process on a private Unix socket: pinned keys both ways, the demo project
-# (tests/demo/project) mirrored into the guest minus its .env, the audit of
-# what was withheld, `airlock up` keeping a mounted copy in sync live while
-# `airlock exec` runs the demo's tests in the guest, the channel's latency
-# floor (1000 round trips and a 256 MiB bulk transfer), and a stranger's
-# key refused.
+# airlock's main job on the embedded default: `airlock up DIR` with no guest
+# options starts the local sandbox (doc/SANDBOX.md) with keys made and pinned
+# by itself, mounts a copy of the demo project (tests/demo/project) over
+# itself and keeps the sandbox's copy in sync live, minus the .env (a fake
+# production secret); `airlock audit` says why it was withheld; `airlock
+# exec` runs the demo's tests in the sandbox, an edit through the mount is
+# seen by the very next command, the sandbox's boundary is shown from
+# inside, `airlock status`, the channel's latency floor against the
+# sandbox's agent, a stranger's key refused, `airlock down` and
+# `airlock down --destroy`.
 set -eu
 cd "$(dirname "$0")/.."
 # AIRLOCK_BUILD: an already-built build directory (the test suite runs this
@@ -20,81 +22,69 @@ else
 	ninja -C build >/dev/null
 	B=build
 fi
+if [ ! -c /dev/fuse ] || [ "$(id -u)" -ne 0 ]; then
+	echo "demo: needs root and /dev/fuse (airlock up mounts the project over itself)" >&2
+	[ -n "${AIRLOCK_BUILD:-}" ] && exit 77
+	exit 1
+fi
 
 T=$(mktemp -d /tmp/airlock-demo.XXXXXX)
 export XDG_STATE_HOME="$T/state" # the audit record stays in the demo's temp dir
-agent_pid=
+export XDG_DATA_HOME="$T/data"   # so does the sandbox's state
+P=$T/project
 cleanup() {
-	[ -n "$agent_pid" ] && kill "$agent_pid" 2>/dev/null && wait "$agent_pid" 2>/dev/null
+	$B/airlock down "$P" --destroy >/dev/null 2>&1 || true
 	rm -rf "$T"
 }
 trap cleanup EXIT INT TERM
 
-echo "== keys: one for the host, one for the guest (private files are mode 0600)"
-host=$($B/airlock keygen -o "$T/host.key")
-guest=$($B/airlock keygen -o "$T/guest.key")
-echo "host  $host"
-echo "guest $guest"
+cp -a tests/demo/project "$P"
+echo "== airlock up $P   (no guest options: the embedded local sandbox, keys made and pinned by itself)"
+$B/airlock up "$P" -d
+SB=$($B/airlock status -C "$P" --json | sed -n 's/.*"sandbox_dir":"\([^"]*\)".*/\1/p')
 
-echo "== guest agent: listens on unix:$T/agent.sock, accepts only the host key"
-$B/airlock-agent --listen "unix:$T/agent.sock" --root "$T/workspace" --key "$T/guest.key" \
-	--allow "$host" >"$T/agent.out" 2>"$T/agent.log" &
-agent_pid=$!
-i=0
-until grep -q '^ready' "$T/agent.out" 2>/dev/null; do
-	i=$((i + 1))
-	[ $i -lt 250 ] || { cat "$T/agent.log" >&2; exit 1; }
-	sleep 0.02
-done
-
-echo "== airlock sync: the demo project into the guest (policy: tests/demo/project/airlock.json)"
-$B/airlock sync tests/demo/project --guest "unix:$T/agent.sock" --key "$T/host.key" --guest-key "$guest"
-echo "-- the guest's copy:"
-(cd "$T/workspace" && find . -path ./.git -prune -o -print | sort)
-if grep -rq AIRLOCK-DEMO-CANARY "$T/workspace"; then
-	echo "demo: the .env secret reached the guest" >&2
+echo "== airlock audit: the .env stayed on the host, and why (policy: tests/demo/project/airlock.json)"
+$B/airlock audit -C "$P"
+if grep -rq AIRLOCK-DEMO-CANARY "$SB/workspace"; then
+	echo "demo: the .env secret reached the sandbox" >&2
 	exit 1
 fi
-echo "-- the .env canary is nowhere in the guest; airlock audit says why:"
-$B/airlock audit -C tests/demo/project
+echo "-- the sandbox's copy ($SB/workspace):"
+(cd "$SB/workspace" && find . -path ./.git -prune -o -print | sort)
 
-if [ -c /dev/fuse ]; then
-	echo "== airlock up: mount a copy of the demo project over itself, keep the guest in sync live"
-	cp -a tests/demo/project "$T/project"
-	chmod 711 "$T" # commands run as nobody in the guest and must reach its workspace copy
-	$B/airlock up "$T/project" --guest "unix:$T/agent.sock" --key "$T/host.key" --guest-key "$guest" \
-		>"$T/up.out" 2>"$T/up.err" &
-	up_pid=$!
-	i=0
-	until grep -q 'in sync' "$T/up.err" "$T/up.out" 2>/dev/null; do
-		i=$((i + 1))
-		[ $i -lt 500 ] || { cat "$T/up.err" >&2; exit 1; }
-		sleep 0.02
-	done
-	cat "$T/up.out" "$T/up.err"
-	echo "-- airlock exec -- sh tests/test_greet.sh   (runs in the guest, as nobody, without the .env)"
-	$B/airlock exec -C "$T/project" -- sh tests/test_greet.sh
-	echo "-- an editor saves a change through the mount; the very next command sees it:"
-	echo "Edited at $(date -u +%H:%M:%S.%N)." >>"$T/project/README.md"
-	echo "   host:  $(tail -1 "$T/project/README.md")"
-	echo "   guest: $($B/airlock exec -C "$T/project" -- tail -1 README.md)"
-	$B/airlock exec -C "$T/project" -- sh -c 'echo "guest: $(id -un) in $(pwd); HOME=$HOME; env has $(env | wc -l) variables"'
-	$B/airlock sync-wait -C "$T/project" # also makes the daemon write a fresh status
-	$B/airlock status -C "$T/project"
-	$B/airlock down "$T/project"
-	wait "$up_pid" 2>/dev/null || true
-else
-	echo "== (no /dev/fuse here: skipping airlock up / exec)"
-fi
+echo "== airlock exec -- sh tests/test_greet.sh   (runs in the sandbox, without the .env)"
+$B/airlock exec -C "$P" -- sh tests/test_greet.sh
+echo "-- an editor saves a change through the mount; the very next command sees it:"
+echo "Edited at $(date -u +%H:%M:%S.%N)." >>"$P/README.md"
+echo "   host:    $(tail -1 "$P/README.md")"
+echo "   sandbox: $($B/airlock exec -C "$P" -- tail -1 README.md)"
+echo "-- the sandbox from inside:"
+$B/airlock exec -C "$P" -- sh -c '
+	echo "   $(id -un) (uid $(id -u)) in $(pwd); HOME=$HOME; $(env | wc -l) variables; $(grep ^CapEff /proc/self/status)"
+	echo "   processes: $(ps -e -o pid=,comm= | tr -s " \n" " ")"
+	echo "   /root: $(ls /root 2>&1 | head -1)"
+	echo "   write /usr: $( (echo x >/usr/x) 2>&1 | sed "s/.*: //")"
+	echo "   network: $(ip -o link | cut -d: -f2 | tr -d "\n");" \
+		"DNS: $(getent hosts deb.debian.org >/dev/null 2>&1 && echo resolves || echo none)"
+	echo "   grep for the .env canary: $(grep -rl AIRLOCK-DEMO-CANARY . 2>/dev/null | wc -l) files"'
+$B/airlock sync-wait -C "$P" # also makes the daemon write a fresh status
+$B/airlock status -C "$P"
 
-echo "== airlock ping: Noise IKpsk2 handshake, 1000 round trips, 256 MiB bulk"
-$B/airlock ping --guest "unix:$T/agent.sock" --key "$T/host.key" --guest-key "$guest" -n 1000 --bulk 256M
+echo "== airlock ping: the sandbox's agent over its Unix socket, 1000 round trips, 64 MiB bulk"
+GUEST=$($B/airlock pubkey "$SB/keys/guest.key")
+$B/airlock ping --guest "unix:$SB/run/agent.sock" --key "$SB/keys/host.key" --guest-key "$GUEST" -n 1000 --bulk 64M
 
-echo "== a host key the guest does not know is refused before any data moves"
+echo "== a host key the sandbox does not know is refused before any data moves"
 $B/airlock keygen -o "$T/stranger.key" >/dev/null
-if $B/airlock ping --guest "unix:$T/agent.sock" --key "$T/stranger.key" --guest-key "$guest" -n 1; then
+if $B/airlock ping --guest "unix:$SB/run/agent.sock" --key "$T/stranger.key" --guest-key "$GUEST" -n 1; then
 	echo "demo: the stranger was let in" >&2
 	exit 1
 fi
-echo "== agent log"
-cat "$T/agent.log"
+
+echo "== airlock down: unmount, stop the sandbox (its state is kept for the next up)"
+$B/airlock down "$P"
+echo "== the sandbox's agent log"
+cat "$SB/agent.log"
+echo "== airlock down --destroy: remove the sandbox's state"
+$B/airlock down "$P" --destroy
+[ ! -e "$SB" ] || { echo "demo: $SB still exists" >&2; exit 1; }

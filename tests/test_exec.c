@@ -1125,6 +1125,64 @@ static void test_sys_modes(void **state)
 	assert_null(s);
 }
 
+/* ---- confinement: Landlock + seccomp (exec_confine_*) ---- */
+
+static void test_confine(void **state)
+{
+	char hidden[] = "/tmp/airlock-confine-hidden.XXXXXX", out[128], cmd[1024], err[512], secret[128];
+	struct exec_confine *c = NULL;
+	struct loop *l = loop_new();
+	int fd;
+
+	(void)state;
+	assert_non_null(mkdtemp(hidden));
+	snprintf(secret, sizeof(secret), "%s/secret", hidden);
+	assert_true((fd = open(secret, O_WRONLY | O_CREAT | O_CLOEXEC, 0644)) >= 0);
+	assert_int_equal(write(fd, "s3cret\n", 7), 7);
+	close(fd);
+	snprintf(out, sizeof(out), "/tmp/airlock-confine-out.%d", (int)getpid());
+	const char *writable[] = {g_rootpath, NULL}, *hide[] = {hidden, NULL};
+	struct exec_confine_cfg cfg = {.writable = writable, .hidden = hide};
+	int r = exec_confine_new(&cfg, &c, err, sizeof(err));
+	assert_int_equal(r, 0);
+	print_message("confine: %s\n", exec_confine_describe(c));
+
+	static const struct {
+		const char *sh; /* $H = hidden dir, $O = a path outside the writable set */
+		const char *confined, *free;
+	} probes[] = {
+	    {"cat $H/secret 2>/dev/null || echo denied", "denied\n", "s3cret\n"},
+	    {"ls $H", "secret\n", "secret\n"},
+	    {"echo x >inside && cat inside", "x\n", "x\n"},
+	    {"echo x >$O 2>/dev/null && echo wrote || echo denied; rm -f $O", "denied\n", "wrote\n"},
+	    {"head -c 4 /etc/passwd; echo", "root\n", "root\n"},
+	    {"unshare -U true 2>/dev/null && echo unshared || echo denied", "denied\n", "unshared\n"},
+	    {"grep NoNewPrivs /proc/self/status", "NoNewPrivs:\t1\n", "NoNewPrivs:\t0\n"},
+	};
+	for (size_t i = 0; i < sizeof(probes) / sizeof(probes[0]); i++) {
+		for (int confined = 0; confined < 2; confined++) {
+			struct run run = {0};
+			struct exec_req q;
+			req_init(&q);
+			snprintf(cmd, sizeof(cmd), "H=%s; O=%s; %s", hidden, out, probes[i].sh);
+			q.shell = cmd;
+			q.confine = confined ? c : NULL;
+			run_req(l, g_sys, &q, &run);
+			const char *want = confined ? probes[i].confined : probes[i].free;
+			if (!run.out[1] || strcmp(run.out[1], want))
+				fail_msg("probe '%s' (%s): got '%s', want '%s'", cmd, confined ? "confined" : "free",
+					 run.out[1] ? run.out[1] : "", want);
+			run_free(&run);
+		}
+	}
+	exec_confine_free(c);
+	exec_confine_free(NULL);
+	unlink(secret);
+	rmdir(hidden);
+	unlink(out);
+	loop_free(l);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1149,6 +1207,7 @@ int main(void)
 	    cmocka_unit_test(test_lingering),
 	    cmocka_unit_test(test_concurrent_64),
 	    cmocka_unit_test(test_free_inside_callback),
+	    cmocka_unit_test(test_confine),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -126,6 +126,44 @@ int exec_env_build(const struct exec_env_in *in, char ***out, const char **bad);
 /* NULL is a no-op. */
 void exec_env_free(char **envp);
 
+/* ---- confinement (the local sandbox, doc/SANDBOX.md) ----
+ *
+ * Commands and the agent share a uid inside the local sandbox; these close
+ * what that leaves open. Landlock: commands may read everything except the
+ * `hidden` hierarchies (the agent's keys, state and socket), and write only
+ * beneath `writable`. seccomp: ptrace, process_vm_readv/writev, new user
+ * namespaces (unshare/clone with CLONE_NEWUSER; clone3 answers ENOSYS so
+ * libcs fall back to clone), bpf, perf_event_open, keyctl/add_key/
+ * request_key, kexec, module loading and the mount family fail with EPERM.
+ * Both need no privilege (no_new_privs is set in the child). */
+
+struct exec_confine;
+
+struct exec_confine_cfg {
+	/* NULL-terminated absolute paths. writable: every right beneath.
+	 * hidden: neither read nor write (a hidden path beneath a writable
+	 * one is not hidden: Landlock rules only add). Directory listing is
+	 * allowed everywhere (names are not secret; contents are). */
+	const char *const *writable;
+	const char *const *hidden;
+	/* -ENOTSUP when Landlock is missing (seccomp is always there). */
+	bool require_landlock;
+};
+
+/* Build the Landlock ruleset (an fd kept in *out) and the seccomp program
+ * once, in the agent; exec_start applies them in each command's child.
+ * *out: exec_confine_free. Errors: -ENOTSUP (require_landlock and no
+ * Landlock), -ENOENT (a writable path is missing), -ENOMEM; err says
+ * which. */
+int exec_confine_new(const struct exec_confine_cfg *cfg, struct exec_confine **out, char *err, size_t errlen);
+/* NULL is a no-op. */
+void exec_confine_free(struct exec_confine *c);
+/* "landlock ABI 6 (fs, signal scope), seccomp (14 syscalls denied)". */
+const char *exec_confine_describe(const struct exec_confine *c);
+/* In a child right before execve: no_new_privs, Landlock, seccomp.
+ * Async-signal-safe. 0 or -errno. */
+int exec_confine_apply(const struct exec_confine *c);
+
 /* ---- one command ---- */
 
 struct exec_limits {
@@ -169,6 +207,9 @@ struct exec_req {
 	 * always runs commands as itself and ignores these. */
 	uint32_t uid, gid;
 	struct exec_limits limits;
+	/* Landlock + seccomp applied in the child right before execve (see
+	 * exec_confine_new); NULL = none. Borrowed: must outlive the call. */
+	const struct exec_confine *confine;
 };
 
 struct exec_result {
