@@ -32,6 +32,7 @@
 #include "airlock/audit.h"
 #include "airlock/buf.h"
 #include "airlock/chan.h"
+#include "airlock/egress_link.h"
 #include "airlock/journal.h"
 #include "airlock/keys.h"
 #include "airlock/loop.h"
@@ -131,6 +132,7 @@ struct xcmd {
 	bool paused;           /* the relay holds output back: credit is owed, not returned */
 	size_t owed;
 	size_t stdin_inflight; /* stdin bytes sent, not yet acknowledged (WIRE_EXEC_STDIN_WINDOW) */
+	char desc[EGRESS_LINK_DESC_MAX]; /* "id argv..." for egress denial records */
 };
 
 /* A sync_wait waiting for its barrier. */
@@ -184,6 +186,7 @@ struct up {
 	struct timespec policy_mtime;
 
 	struct relay *relay;
+	struct egress_link *egress;  /* the sandbox's only way out: proxy streams -> egress proxy */
 	char sock[PATH_MAX];	     /* relay socket path */
 	struct xcmd *xcmds;	     /* commands not yet ended */
 	struct syncw *syncws;	     /* sync_waits not yet satisfied */
@@ -589,7 +592,8 @@ static int be_exec_start(void *ud, struct relay_cmd *cmd, const struct relay_exe
 {
 	struct up *u = ud;
 	struct xcmd *x;
-	uint8_t flags = (uint8_t)((req->tty ? WIRE_EXEC_F_TTY : 0) | (req->stdin_open ? WIRE_EXEC_F_STDIN : 0));
+	uint8_t flags = (uint8_t)((req->tty ? WIRE_EXEC_F_TTY : 0) | (req->stdin_open ? WIRE_EXEC_F_STDIN : 0) |
+				  (u->egress ? WIRE_EXEC_F_PROXY : 0));
 	int r;
 
 	if (!guest_usable(u)) {
@@ -601,6 +605,7 @@ static int be_exec_start(void *ud, struct relay_cmd *cmd, const struct relay_exe
 		return -ENOMEM;
 	x->u = u;
 	x->cmd = cmd;
+	egress_link_describe(relay_cmd_name(cmd), req->argv, req->argc, x->desc, sizeof(x->desc));
 	buf_init(&x->start, WIRE_PAYLOAD_MAX);
 	if ((r = buf_put_u8(&x->start, flags)) < 0 || (r = buf_put_u64(&x->start, req->timeout_ms)) < 0 ||
 	    (r = buf_put_u16(&x->start, req->rows)) < 0 || (r = buf_put_u16(&x->start, req->cols)) < 0 ||
@@ -757,6 +762,21 @@ static struct xcmd *xcmd_by_stream(struct up *u, uint32_t stream)
 	return NULL;
 }
 
+/* egress_link: which command a proxy connection belongs to */
+static struct relay_cmd *link_find_cmd(void *ud, uint32_t exec_stream, const char **desc)
+{
+	struct xcmd *x = xcmd_by_stream(ud, exec_stream);
+
+	if (!x)
+		return NULL;
+	*desc = x->desc;
+	return x->cmd;
+}
+
+static const struct egress_link_ops link_ops = {
+	.find_cmd = link_find_cmd,
+};
+
 /* Frames 80..111 from the guest. */
 static void handle_exec_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t *data, size_t n)
 {
@@ -898,6 +918,14 @@ static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_
 		handle_exec_frame(u, type, stream, data, n);
 		return;
 	}
+	if (type >= WIRE_PROXY_OPEN && type <= 127) {
+		if (egress_link_frame(u->egress, type, stream, data, n) < 0) {
+			snprintf(why, sizeof(why), "malformed or unexpected %s (%u) from the guest on stream %u",
+				 wire_type_name(type), type, stream);
+			drop_conn(u, -EPROTO, why);
+		}
+		return;
+	}
 	if (!handlers[type].fn) {
 		snprintf(why, sizeof(why), "unexpected frame %s (%u) from the guest", wire_type_name(type), type);
 		drop_conn(u, -EPROTO, why);
@@ -930,6 +958,7 @@ static void on_ready(struct chan *c, void *ud)
 		drop_conn(u, r, "starting the sync engine failed");
 		return;
 	}
+	egress_link_attach(u->egress, c);
 	u->state = UP_RECONCILING;
 	start_reconcile(u);
 }
@@ -941,6 +970,7 @@ static void on_writable(struct chan *c, void *ud)
 
 	if (u->sync)
 		sync_on_writable(u->sync);
+	egress_link_writable(u->egress);
 }
 
 static void on_retry(struct loop *l, void *ud)
@@ -976,6 +1006,7 @@ static void on_close(struct chan *c, int err, const char *why, void *ud)
 	u->dead_sync = u->sync; /* the engine may be on the stack: free it later */
 	u->sync = NULL;
 	u->chan = NULL;
+	egress_link_detach(u->egress); /* its tunnels use the chan */
 	chan_free(c);
 	exec_fail_all(u, "guest_disconnected",
 		      "the connection to the guest was lost (the guest ends the commands of a lost session)");
@@ -1351,6 +1382,14 @@ int cmd_up(int argc, char **argv)
 	}
 	loop_set_before_sleep(u.loop, before_sleep, &u);
 	loop_set_wake(u.loop, on_wake, &u);
+	{
+		/* before the mount: it reads earlier denials from the audit dir */
+		struct egress_link_cfg ec = { .policy = u.policy, .workspace = u.dir };
+		if (egress_link_new(u.loop, &ec, &link_ops, &u, &u.egress, err, sizeof(err)) < 0) {
+			cmd_err("up: egress proxy: %s", err);
+			goto out;
+		}
+	}
 	if ((r = mount_start(u.dir, u.journal, &mo, &u.mount)) < 0) {
 		cmd_err("up: cannot mount over %s: %s%s", u.dir, strerror(-r),
 			r == -ENODEV || r == -EPERM ? " (needs /dev/fuse and permission to mount)" : "");
@@ -1382,6 +1421,8 @@ out:
 	}
 	relay_free(u.relay); /* releases running commands while the chan still exists */
 	u.relay = NULL;
+	egress_link_free(u.egress); /* before the chan: its tunnels use it; writes pending denials */
+	u.egress = NULL;
 	if (u.chan)
 		chan_free(u.chan);
 	u.chan = NULL;
