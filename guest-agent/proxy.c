@@ -26,9 +26,9 @@ struct pcmd {
 	struct proxy *p;
 	struct pcmd *next;
 	uint32_t exec_stream;
-	int lfd;	   /* -1 once the command ended */
-	unsigned ntun;	   /* open tunnels of this command */
-	uint64_t linger;   /* timer after the end, while tunnels remain */
+	int lfd;	 /* -1 once the command ended */
+	unsigned ntun;	 /* open tunnels of this command */
+	uint64_t linger; /* timer after the end, while tunnels remain */
 };
 
 struct ptun {
@@ -118,8 +118,7 @@ static void on_accept(struct loop *l, int lfd, uint32_t events, void *ud)
 
 		if (fd < 0)
 			return; /* EAGAIN or a transient error: level-triggered */
-		if (c->ntun >= WIRE_PROXY_PER_CMD || p->ntun >= WIRE_PROXY_PER_SESSION ||
-		    !chan_is_ready(p->chan)) {
+		if (c->ntun >= WIRE_PROXY_PER_CMD || p->ntun >= WIRE_PROXY_PER_SESSION || !chan_is_ready(p->chan)) {
 			reset_close(fd);
 			continue;
 		}
@@ -262,8 +261,9 @@ void proxy_cmd_end(struct proxy *p, uint32_t exec_stream)
 int proxy_env(uint16_t port, char ***out)
 {
 	static const char *const url_names[] = {
-	    "HTTP_PROXY", "HTTPS_PROXY",      "ALL_PROXY",		"http_proxy", "https_proxy",
-	    "all_proxy",  "npm_config_proxy", "npm_config_https_proxy", "PIP_PROXY",
+	    "HTTP_PROXY",  "HTTPS_PROXY", "ALL_PROXY",	      "http_proxy",
+	    "https_proxy", "all_proxy",	  "npm_config_proxy", "npm_config_https_proxy",
+	    "PIP_PROXY",
 	};
 	char url[64], **v;
 	size_t n = 0;

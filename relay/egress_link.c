@@ -128,10 +128,10 @@ static void on_denial(void *ud, const struct egress_denial *d)
 	k->st.denials++;
 	k->total++;
 	iso_time(d->time_ms, when, sizeof(when));
-	rec = json_pack("{s:s, s:I, s:s, s:s, s:s, s:i, s:s, s:s, s:s}", "time", when, "time_ms",
-			(json_int_t)d->time_ms, "command", d->client, "method", d->method, "host", d->host, "port",
-			(int)d->port, "reason", egress_reason_name(d->reason), "detail", d->detail, "message",
-			d->message);
+	rec =
+	    json_pack("{s:s, s:I, s:s, s:s, s:s, s:i, s:s, s:s, s:s}", "time", when, "time_ms", (json_int_t)d->time_ms,
+		      "command", d->client, "method", d->method, "host", d->host, "port", (int)d->port, "reason",
+		      egress_reason_name(d->reason), "detail", d->detail, "message", d->message);
 	if (rec && json_array_append_new(k->denials, rec) == 0) {
 		while (json_array_size(k->denials) > EGRESS_LINK_KEEP)
 			json_array_remove(k->denials, 0);
@@ -145,9 +145,9 @@ static void on_denial(void *ud, const struct egress_denial *d)
 	if (!strncmp(why, prefix, pl) && !strncmp(why + pl, what, wl) && !strncmp(why + pl + wl, ": ", 2))
 		why += pl + wl + 2;
 	bool listed = d->reason == EGRESS_NOT_ALLOWED || d->reason == EGRESS_PORT_NOT_ALLOWED;
-	int len = snprintf(line, sizeof(line), "airlock: egress denied %s (%s: %s%s%s)\n", what,
-			   egress_reason_name(d->reason), why, listed ? " in " : "",
-			   listed ? policy_source(k->policy) : "");
+	int len =
+	    snprintf(line, sizeof(line), "airlock: egress denied %s (%s: %s%s%s)\n", what,
+		     egress_reason_name(d->reason), why, listed ? " in " : "", listed ? policy_source(k->policy) : "");
 	if (len < 0)
 		return;
 	if ((size_t)len >= sizeof(line))
@@ -347,7 +347,7 @@ int egress_link_new(struct loop *l, const struct egress_link_cfg *cfg, const str
 			}
 		}
 		k->total = tot > 0 && (uint64_t)tot >= json_array_size(k->denials) ? (uint64_t)tot
-										  : json_array_size(k->denials);
+										   : json_array_size(k->denials);
 		json_decref(old);
 	}
 	struct egress_cfg ec = {.allow = pe ? pe->allow : NULL, .n_allow = pe ? pe->n_allow : 0};

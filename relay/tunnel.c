@@ -18,16 +18,16 @@
 #include "airlock/mem.h"
 #include "airlock/wire.h"
 
-#define NONE 0xffu		     /* no CLOSE sent / received yet */
-#define OPEN_MAX 16u		     /* PROXY_OPEN payload */
+#define NONE	   0xffu /* no CLOSE sent / received yet */
+#define OPEN_MAX   16u	 /* PROXY_OPEN payload */
 #define TOSOCK_MAX (WIRE_WINDOW_DEFAULT + WIRE_PAYLOAD_MAX)
 
 struct tunnel {
 	struct loop *loop;
 	struct chan *chan; /* NULL once detached */
 	uint32_t stream;
-	int fd;		   /* -1 once closed */
-	uint32_t ev;	   /* events registered, 0 = not registered */
+	int fd;	     /* -1 once closed */
+	uint32_t ev; /* events registered, 0 = not registered */
 	const struct tunnel_ops *ops;
 	void *ud;
 
@@ -37,13 +37,13 @@ struct tunnel {
 	size_t open_n;
 	bool open_pending;
 
-	bool rd_eof;	  /* the socket said EOF */
-	bool eof_sent;	  /* our PROXY_EOF is queued */
-	bool eof_rcvd;	  /* the peer's PROXY_EOF arrived */
-	bool wr_shut;	  /* shutdown(SHUT_WR) done */
+	bool rd_eof;	    /* the socket said EOF */
+	bool eof_sent;	    /* our PROXY_EOF is queued */
+	bool eof_rcvd;	    /* the peer's PROXY_EOF arrived */
+	bool wr_shut;	    /* shutdown(SHUT_WR) done */
 	uint8_t want_close; /* CLOSE code to send, NONE = not yet */
 	uint8_t close_sent, close_rcvd;
-	bool finished;	  /* on_done called */
+	bool finished; /* on_done called */
 	struct tunnel_stats st;
 };
 

@@ -38,9 +38,9 @@ struct policy;
 struct relay_cmd;
 struct egress_link;
 
-#define EGRESS_LINK_KEEP 1000u	 /* denial records kept in egress.json */
-#define EGRESS_LINK_WRITE_MS 100u /* egress.json written at most this often */
-#define EGRESS_LINK_DESC_MAX 256u /* command description, with its NUL */
+#define EGRESS_LINK_KEEP     1000u /* denial records kept in egress.json */
+#define EGRESS_LINK_WRITE_MS 100u  /* egress.json written at most this often */
+#define EGRESS_LINK_DESC_MAX 256u  /* command description, with its NUL */
 
 struct egress_link_ops {
 	/* The command running on exec stream exec_stream of the current
@@ -82,11 +82,11 @@ void egress_link_writable(struct egress_link *k);
 void egress_link_describe(const char *id, const char *const *argv, size_t argc, char *out, size_t n);
 
 struct egress_link_stats {
-	size_t tunnels;		/* open streams, refused ones included until closed */
-	size_t proxy_conns;	/* connections the proxy has open */
-	uint64_t opened;	/* PROXY_OPENs accepted */
-	uint64_t refused;	/* PROXY_OPENs refused (limits, no command) */
-	uint64_t denials;	/* denials this run */
+	size_t tunnels;	    /* open streams, refused ones included until closed */
+	size_t proxy_conns; /* connections the proxy has open */
+	uint64_t opened;    /* PROXY_OPENs accepted */
+	uint64_t refused;   /* PROXY_OPENs refused (limits, no command) */
+	uint64_t denials;   /* denials this run */
 };
 void egress_link_get_stats(const struct egress_link *k, struct egress_link_stats *st);
 

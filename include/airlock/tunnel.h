@@ -81,8 +81,8 @@ void tunnel_detach(struct tunnel *t);
 uint32_t tunnel_stream(const struct tunnel *t);
 
 struct tunnel_stats {
-	uint64_t to_chan, to_sock; /* payload bytes each way */
-	size_t buffered;	   /* bytes held (read ahead + not yet written) */
+	uint64_t to_chan, to_sock;	/* payload bytes each way */
+	size_t buffered;		/* bytes held (read ahead + not yet written) */
 	uint8_t close_sent, close_rcvd; /* codes, 0xff = none yet */
 };
 void tunnel_get_stats(const struct tunnel *t, struct tunnel_stats *st);
