@@ -774,7 +774,7 @@ static struct relay_cmd *link_find_cmd(void *ud, uint32_t exec_stream, const cha
 }
 
 static const struct egress_link_ops link_ops = {
-	.find_cmd = link_find_cmd,
+    .find_cmd = link_find_cmd,
 };
 
 /* Frames 80..111 from the guest. */
@@ -1384,7 +1384,7 @@ int cmd_up(int argc, char **argv)
 	loop_set_wake(u.loop, on_wake, &u);
 	{
 		/* before the mount: it reads earlier denials from the audit dir */
-		struct egress_link_cfg ec = { .policy = u.policy, .workspace = u.dir };
+		struct egress_link_cfg ec = {.policy = u.policy, .workspace = u.dir};
 		if (egress_link_new(u.loop, &ec, &link_ops, &u, &u.egress, err, sizeof(err)) < 0) {
 			cmd_err("up: egress proxy: %s", err);
 			goto out;

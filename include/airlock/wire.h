@@ -110,8 +110,9 @@ enum wire_refusal {
 #define WIRE_EXEC_STDIN_WINDOW (256u * 1024u)
 #define WIRE_EXEC_F_TTY 1u
 #define WIRE_EXEC_F_STDIN 2u
-#define WIRE_EXEC_F_PROXY 4u /* egress in effect: the guest listens on 127.0.0.1 for this command and
-			      * sets the proxy variables; connections come back as proxy streams */
+/* egress in effect: the guest listens on 127.0.0.1 for this command and sets
+ * the proxy variables; connections come back as proxy streams */
+#define WIRE_EXEC_F_PROXY 4u
 #define WIRE_EXEC_X_TIMED_OUT 1u
 #define WIRE_EXEC_X_CANCELED 2u
 #define WIRE_EXEC_X_CORE 4u
