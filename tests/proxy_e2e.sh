@@ -91,8 +91,10 @@ EOF
 start_bg agent unshare -n sh -c 'ip link set lo up && exec "$0" "$@"' "$AGENT" --listen "unix:$T/a.sock" \
 	--root "$G" --key "$T/gk" --allow "$(cat "$T/hk.pub")" --state "$T/agent.state" --fsync none
 wait_line "$T/agent.out" '^ready' 10
+AGENT_PID=$BG_PID
 start_bg up ip netns exec "$NS_C" unshare -m sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' "$T/hosts" \
 	"$AIRLOCK" up "$W" --guest "unix:$T/a.sock" --key "$T/hk" --guest-key "$(cat "$T/gk.pub")"
+UP_PID=$BG_PID
 wait_line "$T/up.out" "in sync with unix:$T/a.sock\$" 20
 
 # X NAME CMD...: run CMD in the guest; stdout/stderr in $T/NAME.{o,e}, status in RC
@@ -213,5 +215,21 @@ sys.exit(0 if len(ok) == 1 and d["denials_total"] >= 6 else 1)' "$r" || { echo "
 	"$AIRLOCK" audit -C "$W" | grep -q "denied CONNECT allowed.test:443 (sni-mismatch" || { "$AIRLOCK" audit -C "$W" >&2; return 1; }
 }
 check "every denial is in airlock audit (--json and text) with the command" t_audit
+
+t_clean_exit() {
+	local f
+	$TO 15 "$AIRLOCK" down "$W" || return 1
+	kill -TERM "$AGENT_PID"
+	wait "$AGENT_PID" 2>/dev/null || true
+	wait "$UP_PID" 2>/dev/null || true
+	# no session was dropped for a protocol error, no sanitizer report
+	for f in "$T/up.err" "$T/agent.err"; do
+		if grep -E "AddressSanitizer|LeakSanitizer|runtime error|malformed|unexpected|closing" "$f"; then
+			echo "in $f" >&2
+			return 1
+		fi
+	done
+}
+check "airlock up and the agent end cleanly (no protocol error, no sanitizer report)" t_clean_exit
 
 finish
