@@ -159,6 +159,45 @@ t_parallel() {
 }
 check "8 parallel connections from one command" t_parallel
 
+t_listener_closes() {
+	local port
+	port=$(cut -d'|' -f1 "$T/env.o")
+	port=${port##*:}
+	# an earlier command's listener is gone; this command's own works
+	X stale sh -c "curl -sS --max-time 5 -x http://127.0.0.1:$port http://allowed.test/hello.txt; echo rc=\$?; curl -sS --max-time 5 http://allowed.test/hello.txt"
+	grep -q "rc=7" "$T/stale.o" && grep -qx "hello-allowed-$$" "$T/stale.o" || { cat "$T/stale.o" "$T/stale.e" >&2; return 1; }
+}
+check "a command's listener closes when it exits" t_listener_closes
+
+t_limit() {
+	# 40 connections held open at once: 32 (WIRE_PROXY_PER_CMD) are served, the rest reset
+	X limit python3 -c '
+import os, socket
+port = int(os.environ["HTTP_PROXY"].rsplit(":", 1)[1])
+socks = []
+for _ in range(40):
+    try:  # the agent may reset an extra connection before connect() returns
+        socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+    except OSError:
+        pass
+ok = 0
+for s in socks:
+    try:
+        s.sendall(b"GET http://allowed.test/hello.txt HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+        data = b""
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            data += b
+        ok += data.startswith(b"HTTP/1.0 200") or data.startswith(b"HTTP/1.1 200")
+    except OSError:
+        pass
+print("served", ok)'
+	grep -qx "served 32" "$T/limit.o" || { cat "$T/limit.o" "$T/limit.e" >&2; return 1; }
+}
+check "at most 32 proxy connections per command" t_limit
+
 t_not_allowed() {
 	X deny_http curl -sS --max-time 10 http://other.test/hello.txt
 	grep -q "airlock egress: denied GET other.test:80" "$T/deny_http.o" || { cat "$T/deny_http.o" >&2; return 1; }
