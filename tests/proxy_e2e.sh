@@ -153,6 +153,24 @@ t_https_big() {
 }
 check "3 MiB through the proxy stream arrives intact" t_https_big
 
+t_slow_reader() {
+	# 32 MiB read at 8 MiB/s in the guest: the windows hold the rest back (in the kernel's socket
+	# buffers and at the server), so neither the agent nor the daemon grows with the download
+	local dpid a0 d0 a1 d1
+	head -c 33554432 /dev/urandom >"$T/www/slow.bin"
+	dpid=$("$AIRLOCK" status -C "$W" --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["pid"])')
+	a0=$(awk '/^VmHWM/ { print $2 }' "/proc/$AGENT_PID/status")
+	d0=$(awk '/^VmHWM/ { print $2 }' "/proc/$dpid/status")
+	X slow sh -c "curl -sS --max-time 30 --limit-rate 8M http://allowed.test/slow.bin | sha256sum"
+	a1=$(awk '/^VmHWM/ { print $2 }' "/proc/$AGENT_PID/status")
+	d1=$(awk '/^VmHWM/ { print $2 }' "/proc/$dpid/status")
+	echo "slow reader: agent VmHWM $a0 -> $a1 kB, daemon $d0 -> $d1 kB" >&2
+	[ "$RC" = 0 ] && [ "$(cut -d' ' -f1 "$T/slow.o")" = "$(sha256sum <"$T/www/slow.bin" | cut -d' ' -f1)" ] ||
+		{ cat "$T/slow.o" "$T/slow.e" >&2; return 1; }
+	[ $((a1 - a0)) -lt 8192 ] && [ $((d1 - d0)) -lt 8192 ]
+}
+check "a slow reader in the guest: memory of agent and daemon stays bounded" t_slow_reader
+
 t_parallel() {
 	X par sh -c 'for i in 1 2 3 4 5 6 7 8; do curl -sS --max-time 10 http://allowed.test/hello.txt & done; wait'
 	[ "$RC" = 0 ] && [ "$(grep -cx "hello-allowed-$$" "$T/par.o")" = 8 ] || { cat "$T/par.o" "$T/par.e" >&2; return 1; }
