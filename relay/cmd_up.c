@@ -773,8 +773,14 @@ static struct relay_cmd *link_find_cmd(void *ud, uint32_t exec_stream, const cha
 	return x->cmd;
 }
 
+static void link_changed(void *ud)
+{
+	mark_dirty(ud); /* egress figures in the status file */
+}
+
 static const struct egress_link_ops link_ops = {
     .find_cmd = link_find_cmd,
+    .on_change = link_changed,
 };
 
 /* Frames 80..111 from the guest. */
@@ -1135,6 +1141,14 @@ static void up_status_write(struct up *u)
 		      u->last_error, "updated_ns", (json_int_t)((uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec), "socket", u->sock);
 	if (!o)
 		return;
+	if (u->egress) {
+		struct egress_link_stats es;
+		egress_link_get_stats(u->egress, &es);
+		json_object_set_new(o, "egress",
+				    json_pack("{s:I, s:I, s:I, s:I}", "streams", (json_int_t)es.tunnels, "opened",
+					      (json_int_t)es.opened, "refused", (json_int_t)es.refused, "denials",
+					      (json_int_t)es.denials));
+	}
 	snprintf(path, sizeof(path), "%s/%s", u->state_dir, UP_STATUS_FILE);
 	snprintf(tmp, sizeof(tmp), "%s/.%s.tmp", u->state_dir, UP_STATUS_FILE);
 	/* no fsync: the file describes a live process and means nothing
@@ -1626,6 +1640,13 @@ int cmd_status(int argc, char **argv)
 		printf("policy      %s%s%s\n", json_string_value(json_object_get(st, "policy")), note && *note ? ": " : "",
 		       note ? note : "");
 		printf("relay       %s\n", json_string_value(json_object_get(st, "socket")) ? json_string_value(json_object_get(st, "socket")) : "-");
+		json_t *eg = json_object_get(st, "egress");
+		if (eg)
+			printf("egress      %" JSON_INTEGER_FORMAT " proxy connections open, %" JSON_INTEGER_FORMAT
+			       " made, %" JSON_INTEGER_FORMAT " denied (airlock audit)\n",
+			       json_integer_value(json_object_get(eg, "streams")),
+			       json_integer_value(json_object_get(eg, "opened")),
+			       json_integer_value(json_object_get(eg, "denials")));
 		if (lerr && *lerr)
 			printf("last error  %s\n", lerr);
 	}

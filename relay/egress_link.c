@@ -52,6 +52,12 @@ struct egress_link {
 	struct egress_link_stats st;
 };
 
+static void changed(struct egress_link *k)
+{
+	if (k->ops->on_change)
+		k->ops->on_change(k->ud);
+}
+
 /* ---- audit ---- */
 
 static void write_audit(struct egress_link *k)
@@ -127,6 +133,7 @@ static void on_denial(void *ud, const struct egress_denial *d)
 
 	k->st.denials++;
 	k->total++;
+	changed(k);
 	iso_time(d->time_ms, when, sizeof(when));
 	rec =
 	    json_pack("{s:s, s:I, s:s, s:s, s:s, s:i, s:s, s:s, s:s}", "time", when, "time_ms", (json_int_t)d->time_ms,
@@ -194,10 +201,12 @@ static void ltun_remove(struct ltun *lt)
 static void on_tunnel_done(struct tunnel *t, void *ud)
 {
 	struct ltun *lt = ud;
+	struct egress_link *k = lt->k;
 
 	ltun_remove(lt);
 	tunnel_free(t);
 	mem_free(lt);
+	changed(k);
 }
 
 static const struct tunnel_ops tun_ops = {.on_done = on_tunnel_done};
@@ -251,6 +260,7 @@ static int proxy_open(struct egress_link *k, uint32_t stream, const uint8_t *p, 
 		return 0;
 	}
 	k->st.opened++;
+	changed(k);
 	/* the proxy's side: denials carry (session, command) back to us */
 	(void)egress_adopt(k->eg, sv[0], desc ? desc : "", ((uint64_t)k->gen << 32) | exec_stream);
 	return 0;

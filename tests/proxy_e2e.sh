@@ -271,6 +271,21 @@ sys.exit(0 if len(ok) == 1 and d["denials_total"] >= 6 else 1)' "$r" || { echo "
 	done
 	"$AIRLOCK" audit -C "$W" | grep -q "denied CONNECT allowed.test:443 (sni-mismatch" || { "$AIRLOCK" audit -C "$W" >&2; return 1; }
 }
+
+t_status() {
+	local i j
+	for i in $(seq 50); do # rewritten at most every 100 ms after a change
+		j=$("$AIRLOCK" status -C "$W" --json)
+		echo "$j" | python3 -c '
+import json, sys
+e = json.load(sys.stdin)["egress"]
+sys.exit(0 if e["denials"] == 6 and e["opened"] >= 50 and e["streams"] == 0 else 1)' && break
+		sleep 0.1
+	done
+	echo "$j" | grep -q '"denials":6' && "$AIRLOCK" status -C "$W" | grep -q "^egress .* 6 denied" ||
+		{ echo "$j" >&2; "$AIRLOCK" status -C "$W" >&2; return 1; }
+}
+check "airlock status counts proxy connections and denials" t_status
 check "every denial is in airlock audit (--json and text) with the command" t_audit
 
 t_clean_exit() {

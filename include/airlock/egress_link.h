@@ -47,6 +47,9 @@ struct egress_link_ops {
 	 * session and its description (egress_link_describe), or NULL when no
 	 * command runs there. Required. */
 	struct relay_cmd *(*find_cmd)(void *ud, uint32_t exec_stream, const char **desc);
+	/* The figures of egress_link_get_stats changed (a stream opened or
+	 * ended, a denial). Optional. */
+	void (*on_change)(void *ud);
 };
 
 struct egress_link_cfg {
