@@ -35,6 +35,7 @@
 #include "airlock/keys.h"
 #include "airlock/loop.h"
 #include "airlock/mem.h"
+#include "airlock/proxy.h"
 #include "airlock/syncg.h"
 #include "airlock/transport.h"
 #include "airlock/wire.h"
@@ -53,6 +54,7 @@ struct session {
 	uint64_t bulk_bytes;	    /* bulk stream bytes received */
 	struct syncg_session *sync; /* made by the first sync frame */
 	struct gexec *execs;	    /* commands of this session (one host-opened stream each) */
+	struct proxy *proxy;	    /* egress listeners and tunnels (made by the first EXEC_F_PROXY) */
 };
 
 struct agent {
@@ -245,6 +247,7 @@ static void gx_free(struct gexec *g)
 		}
 	}
 	exec_free(g->e); /* kills what still runs */
+	proxy_cmd_end(s->proxy, g->stream);
 	if (s->chan)
 		chan_stream_close(s->chan, g->stream);
 	buf_clear(&g->outq);
@@ -339,6 +342,7 @@ static void gx_fail(struct gexec *g, int err, const char *what)
 	buf_clear(&b);
 	exec_free(g->e);
 	g->e = NULL;
+	proxy_cmd_end(g->s->proxy, g->stream);
 	g->done = true;
 	gx_flush(g);
 }
@@ -378,6 +382,8 @@ static void gx_on_exit(struct exec *e, const struct exec_result *x, void *ud)
 		       (unsigned long long)x->duration_ms);
 	exec_free(e); /* allowed inside its own callback */
 	g->e = NULL;
+	/* no new proxy connections; open ones get PROXY_LINGER_MS */
+	proxy_cmd_end(g->s->proxy, g->stream);
 	g->done = true;
 	struct agent *a = g->s->agent;
 	gx_flush(g); /* may free g */
@@ -440,7 +446,9 @@ static int handle_exec_start(struct session *s, uint32_t stream, struct buf *in)
 	uint64_t timeout_ms;
 	uint16_t rows, cols;
 	uint32_t argc = 0, nenv = 0;
-	char *cwd = NULL, **argv = NULL, **env = NULL, **envp = NULL;
+	char *cwd = NULL, **argv = NULL, **env = NULL, **envp = NULL, **penv = NULL;
+	const char **reqenv = NULL;
+	size_t nreq;
 	const char *bad = NULL;
 	char msg[512];
 	int r;
@@ -492,8 +500,29 @@ static int handle_exec_start(struct session *s, uint32_t stream, struct buf *in)
 	s->execs = g;
 	/* From here on a failure is the command's, not the session's: it is
 	 * answered with EXEC_ERROR on its stream. */
-	struct exec_env_in ein = {
-	    .home = a->home, .tty = flags & WIRE_EXEC_F_TTY, .request = (const char *const *)env, .n_request = nenv};
+	/* The request's variables, then the proxy's: a request cannot point a
+	 * command elsewhere by accident (nothing else is reachable anyway). */
+	nreq = nenv;
+	if (flags & WIRE_EXEC_F_PROXY) {
+		uint16_t port = 0;
+		if ((!s->proxy && (r = proxy_new(a->loop, s->chan, &s->proxy)) < 0) ||
+		    (r = proxy_cmd_start(s->proxy, stream, &port)) < 0 || (r = proxy_env(port, &penv)) < 0) {
+			snprintf(msg, sizeof(msg), "could not open the egress proxy listener: %s", strerror(-r));
+			gx_fail(g, -r, msg);
+			r = 0;
+			goto out;
+		}
+	}
+	if (!(reqenv = mem_calloc(nenv + PROXY_ENV_COUNT + 1, sizeof(*reqenv)))) {
+		gx_fail(g, ENOMEM, "out of memory");
+		r = 0;
+		goto out;
+	}
+	for (uint32_t i = 0; i < nenv; i++)
+		reqenv[i] = env[i];
+	for (char **pe = penv; pe && *pe; pe++)
+		reqenv[nreq++] = *pe;
+	struct exec_env_in ein = {.home = a->home, .tty = flags & WIRE_EXEC_F_TTY, .request = reqenv, .n_request = nreq};
 	if ((r = exec_env_build(&ein, &envp, &bad)) < 0) {
 		snprintf(msg, sizeof(msg), "environment entry '%.200s': %s", bad ? bad : "?",
 			 r == -E2BIG ? "environment too large" : "not NAME=value with a valid name");
@@ -548,6 +577,8 @@ out:
 	mem_free(env);
 	mem_free(cwd);
 	exec_env_free(envp);
+	proxy_env_free(penv);
+	mem_free(reqenv);
 	return r;
 }
 
@@ -625,6 +656,33 @@ static int handle_exec_cancel(struct session *s, uint32_t stream, struct buf *in
 	return 0;
 }
 
+/* ---- proxy: guest-opened streams to the host's egress proxy (proxy.h) ---- */
+
+static int handle_proxy(struct session *s, uint32_t stream, struct buf *in, uint8_t type)
+{
+	return proxy_frame(s->proxy, type, stream, buf_ptr(in), buf_len(in));
+}
+
+static int handle_proxy_open(struct session *s, uint32_t stream, struct buf *in)
+{
+	return handle_proxy(s, stream, in, WIRE_PROXY_OPEN);
+}
+
+static int handle_proxy_data(struct session *s, uint32_t stream, struct buf *in)
+{
+	return handle_proxy(s, stream, in, WIRE_PROXY_DATA);
+}
+
+static int handle_proxy_eof(struct session *s, uint32_t stream, struct buf *in)
+{
+	return handle_proxy(s, stream, in, WIRE_PROXY_EOF);
+}
+
+static int handle_proxy_close(struct session *s, uint32_t stream, struct buf *in)
+{
+	return handle_proxy(s, stream, in, WIRE_PROXY_CLOSE);
+}
+
 static void exec_writable(struct session *s)
 {
 	struct gexec *g = s->execs, *next;
@@ -653,6 +711,10 @@ static const struct {
     [WIRE_EXEC_SIGNAL] = {handle_exec_signal, "EXEC_SIGNAL", false},
     [WIRE_EXEC_RESIZE] = {handle_exec_resize, "EXEC_RESIZE", false},
     [WIRE_EXEC_CANCEL] = {handle_exec_cancel, "EXEC_CANCEL", false},
+    [WIRE_PROXY_OPEN] = {handle_proxy_open, "PROXY_OPEN", false},
+    [WIRE_PROXY_DATA] = {handle_proxy_data, "PROXY_DATA", false},
+    [WIRE_PROXY_EOF] = {handle_proxy_eof, "PROXY_EOF", false},
+    [WIRE_PROXY_CLOSE] = {handle_proxy_close, "PROXY_CLOSE", false},
 };
 
 static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t *p, size_t n, void *ud)
@@ -694,6 +756,7 @@ static void session_drop(struct session *s)
 	/* a session that ends kills its commands */
 	while (s->execs)
 		gx_free(s->execs);
+	proxy_free(s->proxy); /* after the commands: gx_free ends their listeners */
 	syncg_session_free(s->sync);
 	chan_free(s->chan);
 	sodium_memzero(s, sizeof(*s));
@@ -742,6 +805,7 @@ static void on_writable(struct chan *c, void *ud)
 		return;
 	}
 	exec_writable(s);
+	proxy_writable(s->proxy);
 }
 
 static const struct chan_ops session_ops = {

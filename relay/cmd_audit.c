@@ -2,8 +2,8 @@
 /*
  * airlock audit [-C DIR] [--json]: what the workspace's last sync withheld
  * (path and the policy rule that withheld it), what it skipped, and the
- * egress proxy's denials once that module writes them (audit.h,
- * AUDIT_EGRESS_FILE).
+ * egress proxy's denials (audit.h AUDIT_EGRESS_FILE, written by
+ * egress_link.h in the airlock up daemon).
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -33,6 +33,35 @@ static void print_list(json_t *doc, const char *key, const char *field, const ch
 	if (omitted > 0)
 		printf("... %lld more %s not listed (%lld in all)\n", (long long)omitted, label,
 		       (long long)json_integer_value(json_object_get(doc, total_key)));
+}
+
+/* egress.json (egress_link.h): one line per denial, newest last. */
+static void print_denials(json_t *doc)
+{
+	json_t *a = json_object_get(doc, "denials");
+	size_t i;
+	json_t *e;
+
+	if (!json_is_array(a) || json_array_size(a) == 0) {
+		printf("egress denials: none recorded\n");
+		return;
+	}
+	json_array_foreach(a, i, e)
+	{
+		const char *when = json_string_value(json_object_get(e, "time"));
+		const char *m = json_string_value(json_object_get(e, "method"));
+		const char *h = json_string_value(json_object_get(e, "host"));
+		const char *r = json_string_value(json_object_get(e, "reason"));
+		const char *d = json_string_value(json_object_get(e, "detail"));
+		const char *c = json_string_value(json_object_get(e, "command"));
+		printf("egress    %s denied %s %s:%lld (%s%s%s) by %s\n", when ? when : "?", m && *m ? m : "?",
+		       h && *h ? h : "?", (long long)json_integer_value(json_object_get(e, "port")), r ? r : "?",
+		       d && *d ? ": " : "", d ? d : "", c && *c ? c : "?");
+	}
+	json_int_t omitted = json_integer_value(json_object_get(doc, "denials_omitted"));
+	if (omitted > 0)
+		printf("... %lld earlier egress denials not listed (%lld in all)\n", (long long)omitted,
+		       (long long)json_integer_value(json_object_get(doc, "denials_total")));
 }
 
 int cmd_audit(int argc, char **argv)
@@ -88,7 +117,7 @@ int cmd_audit(int argc, char **argv)
 			print_list(w, "skipped", "reason", "skipped", "skipped_total", "skipped_omitted");
 		}
 		if (eg)
-			print_list(eg, "denials", "reason", "egress", "denials_total", "denials_omitted");
+			print_denials(eg);
 		else
 			printf("egress denials: none recorded\n");
 	}

@@ -67,7 +67,9 @@ struct job {
 struct conn {
 	struct egress *e;
 	struct conn *prev, *next;
-	const struct listener *lst;
+	const char *client; /* the listener's identity, or own_client */
+	char *own_client;   /* adopted connections: their own identity */
+	uint64_t client_id; /* egress_adopt's id; 0 for accepted connections */
 	enum conn_state st;
 	int cfd, ufd;
 	uint32_t cev, uev; /* events currently registered */
@@ -343,7 +345,8 @@ static void deny(struct conn *c, enum egress_reason reason, const char *detail)
 		snprintf(msg, sizeof(msg), "airlock egress: denied %s: %s", what, reason_phrase(reason));
 
 	d.time_ms = wall_ms();
-	d.client = c->lst->client;
+	d.client = c->client;
+	d.client_id = c->client_id;
 	d.method = c->method;
 	d.host = c->host;
 	d.port = c->port;
@@ -958,6 +961,7 @@ static void conn_close(struct conn *c)
 	}
 	buf_clear(&c->in);
 	buf_clear(&c->out);
+	mem_free(c->own_client);
 	if (c->prev)
 		c->prev->next = c->next;
 	else
@@ -984,15 +988,46 @@ static void refuse_busy(int fd)
 	close(fd);
 }
 
+/* A new client connection on fd (non-blocking), owned from here on. */
+static int conn_add(struct egress *e, int fd, const char *client, char *own_client, uint64_t client_id)
+{
+	struct conn *c = mem_calloc(1, sizeof(*c));
+
+	if (!c || loop_add_fd(e->loop, fd, EPOLLIN, on_client, c) < 0) {
+		mem_free(c);
+		mem_free(own_client);
+		close(fd);
+		return -ENOMEM;
+	}
+	c->e = e;
+	c->client = own_client ? own_client : client;
+	c->own_client = own_client;
+	c->client_id = client_id;
+	c->cfd = fd;
+	c->ufd = -1;
+	c->cev = EPOLLIN;
+	c->st = C_HEAD;
+	buf_init(&c->in, EGRESS_BUF_MAX + EGRESS_HEAD_MAX);
+	buf_init(&c->out, EGRESS_BUF_MAX);
+	c->deadline_ms = loop_now_ms() + e->head_timeout_ms;
+	c->next = e->conns;
+	if (e->conns)
+		e->conns->prev = c;
+	e->conns = c;
+	e->n_conns++;
+	arm_sweep(e);
+	return 0;
+}
+
 static void on_accept(struct loop *l, int fd, uint32_t events, void *ud)
 {
 	struct listener *lst = ud;
 	struct egress *e = lst->e;
 
+	(void)l;
 	(void)events;
 	for (int k = 0; k < 64; k++) {
 		int cfd = accept4(fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-		struct conn *c;
 
 		if (cfd < 0)
 			return; /* EAGAIN, or a transient error: level-triggered, we come back */
@@ -1000,28 +1035,34 @@ static void on_accept(struct loop *l, int fd, uint32_t events, void *ud)
 			refuse_busy(cfd);
 			continue;
 		}
-		c = mem_calloc(1, sizeof(*c));
-		if (!c || loop_add_fd(l, cfd, EPOLLIN, on_client, c) < 0) {
-			mem_free(c);
-			close(cfd);
-			continue;
-		}
-		c->e = e;
-		c->lst = lst;
-		c->cfd = cfd;
-		c->ufd = -1;
-		c->cev = EPOLLIN;
-		c->st = C_HEAD;
-		buf_init(&c->in, EGRESS_BUF_MAX + EGRESS_HEAD_MAX);
-		buf_init(&c->out, EGRESS_BUF_MAX);
-		c->deadline_ms = loop_now_ms() + e->head_timeout_ms;
-		c->next = e->conns;
-		if (e->conns)
-			e->conns->prev = c;
-		e->conns = c;
-		e->n_conns++;
-		arm_sweep(e);
+		(void)conn_add(e, cfd, lst->client, NULL, 0);
 	}
+}
+
+int egress_adopt(struct egress *e, int fd, const char *client, uint64_t client_id)
+{
+	char *own;
+	int fl;
+
+	if (!e || fd < 0) {
+		if (fd >= 0)
+			close(fd);
+		return -EINVAL;
+	}
+	if (e->n_conns >= e->max_conns) {
+		refuse_busy(fd);
+		return -EBUSY;
+	}
+	if ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+		int r = -errno;
+		close(fd);
+		return r;
+	}
+	if (!(own = mem_strdup(client ? client : ""))) {
+		close(fd);
+		return -ENOMEM;
+	}
+	return conn_add(e, fd, NULL, own, client_id);
 }
 
 /* ============================== setup ============================== */

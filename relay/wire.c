@@ -35,6 +35,10 @@ static const char *const type_names[WIRE_TYPE_MAX + 1] = {
 	[WIRE_EXEC_EXIT] = "EXEC_EXIT",
 	[WIRE_EXEC_ERROR] = "EXEC_ERROR",
 	[WIRE_EXEC_STDIN_ACK] = "EXEC_STDIN_ACK",
+	[WIRE_PROXY_OPEN] = "PROXY_OPEN",
+	[WIRE_PROXY_DATA] = "PROXY_DATA",
+	[WIRE_PROXY_EOF] = "PROXY_EOF",
+	[WIRE_PROXY_CLOSE] = "PROXY_CLOSE",
 };
 
 const char *wire_type_name(uint8_t type)

@@ -3,7 +3,7 @@
 # root). Idempotent: does nothing when everything is there.
 set -eu
 PKGS="meson ninja-build pkg-config gcc libc6-dev libfuse3-dev fuse3 libxxhash-dev libzstd-dev
-libsodium-dev libjansson-dev libcmocka-dev socat git curl openssl python3 procps iproute2"
+libsodium-dev libjansson-dev libcmocka-dev socat git curl openssl python3 procps iproute2 util-linux"
 missing=""
 for p in $PKGS; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -423,7 +423,8 @@ static void mitm_cb(struct loop *l, int fd, uint32_t events, void *ud)
 		uint8_t *a = m->acc[dir];
 		if (m->acc_len[dir] < 4)
 			break;
-		size_t len = ((size_t)a[1] << 16) | ((size_t)a[2] << 8) | a[3]; /* 24-bit length; a[0] is the check byte */
+		size_t len =
+		    ((size_t)a[1] << 16) | ((size_t)a[2] << 8) | a[3]; /* 24-bit length; a[0] is the check byte */
 		assert_true(len <= WIRE_RECORD_MAX);
 		if (m->acc_len[dir] < 4 + len)
 			break;
@@ -884,7 +885,8 @@ static const struct fault_case fault_cases[] = {
     {"swapped", 0, M_SWAP, -EBADMSG, 2, "record 3 failed authentication"},
     {"reflected", 1, M_REFLECT, -EBADMSG, 2, "record 3 failed authentication"},
     {"truncated at a record boundary", 0, M_TRUNC, -EPIPE, 2, "connection truncated: peer closed without FINAL"},
-    {"truncated mid-record", 0, M_TRUNC_MID, -EPIPE, 2, "connection truncated inside a record: peer closed without FINAL"},
+    {"truncated mid-record", 0, M_TRUNC_MID, -EPIPE, 2,
+     "connection truncated inside a record: peer closed without FINAL"},
     {"truncated mid-record r2i", 1, M_TRUNC_MID, -EPIPE, 2, "connection truncated"},
     {"oversized length", 0, M_OVERSIZE, -EMSGSIZE, 2, "record length 16777215 exceeds the limit 65558"},
 };
@@ -1119,6 +1121,11 @@ static bool fc_two_windows(struct test *t)
 	return t->recv_a == 2 * FC_WINDOW;
 }
 
+static bool fc_sb_more(struct test *t)
+{
+	return t->recv_b == 100;
+}
+
 static bool fc_phase2(struct test *t)
 {
 	return t->recv_a == t->total;
@@ -1205,6 +1212,100 @@ static void test_window_violation(void **state)
 	assert_non_null(strstr(t->b.why, "window"));
 	assert_int_equal(t->recv_a, FC_WINDOW);
 	assert_true(t->a.err < 0);
+	t_free(t);
+}
+
+/* ---- guest-opened streams (the proxy streams of wire.h) ---- */
+
+/* The responder opens even ids; the same windows hold in both directions
+ * of such a stream, and the initiator's own ids stay odd. */
+static void test_guest_opened_streams(void **state)
+{
+	(void)state;
+	struct test *t = t_new();
+	struct chan_cfg ca = cfg_host(t), cb = cfg_guest(t);
+	uint8_t buf[FC_FRAME] = {0};
+	int sent = 0;
+
+	ca.window = FC_WINDOW;
+	cb.window = FC_WINDOW;
+	t->a.frame_fn = fc_recv; /* the host consumes sb at once, never sa */
+	t->b.frame_fn = fc_recv;
+	t_connect(t, &ca, &cb);
+	assert_true(run_until(t, both_ready, RUN_MS));
+	t->sa = chan_stream_open(t->b.c, 0);
+	t->sb = chan_stream_open(t->b.c, 0);
+	assert_int_equal(t->sa, 2);
+	assert_int_equal(t->sb, 4);
+	assert_int_equal(chan_stream_open(t->a.c, 0), 1);
+
+	/* guest -> host: one window on sa, then -EAGAIN; sb is not held up */
+	while (chan_send(t->b.c, WIRE_BULK_DATA, t->sa, buf, sizeof(buf)) == 0)
+		sent++;
+	assert_int_equal((size_t)sent * FC_FRAME, FC_WINDOW);
+	assert_int_equal(chan_send_space(t->b.c, t->sa), 0);
+	for (int i = 0; i < 10; i++)
+		assert_int_equal(chan_send(t->b.c, WIRE_BULK_DATA, t->sb, buf, 100), 0);
+	assert_true(run_until(t, fc_phase1, RUN_MS));
+	assert_int_equal(t->b.writable, 0);
+
+	/* the host's credit resumes the guest: exactly one more window */
+	t->total = 2 * FC_WINDOW;
+	t->sent = FC_WINDOW;
+	t->b.writable_fn = fc_writable;
+	chan_consume(t->a.c, t->sa, FC_WINDOW);
+	assert_true(run_until(t, fc_two_windows, RUN_MS));
+	assert_int_equal(t->b.writable, 1);
+	assert_int_equal(t->sent, 2 * FC_WINDOW);
+
+	/* host -> guest on the guest's stream: its own window */
+	sent = 0;
+	while (chan_send(t->a.c, WIRE_BULK_DATA, t->sa, buf, sizeof(buf)) == 0)
+		sent++;
+	assert_int_equal((size_t)sent * FC_FRAME, FC_WINDOW);
+	t->total = 3 * FC_WINDOW;
+	assert_true(run_until(t, fc_phase2, RUN_MS)); /* recv_a == total: both directions counted */
+
+	/* once both forget a stream, late credit for it is ignored and new
+	 * ids do not reuse it */
+	chan_stream_close(t->a.c, t->sa);
+	chan_consume(t->b.c, t->sa, FC_WINDOW);
+	chan_stream_close(t->b.c, t->sa);
+	assert_int_equal(chan_stream_open(t->b.c, 0), 6);
+	assert_int_equal(chan_send(t->b.c, WIRE_BULK_DATA, t->sb, buf, 100), 0);
+	t->recv_b = 0;
+	assert_true(run_until(t, fc_sb_more, RUN_MS));
+
+	chan_close(t->b.c);
+	assert_true(run_until(t, both_closed, RUN_MS));
+	assert_int_equal(t->a.err, 0);
+	assert_int_equal(t->b.err, 0);
+	t_free(t);
+}
+
+/* A guest that sends past the window of its own stream is cut off by the
+ * host, as in the other direction. */
+static void test_guest_window_violation(void **state)
+{
+	(void)state;
+	struct test *t = t_new();
+	struct chan_cfg ca = cfg_host(t), cb = cfg_guest(t);
+	uint8_t buf[FC_FRAME] = {0};
+
+	ca.window = FC_WINDOW;
+	cb.window = 2 * FC_WINDOW; /* the guest believes it may send more */
+	t->a.frame_fn = fc_recv;
+	t_connect(t, &ca, &cb);
+	assert_true(run_until(t, both_ready, RUN_MS));
+	t->sa = chan_stream_open(t->b.c, 0);
+	assert_int_equal(t->sa % 2, 0);
+	for (unsigned i = 0; i < 2 * FC_WINDOW / FC_FRAME; i++)
+		assert_int_equal(chan_send(t->b.c, WIRE_BULK_DATA, t->sa, buf, sizeof(buf)), 0);
+	assert_true(run_until(t, both_closed, RUN_MS));
+	assert_int_equal(t->a.err, -EPROTO);
+	assert_non_null(strstr(t->a.why, "window"));
+	assert_int_equal(t->recv_a, FC_WINDOW);
+	assert_true(t->b.err < 0);
 	t_free(t);
 }
 
@@ -1298,6 +1399,8 @@ int main(void)
 	    cmocka_unit_test(test_rekey_bulk),
 	    cmocka_unit_test(test_flow_control),
 	    cmocka_unit_test(test_window_violation),
+	    cmocka_unit_test(test_guest_opened_streams),
+	    cmocka_unit_test(test_guest_window_violation),
 	    cmocka_unit_test(test_alloc_failure_new),
 	    cmocka_unit_test(test_alloc_failure_send),
 	};

@@ -23,6 +23,7 @@
 #include <cmocka.h>
 
 #include "airlock/egress.h"
+#include "airlock/loop.h"
 #include "airlock/mem.h"
 
 /* ============================== allow list ============================== */
@@ -679,6 +680,105 @@ static void test_names(void **state)
 	assert_string_equal(egress_addr_class_name(EGRESS_ADDR_LOOPBACK), "loopback");
 }
 
+/* ============================== egress_adopt ============================== */
+
+struct adopt_t {
+	int denials;
+	char client[64];
+	uint64_t client_id;
+	enum egress_reason reason;
+	int fd; /* the test's end */
+	char reply[512];
+	size_t nreply;
+	bool eof;
+};
+
+static void adopt_denial(void *ud, const struct egress_denial *d)
+{
+	struct adopt_t *a = ud;
+
+	a->denials++;
+	snprintf(a->client, sizeof(a->client), "%s", d->client);
+	a->client_id = d->client_id;
+	a->reason = d->reason;
+}
+
+static void adopt_check(struct loop *l, void *ud)
+{
+	struct adopt_t *a = ud;
+	ssize_t n;
+
+	while (!a->eof && (n = read(a->fd, a->reply + a->nreply, sizeof(a->reply) - 1 - a->nreply)) >= 0) {
+		if (n == 0)
+			a->eof = true;
+		a->nreply += (size_t)n;
+		a->reply[a->nreply] = '\0';
+	}
+	if (a->eof)
+		loop_stop(l);
+}
+
+static void adopt_tick(struct loop *l, void *ud)
+{
+	adopt_check(l, ud);
+	if (loop_add_timer(l, 5, adopt_tick, ud) == 0)
+		loop_stop(l);
+}
+
+static void adopt_timeout(struct loop *l, void *ud)
+{
+	(void)ud;
+	loop_stop(l);
+}
+
+/* A socketpair end adopted as a client: treated like an accepted one, and
+ * its denials carry the identity and id it was adopted with (the host
+ * daemon's channel proxy streams rely on both). Over max_conns: 503. */
+static void test_adopt(void **state)
+{
+	(void)state;
+	struct loop *l = loop_new();
+	struct egress_cfg cfg = {.allow = allow, .n_allow = sizeof(allow) / sizeof(allow[0]), .max_conns = 1};
+	struct egress_ops ops = {.on_denial = adopt_denial};
+	struct adopt_t a = {0};
+	struct egress *e;
+	char err[256];
+	int sv[2], sv2[2];
+	static const char req[] = "GET http://evil.test/x HTTP/1.1\r\nHost: evil.test\r\n\r\n";
+
+	assert_non_null(l);
+	assert_int_equal(egress_new(l, &cfg, &ops, &a, &e, err, sizeof(err)), 0);
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0); /* blocking: adopt fixes it */
+	assert_int_equal(egress_adopt(e, sv[0], "\"7\" curl http://evil.test/x", (3ull << 32) | 7), 0);
+	assert_int_equal(egress_conn_count(e), 1);
+	/* the second one is over max_conns */
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv2), 0);
+	assert_int_equal(egress_adopt(e, sv2[0], "other", 1), -EBUSY);
+	char busy[256] = {0};
+	assert_true(read(sv2[1], busy, sizeof(busy) - 1) > 0);
+	assert_non_null(strstr(busy, "503"));
+	close(sv2[1]);
+	assert_int_equal(egress_adopt(e, -1, "x", 0), -EINVAL);
+
+	a.fd = sv[1];
+	assert_int_equal(fcntl(sv[1], F_SETFL, O_NONBLOCK), 0);
+	assert_int_equal(write(sv[1], req, sizeof(req) - 1), (ssize_t)(sizeof(req) - 1));
+	assert_true(loop_add_timer(l, 5, adopt_tick, &a) > 0);
+	uint64_t to = loop_add_timer(l, 5000, adopt_timeout, NULL);
+	assert_int_equal(loop_run(l), 0);
+	loop_del_timer(l, to);
+	assert_true(a.eof);
+	assert_int_equal(a.denials, 1);
+	assert_string_equal(a.client, "\"7\" curl http://evil.test/x");
+	assert_int_equal(a.client_id, (3ull << 32) | 7);
+	assert_int_equal(a.reason, EGRESS_NOT_ALLOWED);
+	assert_non_null(strstr(a.reply, "HTTP/1.1 403"));
+	assert_non_null(strstr(a.reply, "airlock egress: denied GET evil.test:80"));
+	close(sv[1]);
+	egress_free(e);
+	loop_free(l);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -693,6 +793,7 @@ int main(void)
 	    cmocka_unit_test(test_hello_constructed),
 	    cmocka_unit_test(test_hello_openssl),
 	    cmocka_unit_test(test_names),
+	    cmocka_unit_test(test_adopt),
 	};
 
 	signal(SIGPIPE, SIG_IGN);

@@ -66,7 +66,8 @@ const char *egress_reason_name(enum egress_reason r);
 /* One refusal. All strings are valid only during the callback. */
 struct egress_denial {
 	uint64_t time_ms;   /* wall clock, milliseconds since the epoch */
-	const char *client; /* identity the listener was given */
+	const char *client; /* identity the listener (or egress_adopt) was given */
+	uint64_t client_id; /* egress_adopt's client_id; 0 for listener connections */
 	const char *method; /* "CONNECT", "GET", ...; "" when unparsable */
 	const char *host;   /* normalised requested host; "" when unparsable */
 	uint16_t port;	    /* 0 when unparsable */
@@ -117,6 +118,15 @@ int egress_listen_unix(struct egress *e, const char *path, const char *client);
 /* Listen on TCP addr:port (addr a numeric address, normally "127.0.0.1";
  * port 0 picks one). *bound (may be NULL) gets the port. 0 or -errno. */
 int egress_listen_tcp(struct egress *e, const char *addr, uint16_t port, const char *client, uint16_t *bound);
+
+/* Take fd, a connected stream socket (e.g. one end of a socketpair whose
+ * other end is pumped over the channel), as one client connection, exactly
+ * as if a listener had accepted it. client (copied) and client_id are
+ * reported in its denials, so the caller can tell which command a refusal
+ * belongs to. fd is owned by the proxy from the call on, whatever the
+ * result (made non-blocking here). 0; -EBUSY when max_conns connections
+ * are open (the client got "503" and fd is closed); -EINVAL; -ENOMEM. */
+int egress_adopt(struct egress *e, int fd, const char *client, uint64_t client_id);
 
 /* Connections currently open (for tests and status). */
 size_t egress_conn_count(const struct egress *e);

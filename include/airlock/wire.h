@@ -110,9 +110,25 @@ enum wire_refusal {
 #define WIRE_EXEC_STDIN_WINDOW (256u * 1024u)
 #define WIRE_EXEC_F_TTY 1u
 #define WIRE_EXEC_F_STDIN 2u
+/* egress in effect: the guest listens on 127.0.0.1 for this command and sets
+ * the proxy variables; connections come back as proxy streams */
+#define WIRE_EXEC_F_PROXY 4u
 #define WIRE_EXEC_X_TIMED_OUT 1u
 #define WIRE_EXEC_X_CANCELED 2u
 #define WIRE_EXEC_X_CORE 4u
+/* proxy: guest-opened streams carrying one TCP connection to the host's
+ * egress proxy each (see WIRE_PROXY_OPEN). At most this many streams open
+ * per command and per session (the host refuses more with PROXY_CLOSE
+ * WIRE_PROXY_C_LIMIT; the guest closes the extra connection itself). */
+#define WIRE_PROXY_PER_CMD 32u
+#define WIRE_PROXY_PER_SESSION 256u
+/* PROXY_CLOSE codes */
+#define WIRE_PROXY_C_DONE 0u	/* orderly: EOF went both ways, everything delivered */
+#define WIRE_PROXY_C_RESET 1u	/* the connection failed or was aborted: reset it */
+#define WIRE_PROXY_C_LIMIT 2u	/* refused: too many proxy streams (per command or session) */
+#define WIRE_PROXY_C_NO_CMD 3u	/* refused: no such command on this session (it ended) */
+#define WIRE_PROXY_C_MAX 3u
+
 /* ---- frame types ----
  * Grouped by subsystem. Payload layouts use buf.h encodings (big-endian
  * integers, u32-length-prefixed byte strings). */
@@ -178,6 +194,18 @@ enum wire_type {
 	WIRE_EXEC_ERROR = 89,	/* g->h: u32 errno, str message: the command could not start
 				 * (or was dropped); last frame of the stream */
 	WIRE_EXEC_STDIN_ACK = 90, /* g->h: u32 stdin bytes taken off the stream (returns stdin credit) */
+
+	/* proxy (112..127; doc/PROTOCOL.md "Proxy"). One guest-opened (even)
+	 * stream p per TCP connection a command makes to the proxy listener
+	 * the guest opened for it (WIRE_EXEC_F_PROXY). Both directions are
+	 * windowed by p's credit; the receiver returns credit as it writes the
+	 * bytes to its socket, so a slow reader on either end stalls only p.
+	 * Each side sends exactly one PROXY_CLOSE as its last frame on p and
+	 * forgets p once it has sent and received one. */
+	WIRE_PROXY_OPEN = 112,	/* g->h, first frame on p: u32 exec stream of the command it belongs to */
+	WIRE_PROXY_DATA = 113,	/* both: raw bytes (1..WIRE_PAYLOAD_MAX) */
+	WIRE_PROXY_EOF = 114,	/* both: empty; the sender sends no more DATA (half-close) */
+	WIRE_PROXY_CLOSE = 115, /* both: u8 code (WIRE_PROXY_C_*); the sender's last frame on p */
 	WIRE_TYPE_MAX = 255,
 };
 

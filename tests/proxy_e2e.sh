@@ -1,0 +1,307 @@
+#!/usr/bin/env bash
+# Egress through the channel end to end (issue 6 item 2; doc/EGRESS.md
+# "Reaching the proxy"): a real agent in a network namespace with nothing but
+# loopback, `airlock up` in another namespace that reaches test servers on
+# public-looking addresses (a veth into a third namespace, names from a
+# bind-mounted /etc/hosts), commands through `airlock exec` using the proxy
+# variables the agent sets. Allowed names work over HTTP and HTTPS CONNECT;
+# other names, suffix tricks, IP literals, allowed names on private
+# addresses and a CONNECT whose SNI differs are refused, each with one line
+# on the command's stderr and a record in `airlock audit --json`.
+# usage: proxy_e2e.sh AIRLOCK AIRLOCK_AGENT   (root, /dev/fuse, netns; else exit 77)
+# shellcheck source=tests/lib.sh
+source "$(dirname "$0")/lib.sh"
+
+AIRLOCK=$1
+AGENT=$2
+need() {
+	echo "skip - proxy_e2e: $*"
+	exit 77
+}
+[ "$(id -u)" = 0 ] || need "needs root (uid $(id -u))"
+[ -c /dev/fuse ] || need "needs /dev/fuse"
+for t in ip unshare curl openssl python3; do
+	command -v "$t" >/dev/null || need "needs $t (tests/deps.sh installs it)"
+done
+
+NS_S=alsrv$$ # servers: 1.2.3.4 (allowed.test), 1.2.3.5 (other names)
+NS_C=alcli$$ # the airlock up daemon: the host side, with a route to them
+ip netns add "$NS_S" 2>/dev/null || need "cannot create network namespaces"
+ip netns add "$NS_C"
+netns_cleanup() {
+	ip netns pids "$NS_S" 2>/dev/null | xargs -r kill 2>/dev/null || true
+	ip netns pids "$NS_C" 2>/dev/null | xargs -r kill 2>/dev/null || true
+	sleep 0.2
+	ip netns del "$NS_S" 2>/dev/null || true
+	ip netns del "$NS_C" 2>/dev/null || true
+	cleanup
+}
+trap netns_cleanup EXIT
+ip link add "alc$$" type veth peer name "als$$"
+ip link set "alc$$" netns "$NS_C"
+ip link set "als$$" netns "$NS_S"
+ip -n "$NS_C" addr add 1.2.3.1/24 dev "alc$$"
+ip -n "$NS_S" addr add 1.2.3.4/24 dev "als$$"
+ip -n "$NS_S" addr add 1.2.3.5/24 dev "als$$"
+for n in "$NS_C" "$NS_S"; do
+	ip -n "$n" link set lo up
+done
+ip -n "$NS_C" link set "alc$$" up
+ip -n "$NS_S" link set "als$$" up
+
+chmod 0711 "$T" # commands run as nobody in the guest
+export XDG_STATE_HOME=$T/state
+export AIRLOCK_SOCKET=$T/relay.sock
+TO="timeout -k 2"
+
+# ---- servers ----
+mkdir -p "$T/www"
+echo "hello-allowed-$$" >"$T/www/hello.txt"
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=allowed.test" \
+	-addext "subjectAltName=DNS:allowed.test,DNS:other.test" \
+	-keyout "$T/tls.key" -out "$T/tls.pem" 2>/dev/null
+chmod 0644 "$T/tls.pem"
+start_bg http ip netns exec "$NS_S" python3 -m http.server 80 --bind 1.2.3.4 --directory "$T/www"
+start_bg tls ip netns exec "$NS_S" openssl s_server -quiet -accept 1.2.3.4:443 -cert "$T/tls.pem" \
+	-key "$T/tls.key" -www
+start_bg tls5 ip netns exec "$NS_S" openssl s_server -quiet -accept 1.2.3.5:443 -cert "$T/tls.pem" \
+	-key "$T/tls.key" -www
+for i in $(seq 100); do
+	ip netns exec "$NS_C" curl -s --max-time 1 -o /dev/null http://1.2.3.4/hello.txt &&
+		ip netns exec "$NS_C" curl -sk --max-time 1 -o /dev/null https://1.2.3.4/ && break
+	sleep 0.1
+done
+
+cat >"$T/hosts" <<EOF
+127.0.0.1 localhost
+1.2.3.4 allowed.test
+1.2.3.5 other.test evil.test allowed.test.evil.test
+10.0.0.5 private.test
+EOF
+
+# ---- agent (no network but loopback) and airlock up (host side) ----
+"$AIRLOCK" keygen -o "$T/hk" >"$T/hk.pub"
+"$AIRLOCK" keygen -o "$T/gk" >"$T/gk.pub"
+W=$T/work
+G=$T/guest
+mkdir -p "$W" "$G"
+cat >"$W/airlock.json" <<'EOF'
+{ "egress": { "default": "deny", "allow": ["allowed.test", "private.test"] } }
+EOF
+start_bg agent unshare -n sh -c 'ip link set lo up && exec "$0" "$@"' "$AGENT" --listen "unix:$T/a.sock" \
+	--root "$G" --key "$T/gk" --allow "$(cat "$T/hk.pub")" --state "$T/agent.state" --fsync none
+wait_line "$T/agent.out" '^ready' 10
+AGENT_PID=$BG_PID
+start_bg up ip netns exec "$NS_C" unshare -m sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' "$T/hosts" \
+	"$AIRLOCK" up "$W" --guest "unix:$T/a.sock" --key "$T/hk" --guest-key "$(cat "$T/gk.pub")"
+UP_PID=$BG_PID
+wait_line "$T/up.out" "in sync with unix:$T/a.sock\$" 20
+
+# X NAME CMD...: run CMD in the guest; stdout/stderr in $T/NAME.{o,e}, status in RC
+X() {
+	local name=$1
+	shift
+	RC=0
+	$TO 30 "$AIRLOCK" exec -C "$W" -- "$@" </dev/null >"$T/$name.o" 2>"$T/$name.e" || RC=$?
+}
+denied_lines() { grep -c '^airlock: egress denied' "$T/$1.e" || true; }
+# one denial line on the command's stderr, matching REGEX
+one_denial() {
+	local name=$1 re=$2 n
+	n=$(denied_lines "$name")
+	[ "$n" = 1 ] || { echo "$name: $n denial lines on stderr:" >&2; cat "$T/$name.e" >&2; return 1; }
+	grep -qE "$re" "$T/$name.e" || { echo "$name: stderr does not match /$re/:" >&2; cat "$T/$name.e" >&2; return 1; }
+}
+
+t_env() {
+	X env sh -c 'echo "$HTTP_PROXY|$HTTPS_PROXY|$ALL_PROXY|$http_proxy|$https_proxy|$all_proxy|$npm_config_proxy|$npm_config_https_proxy|$PIP_PROXY|$GIT_CONFIG_KEY_0=$GIT_CONFIG_VALUE_0|$NO_PROXY|$no_proxy"'
+	[ "$RC" = 0 ] || return 1
+	local u
+	u=$(cut -d'|' -f1 "$T/env.o")
+	[[ "$u" =~ ^http://127\.0\.0\.1:[0-9]+$ ]] || { cat "$T/env.o" >&2; return 1; }
+	[ "$(cat "$T/env.o")" = "$u|$u|$u|$u|$u|$u|$u|$u|$u|http.proxy=$u|localhost,127.0.0.1,::1|localhost,127.0.0.1,::1" ] ||
+		{ cat "$T/env.o" >&2; return 1; }
+}
+check "the agent sets the proxy variables (curl, npm, pip, git) to its loopback listener" t_env
+
+t_no_route() {
+	X direct curl -sS --noproxy '*' --max-time 3 http://1.2.3.4/hello.txt
+	[ "$RC" != 0 ] && ! grep -q "hello-allowed" "$T/direct.o"
+}
+check "the guest has no route: a direct connection fails" t_no_route
+
+t_http_allowed() {
+	X http curl -sS --max-time 10 http://allowed.test/hello.txt
+	[ "$RC" = 0 ] && grep -qx "hello-allowed-$$" "$T/http.o" && [ "$(denied_lines http)" = 0 ] ||
+		{ cat "$T/http.o" "$T/http.e" >&2; return 1; }
+}
+check "allowed name over plain HTTP works through the channel" t_http_allowed
+
+t_https_allowed() {
+	X https curl -sS --max-time 10 --cacert "$T/tls.pem" https://allowed.test/
+	[ "$RC" = 0 ] && grep -q "s_server" "$T/https.o" && [ "$(denied_lines https)" = 0 ] ||
+		{ head -c 2000 "$T/https.o" >&2; cat "$T/https.e" >&2; return 1; }
+}
+check "allowed name over HTTPS CONNECT works (certificate verified)" t_https_allowed
+
+t_https_big() {
+	# a 3 MiB body in both directions crosses many windows
+	head -c 3145728 /dev/urandom >"$T/www/big.bin"
+	X big sh -c "curl -sS --max-time 20 http://allowed.test/big.bin | sha256sum"
+	[ "$RC" = 0 ] && [ "$(cut -d' ' -f1 "$T/big.o")" = "$(sha256sum <"$T/www/big.bin" | cut -d' ' -f1)" ] ||
+		{ cat "$T/big.o" "$T/big.e" >&2; return 1; }
+}
+check "3 MiB through the proxy stream arrives intact" t_https_big
+
+t_slow_reader() {
+	# 32 MiB read at 8 MiB/s in the guest: the windows hold the rest back (in the kernel's socket
+	# buffers and at the server), so neither the agent nor the daemon grows with the download
+	local dpid a0 d0 a1 d1
+	head -c 33554432 /dev/urandom >"$T/www/slow.bin"
+	dpid=$("$AIRLOCK" status -C "$W" --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["pid"])')
+	a0=$(awk '/^VmHWM/ { print $2 }' "/proc/$AGENT_PID/status")
+	d0=$(awk '/^VmHWM/ { print $2 }' "/proc/$dpid/status")
+	X slow sh -c "curl -sS --max-time 30 --limit-rate 8M http://allowed.test/slow.bin | sha256sum"
+	a1=$(awk '/^VmHWM/ { print $2 }' "/proc/$AGENT_PID/status")
+	d1=$(awk '/^VmHWM/ { print $2 }' "/proc/$dpid/status")
+	echo "slow reader: agent VmHWM $a0 -> $a1 kB, daemon $d0 -> $d1 kB" >&2
+	[ "$RC" = 0 ] && [ "$(cut -d' ' -f1 "$T/slow.o")" = "$(sha256sum <"$T/www/slow.bin" | cut -d' ' -f1)" ] ||
+		{ cat "$T/slow.o" "$T/slow.e" >&2; return 1; }
+	[ $((a1 - a0)) -lt 8192 ] && [ $((d1 - d0)) -lt 8192 ]
+}
+check "a slow reader in the guest: memory of agent and daemon stays bounded" t_slow_reader
+
+t_parallel() {
+	X par sh -c 'for i in 1 2 3 4 5 6 7 8; do curl -sS --max-time 10 http://allowed.test/hello.txt & done; wait'
+	[ "$RC" = 0 ] && [ "$(grep -cx "hello-allowed-$$" "$T/par.o")" = 8 ] || { cat "$T/par.o" "$T/par.e" >&2; return 1; }
+}
+check "8 parallel connections from one command" t_parallel
+
+t_listener_closes() {
+	local port
+	port=$(cut -d'|' -f1 "$T/env.o")
+	port=${port##*:}
+	# an earlier command's listener is gone; this command's own works
+	X stale sh -c "curl -sS --max-time 5 -x http://127.0.0.1:$port http://allowed.test/hello.txt; echo rc=\$?; curl -sS --max-time 5 http://allowed.test/hello.txt"
+	grep -q "rc=7" "$T/stale.o" && grep -qx "hello-allowed-$$" "$T/stale.o" || { cat "$T/stale.o" "$T/stale.e" >&2; return 1; }
+}
+check "a command's listener closes when it exits" t_listener_closes
+
+t_limit() {
+	# 40 connections held open at once: 32 (WIRE_PROXY_PER_CMD) are served, the rest reset
+	X limit python3 -c '
+import os, socket
+port = int(os.environ["HTTP_PROXY"].rsplit(":", 1)[1])
+socks = []
+for _ in range(40):
+    try:  # the agent may reset an extra connection before connect() returns
+        socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+    except OSError:
+        pass
+ok = 0
+for s in socks:
+    try:
+        s.sendall(b"GET http://allowed.test/hello.txt HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+        data = b""
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            data += b
+        ok += data.startswith(b"HTTP/1.0 200") or data.startswith(b"HTTP/1.1 200")
+    except OSError:
+        pass
+print("served", ok)'
+	grep -qx "served 32" "$T/limit.o" || { cat "$T/limit.o" "$T/limit.e" >&2; return 1; }
+}
+check "at most 32 proxy connections per command" t_limit
+
+t_not_allowed() {
+	X deny_http curl -sS --max-time 10 http://other.test/hello.txt
+	grep -q "airlock egress: denied GET other.test:80" "$T/deny_http.o" || { cat "$T/deny_http.o" >&2; return 1; }
+	one_denial deny_http '^airlock: egress denied GET other.test:80 \(not-allowed: .* in .*airlock.json\)$' || return 1
+	X deny_https curl -sS --max-time 10 https://other.test/
+	[ "$RC" != 0 ] && one_denial deny_https '^airlock: egress denied CONNECT other.test:443 \(not-allowed'
+}
+check "a name not on the list is refused (HTTP and CONNECT), one stderr line each" t_not_allowed
+
+t_suffix() {
+	X suffix curl -sS --max-time 10 https://allowed.test.evil.test/
+	[ "$RC" != 0 ] && one_denial suffix '^airlock: egress denied CONNECT allowed.test.evil.test:443 \(not-allowed'
+}
+check "suffix trick allowed.test.evil.test is refused" t_suffix
+
+t_literal() {
+	X literal curl -sS --max-time 10 http://1.2.3.4/hello.txt
+	! grep -q "hello-allowed" "$T/literal.o" && one_denial literal '^airlock: egress denied GET 1.2.3.4:80 \(ip-literal'
+}
+check "an IP literal is refused" t_literal
+
+t_private() {
+	X private curl -sS --max-time 10 https://private.test/
+	[ "$RC" != 0 ] && one_denial private '^airlock: egress denied CONNECT private.test:443 \(private-address: .*10\.0\.0\.5'
+}
+check "an allowed name that resolves to a private address is refused" t_private
+
+t_sni() {
+	X sni sh -c 'echo | openssl s_client -proxy "${HTTP_PROXY#http://}" -connect allowed.test:443 -servername other.test'
+	# no server certificate reached the client: the proxy cut the tunnel
+	! grep -q "BEGIN CERTIFICATE" "$T/sni.o" || { cat "$T/sni.o" >&2; return 1; }
+	one_denial sni '^airlock: egress denied CONNECT allowed.test:443 \(sni-mismatch: .*other.test'
+}
+check "a CONNECT whose TLS SNI differs from its host is refused" t_sni
+
+t_audit() {
+	local j r
+	for i in $(seq 50); do # the record is written within EGRESS_LINK_WRITE_MS
+		j=$("$AIRLOCK" audit -C "$W" --json)
+		[ "$(echo "$j" | python3 -c 'import json,sys; d=json.load(sys.stdin)["egress"]; print(len(d["denials"]) if d else 0)')" -ge 6 ] && break
+		sleep 0.1
+	done
+	for r in "GET other.test 80 not-allowed" "CONNECT other.test 443 not-allowed" \
+		"CONNECT allowed.test.evil.test 443 not-allowed" "GET 1.2.3.4 80 ip-literal" \
+		"CONNECT private.test 443 private-address" "CONNECT allowed.test 443 sni-mismatch"; do
+		echo "$j" | python3 -c '
+import json, sys
+m, h, p, reason = sys.argv[1].split()
+d = json.load(sys.stdin)["egress"]
+ok = [x for x in d["denials"] if x["method"] == m and x["host"] == h and x["port"] == int(p)
+      and x["reason"] == reason and x["time"] and ("curl" in x["command"] or "openssl" in x["command"])]
+sys.exit(0 if len(ok) == 1 and d["denials_total"] >= 6 else 1)' "$r" || { echo "no single audit record for $r: $j" >&2; return 1; }
+	done
+	"$AIRLOCK" audit -C "$W" | grep -q "denied CONNECT allowed.test:443 (sni-mismatch" || { "$AIRLOCK" audit -C "$W" >&2; return 1; }
+}
+
+t_status() {
+	local i j
+	for i in $(seq 50); do # rewritten at most every 100 ms after a change
+		j=$("$AIRLOCK" status -C "$W" --json)
+		echo "$j" | python3 -c '
+import json, sys
+e = json.load(sys.stdin)["egress"]
+sys.exit(0 if e["denials"] == 6 and e["opened"] >= 50 and e["streams"] == 0 else 1)' && break
+		sleep 0.1
+	done
+	echo "$j" | grep -q '"denials":6' && "$AIRLOCK" status -C "$W" | grep -q "^egress .* 6 denied" ||
+		{ echo "$j" >&2; "$AIRLOCK" status -C "$W" >&2; return 1; }
+}
+check "airlock status counts proxy connections and denials" t_status
+check "every denial is in airlock audit (--json and text) with the command" t_audit
+
+t_clean_exit() {
+	local f
+	$TO 15 "$AIRLOCK" down "$W" || return 1
+	kill -TERM "$AGENT_PID"
+	wait "$AGENT_PID" 2>/dev/null || true
+	wait "$UP_PID" 2>/dev/null || true
+	# no session was dropped for a protocol error, no sanitizer report
+	for f in "$T/up.err" "$T/agent.err"; do
+		if grep -E "AddressSanitizer|LeakSanitizer|runtime error|malformed|unexpected|closing" "$f"; then
+			echo "in $f" >&2
+			return 1
+		fi
+	done
+}
+check "airlock up and the agent end cleanly (no protocol error, no sanitizer report)" t_clean_exit
+
+finish
