@@ -623,8 +623,11 @@ int sync_new(struct chan *c, const struct sync_cfg *cfg, struct sync **out)
 	sync_inbox_init(&s->in);
 	sync_outbox_init(&s->out);
 	buf_init(&s->gitcfg, SYNC_GIT_CONFIG_MAX);
+	struct delta_caps caps = sync_delta_caps;
+	if (cfg->max_batch && cfg->max_batch < caps.max_batch)
+		caps.max_batch = cfg->max_batch;
 	if ((r = policy_ctx_new(cfg->policy, cfg->dirfd, &s->pctx)) < 0 ||
-	    (r = delta_builder_new(1, s->scope, &s->params, &sync_delta_caps, &s->b)) < 0) {
+	    (r = delta_builder_new(1, s->scope, &s->params, &caps, &s->b)) < 0) {
 		sync_free(s);
 		return r;
 	}
@@ -989,10 +992,28 @@ static void pump(struct sync *s)
 			r = add_change(s, c);
 			if (r == -ENOBUFS) {
 				if (delta_builder_ops(s->b) == 0) {
-					fail(s, -EFBIG,
-					     "%s: too large for one batch (%u MiB, the most a batch may hold)",
-					     c->new ? c->new->path : c->old->path, WIRE_SYNC_MSG_MAX >> 20);
-					return;
+					/* a file whose PUT alone exceeds a batch: not
+					 * sent, reported, the rest goes on (the guest
+					 * keeps its old version, if any) */
+					char rule[96];
+					if (!c->new) {
+						fail(s, -EFBIG, "%s: an operation larger than a batch", c->old->path);
+						return;
+					}
+					snprintf(rule, sizeof(rule),
+						 "too large to sync: over %zu KiB after compression",
+						 (s->cfg.max_batch && s->cfg.max_batch < WIRE_SYNC_MSG_MAX
+						      ? s->cfg.max_batch
+						      : WIRE_SYNC_MSG_MAX) >>
+						     10);
+					if (records_add(&s->skipped, c->new->path, rule) < 0 ||
+					    note_vanished(s, s->ci) < 0) {
+						fail(s, -ENOMEM, "out of memory");
+						return;
+					}
+					s->st.skipped = s->skipped.total;
+					s->ci++;
+					continue;
 				}
 				break;
 			}

@@ -677,12 +677,102 @@ static void test_push_ranged(void **state)
 	close(dfd);
 }
 
+/* A file whose PUT alone exceeds a batch is not sent: it is listed as
+ * skipped with the reason, everything else syncs, and once it shrinks it
+ * is sent. */
+static void test_too_large(void **state)
+{
+	(void)state;
+	struct eng e = {0};
+	struct noise_keypair hk, gk;
+	struct chan_peers *peers = chan_peers_new();
+	struct policy *pol;
+	char host[128], guest[128], p[256], err[256];
+	int sv[2];
+
+	snprintf(host, sizeof(host), "%s/th", dir);
+	snprintf(guest, sizeof(guest), "%s/tg", dir);
+	assert_int_equal(mkdir(host, 0755), 0);
+	assert_int_equal(mkdir(guest, 0755), 0);
+	put(host, "small.txt", "small\n");
+	uint8_t *d = malloc(300000);
+	assert_non_null(d);
+	randombytes_buf(d, 300000);
+	snprintf(p, sizeof(p), "%s/huge.bin", host);
+	int bfd = open(p, O_RDWR | O_CREAT | O_TRUNC, 0644);
+	assert_true(bfd >= 0);
+	assert_int_equal(write(bfd, d, 300000), 300000);
+
+	randombytes_buf(hk.priv, sizeof(hk.priv));
+	randombytes_buf(gk.priv, sizeof(gk.priv));
+	assert_int_equal(noise_pubkey(hk.pub, hk.priv), 0);
+	assert_int_equal(noise_pubkey(gk.pub, gk.priv), 0);
+	assert_int_equal(chan_peers_allow(peers, hk.pub), 0);
+	assert_non_null(e.l = loop_new());
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
+	struct chan_cfg hc = {.role = NOISE_INITIATOR, .self = &hk, .peer = gk.pub};
+	struct chan_cfg gc = {.role = NOISE_RESPONDER, .self = &gk, .peers = peers};
+	assert_non_null(e.hc = chan_new(e.l, sv[0], &hc, &h_ops, &e));
+	assert_non_null(e.gc = chan_new(e.l, sv[1], &gc, &g_ops, &e));
+	chan_set_default_stream_flags(e.gc, CHAN_STREAM_AUTO);
+	e_run(&e);
+	assert_int_equal(syncg_open(guest, NULL, NULL, gpub, &e.g, err, sizeof(err)), 0);
+	assert_int_equal(policy_default(&pol), 0);
+	int dfd = open(host, O_RDONLY | O_DIRECTORY);
+	assert_true(dfd >= 0);
+	struct sync_cfg cfg = {.dirfd = dfd,
+			       .policy = pol,
+			       .sign_sk = hsk,
+			       .sign_pk = hpk,
+			       .guest_pub = gpub,
+			       .ops = &e_ops,
+			       .ud = &e,
+			       .max_batch = 128 * 1024};
+	assert_int_equal(sync_new(e.hc, &cfg, &e.s), 0);
+	assert_int_equal(sync_reconcile(e.s), 0);
+	e_run(&e);
+	assert_true(e.done);
+	if (e.err)
+		fail_msg("reconcile: %s", e.why);
+	assert_true(has(guest, "small.txt", "small\n"));
+	assert_false(exists(guest, "huge.bin"));
+	size_t n;
+	uint64_t total;
+	const struct sync_record *sk = sync_skipped(e.s, &n, &total);
+	assert_int_equal(n, 1);
+	assert_string_equal(sk[0].path, "huge.bin");
+	assert_non_null(strstr(sk[0].rule, "too large to sync"));
+
+	/* the next push of another path does not resend it; once it fits, it goes */
+	put(host, "small.txt", "edited\n");
+	const char *p1[] = {"small.txt"};
+	e_push(&e, p1, 1);
+	assert_true(has(guest, "small.txt", "edited\n"));
+	assert_int_equal(ftruncate(bfd, 50000), 0);
+	const char *p2[] = {"huge.bin"};
+	e_push(&e, p2, 1);
+	assert_true(same_file(host, guest, "huge.bin"));
+
+	close(bfd);
+	free(d);
+	sync_free(e.s);
+	syncg_session_free(e.ss);
+	syncg_free(e.g);
+	chan_free(e.hc);
+	chan_free(e.gc);
+	chan_peers_free(peers);
+	loop_free(e.l);
+	policy_free(pol);
+	close(dfd);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_seq_persisted), cmocka_unit_test(test_state_inside_root_refused),
 	    cmocka_unit_test(test_git_config),	  cmocka_unit_test(test_inbox_limits),
 	    cmocka_unit_test(test_push_targeted), cmocka_unit_test(test_push_ranged),
+	    cmocka_unit_test(test_too_large),
 	};
 	if (sodium_init() < 0)
 		return 1;

@@ -158,6 +158,8 @@ struct sync_cfg {
 	const uint8_t *guest_pub;	     /* 32 bytes: the pinned guest static key */
 	const struct chunk_params *chunking; /* NULL: chunk_params_default */
 	size_t batch_target;		     /* 0: SYNC_BATCH_TARGET */
+	size_t max_batch;		     /* 0: WIRE_SYNC_MSG_MAX; a file whose PUT alone is larger
+					      * is not sent but listed as skipped ("too large to sync") */
 	/* Directory for the host's hash cache (hcache.h, file HCACHE_FILE),
 	 * e.g. audit_dir(); NULL: every scan hashes every file. */
 	const char *state_dir;
