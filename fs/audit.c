@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* audit: per-workspace audit records (audit.h). */
+#include "airlock/errmsg.h"
 #include "airlock/audit.h"
 
 #include <errno.h>
@@ -17,18 +18,6 @@
 #include <sodium.h>
 
 #include "airlock/mem.h"
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 int audit_workspace_id(const char *dir, char id[33])
 {
@@ -65,7 +54,7 @@ int audit_dir(const char *dir, int create, char *out, size_t outlen, char *err, 
 	int r, n;
 
 	if ((r = audit_workspace_id(dir, id)) < 0) {
-		seterr(err, errlen, "%s: %s", dir, strerror(-r));
+		errmsg_set(err, errlen, "%s: %s", dir, strerror(-r));
 		return r;
 	}
 	if (base && base[0] == '/')
@@ -73,15 +62,15 @@ int audit_dir(const char *dir, int create, char *out, size_t outlen, char *err, 
 	else if (home && home[0] == '/')
 		n = snprintf(out, outlen, "%s/.local/state/airlock/%s", home, id);
 	else {
-		seterr(err, errlen, "neither XDG_STATE_HOME nor HOME is set to an absolute path: set one");
+		errmsg_set(err, errlen, "neither XDG_STATE_HOME nor HOME is set to an absolute path: set one");
 		return -ENOENT;
 	}
 	if (n < 0 || (size_t)n >= outlen) {
-		seterr(err, errlen, "audit directory path too long");
+		errmsg_set(err, errlen, "audit directory path too long");
 		return -ENAMETOOLONG;
 	}
 	if (create && (r = mkdir_p(out)) < 0) {
-		seterr(err, errlen, "%s: %s", out, strerror(-r));
+		errmsg_set(err, errlen, "%s: %s", out, strerror(-r));
 		return r;
 	}
 	return 0;
@@ -98,7 +87,7 @@ int audit_write_json(const char *dir, const char *name, void *json, char *err, s
 	snprintf(tmp, sizeof(tmp), "%s/.%s.%d.tmp", adir, name, (int)getpid());
 	if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0) {
 		r = -errno;
-		seterr(err, errlen, "%s: %s", tmp, strerror(-r));
+		errmsg_set(err, errlen, "%s: %s", tmp, strerror(-r));
 		return r;
 	}
 	FILE *f = fdopen(fd, "w");
@@ -106,7 +95,7 @@ int audit_write_json(const char *dir, const char *name, void *json, char *err, s
 		r = -errno;
 		close(fd);
 		unlink(tmp);
-		seterr(err, errlen, "%s: %s", tmp, strerror(-r));
+		errmsg_set(err, errlen, "%s: %s", tmp, strerror(-r));
 		return r;
 	}
 	r = json_dumpf((json_t *)json, f, JSON_INDENT(1)) < 0 || fputc('\n', f) == EOF || fflush(f) != 0 ||
@@ -119,7 +108,7 @@ int audit_write_json(const char *dir, const char *name, void *json, char *err, s
 		r = -errno;
 	if (r < 0) {
 		unlink(tmp);
-		seterr(err, errlen, "%s: %s", path, strerror(-r));
+		errmsg_set(err, errlen, "%s: %s", path, strerror(-r));
 	}
 	return r;
 }
@@ -149,7 +138,7 @@ int audit_save_withheld(const char *dir, const char *policy_source, const struct
 
 	if (!realpath(dir, real)) {
 		r = -errno;
-		seterr(err, errlen, "%s: %s", dir, strerror(-r));
+		errmsg_set(err, errlen, "%s: %s", dir, strerror(-r));
 		return r;
 	}
 	gmtime_r(&now, &tm);
@@ -166,7 +155,7 @@ int audit_save_withheld(const char *dir, const char *policy_source, const struct
 			json_decref(w);
 			json_decref(s);
 		}
-		seterr(err, errlen, "out of memory");
+		errmsg_set(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
 	r = audit_write_json(dir, AUDIT_WITHHELD_FILE, o, err, errlen);
@@ -189,16 +178,16 @@ int audit_read_json(const char *dir, const char *name, void **json, char *err, s
 		if (errno == ENOENT)
 			return 0;
 		r = -errno;
-		seterr(err, errlen, "%s: %s", path, strerror(-r));
+		errmsg_set(err, errlen, "%s: %s", path, strerror(-r));
 		return r;
 	}
 	if (st.st_size > AUDIT_FILE_MAX) {
-		seterr(err, errlen, "%s: larger than %u MiB; remove it and sync again", path, AUDIT_FILE_MAX >> 20);
+		errmsg_set(err, errlen, "%s: larger than %u MiB; remove it and sync again", path, AUDIT_FILE_MAX >> 20);
 		return -EFBIG;
 	}
 	json_t *j = json_load_file(path, 0, &je);
 	if (!j) {
-		seterr(err, errlen, "%s:%d: %s (remove it and sync again)", path, je.line, je.text);
+		errmsg_set(err, errlen, "%s:%d: %s (remove it and sync again)", path, je.line, je.text);
 		return -EINVAL;
 	}
 	*json = j;

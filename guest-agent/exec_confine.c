@@ -30,6 +30,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "airlock/errmsg.h"
 #include "airlock/exec.h"
 #include "airlock/mem.h"
 
@@ -141,18 +142,6 @@ static int ll_abi(void)
 	return v < 0 ? 0 : (int)v;
 }
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || !errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
-
 /* Allow access (masked to what applies to the object) beneath path. */
 static int ll_allow(struct exec_confine *c, const char *path, uint64_t access, bool must_exist)
 {
@@ -254,20 +243,20 @@ int exec_confine_new(const struct exec_confine_cfg *cfg, struct exec_confine **o
 		long fd = syscall(SYS_landlock_create_ruleset, &attr, attr_size, 0);
 		if (fd < 0) {
 			r = -errno;
-			seterr(err, errlen, "landlock: creating the ruleset: %s", strerror(errno));
+			errmsg_set(err, errlen, "landlock: creating the ruleset: %s", strerror(errno));
 			goto fail;
 		}
 		c->ruleset_fd = (int)fd;
 		/* listing names anywhere; reading contents except hidden */
 		if ((r = ll_allow(c, "/", LANDLOCK_ACCESS_FS_READ_DIR, true)) < 0 ||
 		    (r = ll_read_except(c, "/", cfg->hidden, 0)) < 0) {
-			seterr(err, errlen, "landlock: read rules: %s", strerror(-r));
+			errmsg_set(err, errlen, "landlock: read rules: %s", strerror(-r));
 			goto fail;
 		}
 		for (const char *const *w = cfg->writable; w && *w; w++) {
 			/* device entries are optional (a host without /dev/tty) */
 			if ((r = ll_allow(c, *w, c->handled, strncmp(*w, "/dev/", 5) != 0)) < 0) {
-				seterr(err, errlen, "landlock: writable path %s: %s", *w, strerror(-r));
+				errmsg_set(err, errlen, "landlock: writable path %s: %s", *w, strerror(-r));
 				goto fail;
 			}
 		}
@@ -276,8 +265,8 @@ int exec_confine_new(const struct exec_confine_cfg *cfg, struct exec_confine **o
 			 c->abi >= 6 ? ", signal and abstract-socket scope" : "", CONFINE_DENIED);
 	} else if (cfg->require_landlock) {
 		r = -ENOTSUP;
-		seterr(err, errlen,
-		       "landlock is not available in this kernel (needs Linux >= 5.13 with lsm=landlock enabled)");
+		errmsg_set(err, errlen,
+			   "landlock is not available in this kernel (needs Linux >= 5.13 with lsm=landlock enabled)");
 		goto fail;
 	} else {
 		snprintf(c->describe, sizeof(c->describe),

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* syncg: guest side of the sync protocol (syncg.h). */
+#include "airlock/errmsg.h"
 #include "airlock/syncg.h"
 
 #include <errno.h>
@@ -45,18 +46,6 @@ struct syncg_session {
 	struct chunk_params params;
 };
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
-
 static int load_seq(struct syncg *g, uint64_t *seq, char *err, size_t errlen)
 {
 	char text[32];
@@ -67,14 +56,15 @@ static int load_seq(struct syncg *g, uint64_t *seq, char *err, size_t errlen)
 		if (errno == ENOENT)
 			return 0;
 		int r = -errno;
-		seterr(err, errlen, "%s/%s: %s", g->state_dir, SYNCG_SEQ_FILE, strerror(-r));
+		errmsg_set(err, errlen, "%s/%s: %s", g->state_dir, SYNCG_SEQ_FILE, strerror(-r));
 		return r;
 	}
 	ssize_t n = read(fd, text, sizeof(text) - 1);
 	close(fd);
 	if (n <= 0) {
-		seterr(err, errlen, "%s/%s: empty or unreadable; remove it only if the workspace copy is discarded too",
-		       g->state_dir, SYNCG_SEQ_FILE);
+		errmsg_set(err, errlen,
+			   "%s/%s: empty or unreadable; remove it only if the workspace copy is discarded too",
+			   g->state_dir, SYNCG_SEQ_FILE);
 		return -EINVAL;
 	}
 	text[n] = '\0';
@@ -82,7 +72,7 @@ static int load_seq(struct syncg *g, uint64_t *seq, char *err, size_t errlen)
 	errno = 0;
 	unsigned long long v = strtoull(text, &end, 10);
 	if (errno || end == text || (*end && *end != '\n')) {
-		seterr(err, errlen, "%s/%s: not a sequence number", g->state_dir, SYNCG_SEQ_FILE);
+		errmsg_set(err, errlen, "%s/%s: not a sequence number", g->state_dir, SYNCG_SEQ_FILE);
 		return -EINVAL;
 	}
 	*seq = v;
@@ -132,7 +122,7 @@ int syncg_open(const char *root, const char *state_dir, const struct apply_opts 
 	memcpy(g->guest_pub, guest_pub, 32);
 	if (!realpath(root, rroot)) {
 		r = -errno;
-		seterr(err, errlen, "--root %s: %s", root, strerror(-r));
+		errmsg_set(err, errlen, "--root %s: %s", root, strerror(-r));
 		goto fail;
 	}
 	if (state_dir) {
@@ -147,33 +137,33 @@ int syncg_open(const char *root, const char *state_dir, const struct apply_opts 
 	}
 	if (mkdir(g->state_dir, 0700) < 0 && errno != EEXIST) {
 		r = -errno;
-		seterr(err, errlen, "--state %s: %s (give a writable directory outside the root)", g->state_dir,
-		       strerror(-r));
+		errmsg_set(err, errlen, "--state %s: %s (give a writable directory outside the root)", g->state_dir,
+			   strerror(-r));
 		goto fail;
 	}
 	if (!realpath(g->state_dir, rstate)) {
 		r = -errno;
-		seterr(err, errlen, "--state %s: %s", g->state_dir, strerror(-r));
+		errmsg_set(err, errlen, "--state %s: %s", g->state_dir, strerror(-r));
 		goto fail;
 	}
 	size_t rl = strlen(rroot);
 	if (!strcmp(rstate, rroot) || (!strncmp(rstate, rroot, rl) && (rstate[rl] == '/' || rl == 1))) {
-		seterr(err, errlen,
-		       "--state %s is inside --root %s: the host would see it as a guest file; put it outside",
-		       g->state_dir, rroot);
+		errmsg_set(err, errlen,
+			   "--state %s is inside --root %s: the host would see it as a guest file; put it outside",
+			   g->state_dir, rroot);
 		r = -EINVAL;
 		goto fail;
 	}
 	if ((g->state_fd = open(rstate, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
 		r = -errno;
-		seterr(err, errlen, "--state %s: %s", g->state_dir, strerror(-r));
+		errmsg_set(err, errlen, "--state %s: %s", g->state_dir, strerror(-r));
 		goto fail;
 	}
 	if ((r = load_seq(g, &seq, err, errlen)) < 0)
 		goto fail;
 	g->durable = !opts || opts->fsync != APPLY_FSYNC_NONE;
 	if ((r = apply_open(rroot, opts, &g->apply)) < 0) {
-		seterr(err, errlen, "--root %s: %s", rroot, strerror(-r));
+		errmsg_set(err, errlen, "--root %s: %s", rroot, strerror(-r));
 		goto fail;
 	}
 	apply_set_last_seq(g->apply, seq);
@@ -222,19 +212,20 @@ int syncg_apply_batch(struct syncg *g, const uint8_t *bytes, size_t n, const uin
 	r = delta_batch_verify_deferred(bytes, n, host_sign_pk, scope, apply_last_seq(g->apply), &sync_delta_caps, &b,
 					verr, sizeof(verr));
 	if (r < 0) {
-		seterr(err, errlen, "batch refused: %s", verr[0] ? verr : strerror(-r));
+		errmsg_set(err, errlen, "batch refused: %s", verr[0] ? verr : strerror(-r));
 		return r;
 	}
 	if ((r = apply_batch(g->apply, b, st)) < 0) {
-		seterr(err, errlen, "batch %" PRIu64 " failed to apply: %s", delta_batch_seq(b), apply_error(g->apply));
+		errmsg_set(err, errlen, "batch %" PRIu64 " failed to apply: %s", delta_batch_seq(b),
+			   apply_error(g->apply));
 		delta_batch_free(b);
 		return r;
 	}
 	uint64_t seq = delta_batch_seq(b);
 	delta_batch_free(b);
 	if ((r = save_seq(g, seq)) < 0) {
-		seterr(err, errlen, "batch %" PRIu64 " applied, but %s/%s could not be written: %s", seq, g->state_dir,
-		       SYNCG_SEQ_FILE, strerror(-r));
+		errmsg_set(err, errlen, "batch %" PRIu64 " applied, but %s/%s could not be written: %s", seq,
+			   g->state_dir, SYNCG_SEQ_FILE, strerror(-r));
 		if (st)
 			st->partial = true;
 		return r;
@@ -299,13 +290,13 @@ static int on_begin(struct syncg_session *ss, struct buf *in, char *err, size_t 
 	int r;
 
 	if (g->owner && g->owner != ss) {
-		seterr(err, errlen, "another session is syncing this workspace");
+		errmsg_set(err, errlen, "another session is syncing this workspace");
 		return -EBUSY;
 	}
 	if ((r = buf_get_u32(in, &p.min)) < 0 || (r = buf_get_u32(in, &p.avg)) < 0 ||
 	    (r = buf_get_u32(in, &p.max)) < 0 || (r = buf_get_u32(in, &p.whole_max)) < 0 || buf_len(in) != 0 ||
 	    chunk_params_check(&p) < 0) {
-		seterr(err, errlen, "SYNC_BEGIN with malformed chunk parameters");
+		errmsg_set(err, errlen, "SYNC_BEGIN with malformed chunk parameters");
 		return -EBADMSG;
 	}
 	g->owner = ss;
@@ -323,7 +314,7 @@ static int on_begin(struct syncg_session *ss, struct buf *in, char *err, size_t 
 	if (hcache_new(&ss->params, &g->cache) == 0 && hcache_load(g->cache, g->state_fd, HCACHE_FILE) != -ENOMEM)
 		o.cache = g->cache;
 	if ((r = apply_manifest(g->apply, &o, &ss->m)) < 0) {
-		seterr(err, errlen, "scanning %s: %s", g->root, strerror(-r));
+		errmsg_set(err, errlen, "scanning %s: %s", g->root, strerror(-r));
 		return r;
 	}
 	if (o.cache)
@@ -332,7 +323,7 @@ static int on_begin(struct syncg_session *ss, struct buf *in, char *err, size_t 
 	if ((r = buf_put_u64(&out, apply_last_seq(g->apply))) < 0 ||
 	    (r = buf_put(&out, ss->m->root, CHUNK_HASH_LEN)) < 0 || (r = buf_put_u64(&out, ss->m->n)) < 0 ||
 	    (r = buf_put_u32(&out, special)) < 0 || (r = reply(ss, WIRE_SYNC_STATE, &out)) < 0)
-		seterr(err, errlen, "answering SYNC_BEGIN: %s", strerror(-r));
+		errmsg_set(err, errlen, "answering SYNC_BEGIN: %s", strerror(-r));
 	buf_clear(&out);
 	return r;
 }
@@ -344,11 +335,11 @@ static int on_levels_req(struct syncg_session *ss, struct buf *in, char *err, si
 	int r;
 
 	if (!ss->m || ss->g->owner != ss) {
-		seterr(err, errlen, "SYNC_LEVELS_REQ before SYNC_BEGIN");
+		errmsg_set(err, errlen, "SYNC_LEVELS_REQ before SYNC_BEGIN");
 		return -EPROTO;
 	}
 	if ((r = buf_get_u32(in, &n)) < 0 || n > WIRE_SYNC_REQ_MAX || n > buf_len(in) / 4) {
-		seterr(err, errlen, "SYNC_LEVELS_REQ: bad count");
+		errmsg_set(err, errlen, "SYNC_LEVELS_REQ: bad count");
 		return -EBADMSG;
 	}
 	buf_init(&out, WIRE_SYNC_MSG_MAX);
@@ -357,7 +348,7 @@ static int on_levels_req(struct syncg_session *ss, struct buf *in, char *err, si
 		size_t dl;
 		char dir[MANIFEST_PATH_MAX + 1];
 		if ((r = buf_get_bytes(in, &d, &dl, MANIFEST_PATH_MAX)) < 0 || memchr(d, '\0', dl)) {
-			seterr(err, errlen, "SYNC_LEVELS_REQ: malformed path %u", i);
+			errmsg_set(err, errlen, "SYNC_LEVELS_REQ: malformed path %u", i);
 			r = -EBADMSG;
 			goto out;
 		}
@@ -371,7 +362,7 @@ static int on_levels_req(struct syncg_session *ss, struct buf *in, char *err, si
 		if ((r = buf_put_u32(&out, 0)) < 0)
 			goto out;
 		if ((r = manifest_level_encode(ss->m, dir, &out)) < 0) {
-			seterr(err, errlen, "SYNC_LEVELS_REQ: '%s' is not a directory here: %s", dir, strerror(-r));
+			errmsg_set(err, errlen, "SYNC_LEVELS_REQ: '%s' is not a directory here: %s", dir, strerror(-r));
 			goto out;
 		}
 		size_t ll = buf_len(&out) - at - 4;
@@ -381,12 +372,12 @@ static int on_levels_req(struct syncg_session *ss, struct buf *in, char *err, si
 		p[2] = (uint8_t)(ll >> 8);
 		p[3] = (uint8_t)ll;
 		if ((r = reply(ss, WIRE_SYNC_LEVEL, &out)) < 0) {
-			seterr(err, errlen, "sending a level: %s", strerror(-r));
+			errmsg_set(err, errlen, "sending a level: %s", strerror(-r));
 			goto out;
 		}
 	}
 	if (buf_len(in) != 0) {
-		seterr(err, errlen, "SYNC_LEVELS_REQ: trailing bytes");
+		errmsg_set(err, errlen, "SYNC_LEVELS_REQ: trailing bytes");
 		r = -EBADMSG;
 	}
 out:
@@ -401,18 +392,18 @@ static int on_entries_req(struct syncg_session *ss, struct buf *in, char *err, s
 	int r;
 
 	if (!ss->m || ss->g->owner != ss) {
-		seterr(err, errlen, "SYNC_ENTRIES_REQ before SYNC_BEGIN");
+		errmsg_set(err, errlen, "SYNC_ENTRIES_REQ before SYNC_BEGIN");
 		return -EPROTO;
 	}
 	if ((r = buf_get_u32(in, &n)) < 0 || n > WIRE_SYNC_REQ_MAX || n > buf_len(in) / 4) {
-		seterr(err, errlen, "SYNC_ENTRIES_REQ: bad count");
+		errmsg_set(err, errlen, "SYNC_ENTRIES_REQ: bad count");
 		return -EBADMSG;
 	}
 	buf_init(&out, WIRE_SYNC_MSG_MAX);
 	for (uint32_t i = 0; i < n; i++) {
 		char *path = NULL;
 		if ((r = buf_get_str(in, &path, MANIFEST_PATH_MAX)) < 0) {
-			seterr(err, errlen, "SYNC_ENTRIES_REQ: malformed path %u", i);
+			errmsg_set(err, errlen, "SYNC_ENTRIES_REQ: malformed path %u", i);
 			goto out;
 		}
 		long idx = manifest_find(ss->m, path);
@@ -424,7 +415,7 @@ static int on_entries_req(struct syncg_session *ss, struct buf *in, char *err, s
 			r = manifest_entry_encode(&ss->m->e[idx], &out);
 		mem_free(path);
 		if (r < 0 || (r = reply(ss, WIRE_SYNC_ENTRY, &out)) < 0) {
-			seterr(err, errlen, "answering SYNC_ENTRIES_REQ: %s", strerror(-r));
+			errmsg_set(err, errlen, "answering SYNC_ENTRIES_REQ: %s", strerror(-r));
 			goto out;
 		}
 	}
@@ -442,7 +433,7 @@ static int on_batch(struct syncg_session *ss, struct buf *in, char *err, size_t 
 	int r, ar;
 
 	if (g->owner != ss) {
-		seterr(err, errlen, "SYNC_BATCH before SYNC_BEGIN");
+		errmsg_set(err, errlen, "SYNC_BATCH before SYNC_BEGIN");
 		return -EPROTO;
 	}
 	/* The tree changes: a later level request needs a new BEGIN. */
@@ -481,9 +472,9 @@ static int on_batch(struct syncg_session *ss, struct buf *in, char *err, size_t 
 	}
 	buf_clear(&out);
 	if (r < 0)
-		seterr(err, errlen, "answering SYNC_BATCH: %s", strerror(-r));
+		errmsg_set(err, errlen, "answering SYNC_BATCH: %s", strerror(-r));
 	else if (ar < 0)
-		seterr(err, errlen, "%s", why); /* logged by the caller; the session goes on */
+		errmsg_set(err, errlen, "%s", why); /* logged by the caller; the session goes on */
 	return r;
 }
 
@@ -505,24 +496,24 @@ int syncg_session_frame(struct syncg_session *ss, uint8_t type, uint32_t stream,
 	if (errlen)
 		err[0] = '\0';
 	if (!guest_msgs[type].fn) {
-		seterr(err, errlen, "%s is not a host-to-guest sync message", wire_type_name(type));
+		errmsg_set(err, errlen, "%s is not a host-to-guest sync message", wire_type_name(type));
 		return -EPROTO;
 	}
 	/* Host-opened streams are odd; the first sync frame fixes the stream. */
 	if (!ss->stream) {
 		if (stream == WIRE_STREAM_CONTROL || !(stream & 1)) {
-			seterr(err, errlen, "sync frames must use a host-opened stream, not %u", stream);
+			errmsg_set(err, errlen, "sync frames must use a host-opened stream, not %u", stream);
 			return -EPROTO;
 		}
 		ss->stream = stream;
 	} else if (stream != ss->stream) {
-		seterr(err, errlen, "sync frame on stream %u, the session syncs on %u", stream, ss->stream);
+		errmsg_set(err, errlen, "sync frame on stream %u, the session syncs on %u", stream, ss->stream);
 		return -EPROTO;
 	}
 	if ((r = sync_inbox_add(&ss->in, type, p, n)) <= 0) {
 		if (r < 0)
-			seterr(err, errlen, "%s: %s", guest_msgs[type].name,
-			       r == -EMSGSIZE ? "message over the size limit" : "malformed fragment");
+			errmsg_set(err, errlen, "%s: %s", guest_msgs[type].name,
+				   r == -EMSGSIZE ? "message over the size limit" : "malformed fragment");
 		return r;
 	}
 	struct buf in;

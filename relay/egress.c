@@ -15,6 +15,7 @@
  * addresses out; job->conn is read and written only on the loop thread, so
  * a connection that closes while its lookup runs just forgets the job.
  */
+#include "airlock/errmsg.h"
 #include "airlock/egress.h"
 
 #include <arpa/inet.h>
@@ -139,18 +140,6 @@ static void conn_update(struct conn *c);
 static void conn_close(struct conn *c);
 static void on_client(struct loop *l, int fd, uint32_t events, void *ud);
 static void on_upstream(struct loop *l, int fd, uint32_t events, void *ud);
-
-static void errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void errf(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || !errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 static uint64_t wall_ms(void)
 {
@@ -1076,7 +1065,7 @@ static int load_hosts(struct egress *e, const char *path, char *err, size_t errl
 
 	if (!f) {
 		r = -errno;
-		errf(err, errlen, "egress hosts_file %s: %s", path, strerror(-r));
+		errmsg_set(err, errlen, "egress hosts_file %s: %s", path, strerror(-r));
 		return r;
 	}
 	e->use_hosts = true;
@@ -1099,7 +1088,7 @@ static int load_hosts(struct egress *e, const char *path, char *err, size_t errl
 			ss.ss_family = AF_INET6;
 			len = sizeof(struct sockaddr_in6);
 		} else {
-			errf(err, errlen, "egress hosts_file %s:%u: %s is not an address", path, lineno, addr);
+			errmsg_set(err, errlen, "egress hosts_file %s:%u: %s is not an address", path, lineno, addr);
 			r = -EINVAL;
 			goto out;
 		}
@@ -1108,12 +1097,13 @@ static int load_hosts(struct egress *e, const char *path, char *err, size_t errl
 			char norm[EGRESS_HOST_MAX + 1];
 
 			if (egress_host_normalise(name, strlen(name), norm) != 0) {
-				errf(err, errlen, "egress hosts_file %s:%u: bad name %s", path, lineno, name);
+				errmsg_set(err, errlen, "egress hosts_file %s:%u: bad name %s", path, lineno, name);
 				r = -EINVAL;
 				goto out;
 			}
 			if (e->n_hosts == HOSTS_ENTRIES_MAX) {
-				errf(err, errlen, "egress hosts_file %s: over %u entries", path, HOSTS_ENTRIES_MAX);
+				errmsg_set(err, errlen, "egress hosts_file %s: over %u entries", path,
+					   HOSTS_ENTRIES_MAX);
 				r = -EFBIG;
 				goto out;
 			}
@@ -1184,8 +1174,8 @@ int egress_new(struct loop *l, const struct egress_cfg *cfg, const struct egress
 			goto fail;
 		for (size_t i = 0; i < cfg->n_allow_private_cidrs; i++) {
 			if (egress_cidr_parse(cfg->allow_private_cidrs[i], e->cidrs[i].net, &e->cidrs[i].prefix) < 0) {
-				errf(err, errlen, "egress allow_private_cidrs[%zu]: %s is not ADDRESS/PREFIX", i,
-				     cfg->allow_private_cidrs[i]);
+				errmsg_set(err, errlen, "egress allow_private_cidrs[%zu]: %s is not ADDRESS/PREFIX", i,
+					   cfg->allow_private_cidrs[i]);
 				r = -EINVAL;
 				goto fail;
 			}
@@ -1198,7 +1188,7 @@ int egress_new(struct loop *l, const struct egress_cfg *cfg, const struct egress
 	e->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (e->evfd < 0) {
 		r = -errno;
-		errf(err, errlen, "egress: eventfd: %s", strerror(-r));
+		errmsg_set(err, errlen, "egress: eventfd: %s", strerror(-r));
 		goto fail;
 	}
 	if ((r = loop_add_fd(l, e->evfd, EPOLLIN, on_resolved, e)) < 0)
@@ -1211,7 +1201,7 @@ int egress_new(struct loop *l, const struct egress_cfg *cfg, const struct egress
 	for (unsigned i = 0; i < (cfg->resolver_threads ? cfg->resolver_threads : 4); i++) {
 		if ((r = pthread_create(&e->threads[i], NULL, resolver_main, e)) != 0) {
 			r = -r;
-			errf(err, errlen, "egress: starting resolver thread: %s", strerror(-r));
+			errmsg_set(err, errlen, "egress: starting resolver thread: %s", strerror(-r));
 			goto fail;
 		}
 		e->n_threads = i + 1;
@@ -1220,7 +1210,7 @@ int egress_new(struct loop *l, const struct egress_cfg *cfg, const struct egress
 	return 0;
 fail:
 	if (r == -ENOMEM)
-		errf(err, errlen, "egress: out of memory");
+		errmsg_set(err, errlen, "egress: out of memory");
 	egress_free(e);
 	return r;
 }

@@ -9,6 +9,7 @@
  * same directory, fsync, then a rename that refuses to replace an existing
  * file.
  */
+#include "airlock/errmsg.h"
 #include "airlock/keys.h"
 
 #include <errno.h>
@@ -25,28 +26,15 @@
 
 #include "airlock/mem.h"
 
-#define KEYS_B64_CHARS 44u               /* base64 of 32 bytes, with one '=' */
-#define KEYS_FILE_MAX 128u               /* a key file is 45 bytes; allow some trailing space */
-#define KEYS_ALLOW_MAX (1024u * 1024u)   /* allow-list file size cap */
+#define KEYS_B64_CHARS	   44u		   /* base64 of 32 bytes, with one '=' */
+#define KEYS_FILE_MAX	   128u		   /* a key file is 45 bytes; allow some trailing space */
+#define KEYS_ALLOW_MAX	   (1024u * 1024u) /* allow-list file size cap */
 #define KEYS_SIGNING_LABEL "airlock sync signing key v1"
 
 _Static_assert(KEYS_B64_LEN == KEYS_B64_CHARS + 1, "keys.h buffer holds the text and a NUL");
 _Static_assert(crypto_auth_hmacsha256_KEYBYTES == NOISE_KEY_LEN, "HMAC keyed by the 32-byte private key");
 _Static_assert(crypto_sign_SEEDBYTES == crypto_auth_hmacsha256_BYTES, "Ed25519 seed is one HMAC output");
 _Static_assert(crypto_sign_SECRETKEYBYTES == 64 && crypto_sign_PUBLICKEYBYTES == 32, "keys.h sizes");
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || !errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 static bool is_space(char c)
 {
@@ -161,13 +149,14 @@ int keys_save(const char *path, const struct noise_keypair *kp, char *err, size_
 	int fd = -1, r;
 
 	if (!path || !*path || !kp) {
-		seterr(err, errlen, "no key file name given");
+		errmsg_set(err, errlen, "no key file name given");
 		return -EINVAL;
 	}
 	/* Early, friendly refusal; install_noreplace() below is what makes it
 	 * race-free. */
 	if (lstat(path, &st) == 0) {
-		seterr(err, errlen, "key file %s already exists; refusing to overwrite it (move it away first)", path);
+		errmsg_set(err, errlen, "key file %s already exists; refusing to overwrite it (move it away first)",
+			   path);
 		return -EEXIST;
 	}
 	sodium_bin2base64(text, KEYS_B64_LEN, kp->priv, NOISE_KEY_LEN, sodium_base64_VARIANT_ORIGINAL);
@@ -179,7 +168,7 @@ int keys_save(const char *path, const struct noise_keypair *kp, char *err, size_
 	 * name (or symlink) is never opened. */
 	for (int tries = 0;; tries++) {
 		if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp-%08x", path, randombytes_random()) >= sizeof(tmp)) {
-			seterr(err, errlen, "key file name %s is too long", path);
+			errmsg_set(err, errlen, "key file name %s is too long", path);
 			r = -ENAMETOOLONG;
 			goto out;
 		}
@@ -188,7 +177,7 @@ int keys_save(const char *path, const struct noise_keypair *kp, char *err, size_
 			break;
 		if (errno != EEXIST || tries >= 8) {
 			r = -errno;
-			seterr(err, errlen, "cannot create key file %s: %s", path, strerror(-r));
+			errmsg_set(err, errlen, "cannot create key file %s: %s", path, strerror(-r));
 			goto out;
 		}
 	}
@@ -199,15 +188,15 @@ int keys_save(const char *path, const struct noise_keypair *kp, char *err, size_
 		r = -errno;
 	fd = -1;
 	if (r < 0) {
-		seterr(err, errlen, "cannot write key file %s: %s", path, strerror(-r));
+		errmsg_set(err, errlen, "cannot write key file %s: %s", path, strerror(-r));
 		goto out;
 	}
 	if ((r = install_noreplace(tmp, path)) < 0) {
 		if (r == -EEXIST)
-			seterr(err, errlen, "key file %s already exists; refusing to overwrite it (move it away first)",
-			       path);
+			errmsg_set(err, errlen,
+				   "key file %s already exists; refusing to overwrite it (move it away first)", path);
 		else
-			seterr(err, errlen, "cannot create key file %s: %s", path, strerror(-r));
+			errmsg_set(err, errlen, "cannot create key file %s: %s", path, strerror(-r));
 		goto out;
 	}
 	sync_parent_dir(path);
@@ -229,7 +218,7 @@ int keys_load(const char *path, struct noise_keypair *kp, char *err, size_t errl
 	int fd = -1, r;
 
 	if (!path || !*path || !kp) {
-		seterr(err, errlen, "no key file name given");
+		errmsg_set(err, errlen, "no key file name given");
 		return -EINVAL;
 	}
 	/* O_NONBLOCK: a FIFO planted in place of the key must not hang us
@@ -238,26 +227,26 @@ int keys_load(const char *path, struct noise_keypair *kp, char *err, size_t errl
 	if (fd < 0) {
 		r = -errno;
 		if (r == -ELOOP)
-			seterr(err, errlen, "key file %s is a symbolic link; refusing to follow it (use the real path)",
-			       path);
+			errmsg_set(err, errlen,
+				   "key file %s is a symbolic link; refusing to follow it (use the real path)", path);
 		else
-			seterr(err, errlen, "cannot open key file %s: %s", path, strerror(-r));
+			errmsg_set(err, errlen, "cannot open key file %s: %s", path, strerror(-r));
 		goto out;
 	}
 	if (fstat(fd, &st) != 0) {
 		r = -errno;
-		seterr(err, errlen, "cannot stat key file %s: %s", path, strerror(-r));
+		errmsg_set(err, errlen, "cannot stat key file %s: %s", path, strerror(-r));
 		goto out;
 	}
 	if (!S_ISREG(st.st_mode)) {
 		r = S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
-		seterr(err, errlen, "key file %s is not a regular file", path);
+		errmsg_set(err, errlen, "key file %s is not a regular file", path);
 		goto out;
 	}
 	if (st.st_mode & 077) {
 		r = -EPERM;
-		seterr(err, errlen, "key file %s is %s by group or others (mode %04o); run: chmod 600 %s", path,
-		       (st.st_mode & 044) ? "readable" : "accessible", (unsigned)(st.st_mode & 07777), path);
+		errmsg_set(err, errlen, "key file %s is %s by group or others (mode %04o); run: chmod 600 %s", path,
+			   (st.st_mode & 044) ? "readable" : "accessible", (unsigned)(st.st_mode & 07777), path);
 		goto out;
 	}
 	/* Read up to one byte more than we accept, to notice a long file. */
@@ -267,7 +256,7 @@ int keys_load(const char *path, struct noise_keypair *kp, char *err, size_t errl
 			if (errno == EINTR)
 				continue;
 			r = -errno;
-			seterr(err, errlen, "cannot read key file %s: %s", path, strerror(-r));
+			errmsg_set(err, errlen, "cannot read key file %s: %s", path, strerror(-r));
 			goto out;
 		}
 		if (n == 0)
@@ -275,7 +264,7 @@ int keys_load(const char *path, struct noise_keypair *kp, char *err, size_t errl
 		len += (size_t)n;
 		if (len == sizeof(text)) {
 			r = -EINVAL;
-			seterr(err, errlen, "key file %s is too long to be a key file", path);
+			errmsg_set(err, errlen, "key file %s is too long to be a key file", path);
 			goto out;
 		}
 	}
@@ -283,14 +272,14 @@ int keys_load(const char *path, struct noise_keypair *kp, char *err, size_t errl
 	while (len && is_space(text[len - 1]))
 		len--;
 	if ((r = b64_decode_key(text, len, kp->priv)) < 0) {
-		seterr(err, errlen,
-		       "key file %s does not hold a private key (expected 44 characters of base64, as written by "
-		       "'airlock keygen')",
-		       path);
+		errmsg_set(err, errlen,
+			   "key file %s does not hold a private key (expected 44 characters of base64, as written by "
+			   "'airlock keygen')",
+			   path);
 		goto out;
 	}
 	if ((r = noise_pubkey(kp->pub, kp->priv)) < 0) {
-		seterr(err, errlen, "key file %s: cannot derive the public key", path);
+		errmsg_set(err, errlen, "key file %s: cannot derive the public key", path);
 		goto out;
 	}
 	r = 0;
@@ -337,29 +326,29 @@ static int read_small_file(const char *path, size_t max, char **out, size_t *out
 	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
 	if (fd < 0) {
 		r = -errno;
-		seterr(err, errlen, "cannot open %s: %s", path, strerror(-r));
+		errmsg_set(err, errlen, "cannot open %s: %s", path, strerror(-r));
 		goto out;
 	}
 	if (fstat(fd, &st) != 0) {
 		r = -errno;
-		seterr(err, errlen, "cannot stat %s: %s", path, strerror(-r));
+		errmsg_set(err, errlen, "cannot stat %s: %s", path, strerror(-r));
 		goto out;
 	}
 	if (!S_ISREG(st.st_mode)) {
 		r = S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
-		seterr(err, errlen, "%s is not a regular file", path);
+		errmsg_set(err, errlen, "%s is not a regular file", path);
 		goto out;
 	}
 	if ((uint64_t)st.st_size > max) {
 		r = -EFBIG;
-		seterr(err, errlen, "%s is larger than %zu bytes", path, max);
+		errmsg_set(err, errlen, "%s is larger than %zu bytes", path, max);
 		goto out;
 	}
 	/* +1: the file may have grown since fstat; reading into the spare
 	 * byte tells us so. */
 	if (!(buf = mem_alloc(max + 1))) {
 		r = -ENOMEM;
-		seterr(err, errlen, "out of memory reading %s", path);
+		errmsg_set(err, errlen, "out of memory reading %s", path);
 		goto out;
 	}
 	for (;;) {
@@ -368,7 +357,7 @@ static int read_small_file(const char *path, size_t max, char **out, size_t *out
 			if (errno == EINTR)
 				continue;
 			r = -errno;
-			seterr(err, errlen, "cannot read %s: %s", path, strerror(-r));
+			errmsg_set(err, errlen, "cannot read %s: %s", path, strerror(-r));
 			goto out;
 		}
 		if (n == 0)
@@ -376,7 +365,7 @@ static int read_small_file(const char *path, size_t max, char **out, size_t *out
 		len += (size_t)n;
 		if (len > max) {
 			r = -EFBIG;
-			seterr(err, errlen, "%s is larger than %zu bytes", path, max);
+			errmsg_set(err, errlen, "%s is larger than %zu bytes", path, max);
 			goto out;
 		}
 	}
@@ -392,8 +381,8 @@ out:
 }
 
 /* One pass over the allow file: count keys (keys == NULL) or store them. */
-static int allow_parse(const char *path, const char *data, size_t len, uint8_t (*keys)[NOISE_KEY_LEN],
-                       size_t *count, char *err, size_t errlen)
+static int allow_parse(const char *path, const char *data, size_t len, uint8_t (*keys)[NOISE_KEY_LEN], size_t *count,
+		       char *err, size_t errlen)
 {
 	size_t line = 0, k = 0;
 	const char *p = data, *end = data + len;
@@ -408,9 +397,10 @@ static int allow_parse(const char *path, const char *data, size_t len, uint8_t (
 		if (q < eol && *q != '#') {
 			uint8_t pub[NOISE_KEY_LEN];
 			if (pub_parse_n(q, (size_t)(eol - q), pub) < 0) {
-				seterr(err, errlen,
-				       "allow file %s line %zu: not a public key (expected 44 characters of base64)",
-				       path, line);
+				errmsg_set(
+				    err, errlen,
+				    "allow file %s line %zu: not a public key (expected 44 characters of base64)", path,
+				    line);
 				return -EINVAL;
 			}
 			if (keys)
@@ -427,11 +417,11 @@ int keys_load_allow_file(const char *path, uint8_t (**keys)[NOISE_KEY_LEN], size
 {
 	char *data = NULL;
 	size_t len = 0, count = 0;
-	uint8_t (*grown)[NOISE_KEY_LEN];
+	uint8_t(*grown)[NOISE_KEY_LEN];
 	int r;
 
 	if (!path || !keys || !n) {
-		seterr(err, errlen, "no allow file name given");
+		errmsg_set(err, errlen, "no allow file name given");
 		return -EINVAL;
 	}
 	if ((r = read_small_file(path, KEYS_ALLOW_MAX, &data, &len, err, errlen)) < 0)
@@ -444,12 +434,12 @@ int keys_load_allow_file(const char *path, uint8_t (**keys)[NOISE_KEY_LEN], size
 		goto out;
 	if (*n > SIZE_MAX / NOISE_KEY_LEN - count) {
 		r = -ENOMEM;
-		seterr(err, errlen, "allow file %s: too many keys", path);
+		errmsg_set(err, errlen, "allow file %s: too many keys", path);
 		goto out;
 	}
 	if (!(grown = mem_realloc(*keys, (*n + count) * NOISE_KEY_LEN))) {
 		r = -ENOMEM;
-		seterr(err, errlen, "out of memory reading allow file %s", path);
+		errmsg_set(err, errlen, "out of memory reading allow file %s", path);
 		goto out;
 	}
 	*keys = grown;

@@ -1,0 +1,15 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef AIRLOCK_ERRMSG_H
+#define AIRLOCK_ERRMSG_H
+
+/*
+ * errmsg: the one way a function fills a caller's (char *err, size_t errlen)
+ * message buffer. A NULL or empty buffer is allowed (the message is
+ * dropped); a long message is truncated, always NUL-terminated.
+ */
+
+#include <stddef.h>
+
+void errmsg_set(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+#endif
