@@ -202,6 +202,9 @@ struct eng {
 	bool hready, gready, done;
 	int err;
 	char why[512];
+	struct chan_peers *peers;
+	struct policy *pol;
+	int dfd;
 };
 
 static void h_ready(struct chan *c, void *ud)
@@ -281,6 +284,56 @@ static void e_run(struct eng *e)
 	loop_del_timer(e->l, id);
 }
 
+/* A host engine on `host` and a guest session on `guest`, over a chan pair
+ * on one loop, handshake done; max_batch as in sync_cfg. */
+static void eng_start(struct eng *e, const char *host, const char *guest, size_t max_batch)
+{
+	struct noise_keypair hk, gk;
+	char err[256];
+	int sv[2];
+
+	assert_non_null(e->peers = chan_peers_new());
+	randombytes_buf(hk.priv, sizeof(hk.priv));
+	randombytes_buf(gk.priv, sizeof(gk.priv));
+	assert_int_equal(noise_pubkey(hk.pub, hk.priv), 0);
+	assert_int_equal(noise_pubkey(gk.pub, gk.priv), 0);
+	assert_int_equal(chan_peers_allow(e->peers, hk.pub), 0);
+	assert_non_null(e->l = loop_new());
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
+	struct chan_cfg hc = {.role = NOISE_INITIATOR, .self = &hk, .peer = gk.pub};
+	struct chan_cfg gc = {.role = NOISE_RESPONDER, .self = &gk, .peers = e->peers};
+	assert_non_null(e->hc = chan_new(e->l, sv[0], &hc, &h_ops, e));
+	assert_non_null(e->gc = chan_new(e->l, sv[1], &gc, &g_ops, e));
+	chan_set_default_stream_flags(e->gc, CHAN_STREAM_AUTO); /* as the agent does */
+	e_run(e);
+	assert_true(e->hready && e->gready);
+	assert_int_equal(syncg_open(guest, NULL, NULL, gpub, &e->g, err, sizeof(err)), 0);
+	assert_int_equal(policy_default(&e->pol), 0);
+	assert_true((e->dfd = open(host, O_RDONLY | O_DIRECTORY)) >= 0);
+	struct sync_cfg cfg = {.dirfd = e->dfd,
+			       .policy = e->pol,
+			       .sign_sk = hsk,
+			       .sign_pk = hpk,
+			       .guest_pub = gpub,
+			       .ops = &e_ops,
+			       .ud = e,
+			       .max_batch = max_batch};
+	assert_int_equal(sync_new(e->hc, &cfg, &e->s), 0);
+}
+
+static void eng_stop(struct eng *e)
+{
+	sync_free(e->s);
+	syncg_session_free(e->ss);
+	syncg_free(e->g);
+	chan_free(e->hc);
+	chan_free(e->gc);
+	chan_peers_free(e->peers);
+	loop_free(e->l);
+	policy_free(e->pol);
+	close(e->dfd);
+}
+
 static void put(const char *root, const char *rel, const char *text)
 {
 	char p[512];
@@ -327,11 +380,7 @@ static void test_push_targeted(void **state)
 {
 	(void)state;
 	struct eng e = {0};
-	struct noise_keypair hk, gk;
-	struct chan_peers *peers = chan_peers_new();
-	struct policy *pol;
-	char host[128], guest[128], p[256], err[256];
-	int sv[2];
+	char host[128], guest[128], p[256];
 
 	snprintf(host, sizeof(host), "%s/eh", dir);
 	snprintf(guest, sizeof(guest), "%s/eg", dir);
@@ -345,27 +394,7 @@ static void test_push_targeted(void **state)
 	assert_int_equal(mkdir(p, 0755), 0);
 	put(host, "src/main.c", "int main;\n");
 
-	randombytes_buf(hk.priv, sizeof(hk.priv));
-	randombytes_buf(gk.priv, sizeof(gk.priv));
-	assert_int_equal(noise_pubkey(hk.pub, hk.priv), 0);
-	assert_int_equal(noise_pubkey(gk.pub, gk.priv), 0);
-	assert_int_equal(chan_peers_allow(peers, hk.pub), 0);
-	assert_non_null(e.l = loop_new());
-	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
-	struct chan_cfg hc = {.role = NOISE_INITIATOR, .self = &hk, .peer = gk.pub};
-	struct chan_cfg gc = {.role = NOISE_RESPONDER, .self = &gk, .peers = peers};
-	assert_non_null(e.hc = chan_new(e.l, sv[0], &hc, &h_ops, &e));
-	assert_non_null(e.gc = chan_new(e.l, sv[1], &gc, &g_ops, &e));
-	chan_set_default_stream_flags(e.gc, CHAN_STREAM_AUTO); /* as the agent does */
-	e_run(&e);
-	assert_true(e.hready && e.gready);
-	assert_int_equal(syncg_open(guest, NULL, NULL, gpub, &e.g, err, sizeof(err)), 0);
-	assert_int_equal(policy_default(&pol), 0);
-	int dfd = open(host, O_RDONLY | O_DIRECTORY);
-	assert_true(dfd >= 0);
-	struct sync_cfg cfg = {
-	    .dirfd = dfd, .policy = pol, .sign_sk = hsk, .sign_pk = hpk, .guest_pub = gpub, .ops = &e_ops, .ud = &e};
-	assert_int_equal(sync_new(e.hc, &cfg, &e.s), 0);
+	eng_start(&e, host, guest, 0);
 	assert_int_equal(sync_reconcile(e.s), 0);
 	e_run(&e);
 	assert_true(e.done);
@@ -482,15 +511,7 @@ static void test_push_targeted(void **state)
 	e_push(&e, p8, 1);
 	assert_true(sync_get_push_stats(e.s)->full);
 
-	sync_free(e.s);
-	syncg_session_free(e.ss);
-	syncg_free(e.g);
-	chan_free(e.hc);
-	chan_free(e.gc);
-	chan_peers_free(peers);
-	loop_free(e.l);
-	policy_free(pol);
-	close(dfd);
+	eng_stop(&e);
 }
 
 static void e_push_hinted(struct eng *e, const char *const *paths, const struct sync_hint *h, size_t n)
@@ -540,12 +561,8 @@ static void test_push_ranged(void **state)
 {
 	(void)state;
 	struct eng e = {0};
-	struct noise_keypair hk, gk;
-	struct chan_peers *peers = chan_peers_new();
-	struct policy *pol;
-	char host[128], guest[128], p[256], err[256];
+	char host[128], guest[128], p[256];
 	const size_t big = 8u << 20;
-	int sv[2];
 
 	snprintf(host, sizeof(host), "%s/rh", dir);
 	snprintf(guest, sizeof(guest), "%s/rg", dir);
@@ -563,26 +580,7 @@ static void test_push_ranged(void **state)
 	assert_true(bfd >= 0);
 	assert_int_equal(write(bfd, d, big), (ssize_t)big);
 
-	randombytes_buf(hk.priv, sizeof(hk.priv));
-	randombytes_buf(gk.priv, sizeof(gk.priv));
-	assert_int_equal(noise_pubkey(hk.pub, hk.priv), 0);
-	assert_int_equal(noise_pubkey(gk.pub, gk.priv), 0);
-	assert_int_equal(chan_peers_allow(peers, hk.pub), 0);
-	assert_non_null(e.l = loop_new());
-	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
-	struct chan_cfg hc = {.role = NOISE_INITIATOR, .self = &hk, .peer = gk.pub};
-	struct chan_cfg gc = {.role = NOISE_RESPONDER, .self = &gk, .peers = peers};
-	assert_non_null(e.hc = chan_new(e.l, sv[0], &hc, &h_ops, &e));
-	assert_non_null(e.gc = chan_new(e.l, sv[1], &gc, &g_ops, &e));
-	chan_set_default_stream_flags(e.gc, CHAN_STREAM_AUTO);
-	e_run(&e);
-	assert_int_equal(syncg_open(guest, NULL, NULL, gpub, &e.g, err, sizeof(err)), 0);
-	assert_int_equal(policy_default(&pol), 0);
-	int dfd = open(host, O_RDONLY | O_DIRECTORY);
-	assert_true(dfd >= 0);
-	struct sync_cfg cfg = {
-	    .dirfd = dfd, .policy = pol, .sign_sk = hsk, .sign_pk = hpk, .guest_pub = gpub, .ops = &e_ops, .ud = &e};
-	assert_int_equal(sync_new(e.hc, &cfg, &e.s), 0);
+	eng_start(&e, host, guest, 0);
 	assert_int_equal(sync_reconcile(e.s), 0);
 	e_run(&e);
 	assert_true(e.done);
@@ -666,15 +664,7 @@ static void test_push_ranged(void **state)
 
 	close(bfd);
 	free(d);
-	sync_free(e.s);
-	syncg_session_free(e.ss);
-	syncg_free(e.g);
-	chan_free(e.hc);
-	chan_free(e.gc);
-	chan_peers_free(peers);
-	loop_free(e.l);
-	policy_free(pol);
-	close(dfd);
+	eng_stop(&e);
 }
 
 /* A file whose PUT alone exceeds a batch is not sent: it is listed as
@@ -684,11 +674,7 @@ static void test_too_large(void **state)
 {
 	(void)state;
 	struct eng e = {0};
-	struct noise_keypair hk, gk;
-	struct chan_peers *peers = chan_peers_new();
-	struct policy *pol;
-	char host[128], guest[128], p[256], err[256];
-	int sv[2];
+	char host[128], guest[128], p[256];
 
 	snprintf(host, sizeof(host), "%s/th", dir);
 	snprintf(guest, sizeof(guest), "%s/tg", dir);
@@ -703,32 +689,7 @@ static void test_too_large(void **state)
 	assert_true(bfd >= 0);
 	assert_int_equal(write(bfd, d, 300000), 300000);
 
-	randombytes_buf(hk.priv, sizeof(hk.priv));
-	randombytes_buf(gk.priv, sizeof(gk.priv));
-	assert_int_equal(noise_pubkey(hk.pub, hk.priv), 0);
-	assert_int_equal(noise_pubkey(gk.pub, gk.priv), 0);
-	assert_int_equal(chan_peers_allow(peers, hk.pub), 0);
-	assert_non_null(e.l = loop_new());
-	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
-	struct chan_cfg hc = {.role = NOISE_INITIATOR, .self = &hk, .peer = gk.pub};
-	struct chan_cfg gc = {.role = NOISE_RESPONDER, .self = &gk, .peers = peers};
-	assert_non_null(e.hc = chan_new(e.l, sv[0], &hc, &h_ops, &e));
-	assert_non_null(e.gc = chan_new(e.l, sv[1], &gc, &g_ops, &e));
-	chan_set_default_stream_flags(e.gc, CHAN_STREAM_AUTO);
-	e_run(&e);
-	assert_int_equal(syncg_open(guest, NULL, NULL, gpub, &e.g, err, sizeof(err)), 0);
-	assert_int_equal(policy_default(&pol), 0);
-	int dfd = open(host, O_RDONLY | O_DIRECTORY);
-	assert_true(dfd >= 0);
-	struct sync_cfg cfg = {.dirfd = dfd,
-			       .policy = pol,
-			       .sign_sk = hsk,
-			       .sign_pk = hpk,
-			       .guest_pub = gpub,
-			       .ops = &e_ops,
-			       .ud = &e,
-			       .max_batch = 128 * 1024};
-	assert_int_equal(sync_new(e.hc, &cfg, &e.s), 0);
+	eng_start(&e, host, guest, 128 * 1024);
 	assert_int_equal(sync_reconcile(e.s), 0);
 	e_run(&e);
 	assert_true(e.done);
@@ -755,15 +716,7 @@ static void test_too_large(void **state)
 
 	close(bfd);
 	free(d);
-	sync_free(e.s);
-	syncg_session_free(e.ss);
-	syncg_free(e.g);
-	chan_free(e.hc);
-	chan_free(e.gc);
-	chan_peers_free(peers);
-	loop_free(e.l);
-	policy_free(pol);
-	close(dfd);
+	eng_stop(&e);
 }
 
 int main(void)
