@@ -559,7 +559,16 @@ static void before_sleep(struct loop *l, void *ud)
 	if (u->state == UP_LIVE && u->busy)
 		drain_journal(u); /* coalesce into the next push */
 	exec_kick(u);		  /* commands and sync_waits whose barrier is now applied */
-	if (u->status_dirty && !u->status_timer) {
+	/* Reaching "everything applied" is written at once (sync-wait and
+	 * status wait for it); other changes at most every STATUS_MIN_MS. */
+	bool settled =
+	    u->state == UP_LIVE && !u->busy && !u->pending_full && !u->pending.n && journal_pending(u->journal) == 0;
+	if (u->status_dirty && settled) {
+		if (u->status_timer)
+			loop_del_timer(u->loop, u->status_timer);
+		u->status_timer = 0;
+		up_status_write(u);
+	} else if (u->status_dirty && !u->status_timer) {
 		uint64_t now = loop_now_ms(), due = u->status_last_ms + STATUS_MIN_MS;
 		if (now >= due)
 			up_status_write(u);
