@@ -110,6 +110,7 @@ enum wire_refusal {
 #define WIRE_EXEC_STDIN_WINDOW (256u * 1024u)
 #define WIRE_EXEC_F_TTY 1u
 #define WIRE_EXEC_F_STDIN 2u
+#define WIRE_EXEC_F_FWD 4u /* EXEC_START carries the forwarded env list (credentials) */
 #define WIRE_EXEC_X_TIMED_OUT 1u
 #define WIRE_EXEC_X_CANCELED 2u
 #define WIRE_EXEC_X_CORE 4u
@@ -164,6 +165,10 @@ enum wire_type {
 				 * u16 rows, u16 cols, str cwd (relative, "" = root),
 				 * u32 argc (1..WIRE_EXEC_ARGS_MAX), argc x str,
 				 * u32 nenv (<= WIRE_EXEC_ARGS_MAX), nenv x str "NAME=value";
+				 * with WIRE_EXEC_F_FWD then u32 nfwd (<= WIRE_EXEC_ARGS_MAX),
+				 * nfwd x str "NAME=value": the forwarded layer (forward_env
+				 * and credentials.inject values; the request env wins over
+				 * it; the guest wipes it after use);
 				 * the whole request fits one frame (WIRE_PAYLOAD_MAX) */
 	WIRE_EXEC_STARTED = 81,	/* g->h: u64 pid (in the guest) */
 	WIRE_EXEC_STDOUT = 82,	/* g->h: raw bytes (with a tty: the terminal's output) */
