@@ -352,6 +352,8 @@ int cred_new(struct loop *l, const struct policy_credentials *pc, const struct c
 	const char *h = getenv("HOME");
 
 	*out = NULL;
+	if (sodium_init() < 0) /* sodium_malloc needs it; idempotent */
+		return -ENOMEM;
 	if (!(c = mem_calloc(1, sizeof(*c))))
 		return -ENOMEM;
 	c->loop = l;

@@ -85,7 +85,7 @@ int hostrun_start(struct loop *l, const struct hostrun_req *req, hostrun_done_fn
 
 	if (!req || !req->argv || !req->argv[0] || !req->max_out || !req->timeout_ms || !done || !out)
 		return -EINVAL;
-	if (!(h = mem_calloc(1, sizeof(*h))))
+	if (sodium_init() < 0 || !(h = mem_calloc(1, sizeof(*h))))
 		return -ENOMEM;
 	if (!(h->out = sodium_malloc(req->max_out))) {
 		mem_free(h);
