@@ -272,4 +272,14 @@ t_guest_down() {
 }
 check "guest down: a non-local command fails and never runs on the host; local ones still run" t_guest_down
 
+t_down() {
+	$TO 15 "$AIRLOCK" down "$W" || return 1
+	local rc=0
+	wait "$UP_PID" || rc=$?
+	[ "$rc" = 0 ] || { echo "up exited $rc" >&2; tail -5 "$T/up.err" >&2; return 1; }
+	# sanitizer builds: the daemon and the agent must have reported nothing
+	! grep -l 'AddressSanitizer\|LeakSanitizer\|runtime error' "$T/up.err" "$T/agent.err"
+}
+check "down stops the daemon cleanly (no sanitizer reports)" t_down
+
 finish
