@@ -60,7 +60,7 @@ struct route {
 	const struct relay_backend_ops *guest;
 	void *guest_ud;
 	struct cred *cred;
-	int ws_fd;
+	char *workspace; /* opened per command: an fd held open would keep the mount busy at shutdown */
 	char **prefixes; /* execution.local, as written */
 	size_t nprefixes;
 	struct rcmd *cmds; /* commands the route holds (not yet or never handed to the guest) */
@@ -546,9 +546,10 @@ static void probe_done(struct hostrun *h, const struct hostrun_result *res, void
 			 bad ? (int)(strcspn(bad, "=") < 200 ? strcspn(bad, "=") : 200) : 1, bad ? bad : "?",
 			 e == -E2BIG ? "environment too large" : "not NAME=value with a valid name");
 	} else {
+		int ws = open(r->workspace, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 		struct exec_req q = {
 		    .argv = (const char *const *)c->argv,
-		    .root_fd = r->ws_fd,
+		    .root_fd = ws,
 		    .cwd = c->cwd,
 		    .envp = (const char *const *)envp,
 		    .timeout_ms = c->timeout_ms,
@@ -560,7 +561,13 @@ static void probe_done(struct hostrun *h, const struct hostrun_result *res, void
 		    .uid = EXEC_ID_KEEP,
 		    .gid = EXEC_ID_KEEP,
 		};
-		if ((e = exec_start(r->loop, NULL, &q, &lx_ops, c, &c->e)) < 0) {
+		if (ws < 0)
+			e = -errno;
+		else
+			e = exec_start(r->loop, NULL, &q, &lx_ops, c, &c->e);
+		if (ws >= 0)
+			close(ws);
+		if (e < 0) {
 			c->e = NULL;
 			if (e == -EXDEV)
 				snprintf(msg, sizeof(msg), "cwd '%.200s' leaves the workspace", c->cwd);
@@ -621,16 +628,22 @@ static int start_local(struct route *r, struct relay_cmd *cmd, const struct rela
 		e = -EINVAL;
 		goto out;
 	}
+	int ws = open(r->workspace, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (ws < 0) {
+		e = -errno;
+		goto out;
+	}
 	struct hostrun_req q = {
 	    .argv = probe_argv,
 	    .envp = (const char *const *)envp,
-	    .dir_fd = r->ws_fd,
+	    .dir_fd = ws,
 	    .cwd = c->cwd,
 	    .max_out = GIT_PROBE_MAX,
 	    .timeout_ms = GIT_PROBE_TIMEOUT_MS,
 	};
 	if ((e = hostrun_start(r->loop, &q, probe_done, c, &c->probe)) < 0)
 		c->probe = NULL;
+	close(ws);
 out:
 	for (char **p = envp; p && *p; p++)
 		sodium_memzero(*p, strlen(*p));
@@ -814,14 +827,19 @@ int route_new(const struct route_cfg *cfg, struct route **out)
 	r->policy = cfg->policy;
 	r->guest = cfg->guest;
 	r->guest_ud = cfg->guest_ud;
-	r->ws_fd = -1;
 	if ((e = cred_new(cfg->loop, policy_credentials(cfg->policy), &co, &r->cred)) < 0)
 		goto fail;
 	if (pe && pe->local.n) {
 		r->prefixes = (char **)pe->local.v; /* owned by the policy, which outlives us */
 		r->nprefixes = pe->local.n;
-		if ((r->ws_fd = open(cfg->workspace, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+		int fd = open(cfg->workspace, O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* fail early */
+		if (fd < 0) {
 			e = -errno;
+			goto fail;
+		}
+		close(fd);
+		if (!(r->workspace = mem_strdup(cfg->workspace))) {
+			e = -ENOMEM;
 			goto fail;
 		}
 	}
@@ -839,7 +857,6 @@ void route_free(struct route *r)
 	while (r->cmds)
 		rc_free(r->cmds);
 	cred_free(r->cred);
-	if (r->ws_fd >= 0)
-		close(r->ws_fd);
+	mem_free(r->workspace);
 	mem_free(r);
 }
