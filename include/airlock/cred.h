@@ -36,7 +36,8 @@ struct policy_credentials;
 #define CRED_VALUE_MAX	       (16u * 1024u)  /* a source printing more fails */
 #define CRED_TIMEOUT_S_DEFAULT 10	      /* a source running longer is killed and fails */
 #define CRED_TIMEOUT_S_MAX     300
-#define CRED_TTL_S_DEFAULT     300 /* inject entries without ttl_seconds */
+#define CRED_TTL_S_DEFAULT     300	       /* inject entries without ttl_seconds */
+#define CRED_TTL_S_MAX	       (366u * 86400u) /* longer ttls are cut to this */
 #define CRED_SOURCE_ARGS_MAX   256
 
 /* ---- the user's configuration file ---- */
