@@ -390,6 +390,8 @@ int cred_new(struct loop *l, const struct policy_credentials *pc, const struct c
 			e->key = pc->inject[i].value_from ? pc->inject[i].value_from : pc->inject[i].name;
 			e->ttl_s =
 			    pc->inject[i].ttl_seconds > 0 ? (uint64_t)pc->inject[i].ttl_seconds : CRED_TTL_S_DEFAULT;
+			if (e->ttl_s > CRED_TTL_S_MAX)
+				e->ttl_s = CRED_TTL_S_MAX;
 		}
 	}
 	*out = c;
