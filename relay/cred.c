@@ -493,11 +493,15 @@ static void notify(struct loop *l, void *ud)
 	c->notify_timer = 0;
 	if (any_running(c))
 		return;
-	while (c->waits) {
-		struct cred_wait *w = c->waits;
+	/* detach the list: a callback may start a new wait (and resolution),
+	 * which must wait for its own outcome */
+	struct cred_wait *list = c->waits;
+	c->waits = NULL;
+	while (list) {
+		struct cred_wait *w = list;
 		int err = 0;
 		const char *msg = NULL;
-		c->waits = w->next;
+		list = w->next;
 		for (size_t i = 0; i < c->ninj && !err; i++)
 			if (!entry_fresh(c, &c->inj[i])) {
 				err = -EIO;
