@@ -60,7 +60,8 @@ chmod 0600 "$CFG"
 cat >"$W/airlock.json" <<'EOF'
 {
   "execution": { "local": ["git status", "git diff", "git log", "git add", "git commit",
-                           "git credential", "git ls-remote", "printenv"] },
+                           "git credential", "git ls-remote", "git hash-object", "git rev-parse",
+                           "printenv"] },
   "credentials": {
     "forward_env": ["FWD_VAR", "FWD_UNSET"],
     "inject": [ { "name": "INJ_TOKEN", "scope": "read:repo", "ttl_seconds": 2, "value_from": "deploy-token" } ]
@@ -218,6 +219,23 @@ t_where() {
 	! echo "$out" | grep -q '"where":"host"' || { echo "$out" >&2; return 1; }
 }
 check "started says where: host for an execution.local argv, guest otherwise and for shell strings" t_where
+
+t_local_io() {
+	local out want rc=0
+	want=$(printf 'some stdin' | git hash-object --stdin)
+	out=$(printf 'some stdin' | X -- git hash-object --stdin) && [ "$out" = "$want" ] ||
+		{ echo "stdin: '$out' want '$want'" >&2; return 1; }
+	mkdir -p "$W/sub/dir"
+	out=$(X -C "$W/sub/dir" -- git rev-parse --show-prefix </dev/null) && [ "$out" = "sub/dir/" ] ||
+		{ echo "cwd: '$out'" >&2; return 1; }
+	X -- git rev-parse --verify --quiet no-such-ref-xyz </dev/null >/dev/null 2>&1 || rc=$?
+	[ "$rc" = 1 ] || { echo "exit code $rc (want 1)" >&2; return 1; }
+	rc=0
+	# stdin stays open and silent: git waits on it until the timeout kills it
+	$TO 20 "$AIRLOCK" exec -C "$W" --timeout 1 -- git hash-object --stdin < <(sleep 2.5) >/dev/null 2>&1 || rc=$?
+	[ "$rc" = 124 ] || { echo "timeout gave $rc" >&2; return 1; }
+}
+check "execution.local: stdin, cwd beneath the workspace, exit status and timeout (124)" t_local_io
 
 t_git() {
 	local out
