@@ -29,7 +29,7 @@
 #include "airlock/loop.h"
 
 /* Change this if you change the protocol (doc/RELAY.md). Sent in `hello`. */
-#define RELAY_PROTOCOL_VERSION 1
+#define RELAY_PROTOCOL_VERSION 2
 
 /* Defaults for struct relay_cfg fields left 0. */
 #define RELAY_LINE_MAX ((size_t)1 << 20)       /* request line, without '\n' */
