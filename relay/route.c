@@ -93,6 +93,77 @@ bool route_match_local(const char *const *prefixes, size_t nprefixes, const char
 	return false;
 }
 
+/* ---- what a host command may be given ---- */
+
+/* Request env names a local command accepts: none of them makes a program
+ * load or run other code (PATH, LD_*, HOME, GIT_* would). */
+static bool local_env_allowed(const char *entry)
+{
+	static const char *const names[] = {
+	    "LANG",
+	    "TZ",
+	    "TERM",
+	    "COLUMNS",
+	    "LINES",
+	    "NO_COLOR",
+	    "CLICOLOR",
+	    "CLICOLOR_FORCE",
+	    "FORCE_COLOR",
+	    "GIT_AUTHOR_NAME",
+	    "GIT_AUTHOR_EMAIL",
+	    "GIT_AUTHOR_DATE",
+	    "GIT_COMMITTER_NAME",
+	    "GIT_COMMITTER_EMAIL",
+	    "GIT_COMMITTER_DATE",
+	};
+	size_t n = strcspn(entry, "=");
+
+	if (n > 3 && !strncmp(entry, "LC_", 3))
+		return true;
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (strlen(names[i]) == n && !memcmp(entry, names[i], n))
+			return true;
+	return false;
+}
+
+int route_local_check(const char *const *argv, size_t argc, const char *const *env, size_t nenv, char *why, size_t n)
+{
+	/* git options before the subcommand can set any configuration (-c,
+	 * --config-env) or point git elsewhere (--exec-path, -C, --git-dir):
+	 * only these harmless ones pass */
+	static const char *const git_ok[] = {
+	    "--version",	   "--help", "-h", "--no-pager", "-P", "--no-optional-locks", "--literal-pathspecs",
+	    "--no-replace-objects"};
+	const char *base = argc ? strrchr(argv[0], '/') : NULL;
+
+	base = base ? base + 1 : argc ? argv[0] : "";
+	for (size_t i = 0; i < nenv; i++)
+		if (!local_env_allowed(env[i])) {
+			snprintf(
+			    why, n,
+			    "execution.local: env %.*s is not allowed for a command run on the host (allowed: LANG, "
+			    "LC_*, TZ, TERM, COLUMNS, LINES, NO_COLOR, CLICOLOR, CLICOLOR_FORCE, FORCE_COLOR, "
+			    "GIT_AUTHOR_*, GIT_COMMITTER_* names/emails/dates)",
+			    (int)(strcspn(env[i], "=") < 100 ? strcspn(env[i], "=") : 100), env[i]);
+			return -EPERM;
+		}
+	if (!strcmp(base, "git"))
+		for (size_t i = 1; i < argc && argv[i][0] == '-'; i++) {
+			bool ok = false;
+			for (size_t k = 0; k < sizeof(git_ok) / sizeof(git_ok[0]); k++)
+				ok |= !strcmp(argv[i], git_ok[k]);
+			if (!ok) {
+				snprintf(
+				    why, n,
+				    "execution.local: git option '%.100s' before the subcommand is not allowed on the "
+				    "host (it can change git's configuration)",
+				    argv[i]);
+				return -EPERM;
+			}
+		}
+	return 0;
+}
+
 /* ---- git hardening ---- */
 
 struct kv {
@@ -607,6 +678,13 @@ static int start_local(struct route *r, struct relay_cmd *cmd, const struct rela
 	size_t ngit = 0;
 	int e;
 
+	{
+		char why[512];
+		if (route_local_check(req->argv, req->argc, req->env, req->nenv, why, sizeof(why)) < 0) {
+			relay_cmd_error(cmd, "local_refused", why);
+			return 0;
+		}
+	}
 	if ((e = rc_new(r, cmd, req, RC_PROBE, &c)) < 0)
 		return e;
 	/* the probe runs with the command's environment and the fixed git layer */

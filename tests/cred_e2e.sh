@@ -237,6 +237,22 @@ t_local_io() {
 }
 check "execution.local: stdin, cwd beneath the workspace, exit status and timeout (124)" t_local_io
 
+t_local_refused() {
+	local out
+	out=$(printf '%s\n' '{"id":"e","op":"exec","argv":["git","status"],"env":{"LD_PRELOAD":"/nonexistent/x.so"}}' \
+		'{"id":"c","op":"exec","argv":["git","-c","core.hooksPath=hooks2","commit","--allow-empty","-m","x"]}' \
+		'{"id":"ok","op":"exec","argv":["git","status"],"env":{"LC_ALL":"C","GIT_AUTHOR_NAME":"x"}}' |
+		$TO 20 "$RC") || return 1
+	echo "$out" | grep -q '"event":"error","id":"e","code":"local_refused".*env LD_PRELOAD is not allowed' &&
+		echo "$out" | grep -q '"event":"exit","id":"ok","code":0' &&
+		! echo "$out" | grep -q '"event":"started","id":"e"' || { echo "$out" >&2; return 1; }
+	# "git -c ... commit" does not start with the prefix "git commit": it goes to the guest
+	# (a bare "git" prefix would match it, and then -c is refused: tests/test_cred.c)
+	echo "$out" | grep -q '"event":"started","id":"c".*"where":"guest"' || { echo "$out" >&2; return 1; }
+	[ ! -e "$M/hook-pre-commit" ]
+}
+check "execution.local refuses request env that could load code (LD_PRELOAD); git -c is not a prefix match" t_local_refused
+
 t_git() {
 	local out
 	echo "two" >>"$W/a.txt"

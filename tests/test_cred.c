@@ -455,6 +455,40 @@ static void test_match_local(void **state)
 	assert_false(route_match_local(pre, 0, t[0].argv, 2));
 }
 
+static void test_local_check(void **state)
+{
+	static const struct {
+		const char *argv[4];
+		size_t argc;
+		const char *env[2];
+		size_t nenv;
+		const char *why; /* NULL = allowed */
+	} t[] = {
+	    {{"git", "status"}, 2, {"LANG=C", "LC_ALL=C"}, 2, NULL},
+	    {{"git", "commit", "-m", "x"}, 4, {"GIT_AUTHOR_NAME=a", "TERM=dumb"}, 2, NULL},
+	    {{"git", "--no-pager", "log"}, 3, {0}, 0, NULL},
+	    {{"git", "--version"}, 2, {0}, 0, NULL},
+	    {{"make", "-C", "x"}, 3, {0}, 0, NULL}, /* only git's own options are vetted */
+	    {{"git", "status"}, 2, {"LD_PRELOAD=/w/evil.so"}, 1, "env LD_PRELOAD is not allowed"},
+	    {{"git", "status"}, 2, {"PATH=/w/bin"}, 1, "env PATH is not allowed"},
+	    {{"git", "status"}, 2, {"GIT_EXEC_PATH=/w"}, 1, "env GIT_EXEC_PATH is not allowed"},
+	    {{"git", "status"}, 2, {"HOME=/w"}, 1, "env HOME is not allowed"},
+	    {{"git", "status"}, 2, {"LC_=x"}, 1, "env LC_ is not allowed"},
+	    {{"git", "-c", "core.hooksPath=h", "commit"}, 4, {0}, 0, "git option '-c' before the subcommand"},
+	    {{"/usr/bin/git", "--exec-path=/w", "status"}, 3, {0}, 0, "git option '--exec-path=/w'"},
+	    {{"git", "-C", "/", "status"}, 4, {0}, 0, "git option '-C'"},
+	    {{"git", "--config-env=core.pager=X", "log"}, 3, {0}, 0, "git option '--config-env"},
+	};
+	char why[512];
+	(void)state;
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+		why[0] = '\0';
+		int r = route_local_check(t[i].argv, t[i].argc, t[i].env, t[i].nenv, why, sizeof(why));
+		if (t[i].why ? (r != -EPERM || !strstr(why, t[i].why)) : r != 0)
+			fail_msg("case %zu: got %d '%s'", i, r, why);
+	}
+}
+
 static const char *env_get(char **v, size_t n, const char *name)
 {
 	size_t l = strlen(name);
@@ -547,6 +581,7 @@ int main(void)
 	    cmocka_unit_test(test_source_env_and_newline),
 	    cmocka_unit_test(test_missing_source),
 	    cmocka_unit_test(test_match_local),
+	    cmocka_unit_test(test_local_check),
 	    cmocka_unit_test(test_git_env),
 	};
 	signal(SIGPIPE, SIG_IGN);

@@ -13,7 +13,8 @@
  *    word by word, exactly) runs on the host, without a shell, in the
  *    workspace (the mounted directory, so its writes are synced), through
  *    the command engine (exec.h), with the scrubbed environment (base +
- *    forward_env + request env, no inject values) and git's
+ *    forward_env + request env, no inject values; route_local_check
+ *    limits the request env and git's global options) and git's
  *    command-running configuration disabled (route_git_env). Its started
  *    event says "where":"host".
  *  - everything else goes to the guest backend, with the forwarded layer
@@ -61,6 +62,17 @@ int route_put_forwarded(struct buf *b, const struct relay_exec_req *req);
 
 /* Whether argv matches one of the prefixes (policy execution.local). */
 bool route_match_local(const char *const *prefixes, size_t nprefixes, const char *const *argv, size_t argc);
+
+/* What a matching request may not do on the host: 0, or -EPERM with a
+ * one-line reason in why. Request env names outside a small allow-list
+ * (LANG, LC_*, TZ, TERM, COLUMNS, LINES, NO_COLOR, CLICOLOR*, FORCE_COLOR,
+ * GIT_AUTHOR_* and GIT_COMMITTER_* NAME, EMAIL, DATE) are refused: PATH, LD_*,
+ * HOME, GIT_* and the like would let the client run other code. For git,
+ * options before the subcommand other than --version, --help, -h,
+ * --no-pager, -P, --no-optional-locks, --literal-pathspecs and
+ * --no-replace-objects are refused (-c and friends set any config). */
+int route_local_check(const char *const *argv, size_t argc, const char *const *env, size_t nenv, char *why,
+		      size_t n);
 
 /* The environment entries that disable git's command-running
  * configuration, given the output of `git config --list -z` in the
