@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,8 +61,9 @@ struct route {
 	const struct relay_backend_ops *guest;
 	void *guest_ud;
 	struct cred *cred;
-	char *workspace; /* opened per command: an fd held open would keep the mount busy at shutdown */
-	char **prefixes; /* execution.local, as written */
+	char *workspace;     /* opened per command: an fd held open would keep the mount busy at shutdown */
+	char home[PATH_MAX]; /* the daemon's HOME: local commands' HOME (not a world-writable /tmp) */
+	char **prefixes;     /* execution.local, as written */
 	size_t nprefixes;
 	struct rcmd *cmds; /* commands the route holds (not yet or never handed to the guest) */
 };
@@ -605,6 +607,7 @@ static void probe_done(struct hostrun *h, const struct hostrun_result *res, void
 	memcpy(rq, c->env, c->nenv * sizeof(char *));
 	memcpy(rq + c->nenv, git, ngit * sizeof(char *));
 	struct exec_env_in ein = {
+	    .home = r->home,
 	    .tty = c->tty,
 	    .forwarded = (const char *const *)ce->v,
 	    .n_forwarded = ce->n,
@@ -697,6 +700,7 @@ static int start_local(struct route *r, struct relay_cmd *cmd, const struct rela
 	memcpy(rq, c->env, c->nenv * sizeof(char *));
 	memcpy(rq + c->nenv, git, ngit * sizeof(char *));
 	struct exec_env_in ein = {
+	    .home = r->home,
 	    .forwarded = (const char *const *)ce->v,
 	    .n_forwarded = ce->n,
 	    .request = (const char *const *)rq,
@@ -905,6 +909,10 @@ int route_new(const struct route_cfg *cfg, struct route **out)
 	r->policy = cfg->policy;
 	r->guest = cfg->guest;
 	r->guest_ud = cfg->guest_ud;
+	{
+		const char *h = getenv("HOME");
+		snprintf(r->home, sizeof(r->home), "%s", h && h[0] == '/' ? h : "/");
+	}
 	if ((e = cred_new(cfg->loop, policy_credentials(cfg->policy), &co, &r->cred)) < 0)
 		goto fail;
 	if (pe && pe->local.n) {
