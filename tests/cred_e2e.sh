@@ -147,7 +147,7 @@ t_control() {
 check "control: run directly, the repository's config runs its commands" t_control
 
 start_bg agent "$AGENT" --listen "unix:$T/a.sock" --root "$G" --key "$T/gk" --allow "$HPUB" \
-	--state "$T/agent.state" --fsync none
+	--state "$T/agent.state" --fsync none --verbose # the most it logs: the value must still not show
 wait_line "$T/agent.out" '^ready' 10
 AGENT_PID=$BG_PID
 start_bg up "$AIRLOCK" up "$W" --guest "unix:$T/a.sock" --key "$T/hk" --guest-key "$GPUB"
