@@ -598,7 +598,10 @@ static int start_source(struct cred *c, struct entry *e)
 		return 0;
 	}
 	snprintf(dir, sizeof(dir), "%s", c->config_path);
-	*strrchr(dir, '/') = '\0';
+	if (strrchr(dir, '/'))
+		*strrchr(dir, '/') = '\0';
+	else
+		snprintf(dir, sizeof(dir), ".");
 	tostr(ttl, sizeof(ttl), e->ttl_s);
 	r = -ENOMEM;
 	if (asprintf(&env[0], "PATH=/usr/local/bin:/usr/bin:/bin") < 0 || asprintf(&env[1], "LANG=C.UTF-8") < 0 ||
