@@ -566,6 +566,18 @@ static void source_done(struct hostrun *h, const struct hostrun_result *r, void 
 	schedule_notify(c);
 }
 
+static char *env_entry(const char *name, const char *value)
+{
+	size_t nl = strlen(name), vl = strlen(value);
+	char *s = mem_alloc(nl + vl + 2);
+	if (s) {
+		memcpy(s, name, nl);
+		s[nl] = '=';
+		memcpy(s + nl + 1, value, vl + 1);
+	}
+	return s;
+}
+
 static void tostr(char *b, size_t n, uint64_t v)
 {
 	snprintf(b, n, "%llu", (unsigned long long)v);
@@ -604,10 +616,9 @@ static int start_source(struct cred *c, struct entry *e)
 		snprintf(dir, sizeof(dir), ".");
 	tostr(ttl, sizeof(ttl), e->ttl_s);
 	r = -ENOMEM;
-	if (asprintf(&env[0], "PATH=/usr/local/bin:/usr/bin:/bin") < 0 || asprintf(&env[1], "LANG=C.UTF-8") < 0 ||
-	    asprintf(&env[2], "HOME=%s", c->home) < 0 || asprintf(&env[3], "AIRLOCK_CRED_NAME=%s", e->name) < 0 ||
-	    asprintf(&env[4], "AIRLOCK_CRED_SCOPE=%s", e->scope) < 0 ||
-	    asprintf(&env[5], "AIRLOCK_CRED_TTL=%s", ttl) < 0)
+	if (!(env[0] = env_entry("PATH", "/usr/local/bin:/usr/bin:/bin")) || !(env[1] = env_entry("LANG", "C.UTF-8")) ||
+	    !(env[2] = env_entry("HOME", c->home)) || !(env[3] = env_entry("AIRLOCK_CRED_NAME", e->name)) ||
+	    !(env[4] = env_entry("AIRLOCK_CRED_SCOPE", e->scope)) || !(env[5] = env_entry("AIRLOCK_CRED_TTL", ttl)))
 		goto out;
 	if ((dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
 		set_err(e, "credential %s: %s: %s", e->name, dir, strerror(errno));
@@ -633,7 +644,7 @@ out:
 	if (dfd >= 0)
 		close(dfd);
 	for (size_t i = 0; i < 8; i++)
-		free(env[i]);
+		mem_free(env[i]);
 	cred_config_free(cfg);
 	return r;
 }

@@ -175,17 +175,21 @@ struct kv {
 
 static int kv_add(struct kv *o, const char *k, const char *v)
 {
+	size_t kl = strlen(k), vl = strlen(v);
 	char *s;
 	if (o->n + 1 >= o->cap) {
 		size_t cap = o->cap ? o->cap * 2 : 64;
-		char **nv = realloc(o->v, cap * sizeof(*nv));
+		char **nv = mem_realloc(o->v, cap * sizeof(*nv));
 		if (!nv)
 			return -ENOMEM;
 		o->v = nv;
 		o->cap = cap;
 	}
-	if (asprintf(&s, "%s=%s", k, v) < 0)
+	if (!(s = mem_alloc(kl + vl + 2)))
 		return -ENOMEM;
+	memcpy(s, k, kl);
+	s[kl] = '=';
+	memcpy(s + kl + 1, v, vl + 1);
 	o->v[o->n++] = s;
 	o->v[o->n] = NULL;
 	return 0;
@@ -193,10 +197,15 @@ static int kv_add(struct kv *o, const char *k, const char *v)
 
 static void kv_free(struct kv *o)
 {
-	for (size_t i = 0; i < o->n; i++)
-		free(o->v[i]);
-	free(o->v);
+	route_git_env_free(o->v, o->n);
 	memset(o, 0, sizeof(*o));
+}
+
+void route_git_env_free(char **v, size_t n)
+{
+	for (size_t i = 0; v && i < n; i++)
+		mem_free(v[i]);
+	mem_free(v);
 }
 
 /* Config keys git would run a program from, with a harmless value. */
@@ -307,7 +316,7 @@ int route_git_env(const char *config_z, size_t len, char ***out, size_t *nout)
 		const char *value = NULL, *ov;
 		if (!z)
 			break; /* a truncated last entry: git always ends with NUL */
-		if (!(name = strndup(p, (size_t)(z - p)))) {
+		if (!(name = mem_strndup(p, (size_t)(z - p)))) {
 			r = -ENOMEM;
 			goto out;
 		}
@@ -318,12 +327,12 @@ int route_git_env(const char *config_z, size_t len, char ***out, size_t *nout)
 		}
 		ov = git_override_for(name, value);
 		if (ov && cfg.n >= GIT_OVERRIDES_MAX) {
-			free(name);
+			mem_free(name);
 			r = -E2BIG;
 			goto out;
 		}
 		r = ov ? kv_add(&cfg, name, ov) : 0;
-		free(name);
+		mem_free(name);
 		if (r < 0)
 			goto out;
 		p = z + 1;
@@ -597,9 +606,7 @@ static void probe_done(struct hostrun *h, const struct hostrun_result *res, void
 	char **rq = mem_calloc(c->nenv + ngit + 1, sizeof(char *));
 	if (!rq || (e = cred_env(r->cred, false, &ce)) < 0) {
 		mem_free(rq);
-		for (size_t i = 0; i < ngit; i++)
-			free(git[i]);
-		free(git);
+		route_git_env_free(git, ngit);
 		rc_free(c);
 		relay_cmd_error(cmd, "backend_error", "out of memory");
 		return;
@@ -655,9 +662,7 @@ static void probe_done(struct hostrun *h, const struct hostrun_result *res, void
 	exec_env_free(envp);
 	cred_env_free(ce);
 	mem_free(rq);
-	for (size_t i = 0; i < ngit; i++)
-		free(git[i]);
-	free(git);
+	route_git_env_free(git, ngit);
 	if (e < 0) {
 		bool cwd = e == -EXDEV || e == -ENOENT || e == -ENOTDIR || e == -EACCES;
 		rc_free(c);
@@ -732,9 +737,7 @@ out:
 	exec_env_free(envp);
 	cred_env_free(ce);
 	mem_free(rq);
-	for (size_t i = 0; i < ngit; i++)
-		free(git[i]);
-	free(git);
+	route_git_env_free(git, ngit);
 	if (e < 0) {
 		char msg[300];
 		if (e == -EXDEV || e == -ENOENT || e == -ENOTDIR || e == -EACCES) {

@@ -557,15 +557,66 @@ static void test_git_env(void **state)
 	assert_string_equal(cfg_get(v, n, "submodule.s.update"), "checkout");
 	assert_null(cfg_get(v, n, "user.name"));
 	assert_null(cfg_get(v, n, "truncated.entry"));
-	for (size_t i = 0; i < n; i++)
-		free(v[i]);
-	free(v);
+	route_git_env_free(v, n);
 	/* without a probe: the fixed part only */
 	assert_int_equal(route_git_env(NULL, 0, &v, &n), 0);
 	assert_string_equal(cfg_get(v, n, "core.hooksPath"), "/dev/null");
-	for (size_t i = 0; i < n; i++)
-		free(v[i]);
-	free(v);
+	route_git_env_free(v, n);
+}
+
+/* Every allocation failure becomes -ENOMEM, never a crash or a leak (the
+ * sanitizer build checks the leaks). */
+static void test_alloc_failures(void **state)
+{
+	static const char probe[] = "filter.f.clean\nx\0diff.d.textconv\ny\0alias.a\n!z\0";
+	struct cred_config *cfg = NULL;
+	struct fixture f;
+	struct cred_env *e = NULL;
+	char err[512], **v = NULL;
+	size_t n = 0;
+	unsigned long used, c0;
+	int r;
+	(void)state;
+
+	write_file(g_cfg, 0600, "{\"sources\": {\"a\": {\"command\": [\"x\", \"y\"]}, \"b\": {\"command\": [\"z\"]}}}");
+	c0 = mem_count();
+	assert_int_equal(cred_config_load(g_cfg, &cfg, err, sizeof(err)), 0);
+	used = mem_count() - c0;
+	cred_config_free(cfg);
+	for (unsigned long k = 1; k <= used; k++) {
+		cfg = NULL;
+		mem_fail_at(k, 0);
+		r = cred_config_load(g_cfg, &cfg, err, sizeof(err));
+		mem_fail_at(0, 0);
+		if (r == 0)
+			cred_config_free(cfg);
+		else if (r != -ENOMEM)
+			fail_msg("allocation %lu: %d %s", k, r, err);
+	}
+	c0 = mem_count();
+	assert_int_equal(route_git_env(probe, sizeof(probe) - 1, &v, &n), 0);
+	used = mem_count() - c0;
+	route_git_env_free(v, n);
+	for (unsigned long k = 1; k <= used; k++) {
+		mem_fail_at(k, 0);
+		r = route_git_env(probe, sizeof(probe) - 1, &v, &n);
+		mem_fail_at(0, 0);
+		assert_true(r == 0 || r == -ENOMEM);
+		if (r == 0)
+			route_git_env_free(v, n);
+	}
+	/* cred_new and cred_env (the values themselves are sodium_malloc'd) */
+	fixture_new(&f, "ok", 60, 5);
+	assert_int_equal(refresh(f.c, f.l, NULL, 0), 0);
+	for (unsigned long k = 1; k <= 4; k++) {
+		mem_fail_at(k, 0);
+		r = cred_env(f.c, true, &e);
+		mem_fail_at(0, 0);
+		assert_true(r == 0 || r == -ENOMEM);
+		cred_env_free(e);
+		e = NULL;
+	}
+	fixture_free(&f);
 }
 
 int main(void)
@@ -582,6 +633,7 @@ int main(void)
 	    cmocka_unit_test(test_missing_source),
 	    cmocka_unit_test(test_match_local),
 	    cmocka_unit_test(test_local_check),
+	    cmocka_unit_test(test_alloc_failures),
 	    cmocka_unit_test(test_git_env),
 	};
 	signal(SIGPIPE, SIG_IGN);

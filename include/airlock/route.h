@@ -71,15 +71,15 @@ bool route_match_local(const char *const *prefixes, size_t nprefixes, const char
  * options before the subcommand other than --version, --help, -h,
  * --no-pager, -P, --no-optional-locks, --literal-pathspecs and
  * --no-replace-objects are refused (-c and friends set any config). */
-int route_local_check(const char *const *argv, size_t argc, const char *const *env, size_t nenv, char *why,
-		      size_t n);
+int route_local_check(const char *const *argv, size_t argc, const char *const *env, size_t nenv, char *why, size_t n);
 
 /* The environment entries that disable git's command-running
  * configuration, given the output of `git config --list -z` in the
  * command's directory (NULL/0: only the fixed part). *out is a
- * NULL-terminated array of "NAME=value" (free each and the array with
- * free()), *n its length. Errors: -ENOMEM, -E2BIG (more than 4096
+ * NULL-terminated array of "NAME=value" (route_git_env_free), *n its
+ * length. Errors: -ENOMEM, -E2BIG (more than 4096
  * overrides). */
 int route_git_env(const char *config_z, size_t len, char ***out, size_t *n);
+void route_git_env_free(char **v, size_t n); /* NULL is a no-op */
 
 #endif

@@ -66,9 +66,7 @@ static void fuzz_git(const uint8_t *data, size_t size)
 	}
 	FUZZ_ASSERT(v[n] == NULL);
 	FUZZ_ASSERT(count >= 0 && (size_t)count == keys && keys == vals && hooks);
-	for (size_t i = 0; i < n; i++)
-		free(v[i]);
-	free(v);
+	route_git_env_free(v, n);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
