@@ -48,6 +48,7 @@ cat >"$T/source.sh" <<EOF
 echo run >>"$T/count"
 env >"$T/source.env"
 if [ -e "$T/fail" ]; then echo "token service says no" >&2; exit 3; fi
+if [ -e "$T/slow" ]; then sleep 1.5; fi
 n=\$(wc -l <"$T/count")
 printf '%s\n' "tok-\$n-\$AIRLOCK_CRED_SCOPE-$SECRET"
 EOF
@@ -198,6 +199,24 @@ t_source_fail() {
 		{ echo "after recovery: '$out'" >&2; return 1; }
 }
 check "a failing source is a clear error on the command, and the next command resolves again" t_source_fail
+
+t_wait_cancel() {
+	local out
+	touch "$T/slow"
+	sleep 2.2
+	# the command waits for its credential: stdin gets busy, cancel ends it before it starts
+	out=$(printf '%s\n' '{"id":"w","op":"exec","argv":["true"],"stdin":true}' '{"id":"w","op":"stdin","data":"x"}' \
+		'{"id":"w","op":"cancel"}' | $TO 20 "$RC") || return 1
+	rm -f "$T/slow"
+	echo "$out" | grep -q '"event":"error","id":"w","code":"busy"' &&
+		echo "$out" | grep -q '"event":"error","id":"w","code":"canceled"' &&
+		! echo "$out" | grep -q '"event":"started"' || { echo "$out" >&2; return 1; }
+	# the resolution went on: its value serves the next command without another run
+	sleep 1.6
+	out=$(X -- sh -c 'echo "$INJ_TOKEN"' </dev/null) && [ "$out" = "tok-5-read:repo-$SECRET" ] && [ "$(runs)" = 5 ] ||
+		{ echo "after cancel: '$out', runs $(runs)" >&2; return 1; }
+}
+check "a command waiting for its credential: stdin is busy, cancel ends it, the value is kept" t_wait_cancel
 
 t_local_env() {
 	local out
