@@ -2,7 +2,7 @@
 # credentials and execution.local end to end: a real agent, `airlock up`
 # (FUSE mount + relay socket) with a policy that forwards a variable,
 # injects a credential from the user's credentials.json (a source command
-# that counts its runs) with a 2 s ttl, and lists git commands under
+# that counts its runs) with a 3 s ttl, and lists git commands under
 # execution.local; the workspace is a git repository whose .git/config and
 # .gitattributes would run marker commands.
 # usage: cred_e2e.sh AIRLOCK AIRLOCK_AGENT RELAY_CLIENT   (root + /dev/fuse, else skipped: exit 77)
@@ -65,7 +65,7 @@ cat >"$W/airlock.json" <<'EOF'
                            "printenv"] },
   "credentials": {
     "forward_env": ["FWD_VAR", "FWD_UNSET"],
-    "inject": [ { "name": "INJ_TOKEN", "scope": "read:repo", "ttl_seconds": 2, "value_from": "deploy-token" } ]
+    "inject": [ { "name": "INJ_TOKEN", "scope": "read:repo", "ttl_seconds": 3, "value_from": "deploy-token" } ]
   }
 }
 EOF
@@ -178,9 +178,9 @@ t_inject() {
 		{ echo "reuse within ttl: '$out' runs $a then $b" >&2; return 1; }
 	# the source's own environment: minimal, with name, scope and ttl
 	grep -qx "AIRLOCK_CRED_NAME=INJ_TOKEN" "$T/source.env" && grep -qx "AIRLOCK_CRED_SCOPE=read:repo" "$T/source.env" &&
-		grep -qx "AIRLOCK_CRED_TTL=2" "$T/source.env" && ! grep -q "AIRLOCK_E2E_CANARY\|FWD_VAR" "$T/source.env" ||
+		grep -qx "AIRLOCK_CRED_TTL=3" "$T/source.env" && ! grep -q "AIRLOCK_E2E_CANARY\|FWD_VAR" "$T/source.env" ||
 		{ echo "source env:" >&2; cat "$T/source.env" >&2; return 1; }
-	sleep 2.2
+	sleep 3.2
 	out=$(X -- sh -c 'echo "$INJ_TOKEN"' </dev/null) || return 1
 	[ "$out" = "tok-2-read:repo-$SECRET" ] && [ "$(runs)" = 2 ] || { echo "after ttl: '$out', runs $(runs)" >&2; return 1; }
 }
@@ -189,7 +189,7 @@ check "inject: the value arrives, is reused within its ttl and resolved again af
 t_source_fail() {
 	local out rc=0
 	touch "$T/fail"
-	sleep 2.2
+	sleep 3.2
 	out=$(X -- true </dev/null 2>&1) || rc=$?
 	rm -f "$T/fail"
 	[ "$rc" != 0 ] && echo "$out" | grep -q "credential INJ_TOKEN: source 'deploy-token' failed with status 3: token service says no" ||
@@ -203,7 +203,7 @@ check "a failing source is a clear error on the command, and the next command re
 t_wait_cancel() {
 	local out
 	touch "$T/slow"
-	sleep 2.2
+	sleep 3.2
 	# the command waits for its credential: stdin gets busy, cancel ends it before it starts
 	out=$(printf '%s\n' '{"id":"w","op":"exec","argv":["true"],"stdin":true}' '{"id":"w","op":"stdin","data":"x"}' \
 		'{"id":"w","op":"cancel"}' | $TO 20 "$RC") || return 1
