@@ -93,6 +93,8 @@ cat >>"$W/.git/config" <<EOF
 [filter "f"]
 	clean = "touch $M/clean; cat"
 	smudge = "touch $M/smudge; cat"
+[filter "p"]
+	process = "touch $M/process; false"
 [credential]
 	helper = "!touch $M/credhelper; true"
 [pager]
@@ -113,7 +115,7 @@ for h in pre-commit post-commit commit-msg prepare-commit-msg post-index-change 
 	chmod +x "$W/hooks2/$h"
 	cp "$W/hooks2/$h" "$W/.git/hooks/$h"
 done
-printf '*.txt diff=tc filter=f\n*.dat diff=cmd\n' >"$W/.gitattributes"
+printf '*.txt diff=tc filter=f\n*.dat diff=cmd\n*.proc filter=p\n' >"$W/.gitattributes"
 
 # The same commands run directly, in a copy, must leave markers: the test
 # can fail (the repository really is hostile).
@@ -137,15 +139,19 @@ t_control() {
 		git commit -qm control >/dev/null 2>&1 || true
 		printf 'protocol=https\nhost=example.invalid\n\n' | git credential fill >/dev/null 2>&1 || true
 		git ls-remote origin >/dev/null 2>&1 || true
+		# last: a failing process filter makes git die
+		echo "long-running filter" >c.proc
+		git add c.proc >/dev/null 2>&1 || true
 	) </dev/null
 	local want got
-	for want in fsmonitor diffexternal diffcommand textconv clean hook-pre-commit credhelper sshcommand gpg pagerlog; do
+	for want in fsmonitor diffexternal diffcommand textconv clean process hook-pre-commit credhelper sshcommand gpg pagerlog; do
 		[ -e "$CM/$want" ] || { echo "control run left no '$want' marker: the test would prove nothing" >&2; return 1; }
 	done
 	got=$(ls "$CM" | grep -v '^gpg.sh$' | tr '\n' ' ')
 	echo "# control markers: $got"
 }
 check "control: run directly, the repository's config runs its commands" t_control
+echo "long-running filter" >"$W/c.proc" # filter=p (process): added by the git add below
 
 start_bg agent "$AGENT" --listen "unix:$T/a.sock" --root "$G" --key "$T/gk" --allow "$HPUB" \
 	--state "$T/agent.state" --fsync none --verbose # the most it logs: the value must still not show
