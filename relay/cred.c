@@ -289,7 +289,8 @@ struct cred {
 	uint64_t (*now_ms)(void *);
 	void *clock_ud;
 	char home[PATH_MAX];
-	char **fwd; /* sodium_malloc'd "NAME=value" */
+	char workspace[PATH_MAX]; /* realpath, "" = none */
+	char **fwd;		  /* sodium_malloc'd "NAME=value" */
 	size_t nfwd;
 	struct entry *inj;
 	size_t ninj;
@@ -366,6 +367,8 @@ int cred_new(struct loop *l, const struct policy_credentials *pc, const struct c
 	else
 		c->config_err = cred_config_path(c->config_path, sizeof(c->config_path));
 	snprintf(c->home, sizeof(c->home), "%s", h && h[0] == '/' ? h : "/");
+	if (opts && opts->workspace && !realpath(opts->workspace, c->workspace))
+		snprintf(c->workspace, sizeof(c->workspace), "%s", opts->workspace);
 	if (pc && pc->forward_env.n) {
 		if (!(c->fwd = mem_calloc(pc->forward_env.n, sizeof(char *))))
 			goto nomem;
@@ -596,6 +599,18 @@ static int start_source(struct cred *c, struct entry *e)
 		snprintf(e->last_err, sizeof(e->last_err),
 			 "credential %s: no configuration file (set XDG_CONFIG_HOME or HOME for airlock up)", e->name);
 		return 0;
+	}
+	if (c->workspace[0]) {
+		char real[PATH_MAX];
+		size_t wl = strlen(c->workspace);
+		if (realpath(c->config_path, real) && !strncmp(real, c->workspace, wl) &&
+		    (real[wl] == '/' || real[wl] == '\0')) {
+			set_err(e,
+				"credential %s: %s is inside the workspace %s: refused (the repository must not choose "
+				"credential sources; keep it in your own configuration directory)",
+				e->name, c->config_path, c->workspace);
+			return 0;
+		}
 	}
 	if ((r = cred_config_load(c->config_path, &cfg, err, sizeof(err))) < 0) {
 		if (r == -ENOMEM)

@@ -901,7 +901,7 @@ int route_put_forwarded(struct buf *b, const struct relay_exec_req *req)
 int route_new(const struct route_cfg *cfg, struct route **out)
 {
 	const struct policy_execution *pe = policy_execution(cfg->policy);
-	struct cred_opts co = {.config_path = cfg->cred_config};
+	struct cred_opts co = {.config_path = cfg->cred_config, .workspace = cfg->workspace};
 	struct route *r;
 	int e;
 

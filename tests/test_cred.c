@@ -426,6 +426,17 @@ static void test_missing_source(void **state)
 	assert_int_equal(cred_new(f.l, &f.pc, &o, &f.c), 0);
 	assert_int_equal(refresh(f.c, f.l, msg, sizeof(msg)), -EIO);
 	assert_non_null(strstr(msg, "has no source \"TOKEN\""));
+	/* a config inside the workspace is refused: the repository must not choose sources */
+	{
+		struct cred *inside = NULL;
+		struct cred_opts wo = {.config_path = g_cfg, .now_ms = fake_now, .workspace = g_dir};
+		f.inj.value_from = "src";
+		assert_int_equal(cred_new(f.l, &f.pc, &wo, &inside), 0);
+		assert_int_equal(refresh(inside, f.l, msg, sizeof(msg)), -EIO);
+		assert_non_null(strstr(msg, "is inside the workspace"));
+		cred_free(inside);
+		f.inj.value_from = NULL;
+	}
 	/* a config that became group-writable is refused at the next resolution */
 	assert_int_equal(chmod(g_cfg, 0660), 0);
 	assert_int_equal(refresh(f.c, f.l, msg, sizeof(msg)), -EIO);

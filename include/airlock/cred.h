@@ -72,6 +72,10 @@ struct cred_opts {
 	/* Clock in ms (monotonic); NULL = loop_now_ms. For tests. */
 	uint64_t (*now_ms)(void *ud);
 	void *clock_ud;
+	/* The workspace (NULL = none): a configuration file that resolves to a
+	 * path beneath it is refused, since whoever edits the workspace could
+	 * then choose the source commands. */
+	const char *workspace;
 };
 
 /* pc may be NULL (nothing to forward or inject). Reads forward_env from
