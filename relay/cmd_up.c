@@ -743,6 +743,11 @@ static void be_release(void *ud, struct relay_cmd *cmd)
 	xcmd_free(u, x);
 }
 
+static bool be_guest_ready(void *ud) /* route.h: no credential is resolved for a command that cannot start */
+{
+	return guest_usable(ud);
+}
+
 static const struct relay_backend_ops backend_ops = {
 	.exec_start = be_exec_start,
 	.stdin_write = be_stdin_write,
@@ -1367,7 +1372,7 @@ int cmd_up(int argc, char **argv)
 		if (pe && pe->timeout_seconds > 0 && pe->timeout_seconds < 30 * 86400)
 			rc.timeout_s = (unsigned)pe->timeout_seconds;
 		struct route_cfg ro = { .loop = u.loop, .policy = u.policy, .workspace = u.dir, .guest = &backend_ops,
-					.guest_ud = &u };
+					.guest_ud = &u, .guest_ready = be_guest_ready };
 		if ((r = route_new(&ro, &u.route)) < 0) {
 			cmd_err("up: execution.local: workspace %s: %s", u.dir, strerror(-r));
 			goto out;

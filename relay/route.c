@@ -60,6 +60,7 @@ struct route {
 	const struct policy *policy;
 	const struct relay_backend_ops *guest;
 	void *guest_ud;
+	bool (*guest_ready)(void *guest_ud);
 	struct cred *cred;
 	char *workspace;     /* opened per command: an fd held open would keep the mount busy at shutdown */
 	char home[PATH_MAX]; /* the daemon's HOME: local commands' HOME (not a world-writable /tmp) */
@@ -768,6 +769,8 @@ static int ro_exec_start(void *ud, struct relay_cmd *cmd, const struct relay_exe
 
 	if (!req->shell && route_match_local((const char *const *)r->prefixes, r->nprefixes, req->argv, req->argc))
 		return start_local(r, cmd, req);
+	if (r->guest_ready && !r->guest_ready(r->guest_ud))
+		return r->guest->exec_start(r->guest_ud, cmd, req); /* it says why not; no credential is resolved */
 	e = to_guest(r, cmd, req);
 	if (e != -EAGAIN)
 		return e;
@@ -912,6 +915,7 @@ int route_new(const struct route_cfg *cfg, struct route **out)
 	r->policy = cfg->policy;
 	r->guest = cfg->guest;
 	r->guest_ud = cfg->guest_ud;
+	r->guest_ready = cfg->guest_ready;
 	{
 		const char *h = getenv("HOME");
 		snprintf(r->home, sizeof(r->home), "%s", h && h[0] == '/' ? h : "/");

@@ -43,6 +43,10 @@ struct route_cfg {
 	const char *workspace;		       /* directory local commands run in (opened by route_new) */
 	const struct relay_backend_ops *guest; /* where the rest goes */
 	void *guest_ud;
+	/* Optional: false when the guest cannot take a command now; such a
+	 * command goes straight to the guest backend (which refuses it)
+	 * without resolving credentials for it first. */
+	bool (*guest_ready)(void *guest_ud);
 	const char *cred_config; /* credentials.json path; NULL = cred_config_path() */
 };
 
