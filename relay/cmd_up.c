@@ -1371,8 +1371,12 @@ int cmd_up(int argc, char **argv)
 		struct relay_cfg rc = { .path = u.sock };
 		if (pe && pe->timeout_seconds > 0 && pe->timeout_seconds < 30 * 86400)
 			rc.timeout_s = (unsigned)pe->timeout_seconds;
-		struct route_cfg ro = { .loop = u.loop, .policy = u.policy, .workspace = u.dir, .guest = &backend_ops,
-					.guest_ud = &u, .guest_ready = be_guest_ready };
+		struct route_cfg ro = {.loop = u.loop,
+				       .policy = u.policy,
+				       .workspace = u.dir,
+				       .guest = &backend_ops,
+				       .guest_ud = &u,
+				       .guest_ready = be_guest_ready};
 		if ((r = route_new(&ro, &u.route)) < 0) {
 			cmd_err("up: execution.local: workspace %s: %s", u.dir, strerror(-r));
 			goto out;
