@@ -1378,7 +1378,7 @@ int cmd_up(int argc, char **argv)
 				       .guest_ud = &u,
 				       .guest_ready = be_guest_ready};
 		if ((r = route_new(&ro, &u.route)) < 0) {
-			cmd_err("up: execution.local: workspace %s: %s", u.dir, strerror(-r));
+			cmd_err("up: command routing (execution.local, credentials) for %s: %s", u.dir, strerror(-r));
 			goto out;
 		}
 		if ((r = relay_default_path(u.dir, u.sock, sizeof(u.sock))) < 0 ||
