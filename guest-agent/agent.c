@@ -445,11 +445,14 @@ static int handle_exec_start(struct session *s, uint32_t stream, struct buf *in)
 	uint8_t flags;
 	uint64_t timeout_ms;
 	uint16_t rows, cols;
-	uint32_t argc = 0, nenv = 0;
-	char *cwd = NULL, **argv = NULL, **env = NULL, **envp = NULL, **penv = NULL;
+	uint32_t argc = 0, nenv = 0, nfwd = 0;
+	char *cwd = NULL, **argv = NULL, **env = NULL, **fwd = NULL, **envp = NULL, **penv = NULL;
 	const char **reqenv = NULL;
 	size_t nreq;
 	const char *bad = NULL;
+	/* the frame's plaintext: wiped at the end when it carried credentials */
+	uint8_t *frame = (uint8_t *)(uintptr_t)buf_ptr(in);
+	size_t frame_len = buf_len(in);
 	char msg[512];
 	int r;
 
@@ -484,6 +487,21 @@ static int handle_exec_start(struct session *s, uint32_t stream, struct buf *in)
 	for (uint32_t i = 0; i < nenv; i++)
 		if ((r = buf_get_str(in, &env[i], WIRE_EXEC_STR_MAX)) < 0)
 			goto out;
+	if (flags & WIRE_EXEC_F_FWD) { /* the forwarded layer: forward_env and credentials.inject */
+		if ((r = buf_get_u32(in, &nfwd)) < 0)
+			goto out;
+		if (nfwd > WIRE_EXEC_ARGS_MAX) {
+			r = -EBADMSG;
+			goto out;
+		}
+		if (!(fwd = mem_calloc(nfwd + 1, sizeof(*fwd)))) {
+			r = -ENOMEM;
+			goto out;
+		}
+		for (uint32_t i = 0; i < nfwd; i++)
+			if ((r = buf_get_str(in, &fwd[i], WIRE_EXEC_STR_MAX)) < 0)
+				goto out;
+	}
 	if (buf_len(in) != 0) {
 		r = -EBADMSG;
 		goto out;
@@ -522,9 +540,16 @@ static int handle_exec_start(struct session *s, uint32_t stream, struct buf *in)
 		reqenv[i] = env[i];
 	for (char **pe = penv; pe && *pe; pe++)
 		reqenv[nreq++] = *pe;
-	struct exec_env_in ein = {.home = a->home, .tty = flags & WIRE_EXEC_F_TTY, .request = reqenv, .n_request = nreq};
+	struct exec_env_in ein = {.home = a->home,
+				  .tty = flags & WIRE_EXEC_F_TTY,
+				  .forwarded = (const char *const *)fwd,
+				  .n_forwarded = nfwd,
+				  .request = reqenv,
+				  .n_request = nreq};
 	if ((r = exec_env_build(&ein, &envp, &bad)) < 0) {
-		snprintf(msg, sizeof(msg), "environment entry '%.200s': %s", bad ? bad : "?",
+		/* the name only: the value may be a credential */
+		snprintf(msg, sizeof(msg), "environment entry '%.*s': %s",
+			 bad ? (int)(strcspn(bad, "=") < 200 ? strcspn(bad, "=") : 200) : 1, bad ? bad : "?",
 			 r == -E2BIG ? "environment too large" : "not NAME=value with a valid name");
 		gx_fail(g, -r, msg);
 		r = 0;
@@ -571,10 +596,25 @@ static int handle_exec_start(struct session *s, uint32_t stream, struct buf *in)
 out:
 	for (uint32_t i = 0; argv && i < argc; i++)
 		mem_free(argv[i]);
+	/* Credentials live only for building the command's environment:
+	 * wipe every copy (the request's own env too, it may hold secrets). */
 	for (uint32_t i = 0; env && i < nenv; i++)
-		mem_free(env[i]);
+		if (env[i]) {
+			sodium_memzero(env[i], strlen(env[i]));
+			mem_free(env[i]);
+		}
+	for (uint32_t i = 0; fwd && i < nfwd; i++)
+		if (fwd[i]) {
+			sodium_memzero(fwd[i], strlen(fwd[i]));
+			mem_free(fwd[i]);
+		}
+	for (char **p = envp; p && *p; p++)
+		sodium_memzero(*p, strlen(*p));
+	if (flags & WIRE_EXEC_F_FWD)
+		sodium_memzero(frame, frame_len);
 	mem_free(argv);
 	mem_free(env);
+	mem_free(fwd);
 	mem_free(cwd);
 	exec_env_free(envp);
 	proxy_env_free(penv);

@@ -41,6 +41,7 @@
 #include "airlock/policy.h"
 #include "airlock/relay.h"
 #include "airlock/sandbox.h"
+#include "airlock/route.h"
 #include "airlock/sync.h"
 #include "airlock/transport.h"
 #include "airlock/wire.h"
@@ -231,6 +232,7 @@ struct up {
 
 	struct relay *relay;
 	struct egress_link *egress; /* the sandbox's only way out: proxy streams -> egress proxy */
+	struct route *route;	    /* relay backend: local vs guest, credentials (route.h) */
 	char sock[PATH_MAX];	    /* relay socket path */
 	struct xcmd *xcmds;	    /* commands not yet ended */
 	struct syncw *syncws;	    /* sync_waits not yet satisfied */
@@ -685,7 +687,7 @@ static int be_exec_start(void *ud, struct relay_cmd *cmd, const struct relay_exe
 	struct up *u = ud;
 	struct xcmd *x;
 	uint8_t flags = (uint8_t)((req->tty ? WIRE_EXEC_F_TTY : 0) | (req->stdin_open ? WIRE_EXEC_F_STDIN : 0) |
-				  (u->egress ? WIRE_EXEC_F_PROXY : 0));
+				  (u->egress ? WIRE_EXEC_F_PROXY : 0) | (req->nforwarded ? WIRE_EXEC_F_FWD : 0));
 	int r;
 
 	up_touch(u);
@@ -716,6 +718,8 @@ static int be_exec_start(void *ud, struct relay_cmd *cmd, const struct relay_exe
 	for (size_t i = 0; i < req->nenv; i++)
 		if ((r = buf_put_str(&x->start, req->env[i])) < 0)
 			goto fail;
+	if (req->nforwarded && (r = route_put_forwarded(&x->start, req)) < 0) /* credentials: wiped with x->start */
+		goto fail;
 	if (req->argc == 0 || req->argc > WIRE_EXEC_ARGS_MAX || req->nenv > WIRE_EXEC_ARGS_MAX) {
 		r = -E2BIG;
 		goto fail;
@@ -840,6 +844,11 @@ static void be_release(void *ud, struct relay_cmd *cmd)
 		chan_send(u->chan, WIRE_EXEC_CANCEL, x->stream, NULL,
 			  0); /* the guest also kills it when the session ends */
 	xcmd_free(u, x);
+}
+
+static bool be_guest_ready(void *ud) /* route.h: no credential is resolved for a command that cannot start */
+{
+	return guest_usable(ud);
 }
 
 static const struct relay_backend_ops backend_ops = {
@@ -1703,8 +1712,18 @@ int cmd_up(int argc, char **argv)
 		struct relay_cfg rc = {.path = u.sock};
 		if (pe && pe->timeout_seconds > 0 && pe->timeout_seconds < 30 * 86400)
 			rc.timeout_s = (unsigned)pe->timeout_seconds;
+		struct route_cfg ro = {.loop = u.loop,
+				       .policy = u.policy,
+				       .workspace = u.dir,
+				       .guest = &backend_ops,
+				       .guest_ud = &u,
+				       .guest_ready = be_guest_ready};
+		if ((r = route_new(&ro, &u.route)) < 0) {
+			cmd_err("up: command routing (execution.local, credentials) for %s: %s", u.dir, strerror(-r));
+			goto out;
+		}
 		if ((r = relay_default_path(u.dir, u.sock, sizeof(u.sock))) < 0 ||
-		    (r = relay_new(u.loop, &rc, &backend_ops, &u, &u.relay)) < 0) {
+		    (r = relay_new(u.loop, &rc, &route_backend_ops, u.route, &u.relay)) < 0) {
 			cmd_err("up: relay socket %s: %s%s", u.sock[0] ? u.sock : "(for this workspace)", strerror(-r),
 				r == -EADDRINUSE ? " (another airlock serves it; set "
 						   "AIRLOCK_SOCKET to use another path)"
@@ -1728,6 +1747,8 @@ out:
 	}
 	relay_free(u.relay); /* releases running commands while the chan still exists */
 	u.relay = NULL;
+	route_free(u.route); /* after relay_free: kills local commands, wipes credentials */
+	u.route = NULL;
 	egress_link_free(u.egress); /* before the chan: its tunnels use it; writes
 				       pending denials */
 	u.egress = NULL;

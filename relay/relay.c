@@ -94,6 +94,7 @@ struct relay_cmd {
 	enum cmd_state state;
 	int64_t pid;
 	bool has_pid;
+	bool on_host; /* execution.local: runs on the host, not in the guest */
 	uint64_t started_wall_ms, start_ms, end_ms;
 	struct ring ring[2];
 	struct relay_exit ex;
@@ -541,8 +542,10 @@ static bool sub_step(struct sub *s)
 
 	if (!s->started_sent && m->has_pid) {
 		json_t *ev = ev_new("started", m->id);
-		if (ev)
+		if (ev) {
 			json_object_set_new(ev, "pid", json_integer((json_int_t)m->pid));
+			json_object_set_new(ev, "where", json_string(m->on_host ? "host" : "guest"));
+		}
 		client_send(s->c, ev);
 		s->started_sent = true;
 		return true;
@@ -1555,6 +1558,7 @@ static void op_status(struct client *c, json_t *rq, json_t *id)
 		json_object_set_new(o, "shell", json_boolean(m->shell));
 		json_object_set_new(o, "state", json_string(state_names[m->state]));
 		json_object_set_new(o, "pid", m->has_pid ? json_integer((json_int_t)m->pid) : json_null());
+		json_object_set_new(o, "where", json_string(m->on_host ? "host" : "guest"));
 		json_object_set_new(o, "started_ms", json_integer((json_int_t)m->started_wall_ms));
 		json_object_set_new(o, "stdout_bytes", json_integer((json_int_t)m->ring[0].end));
 		json_object_set_new(o, "stderr_bytes", json_integer((json_int_t)m->ring[1].end));
@@ -1698,6 +1702,14 @@ void relay_cmd_started(struct relay_cmd *m, int64_t pid)
 	if (m->state == CMD_STARTING)
 		m->state = CMD_RUNNING;
 	cmd_service_subs(m, false);
+}
+
+void relay_cmd_started_host(struct relay_cmd *m, int64_t pid)
+{
+	if (!m->live || m->has_pid)
+		return;
+	m->on_host = true;
+	relay_cmd_started(m, pid);
 }
 
 void relay_cmd_output(struct relay_cmd *m, enum relay_stream st, const void *data, size_t n)

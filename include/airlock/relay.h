@@ -29,7 +29,7 @@
 #include "airlock/loop.h"
 
 /* Change this if you change the protocol (doc/RELAY.md). Sent in `hello`. */
-#define RELAY_PROTOCOL_VERSION 1
+#define RELAY_PROTOCOL_VERSION 2
 
 /* Defaults for struct relay_cfg fields left 0. */
 #define RELAY_LINE_MAX ((size_t)1 << 20)       /* request line, without '\n' */
@@ -73,6 +73,12 @@ struct relay_exec_req {
 	bool tty;
 	uint16_t rows, cols;     /* when tty */
 	bool stdin_open;         /* stdin comes through ops->stdin_write; else /dev/null */
+	/* The forwarded environment layer (policy forward_env and
+	 * credentials.inject values, "NAME=value"), below env. The relay
+	 * leaves it empty; the daemon's router (route.h) fills it. Secret:
+	 * never log it, wipe copies. */
+	const char *const *forwarded;
+	size_t nforwarded;
 };
 
 struct relay_exit {
@@ -164,6 +170,9 @@ void relay_get_stats(const struct relay *r, struct relay_stats *st);
 
 /* The command is running in the guest as pid. */
 void relay_cmd_started(struct relay_cmd *cmd, int64_t pid);
+/* The command is running on the host as pid (execution.local): the
+ * started event and status say "where":"host" instead of "guest". */
+void relay_cmd_started_host(struct relay_cmd *cmd, int64_t pid);
 /* Output bytes (copied). Always accepted: the relay keeps the last
  * ring_bytes of each stream and uses ops->pause to hold the rest back. */
 void relay_cmd_output(struct relay_cmd *cmd, enum relay_stream s, const void *data, size_t n);

@@ -113,6 +113,7 @@ enum wire_refusal {
 /* egress in effect: the guest listens on 127.0.0.1 for this command and sets
  * the proxy variables; connections come back as proxy streams */
 #define WIRE_EXEC_F_PROXY 4u
+#define WIRE_EXEC_F_FWD 8u /* EXEC_START carries the forwarded env list (credentials) */
 #define WIRE_EXEC_X_TIMED_OUT 1u
 #define WIRE_EXEC_X_CANCELED 2u
 #define WIRE_EXEC_X_CORE 4u
@@ -180,6 +181,10 @@ enum wire_type {
 				 * u16 rows, u16 cols, str cwd (relative, "" = root),
 				 * u32 argc (1..WIRE_EXEC_ARGS_MAX), argc x str,
 				 * u32 nenv (<= WIRE_EXEC_ARGS_MAX), nenv x str "NAME=value";
+				 * with WIRE_EXEC_F_FWD then u32 nfwd (<= WIRE_EXEC_ARGS_MAX),
+				 * nfwd x str "NAME=value": the forwarded layer (forward_env
+				 * and credentials.inject values; the request env wins over
+				 * it; the guest wipes it after use);
 				 * the whole request fits one frame (WIRE_PAYLOAD_MAX) */
 	WIRE_EXEC_STARTED = 81,	/* g->h: u64 pid (in the guest) */
 	WIRE_EXEC_STDOUT = 82,	/* g->h: raw bytes (with a tty: the terminal's output) */
