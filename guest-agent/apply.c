@@ -13,9 +13,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include <linux/fs.h>
 
 #include <sodium.h>
 
@@ -387,7 +390,7 @@ static int chmod_nofollow(struct apply *a, int pfd, const char *name, uint32_t m
 static int temp_open(struct apply *a, int dirfd, char tmp[TMPNAME_LEN], bool *named)
 {
 	if (a->tmpfile_ok) {
-		int fd = openat(dirfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+		int fd = openat(dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
 		if (fd >= 0) {
 			*named = false;
 			return fd;
@@ -398,7 +401,7 @@ static int temp_open(struct apply *a, int dirfd, char tmp[TMPNAME_LEN], bool *na
 	}
 	for (int tries = 0; tries < 16; tries++) {
 		tmp_name(tmp);
-		int fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+		int fd = openat(dirfd, tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 		if (fd >= 0) {
 			*named = true;
 			return fd;
@@ -469,6 +472,125 @@ static enum state state_of(const struct stat *st)
 	return ST_OTHER;
 }
 
+/* Mode and durability of a filled file. */
+static int finish_file(struct run *rn, size_t i, const struct delta_op *op, int fd)
+{
+	if (fchmod(fd, (mode_t)op->mode) < 0)
+		return op_fail(rn, i, -errno, "setting the mode");
+	if (rn->a->o.fsync == APPLY_FSYNC_FILE && fsync(fd) < 0)
+		return op_fail(rn, i, -errno, "fsync");
+	return 0;
+}
+
+/* Bytes of the base a clone must hold before it pays (below this, plain
+ * copying is as fast and simpler). */
+#define CLONE_MIN (256u * 1024u)
+
+/* Is op an edit in place of base: every REF chunk at its own offset (the
+ * unchanged parts did not move), with enough of them to be worth cloning? */
+static bool clone_fits(const struct delta_op *op, uint64_t base_size)
+{
+	uint64_t out = 0, refd = 0;
+
+	for (size_t c = 0; c < op->nchunks; c++) {
+		const struct delta_chunk *ch = &op->chunks[c];
+		if (ch->kind == DELTA_CHUNK_REF) {
+			if (ch->ref_off != out || ch->ref_off + ch->raw_len > base_size)
+				return false;
+			refd += ch->raw_len;
+		}
+		out += ch->raw_len;
+	}
+	return refd >= CLONE_MIN;
+}
+
+/* Copy base[off, off + len) to fd at the same offset in the kernel. */
+static int copy_range(int base, int fd, uint64_t off, uint64_t len)
+{
+	loff_t in = (loff_t)off, out = (loff_t)off;
+
+	while (len > 0) {
+		ssize_t k = copy_file_range(base, &in, fd, &out, len, 0);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return -errno;
+		if (k == 0)
+			return -ESTALE; /* the base got shorter */
+		len -= (uint64_t)k;
+	}
+	return 0;
+}
+
+/*
+ * The in-place edit of a large file: the new file starts as a clone of the
+ * base (FICLONE: shared blocks on reflink filesystems; else the unchanged
+ * ranges copied in the kernel with copy_file_range), then only the inline
+ * chunks are written. The REF ranges are verified afterwards by reading
+ * them back from the new file, which only we can reach, so what was
+ * checked is what gets renamed into place. 1 when the kernel cannot copy
+ * between these files (use the plain path), 0, or -errno (op failed).
+ */
+static int fill_clone(struct run *rn, size_t i, const struct delta_op *op, int fd, int base)
+{
+	uint8_t h[CHUNK_HASH_LEN];
+	uint64_t out = 0;
+	int r;
+
+	if (ioctl(fd, FICLONE, base) < 0) {
+		for (size_t c = 0; c < op->nchunks; c++) {
+			const struct delta_chunk *ch = &op->chunks[c];
+			uint64_t run = 0;
+			if (ch->kind != DELTA_CHUNK_REF) {
+				out += ch->raw_len;
+				continue;
+			}
+			size_t e = c;
+			while (e < op->nchunks && op->chunks[e].kind == DELTA_CHUNK_REF)
+				run += op->chunks[e++].raw_len;
+			if ((r = copy_range(base, fd, out, run)) < 0) {
+				if (r == -EXDEV || r == -EOPNOTSUPP || r == -ENOSYS || r == -EINVAL)
+					return 1;
+				return op_fail(rn, i, r == -ESTALE ? -EBADMSG : r, "copying the unchanged part");
+			}
+			out += run;
+			c = e - 1;
+		}
+	}
+	out = 0;
+	for (size_t c = 0; c < op->nchunks; c++) {
+		const struct delta_chunk *ch = &op->chunks[c];
+		const uint8_t *data;
+		if (ch->kind == DELTA_CHUNK_REF) {
+			ssize_t k = pread(fd, rn->scratch, ch->raw_len, (off_t)out);
+			if (k != (ssize_t)ch->raw_len)
+				return op_fail(rn, i, k < 0 ? -errno : -EBADMSG, "referenced bytes are not there");
+			chunk_hash(rn->scratch, ch->raw_len, h);
+			if (memcmp(h, ch->hash, CHUNK_HASH_LEN) != 0)
+				return op_fail(rn, i, -EBADMSG, "referenced chunk differs from what the host expects");
+			rn->st->ref_bytes += ch->raw_len;
+			rn->st->bytes += ch->raw_len;
+		} else {
+			if ((r = delta_chunk_data(rn->b, ch, rn->scratch, &data)) < 0)
+				return op_fail(rn, i, r, "inline chunk");
+			for (size_t done = 0; done < ch->raw_len;) {
+				ssize_t k = pwrite(fd, data + done, ch->raw_len - done, (off_t)(out + done));
+				if (k < 0 && errno == EINTR)
+					continue;
+				if (k <= 0)
+					return op_fail(rn, i, k < 0 ? -errno : -EIO, "writing the new content");
+				done += (size_t)k;
+			}
+			rn->st->bytes += ch->raw_len;
+		}
+		out += ch->raw_len;
+	}
+	if (ftruncate(fd, (off_t)op->size) < 0) /* a clone of a longer base */
+		return op_fail(rn, i, -errno, "setting the size");
+	rn->st->cloned++;
+	return 0;
+}
+
 /* Write one PUT's content into fd, verifying every chunk against its hash
  * (the file hash is a function of those hashes, checked by delta_parse). */
 static int fill_file(struct run *rn, size_t i, const struct delta_op *op, int fd)
@@ -485,6 +607,18 @@ static int fill_file(struct run *rn, size_t i, const struct delta_op *op, int fd
 		if (fstat(base, &st) < 0 || !S_ISREG(st.st_mode)) {
 			close(base);
 			return op_fail(rn, i, -EINVAL, "references read from something that is not a regular file");
+		}
+		if (clone_fits(op, (uint64_t)st.st_size)) {
+			if ((r = fill_clone(rn, i, op, fd, base)) <= 0) {
+				close(base);
+				return r < 0 ? r : finish_file(rn, i, op, fd);
+			}
+			if (ftruncate(fd, 0) < 0 || lseek(fd, 0, SEEK_SET) < 0) {
+				r = op_fail(rn, i, -errno, "starting over");
+				close(base);
+				return r;
+			}
+			r = 0;
 		}
 	}
 	for (size_t c = 0; c < op->nchunks && r == 0; c++) {
@@ -516,11 +650,7 @@ static int fill_file(struct run *rn, size_t i, const struct delta_op *op, int fd
 		close(base);
 	if (r < 0)
 		return r;
-	if (fchmod(fd, (mode_t)op->mode) < 0)
-		return op_fail(rn, i, -errno, "setting the mode");
-	if (rn->a->o.fsync == APPLY_FSYNC_FILE && fsync(fd) < 0)
-		return op_fail(rn, i, -errno, "fsync");
-	return 0;
+	return finish_file(rn, i, op, fd);
 }
 
 static int stage_put(struct run *rn, size_t i, const struct delta_op *op, int dirfd)

@@ -377,6 +377,91 @@ static void test_move_by_reference_and_seq(void **state)
 	mem_free(bytes);
 }
 
+/* An edit in place of a large file: the new file is a clone of the old one
+ * with only the new chunk written; a guest copy changed behind the host's
+ * back is refused (the REF ranges are verified in the clone) and stays as
+ * it was. */
+static void test_inplace_edit_cloned(void **state)
+{
+	struct env *e = *state;
+	struct apply_stats st;
+	const size_t size = 600000;
+	uint8_t *data = malloc(size);
+	assert_non_null(data);
+	fill(data, size, 9);
+	put_file(e->hfd, "db.bin", data, size, 0644);
+	sync_and_check(e, &st);
+
+	/* the host rewrites 100 bytes in the middle: REFs at their own offsets */
+	struct manifest *gm;
+	assert_int_equal(apply_manifest(e->a, &scan_opts, &gm), 0);
+	const struct manifest_entry *old = &gm->e[manifest_find(gm, "db.bin")];
+	assert_true(old->nchunks > 10);
+	memset(data + 300000, 'x', 100);
+	struct chunk *nl;
+	size_t nn;
+	assert_int_equal(chunk_split(&small, data, size, &nl, &nn), 0);
+	uint8_t *bytes;
+	size_t n;
+	for (int round = 0; round < 2; round++) {
+		struct delta_builder *b;
+		assert_int_equal(delta_builder_new(++e->seq, scope, &small, NULL, &b), 0);
+		assert_int_equal(delta_put_begin(b, "db.bin", 0644, NULL), 0);
+		for (size_t i = 0, j = 0; i < nn; i++) {
+			while (j < old->nchunks && old->chunks[j].off < nl[i].off)
+				j++;
+			if (j < old->nchunks && old->chunks[j].off == nl[i].off && old->chunks[j].len == nl[i].len &&
+			    !memcmp(old->chunks[j].hash, nl[i].hash, CHUNK_HASH_LEN))
+				assert_int_equal(delta_put_ref(b, nl[i].off, nl[i].len, nl[i].hash), 0);
+			else
+				assert_int_equal(delta_put_inline(b, data + nl[i].off, nl[i].len), 0);
+		}
+		uint8_t fh[CHUNK_HASH_LEN];
+		chunk_list_hash(nl, nn, fh);
+		assert_int_equal(delta_put_end(b, fh), 0);
+		assert_int_equal(delta_builder_finish(b, sk, &bytes, &n), 0);
+		delta_builder_free(b);
+		assert_true(n < 20000);
+		if (round == 0) {
+			/* a command in the guest changed the file: refused, untouched */
+			int fd = openat(e->gfd, "db.bin", O_WRONLY);
+			assert_true(fd >= 0);
+			assert_int_equal(pwrite(fd, "guest", 5, 100000), 5);
+			close(fd);
+			assert_int_equal(deliver(e, bytes, n, &st), -EBADMSG);
+			assert_non_null(strstr(apply_error(e->a), "referenced chunk differs"));
+			uint8_t back[5];
+			fd = openat(e->gfd, "db.bin", O_RDONLY);
+			assert_int_equal(pread(fd, back, 5, 100000), 5);
+			close(fd);
+			assert_memory_equal(back, "guest", 5);
+			/* put the guest's copy back as the host knows it */
+			fd = openat(e->gfd, "db.bin", O_WRONLY);
+			assert_int_equal(pwrite(fd, data + 100000, 5, 100000), 5);
+			close(fd);
+			e->seq--; /* the refused batch did not count */
+		} else {
+			assert_int_equal(deliver(e, bytes, n, &st), 0);
+			assert_int_equal(st.cloned, 1);
+			assert_true(st.ref_bytes >= size - 3 * 4096);
+			assert_int_equal(st.bytes, size);
+		}
+		mem_free(bytes);
+	}
+	uint8_t *back = malloc(size);
+	int fd = openat(e->gfd, "db.bin", O_RDONLY);
+	assert_int_equal(read(fd, back, size), (ssize_t)size);
+	close(fd);
+	assert_memory_equal(back, data, size);
+	struct stat gs;
+	assert_int_equal(fstatat(e->gfd, "db.bin", &gs, 0), 0);
+	assert_int_equal(gs.st_size, (off_t)size);
+	free(back);
+	mem_free(nl);
+	manifest_free(gm);
+	free(data);
+}
+
 static void test_crash_leftovers_cleaned(void **state)
 {
 	struct env *e = *state;
@@ -875,13 +960,10 @@ int main(void)
 	crypto_sign_keypair(pk, sk);
 	randombytes_buf(scope, sizeof(scope));
 	const struct CMUnitTest tests[] = {
-	    BOTH(test_full_and_incremental_sync),
-	    BOTH(test_unmanaged_paths_survive),
-	    BOTH(test_move_by_reference_and_seq),
-	    BOTH(test_crash_leftovers_cleaned),
-	    BOTH(test_tree_delete_never_follows),
-	    BOTH(test_crafted_refused),
-	    BOTH(test_staging_dir),
+	    BOTH(test_full_and_incremental_sync), BOTH(test_unmanaged_paths_survive),
+	    BOTH(test_move_by_reference_and_seq), BOTH(test_inplace_edit_cloned),
+	    BOTH(test_crash_leftovers_cleaned),	  BOTH(test_tree_delete_never_follows),
+	    BOTH(test_crafted_refused),		  BOTH(test_staging_dir),
 	    BOTH(test_apply_alloc_failures),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -62,6 +62,7 @@ struct apply_stats {
 	uint64_t files;	    /* files written */
 	uint64_t bytes;	    /* bytes written into them */
 	uint64_t ref_bytes; /* of which copied from files already here */
+	uint64_t cloned;    /* files made as a clone of their old version, only new chunks written */
 	uint64_t dirs;	    /* directories made */
 	uint64_t symlinks;
 	uint64_t chmods;
