@@ -258,27 +258,33 @@ check "a CONNECT whose TLS SNI differs from its host is refused" t_sni
 
 # audit_each N "METHOD HOST PORT REASON"...: $W's audit record (--json)
 # holds exactly N denials, exactly one per record given, each naming the
-# command (curl or openssl) and a time; the text form shows the last
+# command (curl or openssl) and a time; the text form shows the last.
+# Polled: the daemon writes the record within EGRESS_LINK_WRITE_MS.
 audit_each() {
-	local n=$1 j r i last m h p reason
+	local n=$1 j i m h p reason
 	shift
-	for i in $(seq 50); do # the record is written within EGRESS_LINK_WRITE_MS
+	for i in $(seq 50); do
 		j=$("$AIRLOCK" audit -C "$W" --json)
-		[ "$(echo "$j" | python3 -c 'import json,sys; d=json.load(sys.stdin)["egress"]; print(len(d["denials"]) if d else 0)')" -ge "$n" ] && break
-		sleep 0.1
-	done
-	for r in "$@"; do
 		echo "$j" | python3 -c '
 import json, sys
-m, h, p, reason = sys.argv[1].split()
-d = json.load(sys.stdin)["egress"]
-ok = [x for x in d["denials"] if x["method"] == m and x["host"] == h and x["port"] == int(p)
-      and x["reason"] == reason and x["time"] and ("curl" in x["command"] or "openssl" in x["command"])]
-sys.exit(0 if len(ok) == 1 and d["denials_total"] == int(sys.argv[2]) else 1)' "$r" "$n" ||
-			{ echo "no single audit record for $r (or not $n in all): $j" >&2; return 1; }
-		last=$r
+n, want = int(sys.argv[1]), sys.argv[2:]
+d = json.load(sys.stdin)["egress"] or {"denials": [], "denials_total": 0}
+bad = []
+for r in want:
+    m, h, p, reason = r.split()
+    ok = [x for x in d["denials"] if x["method"] == m and x["host"] == h and x["port"] == int(p)
+          and x["reason"] == reason and x["time"] and ("curl" in x["command"] or "openssl" in x["command"])]
+    if len(ok) != 1:
+        bad.append("%d records for %s" % (len(ok), r))
+if d["denials_total"] != n:
+    bad.append("%d denials in all, not %d" % (d["denials_total"], n))
+if bad:
+    print("; ".join(bad), file=sys.stderr)
+sys.exit(1 if bad else 0)' "$n" "$@" 2>"$T/audit_each.err" && break
+		sleep 0.1
 	done
-	read -r m h p reason <<<"$last"
+	[ ! -s "$T/audit_each.err" ] || { cat "$T/audit_each.err" >&2; echo "$j" >&2; return 1; }
+	read -r m h p reason <<<"${!#}"
 	"$AIRLOCK" audit -C "$W" | grep -q "denied $m $h:$p ($reason" || { "$AIRLOCK" audit -C "$W" >&2; return 1; }
 }
 t_audit() {
