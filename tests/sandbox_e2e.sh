@@ -257,7 +257,6 @@ check "a second sandbox for a running one's workspace is refused" t_destroy_busy
 down
 
 t_ttl() {
-	local st
 	echo '{ "workspace": { "ttl_seconds": 2 } }' >"$T/ttl.json"
 	up --policy "$T/ttl.json"
 	"$AIRLOCK" status -C "$W" | grep -q '^idle ttl    2 s' || return 1
