@@ -12,7 +12,8 @@
 # with no --guest, in the same namespaces, sharing the servers and names):
 # only lo inside, a direct connection to the server fails, the allowed name
 # works over HTTP and CONNECT, the five refusals each give one stderr line
-# and one audit record.
+# and one audit record; a server on the host side's loopback is out of
+# reach, directly and through the proxy (an allowed name resolving to it).
 # usage: proxy_e2e.sh AIRLOCK AIRLOCK_AGENT   (root, /dev/fuse, netns; else exit 77)
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -82,6 +83,7 @@ cat >"$T/hosts" <<EOF
 1.2.3.4 allowed.test
 1.2.3.5 other.test evil.test allowed.test.evil.test
 10.0.0.5 private.test
+127.0.0.1 loopback.test
 EOF
 
 # ---- agent (no network but loopback) and airlock up (host side) ----
@@ -336,8 +338,15 @@ mkdir -p "$W"
 cp "$T/tls.pem" "$W/test-ca.pem" # the test server's certificate, for curl --cacert
 cat >"$W/airlock.json" <<'EOF'
 { "workspace": { "sync": { "allow_secrets": ["test-ca.pem"] } },
-  "egress": { "default": "deny", "allow": ["allowed.test", "private.test"] } }
+  "egress": { "default": "deny", "allow": ["allowed.test", "private.test", "loopback.test"] } }
 EOF
+# a server on the host side's loopback (the daemon's network namespace)
+echo "host-loopback-$$" >"$T/www/lo.txt"
+start_bg lohttp ip netns exec "$NS_C" python3 -m http.server 80 --bind 127.0.0.1 --directory "$T/www"
+for i in $(seq 100); do
+	ip netns exec "$NS_C" curl -s --max-time 1 -o /dev/null http://127.0.0.1/lo.txt && break
+	sleep 0.1
+done
 start_bg sbup ip netns exec "$NS_C" unshare -m sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' "$T/hosts" \
 	"$AIRLOCK" up "$W"
 UP_PID=$BG_PID
@@ -385,11 +394,25 @@ t_sb_denied() {
 check "sandbox: another name, allowed.test.evil.test, an IP literal, a private address, another SNI: refused, one stderr line each" \
 	t_sb_denied
 
-t_sb_audit() {
-	audit_each 5 "CONNECT other.test 443 not-allowed" "CONNECT allowed.test.evil.test 443 not-allowed" \
-		"GET 1.2.3.4 80 ip-literal" "CONNECT private.test 443 private-address" "CONNECT allowed.test 443 sni-mismatch"
+t_sb_host_loopback() {
+	# the server answers on the host side, so only the boundary keeps it out
+	[ "$(ip netns exec "$NS_C" curl -s --max-time 5 http://127.0.0.1/lo.txt)" = "host-loopback-$$" ] || return 1
+	# directly: the sandbox's 127.0.0.1 is its own (nothing listens there)
+	X sblo_direct curl -sS --max-time 5 http://127.0.0.1/lo.txt
+	[ "$RC" != 0 ] && ! grep -q "host-loopback" "$T/sblo_direct.o" || { cat "$T/sblo_direct.o" >&2; return 1; }
+	# through the proxy: an allowed name that resolves to loopback
+	X sblo curl -sS --max-time 5 http://loopback.test/lo.txt
+	! grep -q "host-loopback" "$T/sblo.o" &&
+		one_denial sblo '^airlock: egress denied GET loopback.test:80 \(private-address: .*127\.0\.0\.1 \(loopback\)'
 }
-check "sandbox: each of the 5 denials is in airlock audit (--json and text) with its command" t_sb_audit
+check "sandbox: a loopback HTTP server on the host is unreachable, directly and through the proxy" t_sb_host_loopback
+
+t_sb_audit() {
+	audit_each 6 "CONNECT other.test 443 not-allowed" "CONNECT allowed.test.evil.test 443 not-allowed" \
+		"GET 1.2.3.4 80 ip-literal" "CONNECT private.test 443 private-address" "GET loopback.test 80 private-address" \
+		"CONNECT allowed.test 443 sni-mismatch"
+}
+check "sandbox: each of the 6 denials is in airlock audit (--json and text) with its command" t_sb_audit
 
 t_sb_down() {
 	$TO 15 "$AIRLOCK" down "$W" --destroy || return 1
