@@ -4,12 +4,13 @@
 # options starts the local sandbox (doc/SANDBOX.md) with keys made and pinned
 # by itself, mounts a copy of the demo project (tests/demo/project) over
 # itself and keeps the sandbox's copy in sync live, minus the .env (a fake
-# production secret); `airlock audit` says why it was withheld; `airlock
-# exec` runs the demo's tests in the sandbox, an edit through the mount is
-# seen by the very next command, the sandbox's boundary is shown from
-# inside, `airlock status`, the channel's latency floor against the
-# sandbox's agent, a stranger's key refused, `airlock down` and
-# `airlock down --destroy`.
+# production secret); `airlock exec` runs the demo's tests in the sandbox,
+# an edit through the mount is seen by the very next command, the sandbox's
+# boundary is shown from inside, a request to a host not on egress.allow is
+# refused (one line on the command's stderr); `airlock audit` shows why the
+# .env was withheld and the egress denial with its command; `airlock
+# status`, the channel's latency floor against the sandbox's agent, a
+# stranger's key refused, `airlock down` and `airlock down --destroy`.
 set -eu
 cd "$(dirname "$0")/.."
 # AIRLOCK_BUILD: an already-built build directory (the test suite runs this
@@ -43,13 +44,11 @@ echo "== airlock up $P   (no guest options: the embedded local sandbox, keys mad
 $B/airlock up "$P" -d
 SB=$($B/airlock status -C "$P" --json | sed -n 's/.*"sandbox_dir":"\([^"]*\)".*/\1/p')
 
-echo "== airlock audit: the .env stayed on the host, and why (policy: tests/demo/project/airlock.json)"
-$B/airlock audit -C "$P"
 if grep -rq AIRLOCK-DEMO-CANARY "$SB/workspace"; then
 	echo "demo: the .env secret reached the sandbox" >&2
 	exit 1
 fi
-echo "-- the sandbox's copy ($SB/workspace):"
+echo "-- the sandbox's copy ($SB/workspace): no .env"
 (cd "$SB/workspace" && find . -path ./.git -prune -o -print | sort)
 
 echo "== airlock exec -- sh tests/test_greet.sh   (runs in the sandbox, without the .env)"
@@ -67,6 +66,24 @@ $B/airlock exec -C "$P" -- sh -c '
 	echo "   network: $(ip -o link | cut -d: -f2 | tr -d "\n");" \
 		"DNS: $(getent hosts deb.debian.org >/dev/null 2>&1 && echo resolves || echo none)"
 	echo "   grep for the .env canary: $(grep -rl AIRLOCK-DEMO-CANARY . 2>/dev/null | wc -l) files"'
+echo "-- egress: curl https://example.com from the sandbox (not on the policy's egress.allow: refused before any lookup)"
+if $B/airlock exec -C "$P" -- curl -sS --max-time 10 -o /dev/null https://example.com 2>"$T/egress.err"; then
+	echo "demo: example.com was reached from the sandbox" >&2
+	exit 1
+fi
+sed 's/^/   /' "$T/egress.err"
+grep -q '^airlock: egress denied CONNECT example.com:443 (not-allowed' "$T/egress.err" ||
+	{ echo "demo: no egress denial line on the command's stderr" >&2; exit 1; }
+echo "== airlock audit: the .env stayed on the host (and the rule), the egress denial (and the command)"
+# the daemon writes the denial record within 100 ms (EGRESS_LINK_WRITE_MS)
+i=0
+until $B/airlock audit -C "$P" | grep -q 'denied CONNECT example.com:443 (not-allowed'; do
+	i=$((i + 1))
+	[ "$i" -lt 50 ] || { echo "demo: the denial is not in airlock audit" >&2; exit 1; }
+	sleep 0.1
+done
+$B/airlock audit -C "$P"
+echo "== airlock status"
 $B/airlock sync-wait -C "$P" # also makes the daemon write a fresh status
 $B/airlock status -C "$P"
 

@@ -51,11 +51,16 @@ wait_line() {
 }
 
 # start_bg LOGPREFIX CMD...: start a background process with stdout and
-# stderr in $T/LOGPREFIX.out/.err; sets BG_PID.
+# stderr in $T/LOGPREFIX.out/.err; sets BG_PID. The files are emptied before
+# the fork: a wait_line right after must not match an earlier run's lines
+# while the child has not yet opened them (it may not run for a while on a
+# loaded machine).
 start_bg() {
 	local name=$1
 	shift
-	"$@" >"$T/$name.out" 2>"$T/$name.err" &
+	: >"$T/$name.out"
+	: >"$T/$name.err"
+	"$@" >>"$T/$name.out" 2>>"$T/$name.err" &
 	BG_PID=$!
 	PIDS+=("$BG_PID")
 }

@@ -8,6 +8,12 @@
 # other names, suffix tricks, IP literals, allowed names on private
 # addresses and a CONNECT whose SNI differs are refused, each with one line
 # on the command's stderr and a record in `airlock audit --json`.
+# Then the same from commands in the embedded local sandbox (`airlock up DIR`
+# with no --guest, in the same namespaces, sharing the servers and names):
+# only lo inside, a direct connection to the server fails, the allowed name
+# works over HTTP and CONNECT, the five refusals each give one stderr line
+# and one audit record; a server on the host side's loopback is out of
+# reach, directly and through the proxy (an allowed name resolving to it).
 # usage: proxy_e2e.sh AIRLOCK AIRLOCK_AGENT   (root, /dev/fuse, netns; else exit 77)
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -77,6 +83,7 @@ cat >"$T/hosts" <<EOF
 1.2.3.4 allowed.test
 1.2.3.5 other.test evil.test allowed.test.evil.test
 10.0.0.5 private.test
+127.0.0.1 loopback.test
 EOF
 
 # ---- agent (no network but loopback) and airlock up (host side) ----
@@ -251,25 +258,41 @@ t_sni() {
 }
 check "a CONNECT whose TLS SNI differs from its host is refused" t_sni
 
-t_audit() {
-	local j r
-	for i in $(seq 50); do # the record is written within EGRESS_LINK_WRITE_MS
+# audit_each N "METHOD HOST PORT REASON"...: $W's audit record (--json)
+# holds exactly N denials, exactly one per record given, each naming the
+# command (curl or openssl) and a time; the text form shows the last.
+# Polled: the daemon writes the record within EGRESS_LINK_WRITE_MS.
+audit_each() {
+	local n=$1 j i m h p reason
+	shift
+	for i in $(seq 50); do
 		j=$("$AIRLOCK" audit -C "$W" --json)
-		[ "$(echo "$j" | python3 -c 'import json,sys; d=json.load(sys.stdin)["egress"]; print(len(d["denials"]) if d else 0)')" -ge 6 ] && break
-		sleep 0.1
-	done
-	for r in "GET other.test 80 not-allowed" "CONNECT other.test 443 not-allowed" \
-		"CONNECT allowed.test.evil.test 443 not-allowed" "GET 1.2.3.4 80 ip-literal" \
-		"CONNECT private.test 443 private-address" "CONNECT allowed.test 443 sni-mismatch"; do
 		echo "$j" | python3 -c '
 import json, sys
-m, h, p, reason = sys.argv[1].split()
-d = json.load(sys.stdin)["egress"]
-ok = [x for x in d["denials"] if x["method"] == m and x["host"] == h and x["port"] == int(p)
-      and x["reason"] == reason and x["time"] and ("curl" in x["command"] or "openssl" in x["command"])]
-sys.exit(0 if len(ok) == 1 and d["denials_total"] >= 6 else 1)' "$r" || { echo "no single audit record for $r: $j" >&2; return 1; }
+n, want = int(sys.argv[1]), sys.argv[2:]
+d = json.load(sys.stdin)["egress"] or {"denials": [], "denials_total": 0}
+bad = []
+for r in want:
+    m, h, p, reason = r.split()
+    ok = [x for x in d["denials"] if x["method"] == m and x["host"] == h and x["port"] == int(p)
+          and x["reason"] == reason and x["time"] and ("curl" in x["command"] or "openssl" in x["command"])]
+    if len(ok) != 1:
+        bad.append("%d records for %s" % (len(ok), r))
+if d["denials_total"] != n:
+    bad.append("%d denials in all, not %d" % (d["denials_total"], n))
+if bad:
+    print("; ".join(bad), file=sys.stderr)
+sys.exit(1 if bad else 0)' "$n" "$@" 2>"$T/audit_each.err" && break
+		sleep 0.1
 	done
-	"$AIRLOCK" audit -C "$W" | grep -q "denied CONNECT allowed.test:443 (sni-mismatch" || { "$AIRLOCK" audit -C "$W" >&2; return 1; }
+	[ ! -s "$T/audit_each.err" ] || { cat "$T/audit_each.err" >&2; echo "$j" >&2; return 1; }
+	read -r m h p reason <<<"${!#}"
+	"$AIRLOCK" audit -C "$W" | grep -q "denied $m $h:$p ($reason" || { "$AIRLOCK" audit -C "$W" >&2; return 1; }
+}
+t_audit() {
+	audit_each 6 "GET other.test 80 not-allowed" "CONNECT other.test 443 not-allowed" \
+		"CONNECT allowed.test.evil.test 443 not-allowed" "GET 1.2.3.4 80 ip-literal" \
+		"CONNECT private.test 443 private-address" "CONNECT allowed.test 443 sni-mismatch"
 }
 
 t_status() {
@@ -303,5 +326,106 @@ t_clean_exit() {
 	done
 }
 check "airlock up and the agent end cleanly (no protocol error, no sanitizer report)" t_clean_exit
+
+# ---- the same from commands in the embedded local sandbox (doc/SANDBOX.md) ----
+# `airlock up DIR` with no --guest, in the same namespaces as above (route to
+# the servers, the test's /etc/hosts): the daemon starts the sandbox itself;
+# commands run there as uid 1000 in a network namespace with only lo, and
+# reach the proxy only over the channel.
+if ! unshare -U true 2>/dev/null; then
+	skip "sandbox part: this machine does not allow user namespaces (unshare -U fails)"
+	finish
+	exit
+fi
+export XDG_DATA_HOME=$T/data
+W=$T/sbwork
+mkdir -p "$W"
+cp "$T/tls.pem" "$W/test-ca.pem" # the test server's certificate, for curl --cacert
+cat >"$W/airlock.json" <<'EOF'
+{ "workspace": { "sync": { "allow_secrets": ["test-ca.pem"] } },
+  "egress": { "default": "deny", "allow": ["allowed.test", "private.test", "loopback.test"] } }
+EOF
+# a server on the host side's loopback (the daemon's network namespace)
+echo "host-loopback-$$" >"$T/www/lo.txt"
+start_bg lohttp ip netns exec "$NS_C" python3 -m http.server 80 --bind 127.0.0.1 --directory "$T/www"
+for i in $(seq 100); do
+	ip netns exec "$NS_C" curl -s --max-time 1 -o /dev/null http://127.0.0.1/lo.txt && break
+	sleep 0.1
+done
+start_bg sbup ip netns exec "$NS_C" unshare -m sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' "$T/hosts" \
+	"$AIRLOCK" up "$W"
+UP_PID=$BG_PID
+wait_line "$T/sbup.out" "^airlock: $W in sync with sandbox local\$" 20
+
+t_sb_boundary() {
+	"$AIRLOCK" status -C "$W" | grep -q '^sandbox     local, running' || { "$AIRLOCK" status -C "$W" >&2; return 1; }
+	X sbid sh -c 'id -u; ip -o link | grep -vc " lo:"; test -r test-ca.pem && echo ca'
+	[ "$(tr '\n' ' ' <"$T/sbid.o")" = "1000 0 ca " ] || { cat "$T/sbid.o" "$T/sbid.e" >&2; return 1; }
+	# straight to the server's address, not through the proxy: no route
+	X sbdirect curl -sS --noproxy '*' --max-time 3 http://1.2.3.4/hello.txt
+	[ "$RC" != 0 ] && ! grep -q "hello-allowed" "$T/sbdirect.o" && [ "$(denied_lines sbdirect)" = 0 ] ||
+		{ cat "$T/sbdirect.o" "$T/sbdirect.e" >&2; return 1; }
+	X sbraw python3 -c 'import socket; socket.create_connection(("1.2.3.4", 443), timeout=3)'
+	[ "$RC" != 0 ] && grep -q "unreachable" "$T/sbraw.e" || { cat "$T/sbraw.e" >&2; return 1; }
+}
+check "sandbox: commands run as uid 1000 with only lo; a direct connection to the server fails" t_sb_boundary
+
+t_sb_allowed() {
+	X sbhttp curl -sS --max-time 10 http://allowed.test/hello.txt
+	[ "$RC" = 0 ] && grep -qx "hello-allowed-$$" "$T/sbhttp.o" && [ "$(denied_lines sbhttp)" = 0 ] ||
+		{ cat "$T/sbhttp.o" "$T/sbhttp.e" >&2; return 1; }
+	X sbhttps curl -sS --max-time 10 --cacert test-ca.pem https://allowed.test/
+	[ "$RC" = 0 ] && grep -q "s_server" "$T/sbhttps.o" && [ "$(denied_lines sbhttps)" = 0 ] ||
+		{ head -c 2000 "$T/sbhttps.o" >&2; cat "$T/sbhttps.e" >&2; return 1; }
+}
+check "sandbox: an allowed name works over HTTP and over HTTPS CONNECT (certificate verified)" t_sb_allowed
+
+t_sb_denied() {
+	X sbother curl -sS --max-time 10 --cacert test-ca.pem https://other.test/
+	[ "$RC" != 0 ] && one_denial sbother '^airlock: egress denied CONNECT other.test:443 \(not-allowed: .* in .*airlock.json\)$' ||
+		return 1
+	X sbsuffix curl -sS --max-time 10 --cacert test-ca.pem https://allowed.test.evil.test/
+	[ "$RC" != 0 ] && one_denial sbsuffix '^airlock: egress denied CONNECT allowed.test.evil.test:443 \(not-allowed' || return 1
+	X sbliteral curl -sS --max-time 10 http://1.2.3.4/hello.txt
+	! grep -q "hello-allowed" "$T/sbliteral.o" && one_denial sbliteral '^airlock: egress denied GET 1.2.3.4:80 \(ip-literal' ||
+		return 1
+	X sbprivate curl -sS --max-time 10 --cacert test-ca.pem https://private.test/
+	[ "$RC" != 0 ] && one_denial sbprivate '^airlock: egress denied CONNECT private.test:443 \(private-address: .*10\.0\.0\.5' ||
+		return 1
+	X sbsni sh -c 'echo | openssl s_client -proxy "${HTTP_PROXY#http://}" -connect allowed.test:443 -servername other.test'
+	! grep -q "BEGIN CERTIFICATE" "$T/sbsni.o" || { cat "$T/sbsni.o" >&2; return 1; }
+	one_denial sbsni '^airlock: egress denied CONNECT allowed.test:443 \(sni-mismatch: .*other.test'
+}
+check "sandbox: another name, allowed.test.evil.test, an IP literal, a private address, another SNI: refused, one stderr line each" \
+	t_sb_denied
+
+t_sb_host_loopback() {
+	# the server answers on the host side, so only the boundary keeps it out
+	[ "$(ip netns exec "$NS_C" curl -s --max-time 5 http://127.0.0.1/lo.txt)" = "host-loopback-$$" ] || return 1
+	# directly: the sandbox's 127.0.0.1 is its own (nothing listens there)
+	X sblo_direct curl -sS --max-time 5 http://127.0.0.1/lo.txt
+	[ "$RC" != 0 ] && ! grep -q "host-loopback" "$T/sblo_direct.o" || { cat "$T/sblo_direct.o" >&2; return 1; }
+	# through the proxy: an allowed name that resolves to loopback
+	X sblo curl -sS --max-time 5 http://loopback.test/lo.txt
+	! grep -q "host-loopback" "$T/sblo.o" &&
+		one_denial sblo '^airlock: egress denied GET loopback.test:80 \(private-address: .*127\.0\.0\.1 \(loopback\)'
+}
+check "sandbox: a loopback HTTP server on the host is unreachable, directly and through the proxy" t_sb_host_loopback
+
+t_sb_audit() {
+	audit_each 6 "CONNECT other.test 443 not-allowed" "CONNECT allowed.test.evil.test 443 not-allowed" \
+		"GET 1.2.3.4 80 ip-literal" "CONNECT private.test 443 private-address" "GET loopback.test 80 private-address" \
+		"CONNECT allowed.test 443 sni-mismatch"
+}
+check "sandbox: each of the 6 denials is in airlock audit (--json and text) with its command" t_sb_audit
+
+t_sb_down() {
+	$TO 15 "$AIRLOCK" down "$W" --destroy || return 1
+	wait "$UP_PID" 2>/dev/null || true
+	[ ! -e "$T/data/airlock/sandboxes" ] || [ -z "$(ls "$T/data/airlock/sandboxes")" ] || return 1
+	! grep -E "AddressSanitizer|LeakSanitizer|runtime error|malformed|unexpected|closing" "$T/sbup.err" ||
+		{ echo "in $T/sbup.err" >&2; return 1; }
+}
+check "sandbox: down --destroy ends it cleanly (no protocol error, no sanitizer report)" t_sb_down
 
 finish

@@ -51,6 +51,20 @@ down() {
 	wait "$UP_PID" 2>/dev/null || true
 }
 X() { $TO 20 "$AIRLOCK" exec -C "$W" "$@" </dev/null; }
+# until SECONDS CMD...: poll CMD every 50 ms until it succeeds; fail after
+# SECONDS (a loaded machine is slow, but not that slow)
+until_ok() {
+	local secs=$1 i
+	shift
+	for ((i = 0; i < secs * 20; i++)); do
+		"$@" && return 0
+		sleep 0.05
+	done
+	return 1
+}
+agent_pid() { pgrep -f "airlock-agent .*--root $W --key"; }
+no_agent() { ! agent_pid >/dev/null; }
+idle_stopped() { "$AIRLOCK" status -C "$W" --json | grep -q '"sandbox_state":"idle-stopped"'; }
 
 up
 SB_DIR=$(sed -n 's/^airlock: sandbox started .*; state in //p' "$T/up.err")
@@ -133,10 +147,12 @@ t_landlock() {
 check "landlock: the agent's state is not writable, its key not readable (names are)" t_landlock
 
 t_pid1() {
-	local out
+	local out pid
+	pid=$(agent_pid) || return 1
 	out=$(X -- sh -c 'kill -TERM 1 2>&1; kill -KILL 1 2>&1; cat /proc/1/environ 2>&1 | wc -c')
-	sleep 0.2
-	[ "$(X -- echo alive)" = alive ] || { echo "$out" >&2; return 1; }
+	# a dead agent would be started again and the next command run in the
+	# new one: the agent's pid is what must not change
+	[ "$(X -- echo alive)" = alive ] && [ "$(agent_pid)" = "$pid" ] || { echo "$out" >&2; return 1; }
 	grep -q 'denied\|not permitted' <<<"$out"
 }
 check "PID 1 (the agent) survives kill -TERM/-KILL from a command; its environ is unreadable" t_pid1
@@ -144,12 +160,20 @@ check "PID 1 (the agent) survives kill -TERM/-KILL from a command; its environ i
 t_strays() {
 	local out
 	local n=7$$ # unique on this machine while we run
-	X -- sh -c "setsid sleep $n </dev/null >/dev/null 2>&1 & sleep 0.1" || return 1
-	pgrep -f "airlock-agent .*--root $W --key" >/dev/null || return 1
-	sleep 0.3
-	! pgrep -xf "sleep $n" >/dev/null || { echo "a setsid stray survived: $(pgrep -af "sleep $n")" >&2; return 1; }
-	# and orphans are reaped: no zombie stays behind
-	out=$(X -- sh -c '(sh -c "exit 3" &) ; sleep 0.2; grep -l "^State:.*Z" /proc/[0-9]*/status 2>/dev/null | wc -l')
+	X -- sh -c "setsid sleep $n </dev/null >/dev/null 2>&1 & until pgrep -xf 'sleep $n' >/dev/null; do sleep 0.01; done" ||
+		return 1
+	agent_pid >/dev/null || return 1
+	# the sweep follows the command's exit; the stray is gone soon after
+	until_ok 10 eval '! pgrep -xf "sleep $n" >/dev/null' ||
+		{ echo "a setsid stray survived: $(pgrep -af "sleep $n")" >&2; return 1; }
+	# and orphans are reaped: the orphan (reparented to PID 1) writes its pid
+	# and exits; PID 1 must reap it, so its /proc entry goes away (bounded
+	# wait), and no zombie is left
+	out=$(X -- sh -c '(sh -c "echo \$\$ >/tmp/orphan.pid; exit 3" &)
+		until [ -s /tmp/orphan.pid ]; do sleep 0.01; done
+		p=$(cat /tmp/orphan.pid)
+		for i in $(seq 200); do [ -e /proc/$p ] || break; sleep 0.05; done
+		grep -l "^State:.*Z" /proc/[0-9]*/status 2>/dev/null | wc -l')
 	[ "$out" = 0 ] || { echo "zombies: $out" >&2; return 1; }
 }
 check "a setsid stray dies with the last command; PID 1 reaps orphans" t_strays
@@ -234,46 +258,52 @@ check "a second sandbox for a running one's workspace is refused" t_destroy_busy
 down
 
 t_ttl() {
-	local st
 	echo '{ "workspace": { "ttl_seconds": 2 } }' >"$T/ttl.json"
 	up --policy "$T/ttl.json"
 	"$AIRLOCK" status -C "$W" | grep -q '^idle ttl    2 s' || return 1
 	[ "$(X -- echo one)" = one ] || return 1
-	for _ in $(seq 60); do
-		grep -q 'stopping the sandbox' "$T/up.err" && break
-		sleep 0.1
-	done
-	sleep 0.3
-	st=$("$AIRLOCK" status -C "$W" --json)
-	grep -q '"sandbox_state":"idle-stopped"' <<<"$st" || { echo "$st" >&2; return 1; }
-	! pgrep -f "airlock-agent .*--root $W --key" >/dev/null || { echo "agent still runs" >&2; return 1; }
+	# the daemon logs the stop, closes the session, then stops the agent and
+	# only then says idle-stopped (a moment later, or longer on a loaded
+	# machine): from then on no agent runs
+	wait_line "$T/up.err" 'stopping the sandbox' 10 || return 1
+	until_ok 10 idle_stopped || { "$AIRLOCK" status -C "$W" --json >&2; return 1; }
+	no_agent || { echo "idle-stopped, but the agent still runs" >&2; return 1; }
 	# a command starts it again and waits for it
 	[ "$(X -- echo two)" = two ] || { cat "$T/up.err" >&2; return 1; }
 	"$AIRLOCK" status -C "$W" --json | grep -q '"sandbox_state":"running"' || return 1
 	# so does an edit through the mount
-	for _ in $(seq 60); do
-		grep -c 'stopping the sandbox' "$T/up.err" | grep -q 2 && break
-		sleep 0.1
-	done
+	until_ok 10 eval '[ "$(grep -c "stopping the sandbox" "$T/up.err")" = 2 ]' || { cat "$T/up.err" >&2; return 1; }
+	until_ok 10 idle_stopped || { "$AIRLOCK" status -C "$W" --json >&2; return 1; }
+	no_agent || { echo "idle-stopped, but the agent still runs" >&2; return 1; }
 	echo "while idle" >"$W/idle.txt"
-	for _ in $(seq 100); do
-		"$AIRLOCK" status -C "$W" --json | grep -q '"sandbox_state":"running"' && break
-		sleep 0.05
-	done
+	until_ok 10 eval '"$AIRLOCK" status -C "$W" --json | grep -q "\"sandbox_state\":\"running\""' ||
+		{ "$AIRLOCK" status -C "$W" --json >&2; return 1; }
 	[ "$(X -- cat idle.txt)" = "while idle" ]
 }
 check "idle TTL (ttl_seconds 2): the agent stops, a command or an edit starts it again" t_ttl
 down
 
 t_nobody() {
-	local d=$T/nobody out addr key guest
+	local d=$T/nobody hpid hin
 	mkdir -p "$d/ws"
 	chown -R 65534:65534 "$d"
 	chmod 711 "$T"
-	(sleep 3 | setpriv --reuid 65534 --regid 65534 --clear-groups env -i HOME="$d" XDG_DATA_HOME="$d/data" \
-		"$HARNESS" "$d/ws" "$AGENT" >"$d/out" 2>"$d/err") &
-	PIDS+=("$!")
-	wait_line "$d/out" '^ready$' 10 || { cat "$d/err" >&2; return 1; }
+	# the harness runs until its stdin closes: a fifo this shell holds open
+	mkfifo "$d/in"
+	setpriv --reuid 65534 --regid 65534 --clear-groups env -i HOME="$d" XDG_DATA_HOME="$d/data" \
+		"$HARNESS" "$d/ws" "$AGENT" <"$d/in" >"$d/out" 2>"$d/err" &
+	hpid=$!
+	PIDS+=("$hpid")
+	exec {hin}>"$d/in"
+	nobody_ping "$d"
+	local rc=$?
+	exec {hin}>&- # the harness stops the sandbox and exits 0
+	wait "$hpid" || { cat "$d/err" >&2; return 1; }
+	[ "$rc" = 0 ] && [ "$(stat -c %U "$d/data/airlock/sandboxes")" = nobody ]
+}
+nobody_ping() {
+	local d=$1 out addr key guest
+	wait_line "$d/out" '^ready$' 20 || { cat "$d/err" >&2; return 1; }
 	addr=$(sed -n 's/^address //p' "$d/out")
 	key=$(sed -n 's/^hostkey //p' "$d/out")
 	guest=$(sed -n 's/^guest //p' "$d/out")
@@ -281,7 +311,6 @@ t_nobody() {
 	out=$(setpriv --reuid 65534 --regid 65534 --clear-groups "$AIRLOCK" ping --guest "$addr" --key "$key" \
 		--guest-key "$guest" -n 20 2>&1) || { echo "$out" >&2; return 1; }
 	echo "$out" | sed 's/^/    /'
-	[ "$(stat -c %U "$d/data/airlock/sandboxes")" = nobody ]
 }
 check "an ordinary user (nobody) starts the sandbox; airlock ping reaches its agent" t_nobody
 
