@@ -4,6 +4,7 @@
 # Build the base template for `airlock up --sandbox vm` (doc/VM.md):
 #   OUTDIR/vmlinux          uncompressed kernel (PVH entry; -M microvm boots it directly)
 #   OUTDIR/initramfs.cpio   busybox, the static airlock-agent, the init, the modules
+#   OUTDIR/kernel.hz        the kernel's CONFIG_HZ (for lpj= on the command line)
 #   OUTDIR/template.txt     what went in (kernel version, modules, input hashes)
 #
 # Everything comes from Debian packages: the kernel from linux-image-amd64
@@ -60,7 +61,7 @@ fi
 
 # ---- cache key: every input's content ----
 KEY=$( (sha256sum "$0" "$HERE/init" "$AGENT" "$BUSYBOX" | awk '{ print $1 }'; basename "$DEB") | sha256sum | cut -c1-16)
-if [ -f "$OUT/stamp" ] && [ "$(cat "$OUT/stamp")" = "$KEY" ] && [ -f "$OUT/vmlinux" ] && [ -f "$OUT/initramfs.cpio" ]; then
+if [ -f "$OUT/stamp" ] && [ "$(cat "$OUT/stamp")" = "$KEY" ] && [ -f "$OUT/vmlinux" ] && [ -f "$OUT/initramfs.cpio" ] && [ -f "$OUT/kernel.hz" ]; then
 	echo "template: $OUT is up to date ($KEY)"
 	exit 0
 fi
@@ -143,6 +144,8 @@ GR
 echo "airlock-vm" >"$R/etc/hostname"
 (cd "$R" && find . | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0) >"$OUT/initramfs.cpio.new"
 
+# CONFIG_HZ: the host computes loops-per-jiffy (lpj=) for the command line from it
+sed -n 's/^CONFIG_HZ=//p' "$W/k/boot/config-$KVER" >"$OUT/kernel.hz"
 mv "$OUT/vmlinux.new" "$OUT/vmlinux"
 mv "$OUT/initramfs.cpio.new" "$OUT/initramfs.cpio"
 {
