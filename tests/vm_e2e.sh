@@ -9,6 +9,7 @@
 # second boot reuses the workspace disk: a file a command made outside the
 # synced paths (node_modules/x) is still there.
 # usage: vm_e2e.sh AIRLOCK AGENT_STATIC VM_HARNESS TEMPLATE_BUILD_SH TEMPLATE_DIR
+#   AGENT_STATIC '-': build one from $AIRLOCK_SRC with -Dstatic_agent=true
 # Skips (exit 77) only when qemu, root or /dev/fuse are missing.
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -29,6 +30,22 @@ fi
 export XDG_STATE_HOME=$T/state
 export AIRLOCK_SOCKET=$T/relay.sock
 TO="timeout -k 2"
+
+# ---- a static agent: this build's, or (sanitizer builds have none) one built
+# with -Dstatic_agent=true next to the template, incrementally ----
+if [ "$AGENT" = - ]; then
+	SA=$TPL.agent-build
+	mkdir -p "$(dirname "$SA")"
+	if { [ -f "$SA/build.ninja" ] || meson setup "$SA" "$AIRLOCK_SRC" -Dstatic_agent=true -Db_sanitize=none >"$T/sa.out" 2>&1; } &&
+		ninja -C "$SA" -j2 airlock-agent >>"$T/sa.out" 2>&1; then
+		AGENT=$SA/airlock-agent
+	else
+		cat "$T/sa.out"
+		not_ok "a static agent builds (meson setup -Dstatic_agent=true)"
+		finish
+		exit 1
+	fi
+fi
 
 # ---- the template (cached in TEMPLATE_DIR: rebuilt only when an input changed) ----
 t0=$(date +%s.%N)
