@@ -564,7 +564,10 @@ int sandbox_vm_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *er
 		return -ENOENT;
 	}
 	if (find_prog(qemu_env && *qemu_env ? qemu_env : "qemu-system-x86_64", qemu, sizeof(qemu)) < 0) {
-		snprintf(err, errlen, "qemu-system-x86_64 not found (apt-get install qemu-system-x86)");
+		if (qemu_env && *qemu_env)
+			snprintf(err, errlen, "AIRLOCK_QEMU=%s: no such executable", qemu_env);
+		else
+			snprintf(err, errlen, "qemu-system-x86_64 not found in PATH (apt-get install qemu-system-x86)");
 		return -ENOENT;
 	}
 	if (!(vm = mem_calloc(1, sizeof(*vm)))) {

@@ -59,6 +59,23 @@ echo "# template: $(tail -n 1 "$T/build.out") in $(echo "$(date +%s.%N) - $t0" |
 t_cached() { "$BUILD" "$TPL" "$AGENT" | grep -q "is up to date"; }
 check "template build is cached (second build does nothing)" t_cached
 
+# ---- errors name what is missing ----
+t_no_template() {
+	mkdir -p "$T/empty"
+	! "$HARNESS" "$T/sb-x" "$T/empty" </dev/null >/dev/null 2>"$T/x.err" &&
+		grep -q "no VM template in $T/empty (vmlinux, initramfs.cpio): build it with guest-agent/template/build.sh" "$T/x.err"
+}
+check "a missing template is an error that says how to build it" t_no_template
+t_no_qemu() {
+	! AIRLOCK_QEMU=/nonexistent/qemu "$HARNESS" "$T/sb-x" "$TPL" </dev/null >/dev/null 2>"$T/x.err" &&
+		grep -q "AIRLOCK_QEMU=/nonexistent/qemu: no such executable" "$T/x.err"
+}
+check "a missing qemu is an error that names it" t_no_qemu
+t_dynamic_agent() {
+	! "$BUILD" "$T/tpl-x" "$AIRLOCK" >/dev/null 2>"$T/x.err" && grep -q "dynamically linked" "$T/x.err"
+}
+check "the template builder refuses a dynamically linked agent" t_dynamic_agent
+
 # ---- a real tree: a few hundred files, a secret, ignore rules ----
 W=$T/work
 mkdir -p "$W/src" "$W/docs"
@@ -97,6 +114,12 @@ check "describe names the machine and the accelerator" t_describe
 t_nic() { grep -q -- '-nic none' "/proc/$(cat "$SB/run/qemu.pid")/cmdline" 2>/dev/null ||
 	tr '\0' ' ' <"/proc/$(cat "$SB/run/qemu.pid")/cmdline" | grep -q -- '-nic none'; }
 check "qemu runs with -nic none" t_nic
+t_config_drive() {
+	[ "$(stat -c %a "$SB/config.tar")" = 600 ] &&
+		[ "$(tar -tf "$SB/config.tar" | sed 's|^\./||' | sort | tr '\n' ' ')" = "agent.conf allow guest.key " ] &&
+		[ "$(tar -xOf "$SB/config.tar" allow)" = "$("$AIRLOCK" pubkey "$SB/keys/host.key")" ]
+}
+check "the config drive (0600) holds guest.key, allow (the host key) and agent.conf" t_config_drive
 t_cmdline_keys() { ! tr '\0' ' ' <"/proc/$(cat "$SB/run/qemu.pid")/cmdline" | grep -q "$(head -c 20 "$SB/keys/guest.key")"; }
 check "no key on qemu's command line (they come from the config drive)" t_cmdline_keys
 
