@@ -169,6 +169,19 @@ t_secret() {
 	[ "$rc" = 1 ] && ! X -- sh -c 'grep -r vm-e2e-canary . 2>/dev/null' | grep -q canary
 }
 check "the .env secret is withheld from the VM" t_secret
+t_clock() {
+	local g h rc=0 t0 t1
+	g=$(X -- date +%s)
+	h=$(date +%s)
+	[ $((h - g)) -le 3 ] && [ $((g - h)) -le 3 ] || { echo "guest clock $g, host $h" >&2; return 1; }
+	# guest timers run in real time: the timeout fires after ~2 s of wall time
+	t0=$(date +%s.%N)
+	X --timeout 2 -- sleep 30 || rc=$?
+	t1=$(date +%s.%N)
+	[ "$rc" = 124 ] && [ "$(echo "$t1 - $t0 < 6" | bc)" = 1 ] && [ "$(echo "$t1 - $t0 >= 1.9" | bc)" = 1 ] ||
+		{ echo "timeout rc $rc after $(echo "$t1 - $t0" | bc) s" >&2; return 1; }
+}
+check "the guest clock follows the host's; exec --timeout 2 fires after 2 s" t_clock
 t_kernel() { X -- uname -r | grep -q 'amd64'; }
 check "commands run on the template's kernel (a real VM)" t_kernel
 t_nonet() {
