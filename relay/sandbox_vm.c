@@ -248,6 +248,29 @@ static int run_wait(char *const argv[], int log_fd)
 	return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -EIO;
 }
 
+/* This qemu knows -M microvm (qemu >= 4.2 built with it); else q35. */
+static bool qemu_has_microvm(const char *qemu)
+{
+	char *argv[] = {(char *)qemu, "-machine", "help", NULL};
+	char path[] = "/tmp/airlock-qemu-machines.XXXXXX";
+	char line[256];
+	bool found = false;
+	FILE *f;
+	int fd = mkstemp(path);
+
+	if (fd < 0)
+		return true; /* try it; qemu's error will say */
+	unlink(path);
+	if (run_wait(argv, fd) == 0 && lseek(fd, 0, SEEK_SET) == 0 && (f = fdopen(fd, "r"))) {
+		while (!found && fgets(line, sizeof(line), f))
+			found = !strncmp(line, "microvm ", 8);
+		fclose(f);
+		return found;
+	}
+	close(fd);
+	return false;
+}
+
 /* The template directory: cfg's, else $AIRLOCK_VM_TEMPLATE, else
  * $XDG_CACHE_HOME/airlock/template (default ~/.cache/airlock/template). */
 static int template_dir(const struct sandbox_cfg *cfg, char *out, size_t n)
@@ -614,7 +637,7 @@ launch:
 	accel_name = kvm ? "kvm" : "software emulation (TCG)";
 	{
 		const char *m = getenv("AIRLOCK_VM_MACHINE");
-		microvm = !(m && !strcmp(m, "q35"));
+		microvm = m && *m ? strcmp(m, "q35") != 0 : qemu_has_microvm(qemu);
 	}
 	machine = microvm ? "microvm" : "q35";
 	if (kvm) {
