@@ -593,6 +593,11 @@ int sandbox_vm_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *er
 			snprintf(err, errlen, "qemu-system-x86_64 not found in PATH (apt-get install qemu-system-x86)");
 		return -ENOENT;
 	}
+	if (strchr(sb->dir, ',')) {
+		/* qemu's -drive and -chardev options are comma separated */
+		snprintf(err, errlen, "%s: a ',' in the sandbox directory cannot be passed to qemu", sb->dir);
+		return -EINVAL;
+	}
 	if (!(vm = mem_calloc(1, sizeof(*vm)))) {
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;

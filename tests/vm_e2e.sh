@@ -71,6 +71,10 @@ t_no_qemu() {
 		grep -q "AIRLOCK_QEMU=/nonexistent/qemu: no such executable" "$T/x.err"
 }
 check "a missing qemu is an error that names it" t_no_qemu
+t_comma() {
+	! "$HARNESS" "$T/sb,x" "$TPL" </dev/null >/dev/null 2>"$T/x.err" && grep -q "a ',' in the sandbox directory" "$T/x.err"
+}
+check "a sandbox directory qemu cannot take (a comma) is refused by name" t_comma
 t_dynamic_agent() {
 	! "$BUILD" "$T/tpl-x" "$AIRLOCK" >/dev/null 2>"$T/x.err" && grep -q "dynamically linked" "$T/x.err"
 }
