@@ -291,6 +291,39 @@ static int template_dir(const struct sandbox_cfg *cfg, char *out, size_t n)
 	return w < 0 || (size_t)w >= n ? -ENAMETOOLONG : 0;
 }
 
+/* In a development build (the template builder and this build's static
+ * agent exist where meson put them), (re)build the template: the builder
+ * is cached and only says "up to date" when nothing changed, so the guest
+ * always runs the agent this host was built with. Its output goes to
+ * <dir>/template.log. 0 when built, up to date, or there is no builder. */
+static int template_refresh(struct sandbox *sb, const char *tdir, char *err, size_t errlen)
+{
+#if defined(AIRLOCK_TEMPLATE_BUILDER) && defined(AIRLOCK_AGENT_STATIC)
+	char logp[PATH_MAX];
+	char *argv[] = {"sh", AIRLOCK_TEMPLATE_BUILDER, (char *)tdir, AIRLOCK_AGENT_STATIC, NULL};
+	int fd, r;
+
+	if (getenv("AIRLOCK_VM_NO_BUILD") || access(AIRLOCK_TEMPLATE_BUILDER, R_OK) < 0 ||
+	    access(AIRLOCK_AGENT_STATIC, X_OK) < 0)
+		return 0;
+	if (path_join(logp, sizeof(logp), sb->dir, "template.log") < 0 ||
+	    (fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0)
+		return 0; /* no log, no build: use what is there */
+	r = run_wait(argv, fd);
+	close(fd);
+	if (r < 0) {
+		snprintf(err, errlen, "building the VM template in %s failed (see %s)", tdir, logp);
+		return r;
+	}
+#else
+	(void)sb;
+	(void)tdir;
+	(void)err;
+	(void)errlen;
+#endif
+	return 0;
+}
+
 /* CONFIG_HZ of the template's kernel (kernel.hz, written by build.sh); 250
  * (Debian's) when absent. */
 static unsigned template_hz(const char *tdir)
@@ -574,6 +607,8 @@ int sandbox_vm_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *er
 		snprintf(err, errlen, "no VM template directory: set XDG_CACHE_HOME or HOME, or give one");
 		return r;
 	}
+	if ((r = template_refresh(sb, tdir, err, errlen)) < 0)
+		return r;
 	if (path_join(kernel, sizeof(kernel), tdir, "vmlinux") < 0 ||
 	    path_join(initrd, sizeof(initrd), tdir, "initramfs.cpio") < 0) {
 		snprintf(err, errlen, "%s: path too long", tdir);

@@ -16,6 +16,7 @@ source "$(dirname "$0")/lib.sh"
 
 AIRLOCK=$1
 AGENT=$2
+AGENT_ARG=$2
 HARNESS=$3
 BUILD=$4
 TPL=$5
@@ -62,7 +63,7 @@ check "template build is cached (second build does nothing)" t_cached
 # ---- errors name what is missing ----
 t_no_template() {
 	mkdir -p "$T/empty"
-	! "$HARNESS" "$T/sb-x" "$T/empty" </dev/null >/dev/null 2>"$T/x.err" &&
+	! AIRLOCK_VM_NO_BUILD=1 "$HARNESS" "$T/sb-x" "$T/empty" </dev/null >/dev/null 2>"$T/x.err" &&
 		grep -q "no VM template in $T/empty (vmlinux, initramfs.cpio): build it with guest-agent/template/build.sh" "$T/x.err"
 }
 check "a missing template is an error that says how to build it" t_no_template
@@ -75,6 +76,17 @@ t_comma() {
 	! "$HARNESS" "$T/sb,x" "$TPL" </dev/null >/dev/null 2>"$T/x.err" && grep -q "a ',' in the sandbox directory" "$T/x.err"
 }
 check "a sandbox directory qemu cannot take (a comma) is refused by name" t_comma
+if [ "$AGENT_ARG" != - ]; then
+	# a development build refreshes a stale template before booting (here: stopped right after, at qemu)
+	t_refresh() {
+		cp -a "$TPL" "$T/tpl-copy" && echo stale >"$T/tpl-copy/stamp" &&
+			! AIRLOCK_QEMU=/nonexistent/qemu "$HARNESS" "$T/sb-r" "$T/tpl-copy" </dev/null >/dev/null 2>&1 &&
+			grep -q "^template: built $T/tpl-copy" "$T/sb-r/template.log" &&
+			[ "$(cat "$T/tpl-copy/stamp")" = "$(cat "$TPL/stamp")" ]
+	}
+	check "a stale template is rebuilt before the VM starts (development build)" t_refresh
+	rm -rf "$T/tpl-copy"
+fi
 t_dynamic_agent() {
 	! "$BUILD" "$T/tpl-x" "$AIRLOCK" >/dev/null 2>"$T/x.err" && grep -q "dynamically linked" "$T/x.err"
 }
