@@ -711,7 +711,12 @@ static void on_close(struct chan *c, int err, const char *why, void *ud)
 	if (err == 0)
 		logmsg("session %u: closed (%llu bytes in, %llu out)", s->id, (unsigned long long)st.bytes_in,
 		       (unsigned long long)st.bytes_out);
-	else
+	else if (!transport_is_stream_listener(&a->addr) && st.bytes_in == 0) {
+		/* serial: the device was handed to a session while the host
+		 * that just said BYE was still connected; it then left. */
+		if (a->verbose)
+			logmsg("session %u: the host left before a handshake", s->id);
+	} else
 		logmsg("session %u: ended: %s", s->id, why ? why : strerror(-err));
 	session_drop(s);
 	if (!transport_is_stream_listener(&a->addr)) {

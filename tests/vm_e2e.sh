@@ -238,6 +238,10 @@ t_stop() {
 }
 check "the VM powers off cleanly when asked (no signal needed)" t_stop
 echo "# $(grep '^stopped' "$T/h1.out")"
+t_clean_sessions() {
+	[ "$(grep -c 'session [0-9]*: closed' "$SB/console.log")" -ge 3 ] && ! grep 'session [0-9]*: ended' "$SB/console.log"
+}
+check "every up/down was a clean session in the guest (no session ended on an error)" t_clean_sessions
 
 # ---- boot 2: the same sandbox directory ----
 mkfifo "$T/ctl2"
