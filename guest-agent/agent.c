@@ -61,7 +61,8 @@ struct agent {
 	struct loop *loop;
 	struct transport_addr addr;
 	int lfd;
-	int sfd; /* signalfd */
+	bool lfd_watched; /* serial: lfd is in the loop (edge-triggered) while no session holds it */
+	int sfd;	  /* signalfd */
 	struct noise_keypair key;
 	uint8_t psk[32];
 	bool have_psk;
@@ -825,7 +826,12 @@ static void on_close(struct chan *c, int err, const char *why, void *ud)
 	if (err == 0)
 		logmsg("session %u: closed (%llu bytes in, %llu out)", s->id, (unsigned long long)st.bytes_in,
 		       (unsigned long long)st.bytes_out);
-	else
+	else if (!transport_is_stream_listener(&a->addr) && st.bytes_in == 0) {
+		/* serial: the device was handed to a session while the host
+		 * that just said BYE was still connected; it then left. */
+		if (a->verbose)
+			logmsg("session %u: the host left before a handshake", s->id);
+	} else
 		logmsg("session %u: ended: %s", s->id, why ? why : strerror(-err));
 	session_drop(s);
 	if (!transport_is_stream_listener(&a->addr)) {
@@ -891,14 +897,50 @@ static void session_start(struct agent *a, int fd)
 		logmsg("session %u: connection accepted", s->id);
 }
 
+static void on_serial_event(struct loop *l, int fd, uint32_t events, void *ud);
+
+/* Hand the serial device to a new session when none holds it and a host is
+ * at the other end. While nobody is there (-EAGAIN) the device is watched,
+ * edge-triggered: the host connecting wakes the port's wait queue and
+ * on_serial_event tries again. While a session holds the device it is not
+ * watched here, so the session's own (level-triggered) watch is the only
+ * one on the port. */
 static void serial_next(struct agent *a)
 {
-	int fd = transport_accept(&a->addr, a->lfd);
+	int fd, r;
 
-	if (fd >= 0)
-		session_start(a, fd);
-	else
-		logmsg("serial device: cannot start a session: %s", strerror(-fd));
+	for (int tries = 0; tries < 2; tries++) {
+		fd = transport_accept(&a->addr, a->lfd);
+		if (fd >= 0) {
+			if (a->lfd_watched) {
+				loop_del_fd(a->loop, a->lfd);
+				a->lfd_watched = false;
+			}
+			session_start(a, fd);
+			return;
+		}
+		if (fd != -EAGAIN) {
+			logmsg("serial device: cannot start a session: %s", strerror(-fd));
+			return;
+		}
+		if (a->lfd_watched)
+			return;
+		/* Watch, then look once more: a host that connected between
+		 * the first look and the watch raised no edge for us. */
+		if ((r = loop_add_fd(a->loop, a->lfd, EPOLLIN | EPOLLOUT | EPOLLET, on_serial_event, a)) < 0) {
+			logmsg("serial device: epoll: %s", strerror(-r));
+			return;
+		}
+		a->lfd_watched = true;
+	}
+}
+
+static void on_serial_event(struct loop *l, int fd, uint32_t events, void *ud)
+{
+	(void)l;
+	(void)fd;
+	(void)events;
+	serial_next(ud);
 }
 
 static void on_listen(struct loop *l, int fd, uint32_t events, void *ud)

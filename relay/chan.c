@@ -984,8 +984,13 @@ static void after_io(struct chan *c)
 		}
 	}
 	if (c->bye_queued && buf_len(&c->out) == 0) {
-		if (!c->shut_wr && c->is_sock)
-			shutdown(c->fd, SHUT_WR);
+		/* No half-close (shutdown SHUT_WR) here: the FINAL record
+		 * says it in band, and some stream ends do not survive one.
+		 * qemu's socket chardev (the vm sandbox's channel) drops the
+		 * whole connection on the host's EOF, so the guest's answering
+		 * FINAL was lost and stayed queued in the VM for the next
+		 * connection, whose handshake then failed. We wait for the
+		 * peer's FINAL (or EOF) with the stream open both ways. */
 		c->shut_wr = true;
 		if (c->final_in || c->eof_in) {
 			end(c, 0, c->final_in ? "peer closed the connection" : "closed");

@@ -6,6 +6,15 @@
  * device; "accept" hands out a dup of it once per session; "release" ends
  * the session so the next accept hands it out again.
  *
+ * A session needs someone at the other end. A virtio-serial port whose host
+ * end is not connected (and a pty whose master is closed) reports POLLHUP
+ * and reads return end-of-file at once; handing it out would make a session
+ * that ends immediately, over and over. So "accept" also says -EAGAIN while
+ * the device reports a hangup: the listener waits for the device's next
+ * state change (an edge-triggered epoll on the listening fd sees the host
+ * connecting: the port's wait queue is woken then) and tries again. Each
+ * host connection to the chardev thus gives the agent one fresh session.
+ *
  * The session state has to live somewhere, and the interface only gives us
  * the listening fd, so it lives in a small table keyed by that fd and by the
  * device's identity (st_dev, st_ino), which tells a reused fd number from the
@@ -15,6 +24,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -150,6 +160,14 @@ fail_errno:
 	return r;
 }
 
+/* True when nobody is at the other end: the device reports a hangup. */
+static int serial_peer_absent(int fd)
+{
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+
+	return poll(&p, 1, 0) == 1 && (p.revents & POLLHUP);
+}
+
 static int serial_accept(const struct transport_addr *a, int lfd)
 {
 	struct serial_slot *s;
@@ -160,7 +178,7 @@ static int serial_accept(const struct transport_addr *a, int lfd)
 	fd = serial_slot_get(lfd, 0, &s);
 	if (fd < 0) {
 		/* lfd is bad, or the table is full */
-	} else if (s->handed_out) {
+	} else if (s->handed_out || serial_peer_absent(lfd)) {
 		fd = -EAGAIN;
 	} else {
 		fd = fcntl(lfd, F_DUPFD_CLOEXEC, 0); /* shares O_NONBLOCK with lfd */

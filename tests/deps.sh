@@ -3,7 +3,12 @@
 # root). Idempotent: does nothing when everything is there.
 set -eu
 PKGS="meson ninja-build pkg-config gcc libc6-dev libfuse3-dev fuse3 libxxhash-dev libzstd-dev
-libsodium-dev libjansson-dev libcmocka-dev socat git curl openssl python3 procps iproute2 util-linux"
+libsodium-dev libjansson-dev libcmocka-dev socat git curl openssl python3 procps iproute2 util-linux
+qemu-system-x86 busybox-static e2fsprogs cpio xz-utils zstd bc"
+# The vm sandbox's template (guest-agent/template/build.sh) also needs the
+# kernel package linux-image-amd64 to be downloadable (apt-get download; it
+# is not installed). Installing qemu pulls in udev, which changes /dev
+# permissions; no test depends on them.
 missing=""
 for p in $PKGS; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

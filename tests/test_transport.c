@@ -1086,8 +1086,12 @@ static void test_serial(void **state)
 	fd = transport_accept(&a, lfd);
 	assert_true(fd >= 0);
 	close(fd);
-	close(lfd);
+	transport_release(&a, lfd);
+
+	/* nobody at the other end (the master closed: a hangup): no session */
 	close(m);
+	assert_int_equal(transport_accept(&a, lfd), -EAGAIN);
+	close(lfd);
 
 	assert_int_equal(transport_connect(&a, 100, err, sizeof(err)), -ENOTSUP);
 	assert_has(err, "listen on it");

@@ -63,7 +63,10 @@ int transport_listen(const struct transport_addr *a, char *err, size_t errlen);
 /* Accept one connection on a listening fd from transport_listen. Returns the
  * connected fd, -EAGAIN when none is pending. For serial it returns a dup of
  * the device fd the first time and -EAGAIN until transport_release() says
- * that session ended. */
+ * that session ended, and -EAGAIN while the device reports a hangup (no
+ * host on the other end: a virtio-serial port whose host side is not
+ * connected, a pty whose master is closed); wait for the listening fd to
+ * change state (epoll with EPOLLET on it) and accept again. */
 int transport_accept(const struct transport_addr *a, int lfd);
 
 /* Serial only: the session on the device ended; the next accept may hand it
