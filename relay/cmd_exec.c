@@ -45,23 +45,23 @@
 
 #define EXEC_FAILED 125
 #define STDIN_CHUNK (32u * 1024u)
-#define IN_MAX ((size_t)8 << 20) /* longest event line we accept from the relay */
-#define FENCE_ID "airlock-exec-fence"
+#define IN_MAX	    ((size_t)8 << 20) /* longest event line we accept from the relay */
+#define FENCE_ID    "airlock-exec-fence"
 
 struct xc {
 	int fd;
 	char id[64];
-	struct buf in;       /* bytes from the relay, up to one partial line */
+	struct buf in; /* bytes from the relay, up to one partial line */
 	bool started, done;
-	int status;          /* exit status once done */
-	int cancel_sig;      /* a signal that arrived before `started`: the command was canceled */
+	int status;	/* exit status once done */
+	int cancel_sig; /* a signal that arrived before `started`: the command was canceled */
 	/* stdin */
 	bool want_stdin, stdin_eof_sent;
 	uint8_t chunk[STDIN_CHUNK];
 	size_t chunk_n;
-	bool chunk_eof;      /* the chunk ends stdin */
-	bool in_flight;      /* chunk sent, fence not answered yet */
-	bool chunk_busy;     /* the relay answered busy: send it again */
+	bool chunk_eof;	 /* the chunk ends stdin */
+	bool in_flight;	 /* chunk sent, fence not answered yet */
+	bool chunk_busy; /* the relay answered busy: send it again */
 	uint64_t retry_at_ms;
 	unsigned backoff_ms;
 };
@@ -191,7 +191,9 @@ static void on_event(struct xc *x, json_t *ev)
 	} else if (!strcmp(event, "dropped")) {
 		cmd_err("exec: %" JSON_INTEGER_FORMAT " bytes of %s were lost",
 			json_integer_value(json_object_get(ev, "bytes")),
-			json_string_value(json_object_get(ev, "stream")) ? json_string_value(json_object_get(ev, "stream")) : "output");
+			json_string_value(json_object_get(ev, "stream"))
+			    ? json_string_value(json_object_get(ev, "stream"))
+			    : "output");
 	} else if (!strcmp(event, "exit")) {
 		json_t *sig = json_object_get(ev, "signal");
 		x->done = true;
@@ -227,7 +229,7 @@ static void on_event(struct xc *x, json_t *ev)
 
 static int connect_relay(const char *path)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	int fd;
 
 	if (strlen(path) >= sizeof(sa.sun_path))
@@ -277,10 +279,10 @@ static void exec_usage(void)
 int cmd_exec(int argc, char **argv)
 {
 	static const struct option opts[] = {
-		{ "timeout", required_argument, NULL, 't' },
-		{ "stdin", no_argument, NULL, 'i' },
-		{ "no-stdin", no_argument, NULL, 'n' },
-		{ NULL, 0, NULL, 0 },
+	    {"timeout", required_argument, NULL, 't'},
+	    {"stdin", no_argument, NULL, 'i'},
+	    {"no-stdin", no_argument, NULL, 'n'},
+	    {NULL, 0, NULL, 0},
 	};
 	static struct xc x;
 	const char *dir = ".";
@@ -298,7 +300,9 @@ int cmd_exec(int argc, char **argv)
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "+C:", opts, NULL)) != -1) {
 		switch (c) {
-		case 'C': dir = optarg; break;
+		case 'C':
+			dir = optarg;
+			break;
 		case 't': {
 			char *end;
 			timeout = strtod(optarg, &end);
@@ -308,9 +312,15 @@ int cmd_exec(int argc, char **argv)
 			}
 			break;
 		}
-		case 'i': stdin_mode = 1; break;
-		case 'n': stdin_mode = 0; break;
-		default: exec_usage(); return 2;
+		case 'i':
+			stdin_mode = 1;
+			break;
+		case 'n':
+			stdin_mode = 0;
+			break;
+		default:
+			exec_usage();
+			return 2;
 		}
 	}
 	if (optind >= argc) {
@@ -368,9 +378,9 @@ int cmd_exec(int argc, char **argv)
 	}
 	while (!x.done) {
 		struct pollfd pf[3] = {
-			{ .fd = x.fd, .events = POLLIN },
-			{ .fd = sfd, .events = POLLIN },
-			{ .fd = -1, .events = POLLIN },
+		    {.fd = x.fd, .events = POLLIN},
+		    {.fd = sfd, .events = POLLIN},
+		    {.fd = -1, .events = POLLIN},
 		};
 		int wait_ms = -1;
 		bool can_read_stdin = x.want_stdin && x.started && !x.stdin_eof_sent && !x.in_flight;
