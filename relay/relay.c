@@ -566,6 +566,7 @@ static bool sub_step(struct sub *s)
 				client_send(s->c, ev);
 				s->truncated = true;
 				s->cur[i] = ring_start(g);
+				cmd_update_pause(m);
 				return true;
 			}
 			if (s->cur[i] < g->end) {
@@ -690,7 +691,16 @@ static void client_process_input(struct client *c)
 
 /* Do everything this client can do now without blocking. Requests are
  * only handled from the client's own fd callback (input = true), never
- * from inside a backend call. */
+ * from inside a backend call.
+ *
+ * What must hold when this returns: either the output queue is not empty
+ * (and EPOLLOUT will call us back), or the pump ran with room in the queue
+ * and found nothing to send. Hence the flush *before* the pump: a round
+ * that starts with a full queue, which the pump leaves alone, and whose
+ * flush then empties it completely would otherwise end with output still
+ * waiting in the rings and nothing to wake us. With a paused command that
+ * wait is for ever (nothing new arrives to kick the pump): the stall after
+ * a slow reader drained its socket in one go. */
 static void client_service(struct client *c, bool input)
 {
 	int i;
@@ -699,6 +709,7 @@ static void client_service(struct client *c, bool input)
 		return; /* inside one of c's requests: its own service loop goes on after it */
 	for (i = 0; i < SERVICE_ROUNDS && !c->dead; i++) {
 		uint64_t before = c->produced;
+		client_flush(c);
 		if (input)
 			client_process_input(c);
 		client_pump(c);
@@ -1727,6 +1738,8 @@ static void cmd_end(struct relay_cmd *m)
 	struct relay *r = m->r;
 
 	m->live = false;
+	/* The backend is done with it: nothing is held back any more. */
+	m->pause_told = false;
 	m->end_ms = loop_now_ms();
 	r->nrunning--;
 	r->nfinished++;

@@ -1382,6 +1382,67 @@ static void test_slow_client(void **state)
 	tc_close(fast);
 }
 
+/* The stall a slow reader used to hit: its command is paused, its queue
+ * full and its socket full; then it drains the socket in one go, so the
+ * relay's next write takes the whole queue at once. The relay must go on
+ * producing (and resume the command) by itself: with nothing new from the
+ * paused command there is nothing else to wake it. Small queue and ring so
+ * that the socket can swallow a whole queue. */
+static int fx_setup_small_queue(void **state)
+{
+	struct relay_cfg cfg = {.client_queue = 8 << 10, .ring_bytes = 64 << 10};
+
+	return fx_setup_cfg(state, &cfg);
+}
+
+static void test_slow_reader_resumes(void **state)
+{
+	(void)state;
+	const size_t total = (size_t)2 << 20;
+	struct tc *c = tc_connect();
+	struct relay_stats st;
+	struct run r = {0};
+	char line[128];
+
+	snprintf(line, sizeof(line), "{\"op\":\"exec\",\"id\":\"g\",\"argv\":[\"gen\",\"%zu\",\"3\"]}", total);
+	tc_send(c, line);
+	for (int round = 0; round < 3; round++) {
+		/* do not read until the relay has paused the command */
+		uint64_t until = loop_now_ms() + 3000;
+		do {
+			spin(2);
+			relay_get_stats(F->r, &st);
+		} while (!st.paused && loop_now_ms() < until);
+		assert_int_equal(st.paused, 1);
+		spin(20);
+		/* then read as fast as possible: whole socket buffers at a time */
+		size_t target = r.n[0] + 256 * 1024;
+		while (r.n[0] < target && !r.exit) {
+			json_t *ev = tc_next(c, 2000);
+			if (!ev) {
+				relay_get_stats(F->r, &st);
+				fail_msg("stalled after %zu of %zu bytes (paused: %zu)", r.n[0], total, st.paused);
+			}
+			run_feed(&r, ev);
+			json_decref(ev);
+		}
+	}
+	tc_run(c, &r);
+	assert_int_equal(r.n[0], total);
+	assert_int_equal(r.dropped[0], 0);
+	for (size_t i = 0; i < total; i++)
+		if (r.out[0][i] != pattern(3, i))
+			fail_msg("byte %zu differs", i);
+	assert_int_equal(json_integer_value(json_object_get(r.exit, "code")), 0);
+	assert_false(json_is_true(json_object_get(r.exit, "truncated")));
+	assert_true(F->tb.pauses >= 3);
+	assert_int_equal(F->tb.pauses, F->tb.resumes);
+	relay_get_stats(F->r, &st);
+	assert_int_equal(st.paused, 0);
+	run_clear(&r);
+	tc_close(c);
+}
+
 static void test_concurrent(void **state)
 {
 	(void)state;
@@ -1467,6 +1528,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_peer_uid, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_paths_and_modes, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_slow_client, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_slow_reader_resumes, fx_setup_small_queue, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_concurrent, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_free_while_running, fx_setup, fx_teardown),
 	};
