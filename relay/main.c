@@ -24,7 +24,10 @@ static const struct command commands[] = {
     {"down", cmd_down, "down DIR                  stop airlock up for DIR and unmount it"},
     {"status", cmd_status, "status [-C DIR] [--json]  connection, pending changes, applied seq, latency"},
     {"sync-wait", cmd_sync_wait, "sync-wait [-C DIR] [--timeout S]  wait until every change so far is on the guest"},
-    {"exec", cmd_exec, "exec [-C DIR] [--timeout S] [--stdin|--no-stdin] -- CMD [ARG...]  run CMD in the guest"},
+    {"exec", cmd_exec,
+     "exec [-C DIR] [--timeout S] [--tty] [--stdin|--no-stdin] -- CMD [ARG...]  run CMD in the guest"},
+    {"shell", cmd_shell,
+     "shell [-C DIR] [--timeout S] [-c CMD [NAME [ARG...]]]  login shell (or sh -c CMD) in the guest"},
     {"audit", cmd_audit, "audit [-C DIR] [--json]   withheld paths (with their rule), skipped files, egress denials"},
 };
 
