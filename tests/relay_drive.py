@@ -149,26 +149,35 @@ def concurrent(path, nclients, per):
             rid = "c%d-%d" % (k, j)
             lines = 200 + 37 * j + 11 * k
             code = (k * per + j) % 256
-            # each its own text on both streams and its own exit status; a short
-            # sleep keeps all of them running at the same time
-            sh = ("sleep 0.3; i=0; while [ $i -lt %d ]; do echo \"%s line $i\"; i=$((i+1)); done; "
+            # each its own text on both streams and its own exit status; each
+            # waits for its stdin to end, so all of them run at the same time
+            sh = ("read go; i=0; while [ $i -lt %d ]; do echo \"%s line $i\"; i=$((i+1)); done; "
                   "echo \"%s err\" >&2; exit %d") % (lines, rid, rid, code)
             want_out = "".join("%s line %d\n" % (rid, i) for i in range(lines)).encode()
             expect[rid] = (want_out, ("%s err\n" % rid).encode(), code, c)
             c.pending[rid] = {"stdout": b"", "stderr": b""}
             c.s.setblocking(True)
-            c.send({"id": rid, "op": "exec", "shell": sh})
+            c.send({"id": rid, "op": "exec", "shell": sh, "stdin": True})
             c.s.setblocking(False)
     # a status from another connection while they run lists every one
-    time.sleep(0.1)
     st = Conn(path)
-    st.send({"id": "st", "op": "status"})
-    ev = st.until(lambda e: e.get("event") == "status", "status")[-1]
-    running = {x["id"] for x in ev["commands"] if x["state"] in ("starting", "running")}
-    missing = set(expect) - running
-    if missing:
-        fail("status while running lacks %d commands, e.g. %s" % (len(missing), sorted(missing)[:3]))
+    t_end = time.monotonic() + DEADLINE
+    while True:
+        st.send({"id": "st", "op": "status"})
+        ev = st.until(lambda e: e.get("event") == "status", "status")[-1]
+        running = {x["id"] for x in ev["commands"] if x["state"] == "running"}
+        if set(expect) <= running:
+            break
+        if time.monotonic() > t_end:
+            fail("status never listed all %d running, e.g. %s missing" % (
+                len(expect), sorted(set(expect) - running)[:3]))
+        time.sleep(0.05)
     st.close()
+    for c in conns:
+        c.s.setblocking(True)
+        for rid in c.pending:
+            c.send({"id": rid, "op": "stdin", "data": "go\n", "eof": True})
+        c.s.setblocking(False)
     done = {}
     t_end = time.monotonic() + DEADLINE
     while len(done) < len(expect) and time.monotonic() < t_end:
