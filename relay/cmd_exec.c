@@ -209,6 +209,8 @@ static void on_event(struct xc *x, json_t *ev)
 		x->done = true;
 		if (json_is_true(json_object_get(ev, "timed_out")))
 			x->status = 124;
+		else if (json_is_integer(sig) && x->cancel_sig)
+			x->status = 128 + x->cancel_sig; /* our cancel (for signal N, before it started) killed it */
 		else if (json_is_integer(sig))
 			x->status = 128 + (int)json_integer_value(sig);
 		else
