@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * airlock exec [-C DIR] [--timeout S] [--stdin|--no-stdin] -- CMD [ARG...]
+ * airlock exec [-C DIR] [--timeout S] [--tty] [--stdin|--no-stdin] -- CMD [ARG...]
+ * airlock shell [-C DIR] [--timeout S] [-c CMD [NAME [ARG...]]]   (see cmd_shell)
  *
  * Run from a directory below the workspace (or -C one), the command runs in
  * the same directory of the guest's copy: the workspace is the nearest
@@ -8,11 +9,17 @@
  *
  * A client of the relay socket (doc/RELAY.md) that behaves like the command
  * it runs in the guest: its stdout and stderr go to ours, our stdin is
- * passed when it is not a terminal (or with --stdin), SIGINT and SIGTERM are
- * forwarded as `signal` requests, and the exit status is the remote one:
- * the code, 128+N for signal N, 124 when the timeout fired (timeout(1)).
- * 125 means the command could not be run at all (no relay, no guest, a
- * refused request); the reason is printed.
+ * passed when it is not a terminal or /dev/null (or with --stdin, or --tty), SIGINT,
+ * SIGTERM, SIGHUP and SIGQUIT are forwarded as `signal` requests, and the
+ * exit status is the remote one: the code, 128+N for signal N, 124 when the
+ * timeout fired (timeout(1)). 125 means the command could not be run at all
+ * (no relay, no guest, a refused request); the reason is printed.
+ *
+ * --tty: the command gets a pty in the guest sized like our terminal;
+ * our terminal (when stdin is one) is in raw mode while it runs, so keys
+ * like ^C and ^Z reach the guest's terminal as bytes and its line
+ * discipline turns them into signals there; SIGWINCH becomes `resize`.
+ * The terminal is restored on every way out.
  *
  * stdin requests are answered only on failure, so after each chunk we send
  * a `status` request as a fence: a `busy` error before the fence's answer
@@ -28,9 +35,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -45,23 +55,23 @@
 
 #define EXEC_FAILED 125
 #define STDIN_CHUNK (32u * 1024u)
-#define IN_MAX ((size_t)8 << 20) /* longest event line we accept from the relay */
-#define FENCE_ID "airlock-exec-fence"
+#define IN_MAX	    ((size_t)8 << 20) /* longest event line we accept from the relay */
+#define FENCE_ID    "airlock-exec-fence"
 
 struct xc {
 	int fd;
 	char id[64];
-	struct buf in;       /* bytes from the relay, up to one partial line */
+	struct buf in; /* bytes from the relay, up to one partial line */
 	bool started, done;
-	int status;          /* exit status once done */
-	int cancel_sig;      /* a signal that arrived before `started`: the command was canceled */
+	int status;	/* exit status once done */
+	int cancel_sig; /* a signal that arrived before `started`: the command was canceled */
 	/* stdin */
 	bool want_stdin, stdin_eof_sent;
 	uint8_t chunk[STDIN_CHUNK];
 	size_t chunk_n;
-	bool chunk_eof;      /* the chunk ends stdin */
-	bool in_flight;      /* chunk sent, fence not answered yet */
-	bool chunk_busy;     /* the relay answered busy: send it again */
+	bool chunk_eof;	 /* the chunk ends stdin */
+	bool in_flight;	 /* chunk sent, fence not answered yet */
+	bool chunk_busy; /* the relay answered busy: send it again */
 	uint64_t retry_at_ms;
 	unsigned backoff_ms;
 };
@@ -191,12 +201,16 @@ static void on_event(struct xc *x, json_t *ev)
 	} else if (!strcmp(event, "dropped")) {
 		cmd_err("exec: %" JSON_INTEGER_FORMAT " bytes of %s were lost",
 			json_integer_value(json_object_get(ev, "bytes")),
-			json_string_value(json_object_get(ev, "stream")) ? json_string_value(json_object_get(ev, "stream")) : "output");
+			json_string_value(json_object_get(ev, "stream"))
+			    ? json_string_value(json_object_get(ev, "stream"))
+			    : "output");
 	} else if (!strcmp(event, "exit")) {
 		json_t *sig = json_object_get(ev, "signal");
 		x->done = true;
 		if (json_is_true(json_object_get(ev, "timed_out")))
 			x->status = 124;
+		else if (json_is_integer(sig) && x->cancel_sig)
+			x->status = 128 + x->cancel_sig; /* our cancel (for signal N, before it started) killed it */
 		else if (json_is_integer(sig))
 			x->status = 128 + (int)json_integer_value(sig);
 		else
@@ -227,7 +241,7 @@ static void on_event(struct xc *x, json_t *ev)
 
 static int connect_relay(const char *path)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	int fd;
 
 	if (strlen(path) >= sizeof(sa.sun_path))
@@ -271,110 +285,185 @@ static void find_workspace(char *root, const char **rel)
 
 static void exec_usage(void)
 {
-	fputs("usage: airlock exec [-C DIR] [--timeout S] [--stdin|--no-stdin] -- CMD [ARG...]\n", stderr);
+	fputs("usage: airlock exec [-C DIR] [--timeout S] [--tty] [--stdin|--no-stdin] -- CMD [ARG...]\n", stderr);
 }
 
-int cmd_exec(int argc, char **argv)
+static void shell_usage(void)
 {
-	static const struct option opts[] = {
-		{ "timeout", required_argument, NULL, 't' },
-		{ "stdin", no_argument, NULL, 'i' },
-		{ "no-stdin", no_argument, NULL, 'n' },
-		{ NULL, 0, NULL, 0 },
-	};
+	fputs("usage: airlock shell [-C DIR] [--timeout S] [-l] [-i] [-c CMD [NAME [ARG...]]]\n", stderr);
+}
+
+/* What to run and how: filled by cmd_exec and cmd_shell. */
+struct run_opts {
+	const char *who; /* "exec" or "shell", for messages */
+	const char *dir;
+	double timeout;	   /* seconds; 0 = the policy's default */
+	int stdin_mode;	   /* 1 pass stdin, 0 /dev/null, -1 pass it unless it is a terminal */
+	bool tty;	   /* a pty in the guest; ours in raw mode when it is a terminal */
+	char *const *argv; /* argc strings */
+	int argc;
+};
+
+/* The local terminal, put in raw mode while a tty command runs. Restored on
+ * every way out of run_remote (its one exit); the signals that would end
+ * us without passing there (INT, TERM, HUP, QUIT) are taken by the
+ * signalfd instead, and forwarded to the command. */
+static struct termios saved_tio;
+static int raw_fd = -1;
+
+static void term_restore(void)
+{
+	if (raw_fd >= 0) {
+		tcsetattr(raw_fd, TCSADRAIN, &saved_tio);
+		raw_fd = -1;
+	}
+}
+
+static void term_raw(int fd)
+{
+	struct termios t;
+
+	if (!isatty(fd) || tcgetattr(fd, &saved_tio) < 0)
+		return;
+	t = saved_tio;
+	cfmakeraw(&t);
+	if (tcsetattr(fd, TCSADRAIN, &t) == 0)
+		raw_fd = fd;
+}
+
+/* The local window size, from whichever of stdin, stdout, stderr is a
+ * terminal; 24x80 when none is. */
+static void term_size(unsigned *rows, unsigned *cols)
+{
+	static const int fds[] = {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO};
+	struct winsize ws;
+
+	*rows = 24;
+	*cols = 80;
+	for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++) {
+		if (ioctl(fds[i], TIOCGWINSZ, &ws) == 0 && ws.ws_row && ws.ws_col) {
+			*rows = ws.ws_row;
+			*cols = ws.ws_col;
+			return;
+		}
+	}
+}
+
+static const char *sig_name(uint32_t signo)
+{
+	switch (signo) {
+	case SIGINT:
+		return "INT";
+	case SIGHUP:
+		return "HUP";
+	case SIGQUIT:
+		return "QUIT";
+	default:
+		return "TERM";
+	}
+}
+
+/* Our stdin is /dev/null: there is nothing to pass, and the command gets
+ * /dev/null in the guest anyway (saves a stdin request and its fence). */
+static bool stdin_is_null(void)
+{
+	struct stat a, b;
+
+	return fstat(STDIN_FILENO, &a) == 0 && stat("/dev/null", &b) == 0 && S_ISCHR(a.st_mode) &&
+	       a.st_rdev == b.st_rdev;
+}
+
+/* Run one command through the relay and return the exit status to use. */
+static int run_remote(const struct run_opts *o)
+{
 	static struct xc x;
-	const char *dir = ".";
 	char real[PATH_MAX], sock[PATH_MAX];
 	const char *rel = "";
-	double timeout = 0;
-	int stdin_mode = -1; /* -1: pass it when not a tty */
-	int c, r, sfd = -1;
+	int r, sfd = -1;
+	unsigned rows, cols;
+	bool winch = false; /* a resize to send once the command has started */
 	sigset_t set;
 	json_t *req = NULL, *av;
 
 	memset(&x, 0, sizeof(x));
 	x.fd = -1;
 	x.backoff_ms = 1;
-	optind = 1;
-	while ((c = getopt_long(argc, argv, "+C:", opts, NULL)) != -1) {
-		switch (c) {
-		case 'C': dir = optarg; break;
-		case 't': {
-			char *end;
-			timeout = strtod(optarg, &end);
-			if (*end || !(timeout > 0) || timeout > 30 * 86400) {
-				cmd_err("exec: --timeout '%s': a number of seconds > 0", optarg);
-				return 2;
-			}
-			break;
-		}
-		case 'i': stdin_mode = 1; break;
-		case 'n': stdin_mode = 0; break;
-		default: exec_usage(); return 2;
-		}
-	}
-	if (optind >= argc) {
-		exec_usage();
-		return 2;
-	}
-	x.want_stdin = stdin_mode == 1 || (stdin_mode == -1 && !isatty(STDIN_FILENO));
-	if (!realpath(dir, real)) {
-		cmd_err("exec: workspace %s: %s", dir, strerror(errno));
+	x.want_stdin =
+	    o->stdin_mode == 1 || (o->stdin_mode == -1 && (o->tty || (!isatty(STDIN_FILENO) && !stdin_is_null())));
+	if (!realpath(o->dir, real)) {
+		cmd_err("%s: workspace %s: %s", o->who, o->dir, strerror(errno));
 		return EXEC_FAILED;
 	}
 	find_workspace(real, &rel);
 	if ((r = relay_default_path(real, sock, sizeof(sock))) < 0) {
-		cmd_err("exec: relay socket for %s: %s", real, strerror(-r));
+		cmd_err("%s: relay socket for %s: %s", o->who, real, strerror(-r));
 		return EXEC_FAILED;
 	}
 	if ((x.fd = connect_relay(sock)) < 0) {
-		cmd_err("exec: cannot reach the relay at %s: %s (is 'airlock up %s' running?)", sock, strerror(-x.fd),
-			real);
+		cmd_err("%s: cannot reach the relay at %s: %s (is 'airlock up %s' running?)", o->who, sock,
+			strerror(-x.fd), real);
 		return EXEC_FAILED;
 	}
-	snprintf(x.id, sizeof(x.id), "airlock-exec-%d-%08x", (int)getpid(), randombytes_random());
+	snprintf(x.id, sizeof(x.id), "airlock-%s-%d-%08x", o->who, (int)getpid(), randombytes_random());
 	buf_init(&x.in, IN_MAX);
 	signal(SIGPIPE, SIG_IGN);
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGHUP);
+	sigaddset(&set, SIGQUIT);
+	sigaddset(&set, SIGWINCH);
 	sigprocmask(SIG_BLOCK, &set, NULL);
 	if ((sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK)) < 0) {
-		cmd_err("exec: signalfd: %s", strerror(errno));
+		cmd_err("%s: signalfd: %s", o->who, strerror(errno));
 		x.status = EXEC_FAILED;
 		goto out;
 	}
 	if (!(req = json_pack("{s:s, s:s, s:[], s:b}", "id", x.id, "op", "exec", "argv", "stdin", x.want_stdin)))
 		goto nomem;
 	av = json_object_get(req, "argv");
-	for (int i = optind; i < argc; i++)
-		if (json_array_append_new(av, json_string(argv[i])) < 0)
+	for (int i = 0; i < o->argc; i++)
+		if (json_array_append_new(av, json_string(o->argv[i])) < 0)
 			goto nomem;
-	if (json_array_size(av) != (size_t)(argc - optind)) {
-		cmd_err("exec: arguments must be valid UTF-8");
+	if (json_array_size(av) != (size_t)o->argc) {
+		cmd_err("%s: arguments must be valid UTF-8", o->who);
 		x.status = EXEC_FAILED;
 		goto out;
 	}
 	if (*rel && json_object_set_new(req, "cwd", json_string(rel)) < 0)
 		goto nomem;
-	if (timeout > 0 && json_object_set_new(req, "timeout_seconds", json_real(timeout)) < 0)
+	if (o->timeout > 0 && json_object_set_new(req, "timeout_seconds", json_real(o->timeout)) < 0)
 		goto nomem;
+	if (o->tty) {
+		term_size(&rows, &cols);
+		if (json_object_set_new(req, "tty", json_pack("{s:i, s:i}", "rows", (int)rows, "cols", (int)cols)) < 0)
+			goto nomem;
+	}
 	r = send_req(&x, req);
 	req = NULL;
 	if (r < 0) {
-		cmd_err("exec: sending the request: %s", strerror(-r));
+		cmd_err("%s: sending the request: %s", o->who, strerror(-r));
 		x.status = EXEC_FAILED;
 		goto out;
 	}
+	if (o->tty)
+		term_raw(STDIN_FILENO); /* keys (^C, ^Z, ^D) go to the guest's terminal as bytes */
 	while (!x.done) {
 		struct pollfd pf[3] = {
-			{ .fd = x.fd, .events = POLLIN },
-			{ .fd = sfd, .events = POLLIN },
-			{ .fd = -1, .events = POLLIN },
+		    {.fd = x.fd, .events = POLLIN},
+		    {.fd = sfd, .events = POLLIN},
+		    {.fd = -1, .events = POLLIN},
 		};
 		int wait_ms = -1;
 		bool can_read_stdin = x.want_stdin && x.started && !x.stdin_eof_sent && !x.in_flight;
 
+		if (winch && x.started) {
+			winch = false;
+			term_size(&rows, &cols);
+			if ((r = send_req(&x, json_pack("{s:s, s:s, s:i, s:i}", "id", x.id, "op", "resize", "rows",
+							(int)rows, "cols", (int)cols))) < 0)
+				goto sendfail;
+		}
 		if (can_read_stdin && x.chunk_busy) { /* resend after the backoff */
 			uint64_t t = now_ms();
 			if (t >= x.retry_at_ms) {
@@ -389,19 +478,21 @@ int cmd_exec(int argc, char **argv)
 		if (poll(pf, 3, wait_ms) < 0) {
 			if (errno == EINTR)
 				continue;
-			cmd_err("exec: poll: %s", strerror(errno));
+			cmd_err("%s: poll: %s", o->who, strerror(errno));
 			x.status = EXEC_FAILED;
 			break;
 		}
 		if (pf[1].revents & POLLIN) {
 			struct signalfd_siginfo si;
 			while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
-				if (!x.started) { /* it may still wait for its barrier: cancel it */
+				if (si.ssi_signo == SIGWINCH) {
+					winch = o->tty;
+				} else if (!x.started) { /* it may still wait for its barrier: cancel it */
 					x.cancel_sig = (int)si.ssi_signo;
 					send_req(&x, json_pack("{s:s, s:s}", "id", x.id, "op", "cancel"));
 				} else {
 					send_req(&x, json_pack("{s:s, s:s, s:s}", "id", x.id, "op", "signal", "signal",
-							       si.ssi_signo == SIGINT ? "INT" : "TERM"));
+							       sig_name(si.ssi_signo)));
 				}
 			}
 		}
@@ -418,7 +509,7 @@ int cmd_exec(int argc, char **argv)
 			uint8_t *p;
 			ssize_t n;
 			if ((r = buf_reserve(&x.in, 64 * 1024, &p)) < 0) {
-				cmd_err("exec: an event line from the relay is longer than %zu bytes", IN_MAX);
+				cmd_err("%s: an event line from the relay is longer than %zu bytes", o->who, IN_MAX);
 				x.status = EXEC_FAILED;
 				break;
 			}
@@ -426,7 +517,8 @@ int cmd_exec(int argc, char **argv)
 			if (n < 0 && (errno == EINTR || errno == EAGAIN))
 				continue;
 			if (n <= 0) {
-				cmd_err("exec: the relay closed the connection before the command ended");
+				term_restore();
+				cmd_err("%s: the relay closed the connection before the command ended", o->who);
 				x.status = EXEC_FAILED;
 				break;
 			}
@@ -441,7 +533,7 @@ int cmd_exec(int argc, char **argv)
 					on_event(&x, ev);
 					json_decref(ev);
 				} else {
-					cmd_err("exec: the relay sent a line that is not JSON; ignored");
+					cmd_err("%s: the relay sent a line that is not JSON; ignored", o->who);
 				}
 				buf_consume(&x.in, (size_t)(nl - s) + 1);
 				if (x.done)
@@ -451,13 +543,15 @@ int cmd_exec(int argc, char **argv)
 	}
 	goto out;
 sendfail:
-	cmd_err("exec: writing to the relay: %s", strerror(-r));
+	term_restore();
+	cmd_err("%s: writing to the relay: %s", o->who, strerror(-r));
 	x.status = EXEC_FAILED;
 	goto out;
 nomem:
-	cmd_err("exec: out of memory");
+	cmd_err("%s: out of memory", o->who);
 	x.status = EXEC_FAILED;
 out:
+	term_restore();
 	json_decref(req);
 	buf_clear(&x.in);
 	if (x.fd >= 0)
@@ -465,4 +559,138 @@ out:
 	if (sfd >= 0)
 		close(sfd);
 	return x.status;
+}
+
+static bool parse_timeout(const char *who, const char *arg, double *out)
+{
+	char *end;
+
+	*out = strtod(arg, &end);
+	if (*end || !(*out > 0) || *out > 30 * 86400) {
+		cmd_err("%s: --timeout '%s': a number of seconds > 0 and at most 30 days", who, arg);
+		return false;
+	}
+	return true;
+}
+
+int cmd_exec(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"timeout", required_argument, NULL, 't'},
+	    {"stdin", no_argument, NULL, 'i'},
+	    {"no-stdin", no_argument, NULL, 'n'},
+	    {"tty", no_argument, NULL, 'T'},
+	    {NULL, 0, NULL, 0},
+	};
+	struct run_opts o = {.who = "exec", .dir = ".", .stdin_mode = -1};
+	int c;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "+C:", opts, NULL)) != -1) {
+		switch (c) {
+		case 'C':
+			o.dir = optarg;
+			break;
+		case 't':
+			if (!parse_timeout("exec", optarg, &o.timeout))
+				return 2;
+			break;
+		case 'i':
+			o.stdin_mode = 1;
+			break;
+		case 'n':
+			o.stdin_mode = 0;
+			break;
+		case 'T':
+			o.tty = true;
+			break;
+		default:
+			exec_usage();
+			return 2;
+		}
+	}
+	if (optind >= argc) {
+		exec_usage();
+		return 2;
+	}
+	o.argv = argv + optind;
+	o.argc = argc - optind;
+	return run_remote(&o);
+}
+
+/*
+ * airlock shell [-C DIR] [--timeout S] [-l] [-i] [-c CMD [NAME [ARG...]]]
+ *
+ * Without -c: an interactive login shell in the sandbox, bash when the
+ * guest has it, else sh, on a pty when our stdin is a terminal. It is
+ * interactive, so its timeout defaults to the longest the relay allows
+ * rather than the policy's per-command default.
+ *
+ * With -c: CMD is one shell command string, run by the guest's sh -c (NAME
+ * and ARGs become $0, $1, ... as with sh -c), on a pty only when our stdin
+ * and stdout are both terminals; the exit status is CMD's. This is what
+ * makes airlock usable wherever a tool takes a shell path and runs
+ * "SHELL -c STRING" (doc/EDITORS.md). -l and -i are accepted and ignored,
+ * for tools that pass them to every shell.
+ */
+#define LOGIN_SHELL	  "if command -v bash >/dev/null 2>&1; then exec bash -l; fi; exec sh -l"
+#define SHELL_TIMEOUT_MAX (30.0 * 86400)
+
+int cmd_shell(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"timeout", required_argument, NULL, 't'},
+	    {NULL, 0, NULL, 0},
+	};
+	struct run_opts o = {.who = "shell", .dir = ".", .stdin_mode = -1};
+	const char *cmd = NULL;
+	char *sh[64];
+	int c;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "+C:c:li", opts, NULL)) != -1) {
+		switch (c) {
+		case 'C':
+			o.dir = optarg;
+			break;
+		case 't':
+			if (!parse_timeout("shell", optarg, &o.timeout))
+				return 2;
+			break;
+		case 'c':
+			cmd = optarg;
+			break;
+		case 'l':
+		case 'i':
+			break;
+		default:
+			shell_usage();
+			return 2;
+		}
+	}
+	sh[0] = "sh";
+	sh[1] = "-c";
+	if (cmd) {
+		if (argc - optind > (int)(sizeof(sh) / sizeof(sh[0])) - 3) {
+			cmd_err("shell: at most %zu arguments after -c CMD", sizeof(sh) / sizeof(sh[0]) - 3);
+			return 2;
+		}
+		sh[2] = (char *)cmd;
+		for (int i = optind; i < argc; i++)
+			sh[3 + i - optind] = argv[i];
+		o.argc = 3 + argc - optind;
+		o.tty = isatty(STDIN_FILENO) && isatty(STDOUT_FILENO);
+	} else {
+		if (optind < argc) {
+			shell_usage();
+			return 2;
+		}
+		sh[2] = LOGIN_SHELL;
+		o.argc = 3;
+		o.tty = isatty(STDIN_FILENO);
+		if (!o.timeout)
+			o.timeout = SHELL_TIMEOUT_MAX;
+	}
+	o.argv = sh;
+	return run_remote(&o);
 }

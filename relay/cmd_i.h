@@ -15,7 +15,8 @@ int cmd_up(int argc, char **argv); /* cmd_up.c: up, down, status, sync-wait */
 int cmd_down(int argc, char **argv);
 int cmd_status(int argc, char **argv);
 int cmd_sync_wait(int argc, char **argv);
-int cmd_exec(int argc, char **argv); /* cmd_exec.c: a relay client */
+int cmd_exec(int argc, char **argv);  /* cmd_exec.c: a relay client */
+int cmd_shell(int argc, char **argv); /* cmd_exec.c: the same client, a shell in the guest */
 
 /* Print "airlock: " + message to stderr. */
 void cmd_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

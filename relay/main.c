@@ -16,16 +16,19 @@ struct command {
 };
 
 static const struct command commands[] = {
-	{ "keygen", cmd_keygen, "keygen -o FILE            write a new private key, print its public key" },
-	{ "pubkey", cmd_pubkey, "pubkey FILE               print the public key of a private key file" },
-	{ "ping", cmd_ping, "ping --guest ADDR --key FILE --guest-key PUBKEY [-n N] [--bulk BYTES [--concurrent]] ..." },
-	{ "sync", cmd_sync, "sync DIR --guest ADDR --key FILE --guest-key PUBKEY [--policy FILE] [--json] ..." },
-	{ "up", cmd_up, "up DIR --guest ADDR --key FILE --guest-key PUBKEY [--policy FILE] [-d]  mount DIR, sync it live" },
-	{ "down", cmd_down, "down DIR                  stop airlock up for DIR and unmount it" },
-	{ "status", cmd_status, "status [-C DIR] [--json]  connection, pending changes, applied seq, latency" },
-	{ "sync-wait", cmd_sync_wait, "sync-wait [-C DIR] [--timeout S]  wait until every change so far is on the guest" },
-	{ "exec", cmd_exec, "exec [-C DIR] [--timeout S] [--stdin|--no-stdin] -- CMD [ARG...]  run CMD in the guest" },
-	{ "audit", cmd_audit, "audit [-C DIR] [--json]   withheld paths (with their rule), skipped files, egress denials" },
+    {"keygen", cmd_keygen, "keygen -o FILE            write a new private key, print its public key"},
+    {"pubkey", cmd_pubkey, "pubkey FILE               print the public key of a private key file"},
+    {"ping", cmd_ping, "ping --guest ADDR --key FILE --guest-key PUBKEY [-n N] [--bulk BYTES [--concurrent]] ..."},
+    {"sync", cmd_sync, "sync DIR --guest ADDR --key FILE --guest-key PUBKEY [--policy FILE] [--json] ..."},
+    {"up", cmd_up, "up DIR --guest ADDR --key FILE --guest-key PUBKEY [--policy FILE] [-d]  mount DIR, sync it live"},
+    {"down", cmd_down, "down DIR                  stop airlock up for DIR and unmount it"},
+    {"status", cmd_status, "status [-C DIR] [--json]  connection, pending changes, applied seq, latency"},
+    {"sync-wait", cmd_sync_wait, "sync-wait [-C DIR] [--timeout S]  wait until every change so far is on the guest"},
+    {"exec", cmd_exec,
+     "exec [-C DIR] [--timeout S] [--tty] [--stdin|--no-stdin] -- CMD [ARG...]  run CMD in the guest"},
+    {"shell", cmd_shell,
+     "shell [-C DIR] [--timeout S] [-c CMD [NAME [ARG...]]]  login shell (or sh -c CMD) in the guest"},
+    {"audit", cmd_audit, "audit [-C DIR] [--json]   withheld paths (with their rule), skipped files, egress denials"},
 };
 
 void cmd_err(const char *fmt, ...)

@@ -44,22 +44,22 @@
 #include "airlock/buf.h"
 #include "airlock/mem.h"
 
-#define READ_CHUNK ((size_t)64 << 10)
-#define OUT_CHUNK ((size_t)16 << 10)     /* raw bytes per stdout/stderr event */
-#define OUT_HARD_EXTRA ((size_t)4 << 20) /* replies beyond client_queue before we give up on a client */
-#define ID_MAX 256
-#define ARGV_MAX 4096
-#define ENV_MAX 1024
-#define ENV_NAME_MAX 255
-#define CWD_MAX 4096
+#define READ_CHUNK	  ((size_t)64 << 10)
+#define OUT_CHUNK	  ((size_t)16 << 10) /* raw bytes per stdout/stderr event */
+#define OUT_HARD_EXTRA	  ((size_t)4 << 20)  /* replies beyond client_queue before we give up on a client */
+#define ID_MAX		  256
+#define ARGV_MAX	  4096
+#define ENV_MAX		  1024
+#define ENV_NAME_MAX	  255
+#define CWD_MAX		  4096
 #define STATUS_ARGV_BYTES 1024 /* argv kept for `status` */
-#define SYNC_PER_CLIENT 64
-#define TIMEOUT_MAX_S (30.0 * 24 * 3600)
-#define SERVICE_ROUNDS 64
+#define SYNC_PER_CLIENT	  64
+#define TIMEOUT_MAX_S	  (30.0 * 24 * 3600)
+#define SERVICE_ROUNDS	  64
 
 enum cmd_state { CMD_STARTING, CMD_RUNNING, CMD_EXITED, CMD_FAILED };
-static const char *const state_names[] = { "starting", "running", "exited", "failed" };
-static const char *const stream_names[] = { "stdout", "stderr" };
+static const char *const state_names[] = {"starting", "running", "exited", "failed"};
+static const char *const stream_names[] = {"stdout", "stderr"};
 
 /* The last `max` bytes of a stream: byte at absolute offset o lives at
  * p[o % cap] while end - len <= o < end. Grows by doubling up to max. */
@@ -78,7 +78,7 @@ struct sub {
 	struct sub *mnext, *mprev; /* command's list */
 	enum sub_mode mode;
 	uint64_t cur[2]; /* next offset to send, per stream */
-	size_t tail[2];  /* SUB_TAIL: bytes wanted */
+	size_t tail[2];	 /* SUB_TAIL: bytes wanted */
 	bool started_sent;
 	bool truncated; /* this subscriber missed bytes */
 	unsigned turn;
@@ -87,9 +87,9 @@ struct sub {
 struct relay_cmd {
 	struct relay *r;
 	struct relay_cmd *next, *prev; /* r->cmds, creation order */
-	char *key;                     /* compact JSON of id */
+	char *key;		       /* compact JSON of id */
 	json_t *id;
-	json_t *argv;                  /* trimmed copy for status */
+	json_t *argv; /* trimmed copy for status */
 	bool shell, tty, stdin_open, stdin_eof;
 	enum cmd_state state;
 	int64_t pid;
@@ -112,7 +112,7 @@ struct client {
 	struct buf in, out;
 	uint32_t events;
 	bool discarding, rd_eof, dead, in_busy;
-	bool in_pending; /* complete lines wait until the output queue drains */
+	bool in_pending;   /* complete lines wait until the output queue drains */
 	uint64_t produced; /* bytes ever queued, to see progress */
 	struct sub *subs;
 	unsigned nsync;
@@ -260,7 +260,11 @@ static size_t utf8_cut(const uint8_t *p, size_t n)
 		uint8_t b = p[n - back];
 		if ((b & 0xc0) == 0x80)
 			continue;
-		size_t need = b < 0x80 ? 1 : (b & 0xe0) == 0xc0 ? 2 : (b & 0xf0) == 0xe0 ? 3 : (b & 0xf8) == 0xf0 ? 4 : 1;
+		size_t need = b < 0x80		   ? 1
+			      : (b & 0xe0) == 0xc0 ? 2
+			      : (b & 0xf0) == 0xe0 ? 3
+			      : (b & 0xf8) == 0xf0 ? 4
+						   : 1;
 		if (need > back && n - back > 0)
 			return n - back;
 		return n;
@@ -337,7 +341,7 @@ static json_t *ev_new(const char *name, json_t *id)
 }
 
 static void send_error(struct client *c, json_t *id, const char *code, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
+    __attribute__((format(printf, 4, 5)));
 
 static void send_error(struct client *c, json_t *id, const char *code, const char *fmt, ...)
 {
@@ -559,11 +563,13 @@ static bool sub_step(struct sub *s)
 				if (ev) {
 					json_object_set_new(ev, "stream", json_string(stream_names[i]));
 					json_object_set_new(ev, "offset", json_integer((json_int_t)s->cur[i]));
-					json_object_set_new(ev, "bytes", json_integer((json_int_t)(ring_start(g) - s->cur[i])));
+					json_object_set_new(ev, "bytes",
+							    json_integer((json_int_t)(ring_start(g) - s->cur[i])));
 				}
 				client_send(s->c, ev);
 				s->truncated = true;
 				s->cur[i] = ring_start(g);
+				cmd_update_pause(m);
 				return true;
 			}
 			if (s->cur[i] < g->end) {
@@ -663,7 +669,8 @@ static void client_process_input(struct client *c)
 				buf_consume(&c->in, n);
 			} else if (n > r->line_max) {
 				send_error(c, NULL, "line_too_long",
-					"request line longer than %zu bytes; the rest of it is discarded", r->line_max);
+					   "request line longer than %zu bytes; the rest of it is discarded",
+					   r->line_max);
 				c->discarding = true;
 				buf_consume(&c->in, n);
 			}
@@ -674,7 +681,7 @@ static void client_process_input(struct client *c)
 			c->discarding = false;
 		else if (len > r->line_max)
 			send_error(c, NULL, "line_too_long", "request line of %zu bytes is longer than %zu bytes", len,
-				r->line_max);
+				   r->line_max);
 		else
 			handle_line(c, p, len);
 		buf_consume(&c->in, len + 1);
@@ -687,7 +694,16 @@ static void client_process_input(struct client *c)
 
 /* Do everything this client can do now without blocking. Requests are
  * only handled from the client's own fd callback (input = true), never
- * from inside a backend call. */
+ * from inside a backend call.
+ *
+ * What must hold when this returns: either the output queue is not empty
+ * (and EPOLLOUT will call us back), or the pump ran with room in the queue
+ * and found nothing to send. Hence the flush *before* the pump: a round
+ * that starts with a full queue, which the pump leaves alone, and whose
+ * flush then empties it completely would otherwise end with output still
+ * waiting in the rings and nothing to wake us. With a paused command that
+ * wait is for ever (nothing new arrives to kick the pump): the stall after
+ * a slow reader drained its socket in one go. */
 static void client_service(struct client *c, bool input)
 {
 	int i;
@@ -696,6 +712,7 @@ static void client_service(struct client *c, bool input)
 		return; /* inside one of c's requests: its own service loop goes on after it */
 	for (i = 0; i < SERVICE_ROUNDS && !c->dead; i++) {
 		uint64_t before = c->produced;
+		client_flush(c);
 		if (input)
 			client_process_input(c);
 		client_pump(c);
@@ -742,8 +759,7 @@ static void client_cb(struct loop *l, int fd, uint32_t events, void *ud)
 	if (events & EPOLLIN)
 		client_read(c);
 	client_service(c, true);
-	if ((events & EPOLLERR) || ((events & EPOLLHUP) && !(events & EPOLLIN)) ||
-		((events & EPOLLHUP) && c->rd_eof))
+	if ((events & EPOLLERR) || ((events & EPOLLHUP) && !(events & EPOLLIN)) || ((events & EPOLLHUP) && c->rd_eof))
 		client_fail(c);
 }
 
@@ -804,7 +820,7 @@ static void accept_cb(struct loop *l, int fd, uint32_t events, void *ud)
 		if (getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &cr, &crl) < 0 || cr.uid != geteuid()) {
 			char msg[160];
 			snprintf(msg, sizeof(msg), "this relay serves uid %u only; connection from uid %d refused",
-				(unsigned)geteuid(), crl == sizeof(cr) ? (int)cr.uid : -1);
+				 (unsigned)geteuid(), crl == sizeof(cr) ? (int)cr.uid : -1);
 			refuse(cfd, "forbidden_peer", msg);
 			continue;
 		}
@@ -905,7 +921,8 @@ static bool check_fields(struct client *c, json_t *rq, json_t *id, const struct 
 	const char *k;
 	json_t *v;
 
-	json_object_foreach(rq, k, v) {
+	json_object_foreach(rq, k, v)
+	{
 		bool ok = !strcmp(k, "op") || !strcmp(k, "id");
 		for (const char *const *f = op->fields; !ok && *f; f++)
 			ok = !strcmp(k, *f);
@@ -935,7 +952,7 @@ static bool get_bool(struct client *c, json_t *rq, json_t *id, const char *field
 
 /* Integer in [lo, hi]; present is set when the field was given. */
 static bool get_int(struct client *c, json_t *obj, json_t *id, const char *field, const char *label, json_int_t lo,
-	json_int_t hi, bool required, json_int_t *out, bool *present)
+		    json_int_t hi, bool required, json_int_t *out, bool *present)
 {
 	json_t *v = json_object_get(obj, field);
 
@@ -950,7 +967,7 @@ static bool get_int(struct client *c, json_t *obj, json_t *id, const char *field
 	}
 	if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi) {
 		send_error(c, id, "bad_field", "field '%s' must be an integer from %lld to %lld", label, (long long)lo,
-			(long long)hi);
+			   (long long)hi);
 		return false;
 	}
 	*out = json_integer_value(v);
@@ -1037,13 +1054,13 @@ static json_t *argv_for_status(const char *const *argv, size_t argc)
 /* ------------------------------------------------------------------ */
 /* ops */
 
-static const char *const exec_fields[] = { "argv", "shell", "cwd", "env", "timeout_seconds", "tty", "stdin", "tail",
-	NULL };
+static const char *const exec_fields[] = {"argv", "shell", "cwd",  "env", "timeout_seconds",
+					  "tty",  "stdin", "tail", NULL};
 
 static void op_exec(struct client *c, json_t *rq, json_t *id)
 {
 	struct relay *r = c->r;
-	struct relay_exec_req req = { 0 };
+	struct relay_exec_req req = {0};
 	const char **argv = NULL, **env = NULL;
 	char **envbuf = NULL;
 	size_t nenv = 0;
@@ -1052,7 +1069,7 @@ static void op_exec(struct client *c, json_t *rq, json_t *id)
 	struct relay_cmd *m = NULL;
 	struct sub *s = NULL;
 	json_t *v, *tail;
-	size_t tailn[2] = { 0, 0 };
+	size_t tailn[2] = {0, 0};
 	bool tail_mode = false;
 	int rc;
 
@@ -1095,8 +1112,8 @@ static void op_exec(struct client *c, json_t *rq, json_t *id)
 		for (size_t i = 0; i < n; i++) {
 			json_t *a = json_array_get(jargv, i);
 			if (!plain_string(a) || (i == 0 && json_string_length(a) == 0)) {
-				send_error(c, id, "bad_field", "field 'argv[%zu]' must be a %sstring without NUL bytes", i,
-					i == 0 ? "non-empty " : "");
+				send_error(c, id, "bad_field", "field 'argv[%zu]' must be a %sstring without NUL bytes",
+					   i, i == 0 ? "non-empty " : "");
 				goto out;
 			}
 			argv[i] = json_string_value(a);
@@ -1119,8 +1136,9 @@ static void op_exec(struct client *c, json_t *rq, json_t *id)
 	req.cwd = "";
 	if (v && !json_is_null(v)) {
 		if (!plain_string(v) || !valid_cwd(json_string_value(v))) {
-			send_error(c, id, "bad_field",
-				"field 'cwd' must be a path relative to the workspace root, without '..' components");
+			send_error(
+			    c, id, "bad_field",
+			    "field 'cwd' must be a path relative to the workspace root, without '..' components");
 			goto out;
 		}
 		req.cwd = json_string_value(v);
@@ -1140,13 +1158,16 @@ static void op_exec(struct client *c, json_t *rq, json_t *id)
 			send_error(c, id, "busy", "relay out of memory");
 			goto out;
 		}
-		json_object_foreach(v, k, ev) {
+		json_object_foreach(v, k, ev)
+		{
 			if (!valid_env_name(k)) {
-				send_error(c, id, "bad_field", "field 'env': name '%.64s' is not [A-Za-z_][A-Za-z0-9_]*", k);
+				send_error(c, id, "bad_field",
+					   "field 'env': name '%.64s' is not [A-Za-z_][A-Za-z0-9_]*", k);
 				goto out;
 			}
 			if (!plain_string(ev)) {
-				send_error(c, id, "bad_field", "field 'env.%.64s' must be a string without NUL bytes", k);
+				send_error(c, id, "bad_field", "field 'env.%.64s' must be a string without NUL bytes",
+					   k);
 				goto out;
 			}
 			size_t kl = strlen(k), vl = json_string_length(ev);
@@ -1170,8 +1191,8 @@ static void op_exec(struct client *c, json_t *rq, json_t *id)
 	if (v && !json_is_null(v)) {
 		double t = json_is_number(v) ? json_number_value(v) : -1;
 		if (!(t > 0 && t <= TIMEOUT_MAX_S)) {
-			send_error(c, id, "bad_field", "field 'timeout_seconds' must be a number above 0 and at most %.0f",
-				TIMEOUT_MAX_S);
+			send_error(c, id, "bad_field",
+				   "field 'timeout_seconds' must be a number above 0 and at most %.0f", TIMEOUT_MAX_S);
 			goto out;
 		}
 		req.timeout_ms = (uint64_t)(t * 1000.0 + 0.999);
@@ -1186,14 +1207,15 @@ static void op_exec(struct client *c, json_t *rq, json_t *id)
 		json_int_t rows = 0, cols = 0;
 		const char *k;
 		json_t *tv;
-		json_object_foreach(v, k, tv) {
+		json_object_foreach(v, k, tv)
+		{
 			if (strcmp(k, "rows") && strcmp(k, "cols")) {
 				send_error(c, id, "bad_field", "unknown field 'tty.%.64s'", k);
 				goto out;
 			}
 		}
 		if (!get_int(c, v, id, "rows", "tty.rows", 1, 65535, true, &rows, NULL) ||
-			!get_int(c, v, id, "cols", "tty.cols", 1, 65535, true, &cols, NULL))
+		    !get_int(c, v, id, "cols", "tty.cols", 1, 65535, true, &cols, NULL))
 			goto out;
 		req.tty = true;
 		req.rows = (uint16_t)rows;
@@ -1208,14 +1230,15 @@ static void op_exec(struct client *c, json_t *rq, json_t *id)
 
 	tail = json_object_get(rq, "tail");
 	if (tail && !json_is_null(tail) && !json_is_false(tail)) {
-		static const size_t dflt[2] = { 8000, 4000 }; /* the seeds' run() */
+		static const size_t dflt[2] = {8000, 4000}; /* the seeds' run() */
 		tail_mode = true;
 		tailn[0] = dflt[0];
 		tailn[1] = dflt[1];
 		if (json_is_object(tail)) {
 			const char *k;
 			json_t *tv;
-			json_object_foreach(tail, k, tv) {
+			json_object_foreach(tail, k, tv)
+			{
 				if (strcmp(k, "stdout_bytes") && strcmp(k, "stderr_bytes")) {
 					send_error(c, id, "bad_field", "unknown field 'tail.%.64s'", k);
 					goto out;
@@ -1223,19 +1246,19 @@ static void op_exec(struct client *c, json_t *rq, json_t *id)
 			}
 			json_int_t x;
 			bool present;
-			if (!get_int(c, tail, id, "stdout_bytes", "tail.stdout_bytes", 0, (json_int_t)r->ring_bytes, false, &x,
-				    &present))
+			if (!get_int(c, tail, id, "stdout_bytes", "tail.stdout_bytes", 0, (json_int_t)r->ring_bytes,
+				     false, &x, &present))
 				goto out;
 			if (present)
 				tailn[0] = (size_t)x;
-			if (!get_int(c, tail, id, "stderr_bytes", "tail.stderr_bytes", 0, (json_int_t)r->ring_bytes, false, &x,
-				    &present))
+			if (!get_int(c, tail, id, "stderr_bytes", "tail.stderr_bytes", 0, (json_int_t)r->ring_bytes,
+				     false, &x, &present))
 				goto out;
 			if (present)
 				tailn[1] = (size_t)x;
 		} else if (!json_is_true(tail)) {
 			send_error(c, id, "bad_field",
-				"field 'tail' must be true or {\"stdout_bytes\": N, \"stderr_bytes\": N}");
+				   "field 'tail' must be true or {\"stdout_bytes\": N, \"stderr_bytes\": N}");
 			goto out;
 		}
 	}
@@ -1296,7 +1319,7 @@ out:
 	mem_free(key);
 }
 
-static const char *const stdin_fields[] = { "data", "data_b64", "eof", NULL };
+static const char *const stdin_fields[] = {"data", "data_b64", "eof", NULL};
 
 static void op_stdin(struct client *c, json_t *rq, json_t *id)
 {
@@ -1339,7 +1362,7 @@ static void op_stdin(struct client *c, json_t *rq, json_t *id)
 			return;
 		}
 		if (sodium_base642bin(bin, bl / 4 * 3 + 3, json_string_value(b), bl, NULL, &n, NULL,
-			    sodium_base64_VARIANT_ORIGINAL) != 0) {
+				      sodium_base64_VARIANT_ORIGINAL) != 0) {
 			send_error(c, id, "bad_field", "field 'data_b64' is not valid base64");
 			goto out;
 		}
@@ -1348,8 +1371,9 @@ static void op_stdin(struct client *c, json_t *rq, json_t *id)
 	if (!(m = want_cmd(c, id, true)))
 		goto out;
 	if (!m->stdin_open || m->stdin_eof) {
-		send_error(c, id, "stdin_closed", m->stdin_open ? "stdin was already closed with eof"
-								 : "the command was started without \"stdin\": true");
+		send_error(c, id, "stdin_closed",
+			   m->stdin_open ? "stdin was already closed with eof"
+					 : "the command was started without \"stdin\": true");
 		goto out;
 	}
 	rc = r->ops->stdin_write(r->ud, m, p, n, eof);
@@ -1370,14 +1394,14 @@ static void send_ok(struct client *c, json_t *id, const char *op)
 	client_send(c, ev);
 }
 
-static const char *const signal_fields[] = { "signal", NULL };
+static const char *const signal_fields[] = {"signal", NULL};
 
 static const struct {
 	const char *name;
 	int signo;
 } signals[] = {
-	{ "HUP", 1 }, { "INT", 2 }, { "QUIT", 3 }, { "KILL", 9 }, { "USR1", 10 }, { "USR2", 12 },
-	{ "TERM", 15 }, { "CONT", 18 }, { "STOP", 19 }, { "TSTP", 20 }, { "WINCH", 28 },
+    {"HUP", 1},	  {"INT", 2},	{"QUIT", 3},  {"KILL", 9},  {"USR1", 10},  {"USR2", 12},
+    {"TERM", 15}, {"CONT", 18}, {"STOP", 19}, {"TSTP", 20}, {"WINCH", 28},
 };
 
 static void op_signal(struct client *c, json_t *rq, json_t *id)
@@ -1402,8 +1426,9 @@ static void op_signal(struct client *c, json_t *rq, json_t *id)
 				signo = signals[i].signo;
 	}
 	if (!signo) {
-		send_error(c, id, "bad_field",
-			"field 'signal' must be INT, TERM, KILL, HUP, QUIT, USR1, USR2, CONT, STOP, TSTP, WINCH or 1..64");
+		send_error(
+		    c, id, "bad_field",
+		    "field 'signal' must be INT, TERM, KILL, HUP, QUIT, USR1, USR2, CONT, STOP, TSTP, WINCH or 1..64");
 		return;
 	}
 	if (!(m = want_cmd(c, id, true)))
@@ -1414,7 +1439,7 @@ static void op_signal(struct client *c, json_t *rq, json_t *id)
 		send_ok(c, id, "signal");
 }
 
-static const char *const resize_fields[] = { "rows", "cols", NULL };
+static const char *const resize_fields[] = {"rows", "cols", NULL};
 
 static void op_resize(struct client *c, json_t *rq, json_t *id)
 {
@@ -1423,7 +1448,7 @@ static void op_resize(struct client *c, json_t *rq, json_t *id)
 	int rc;
 
 	if (!get_int(c, rq, id, "rows", "rows", 1, 65535, true, &rows, NULL) ||
-		!get_int(c, rq, id, "cols", "cols", 1, 65535, true, &cols, NULL))
+	    !get_int(c, rq, id, "cols", "cols", 1, 65535, true, &cols, NULL))
 		return;
 	if (!(m = want_cmd(c, id, true)))
 		return;
@@ -1437,7 +1462,7 @@ static void op_resize(struct client *c, json_t *rq, json_t *id)
 		send_ok(c, id, "resize");
 }
 
-static const char *const no_fields[] = { NULL };
+static const char *const no_fields[] = {NULL};
 
 static void op_cancel(struct client *c, json_t *rq, json_t *id)
 {
@@ -1453,7 +1478,7 @@ static void op_cancel(struct client *c, json_t *rq, json_t *id)
 		send_ok(c, id, "cancel");
 }
 
-static const char *const attach_fields[] = { "from", NULL };
+static const char *const attach_fields[] = {"from", NULL};
 
 static void op_attach(struct client *c, json_t *rq, json_t *id)
 {
@@ -1479,16 +1504,18 @@ static void op_attach(struct client *c, json_t *rq, json_t *id)
 					at[i] = m->ring[i].end;
 			}
 			if ((uint64_t)json_integer_value(from) > m->ring[0].end &&
-				(uint64_t)json_integer_value(from) > m->ring[1].end) {
-				send_error(c, id, "bad_field", "field 'from': offset %lld is past the end of both streams",
-					(long long)json_integer_value(from));
+			    (uint64_t)json_integer_value(from) > m->ring[1].end) {
+				send_error(c, id, "bad_field",
+					   "field 'from': offset %lld is past the end of both streams",
+					   (long long)json_integer_value(from));
 				return;
 			}
 		} else if (json_is_object(from)) {
 			const char *k;
 			json_t *fv;
 			bool present;
-			json_object_foreach(from, k, fv) {
+			json_object_foreach(from, k, fv)
+			{
 				if (strcmp(k, "stdout") && strcmp(k, "stderr"))
 					goto bad;
 			}
@@ -1505,8 +1532,10 @@ static void op_attach(struct client *c, json_t *rq, json_t *id)
 		}
 		for (int i = 0; i < 2; i++) {
 			if (at[i] > m->ring[i].end) {
-				send_error(c, id, "bad_field", "field 'from': %s offset %llu is past its end (%llu bytes so far)",
-					stream_names[i], (unsigned long long)at[i], (unsigned long long)m->ring[i].end);
+				send_error(c, id, "bad_field",
+					   "field 'from': %s offset %llu is past its end (%llu bytes so far)",
+					   stream_names[i], (unsigned long long)at[i],
+					   (unsigned long long)m->ring[i].end);
 				return;
 			}
 		}
@@ -1531,8 +1560,7 @@ static void op_attach(struct client *c, json_t *rq, json_t *id)
 	cmd_update_pause(m);
 	return;
 bad:
-	send_error(c, id, "bad_field",
-		"field 'from' must be a byte offset or {\"stdout\": N, \"stderr\": N}");
+	send_error(c, id, "bad_field", "field 'from' must be a byte offset or {\"stdout\": N, \"stderr\": N}");
 }
 
 static void op_status(struct client *c, json_t *rq, json_t *id)
@@ -1616,14 +1644,10 @@ static void op_sync_wait(struct client *c, json_t *rq, json_t *id)
 
 /* The dispatch table: one row per op. */
 static const struct op ops_table[] = {
-	{ "exec", op_exec, true, exec_fields },
-	{ "stdin", op_stdin, true, stdin_fields },
-	{ "signal", op_signal, true, signal_fields },
-	{ "resize", op_resize, true, resize_fields },
-	{ "cancel", op_cancel, true, no_fields },
-	{ "attach", op_attach, true, attach_fields },
-	{ "status", op_status, false, no_fields },
-	{ "sync_wait", op_sync_wait, false, no_fields },
+    {"exec", op_exec, true, exec_fields},	{"stdin", op_stdin, true, stdin_fields},
+    {"signal", op_signal, true, signal_fields}, {"resize", op_resize, true, resize_fields},
+    {"cancel", op_cancel, true, no_fields},	{"attach", op_attach, true, attach_fields},
+    {"status", op_status, false, no_fields},	{"sync_wait", op_sync_wait, false, no_fields},
 };
 
 static void handle_line(struct client *c, const char *p, size_t n)
@@ -1647,7 +1671,7 @@ static void handle_line(struct client *c, const char *p, size_t n)
 	}
 	id = json_object_get(rq, "id");
 	if (id && !json_is_integer(id) &&
-		!(plain_string(id) && json_string_length(id) > 0 && json_string_length(id) <= ID_MAX)) {
+	    !(plain_string(id) && json_string_length(id) > 0 && json_string_length(id) <= ID_MAX)) {
 		send_error(c, NULL, "bad_field", "field 'id' must be an integer or a string of 1 to %d bytes", ID_MAX);
 		goto out;
 	}
@@ -1673,8 +1697,8 @@ static void handle_line(struct client *c, const char *p, size_t n)
 		goto out;
 	}
 	send_error(c, id, "unknown_op",
-		"unknown op '%.64s' (exec, stdin, signal, resize, cancel, attach, status, sync_wait)",
-		json_string_value(op));
+		   "unknown op '%.64s' (exec, stdin, signal, resize, cancel, attach, status, sync_wait)",
+		   json_string_value(op));
 out:
 	json_decref(rq);
 }
@@ -1726,6 +1750,8 @@ static void cmd_end(struct relay_cmd *m)
 	struct relay *r = m->r;
 
 	m->live = false;
+	/* The backend is done with it: nothing is held back any more. */
+	m->pause_told = false;
 	m->end_ms = loop_now_ms();
 	r->nrunning--;
 	r->nfinished++;
@@ -1791,7 +1817,7 @@ const char *relay_cmd_name(const struct relay_cmd *m)
 
 static int listen_socket(const char *path, int *out)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	struct stat st;
 	int fd = -1, r;
 
@@ -1840,14 +1866,14 @@ fail:
 }
 
 int relay_new(struct loop *l, const struct relay_cfg *cfg, const struct relay_backend_ops *ops, void *ud,
-	struct relay **out)
+	      struct relay **out)
 {
 	struct relay *r;
 	int rc;
 
 	*out = NULL;
 	if (!cfg || !cfg->path || !ops || !ops->exec_start || !ops->stdin_write || !ops->signal || !ops->resize ||
-		!ops->cancel || !ops->sync_wait)
+	    !ops->cancel || !ops->sync_wait)
 		return -EINVAL;
 	if (!(r = mem_calloc(1, sizeof(*r))))
 		return -ENOMEM;
@@ -1980,8 +2006,8 @@ int relay_default_path(const char *workspace_realpath, char *out, size_t n)
 	size_t j = 0;
 	for (size_t i = 0; base[i] && j < sizeof(name) - 1; i++) {
 		char ch = base[i];
-		bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' ||
-			ch == '_' || ch == '.';
+		bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+			  ch == '-' || ch == '_' || ch == '.';
 		name[j++] = ok ? ch : '_';
 	}
 	name[j] = '\0';
@@ -1992,7 +2018,7 @@ int relay_default_path(const char *workspace_realpath, char *out, size_t n)
 	crypto_hash_sha256(h, (const unsigned char *)workspace_realpath, strlen(workspace_realpath));
 
 	k = snprintf(out, n, "%s/%s-%02x%02x%02x%02x%02x%02x%02x%02x.sock", dir, name, h[0], h[1], h[2], h[3], h[4],
-		h[5], h[6], h[7]);
+		     h[5], h[6], h[7]);
 	if (k < 0 || (size_t)k >= n || (size_t)k >= sizeof(((struct sockaddr_un *)0)->sun_path))
 		return -ENAMETOOLONG;
 	if ((rc = private_dir(dir)) < 0)

@@ -45,7 +45,7 @@ static void note_request(const char *line, size_t n)
 	const char *op = j ? json_string_value(json_object_get(j, "op")) : NULL;
 
 	if (op && nwaiting < MAX_WAIT &&
-		(!strcmp(op, "exec") || !strcmp(op, "attach") || !strcmp(op, "status") || !strcmp(op, "sync_wait")))
+	    (!strcmp(op, "exec") || !strcmp(op, "attach") || !strcmp(op, "status") || !strcmp(op, "sync_wait")))
 		waiting[nwaiting++] = id_key(json_object_get(j, "id"));
 	json_decref(j);
 }
@@ -56,7 +56,7 @@ static void note_event(const char *line, size_t n)
 	const char *ev = j ? json_string_value(json_object_get(j, "event")) : NULL;
 
 	if (ev && (!strcmp(ev, "exit") || !strcmp(ev, "result") || !strcmp(ev, "error") || !strcmp(ev, "status") ||
-			  !strcmp(ev, "synced"))) {
+		   !strcmp(ev, "synced"))) {
 		char *k = id_key(json_object_get(j, "id"));
 		for (size_t i = 0; k && i < nwaiting; i++) {
 			if (waiting[i] && !strcmp(waiting[i], k)) {
@@ -97,7 +97,7 @@ int main(int argc, char **argv)
 {
 	const char *path = getenv("AIRLOCK_SOCKET");
 	double linger = 30;
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	static char inb[1 << 16], sockb[1 << 20];
 	size_t inl = 0, sockl = 0;
 	bool in_eof = false;
@@ -126,7 +126,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	for (;;) {
-		struct pollfd pf[2] = { { .fd = fd, .events = POLLIN }, { .fd = 0, .events = POLLIN } };
+		struct pollfd pf[2] = {{.fd = fd, .events = POLLIN}, {.fd = 0, .events = POLLIN}};
 		int timeout = -1;
 
 		if (in_eof) {
@@ -134,8 +134,8 @@ int main(int argc, char **argv)
 			if (nwaiting == 0)
 				return 0;
 			if (now >= deadline) {
-				fprintf(stderr, "relay_client: %zu request(s) still unanswered after %.0f s\n", nwaiting,
-					linger);
+				fprintf(stderr, "relay_client: %zu request(s) still unanswered after %.0f s\n",
+					nwaiting, linger);
 				return 3;
 			}
 			timeout = (int)(deadline - now);

@@ -82,7 +82,7 @@ static uint8_t pattern(unsigned seed, size_t i)
 
 static void tc_end(struct tcmd *t, int code, int sig, bool timed_out)
 {
-	struct relay_exit ex = { .code = code, .signal = sig, .timed_out = timed_out, .duration_ms = 5 };
+	struct relay_exit ex = {.code = code, .signal = sig, .timed_out = timed_out, .duration_ms = 5};
 
 	if (t->ended)
 		return;
@@ -135,7 +135,8 @@ static void tc_tick(struct loop *l, void *ud)
 		for (int s = 0; s < 2; s++) {
 			size_t n = t->left[s] < 4096 ? t->left[s] : 4096;
 			for (size_t i = 0; i < n; i++)
-				chunk[i] = s ? (uint8_t)('A' + (t->done[s] + i) % 26) : pattern(t->seed, t->done[s] + i);
+				chunk[i] =
+				    s ? (uint8_t)('A' + (t->done[s] + i) % 26) : pattern(t->seed, t->done[s] + i);
 			if (n)
 				relay_cmd_output(t->cmd, s ? RELAY_STDERR : RELAY_STDOUT, chunk, n);
 			t->left[s] -= n;
@@ -196,7 +197,7 @@ static int tb_exec(void *ud, struct relay_cmd *cmd, const struct relay_exec_req 
 		for (size_t i = 0; i < req->nenv; i++)
 			k += snprintf(t->text + k, sizeof(t->text) - (size_t)k, "%s\n", req->env[i]);
 		k += snprintf(t->text + k, sizeof(t->text) - (size_t)k, "timeout=%llu\n",
-			(unsigned long long)req->timeout_ms);
+			      (unsigned long long)req->timeout_ms);
 		if (req->tty)
 			snprintf(t->text + k, sizeof(t->text) - (size_t)k, "tty=%ux%u\n", req->rows, req->cols);
 		strcpy(t->kind, "text");
@@ -296,14 +297,14 @@ static void tb_release(void *ud, struct relay_cmd *cmd)
 }
 
 static const struct relay_backend_ops tb_ops = {
-	.exec_start = tb_exec,
-	.stdin_write = tb_stdin,
-	.signal = tb_signal,
-	.resize = tb_resize,
-	.cancel = tb_cancel,
-	.pause = tb_pause,
-	.sync_wait = tb_sync,
-	.release = tb_release,
+    .exec_start = tb_exec,
+    .stdin_write = tb_stdin,
+    .signal = tb_signal,
+    .resize = tb_resize,
+    .cancel = tb_cancel,
+    .pause = tb_pause,
+    .sync_wait = tb_sync,
+    .release = tb_release,
 };
 
 /* ------------------------------------------------------------------ */
@@ -322,7 +323,7 @@ static struct fx *F;
 static int fx_setup_cfg(void **state, const struct relay_cfg *base)
 {
 	struct fx *f = calloc(1, sizeof(*f));
-	struct relay_cfg cfg = { 0 };
+	struct relay_cfg cfg = {0};
 
 	if (base)
 		cfg = *base;
@@ -391,7 +392,7 @@ struct tc {
 static struct tc *tc_raw(void)
 {
 	struct tc *c = calloc(1, sizeof(*c));
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 
 	strcpy(sa.sun_path, F->path);
 	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -534,8 +535,8 @@ static void data_append(json_t *ev, uint8_t **acc, size_t *n)
 		size_t bl = json_string_length(b);
 		*acc = realloc(*acc, *n + bl + 1);
 		assert_int_equal(sodium_base642bin(*acc + *n, bl + 1, json_string_value(b), bl, NULL, &k, NULL,
-					 sodium_base64_VARIANT_ORIGINAL),
-			0);
+						   sodium_base64_VARIANT_ORIGINAL),
+				 0);
 	}
 	*n += k;
 }
@@ -610,7 +611,7 @@ static void test_exec_basic(void **state)
 {
 	(void)state;
 	struct tc *c = tc_connect();
-	struct run r = { 0 };
+	struct run r = {0};
 	json_t *j;
 
 	tc_send(c, "{\"op\":\"exec\",\"id\":\"e1\",\"argv\":[\"echo\",\"hello\",\"world\"]}");
@@ -681,57 +682,57 @@ struct bad {
 };
 
 static const struct bad bad_requests[] = {
-	{ "{\"op\":\"exec\",", "bad_json", "JSON" },
-	{ "[1,2]", "bad_json", "object" },
-	{ "\"just a string\"", "bad_json", "object" },
-	{ "{\"id\":1}", "missing_field", "'op'" },
-	{ "{\"op\":7,\"id\":1}", "bad_field", "'op'" },
-	{ "{\"op\":\"frobnicate\",\"id\":1}", "unknown_op", "frobnicate" },
-	{ "{\"op\":\"exec\",\"argv\":[\"echo\"]}", "missing_field", "'id'" },
-	{ "{\"op\":\"exec\",\"id\":[1],\"argv\":[\"echo\"]}", "bad_field", "'id'" },
-	{ "{\"op\":\"exec\",\"id\":1.5,\"argv\":[\"echo\"]}", "bad_field", "'id'" },
-	{ "{\"op\":\"exec\",\"id\":\"\",\"argv\":[\"echo\"]}", "bad_field", "'id'" },
-	{ "{\"op\":\"exec\",\"id\":1}", "missing_field", "'argv'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"argv\":[]}", "bad_field", "'argv'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"argv\":\"echo\"}", "bad_field", "'argv'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\",3]}", "bad_field", "'argv[1]'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"argv\":[\"ec\\u0000ho\"]}", "bad_field", "'argv[0]'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"shell\":\"x\"}", "bad_field", "'shell'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"shell\":\"\"}", "bad_field", "'shell'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"cwd\":\"/etc\"}", "bad_field", "'cwd'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"cwd\":\"a/../../b\"}", "bad_field", "'cwd'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"cwd\":\"..\"}", "bad_field", "'cwd'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"env\":[\"A=1\"]}", "bad_field", "'env'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"env\":{\"1A\":\"x\"}}", "bad_field", "'1A'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"env\":{\"A=B\":\"x\"}}", "bad_field", "'A=B'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"env\":{\"A\":1}}", "bad_field", "'env.A'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"timeout_seconds\":0}", "bad_field", "'timeout_seconds'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"timeout_seconds\":\"5\"}", "bad_field", "'timeout_seconds'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"tty\":{\"rows\":0,\"cols\":80}}", "bad_field", "'tty.rows'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"tty\":{\"rows\":24}}", "missing_field", "'tty.cols'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"tty\":\"yes\"}", "bad_field", "'tty'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"stdin\":1}", "bad_field", "'stdin'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"tail\":{\"stdout_bytes\":-1}}", "bad_field",
-		"'tail.stdout_bytes'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"tail\":{\"lines\":5}}", "bad_field", "'tail.lines'" },
-	{ "{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"timeout\":5}", "bad_field", "'timeout'" },
-	{ "{\"op\":\"stdin\",\"id\":1}", "missing_field", "'data'" },
-	{ "{\"op\":\"stdin\",\"id\":1,\"data_b64\":\"!!!\"}", "bad_field", "'data_b64'" },
-	{ "{\"op\":\"stdin\",\"id\":1,\"data\":\"x\",\"data_b64\":\"eA==\"}", "bad_field", "'data_b64'" },
-	{ "{\"op\":\"stdin\",\"id\":1,\"data\":\"x\",\"eof\":\"yes\"}", "bad_field", "'eof'" },
-	{ "{\"op\":\"signal\",\"id\":1}", "missing_field", "'signal'" },
-	{ "{\"op\":\"signal\",\"id\":1,\"signal\":\"BOGUS\"}", "bad_field", "'signal'" },
-	{ "{\"op\":\"signal\",\"id\":1,\"signal\":0}", "bad_field", "'signal'" },
-	{ "{\"op\":\"resize\",\"id\":1,\"rows\":10}", "missing_field", "'cols'" },
-	{ "{\"op\":\"resize\",\"id\":1,\"rows\":10,\"cols\":70000}", "bad_field", "'cols'" },
-	{ "{\"op\":\"attach\",\"id\":\"nope\"}", "unknown_id", "status" },
-	{ "{\"op\":\"cancel\",\"id\":\"nope\"}", "unknown_id", NULL },
-	{ "{\"op\":\"stdin\",\"id\":\"nope\",\"data\":\"x\"}", "unknown_id", NULL },
-	{ "{\"op\":\"signal\",\"id\":\"nope\",\"signal\":\"INT\"}", "unknown_id", NULL },
-	{ "{\"op\":\"resize\",\"id\":\"nope\",\"rows\":1,\"cols\":1}", "unknown_id", NULL },
-	{ "{\"op\":\"cancel\"}", "missing_field", "'id'" },
-	{ "{\"op\":\"status\",\"verbose\":true}", "bad_field", "'verbose'" },
-	{ "{\"op\":\"exec\",\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"]}", "bad_json", "duplicate" },
+    {"{\"op\":\"exec\",", "bad_json", "JSON"},
+    {"[1,2]", "bad_json", "object"},
+    {"\"just a string\"", "bad_json", "object"},
+    {"{\"id\":1}", "missing_field", "'op'"},
+    {"{\"op\":7,\"id\":1}", "bad_field", "'op'"},
+    {"{\"op\":\"frobnicate\",\"id\":1}", "unknown_op", "frobnicate"},
+    {"{\"op\":\"exec\",\"argv\":[\"echo\"]}", "missing_field", "'id'"},
+    {"{\"op\":\"exec\",\"id\":[1],\"argv\":[\"echo\"]}", "bad_field", "'id'"},
+    {"{\"op\":\"exec\",\"id\":1.5,\"argv\":[\"echo\"]}", "bad_field", "'id'"},
+    {"{\"op\":\"exec\",\"id\":\"\",\"argv\":[\"echo\"]}", "bad_field", "'id'"},
+    {"{\"op\":\"exec\",\"id\":1}", "missing_field", "'argv'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[]}", "bad_field", "'argv'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":\"echo\"}", "bad_field", "'argv'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\",3]}", "bad_field", "'argv[1]'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"ec\\u0000ho\"]}", "bad_field", "'argv[0]'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"shell\":\"x\"}", "bad_field", "'shell'"},
+    {"{\"op\":\"exec\",\"id\":1,\"shell\":\"\"}", "bad_field", "'shell'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"cwd\":\"/etc\"}", "bad_field", "'cwd'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"cwd\":\"a/../../b\"}", "bad_field", "'cwd'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"cwd\":\"..\"}", "bad_field", "'cwd'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"env\":[\"A=1\"]}", "bad_field", "'env'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"env\":{\"1A\":\"x\"}}", "bad_field", "'1A'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"env\":{\"A=B\":\"x\"}}", "bad_field", "'A=B'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"env\":{\"A\":1}}", "bad_field", "'env.A'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"timeout_seconds\":0}", "bad_field", "'timeout_seconds'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"timeout_seconds\":\"5\"}", "bad_field", "'timeout_seconds'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"tty\":{\"rows\":0,\"cols\":80}}", "bad_field", "'tty.rows'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"tty\":{\"rows\":24}}", "missing_field", "'tty.cols'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"tty\":\"yes\"}", "bad_field", "'tty'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"stdin\":1}", "bad_field", "'stdin'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"tail\":{\"stdout_bytes\":-1}}", "bad_field",
+     "'tail.stdout_bytes'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"tail\":{\"lines\":5}}", "bad_field", "'tail.lines'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"timeout\":5}", "bad_field", "'timeout'"},
+    {"{\"op\":\"stdin\",\"id\":1}", "missing_field", "'data'"},
+    {"{\"op\":\"stdin\",\"id\":1,\"data_b64\":\"!!!\"}", "bad_field", "'data_b64'"},
+    {"{\"op\":\"stdin\",\"id\":1,\"data\":\"x\",\"data_b64\":\"eA==\"}", "bad_field", "'data_b64'"},
+    {"{\"op\":\"stdin\",\"id\":1,\"data\":\"x\",\"eof\":\"yes\"}", "bad_field", "'eof'"},
+    {"{\"op\":\"signal\",\"id\":1}", "missing_field", "'signal'"},
+    {"{\"op\":\"signal\",\"id\":1,\"signal\":\"BOGUS\"}", "bad_field", "'signal'"},
+    {"{\"op\":\"signal\",\"id\":1,\"signal\":0}", "bad_field", "'signal'"},
+    {"{\"op\":\"resize\",\"id\":1,\"rows\":10}", "missing_field", "'cols'"},
+    {"{\"op\":\"resize\",\"id\":1,\"rows\":10,\"cols\":70000}", "bad_field", "'cols'"},
+    {"{\"op\":\"attach\",\"id\":\"nope\"}", "unknown_id", "status"},
+    {"{\"op\":\"cancel\",\"id\":\"nope\"}", "unknown_id", NULL},
+    {"{\"op\":\"stdin\",\"id\":\"nope\",\"data\":\"x\"}", "unknown_id", NULL},
+    {"{\"op\":\"signal\",\"id\":\"nope\",\"signal\":\"INT\"}", "unknown_id", NULL},
+    {"{\"op\":\"resize\",\"id\":\"nope\",\"rows\":1,\"cols\":1}", "unknown_id", NULL},
+    {"{\"op\":\"cancel\"}", "missing_field", "'id'"},
+    {"{\"op\":\"status\",\"verbose\":true}", "bad_field", "'verbose'"},
+    {"{\"op\":\"exec\",\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"]}", "bad_json", "duplicate"},
 };
 
 static void test_bad_requests(void **state)
@@ -748,8 +749,8 @@ static void test_bad_requests(void **state)
 		const char *code = json_string_value(json_object_get(j, "code"));
 		const char *msg = json_string_value(json_object_get(j, "message"));
 		if (strcmp(ev_name(j), "error") || strcmp(code, t->code) || (t->needle && !strstr(msg, t->needle)))
-			fail_msg("%s: expected %s naming %s, got %s %s: %s", t->line, t->code, t->needle, ev_name(j), code,
-				msg);
+			fail_msg("%s: expected %s naming %s, got %s %s: %s", t->line, t->code, t->needle, ev_name(j),
+				 code, msg);
 		json_decref(j);
 		tc_alive(a); /* the connection carries on */
 	}
@@ -790,7 +791,7 @@ static void test_line_too_long(void **state)
 	big[k] = 'a';
 	strcpy(big + 900 * 1024, "\"]}");
 	tc_send(a, big);
-	struct run r = { 0 };
+	struct run r = {0};
 	tc_run(a, &r);
 	assert_int_equal(r.n[0], 5);
 	assert_int_equal(F->tb.last_argv_bytes, 3 + 1 + 1 + 900 * 1024 - (size_t)k);
@@ -813,7 +814,7 @@ static void test_ids(void **state)
 	tc_expect_error(c, "duplicate_id", "running");
 	/* "1" and 1 are different ids */
 	tc_send(c, "{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\",\"one\"]}");
-	struct run r = { 0 };
+	struct run r = {0};
 	tc_run(c, &r);
 	run_clear(&r);
 	tc_send(c, "{\"op\":\"cancel\",\"id\":\"1\"}");
@@ -839,7 +840,7 @@ static void test_stdin(void **state)
 {
 	(void)state;
 	struct tc *c = tc_connect();
-	struct run r = { 0 };
+	struct run r = {0};
 
 	tc_send(c, "{\"op\":\"exec\",\"id\":\"cat\",\"argv\":[\"cat\"],\"stdin\":true}");
 	json_decref(tc_expect(c, "started"));
@@ -867,7 +868,7 @@ static void test_signal_resize(void **state)
 {
 	(void)state;
 	struct tc *c = tc_connect();
-	struct run r = { 0 };
+	struct run r = {0};
 	json_t *j;
 
 	tc_send(c, "{\"op\":\"exec\",\"id\":\"t\",\"argv\":[\"sleep\"],\"tty\":true}");
@@ -907,7 +908,7 @@ static void test_binary_utf8(void **state)
 	json_decref(tc_expect(c, "started"));
 	j = tc_expect(c, "stdout");
 	assert_null(json_object_get(j, "data"));
-	struct run r = { 0 };
+	struct run r = {0};
 	run_feed(&r, j);
 	json_decref(j);
 	assert_int_equal(r.n[0], 256);
@@ -971,10 +972,11 @@ static void wait_ended(struct tc *c, const char *id)
 		json_t *j = tc_expect(c, "status"), *m;
 		size_t i;
 		bool done = false;
-		json_array_foreach(json_object_get(j, "commands"), i, m) {
+		json_array_foreach(json_object_get(j, "commands"), i, m)
+		{
 			if (!strcmp(json_string_value(json_object_get(m, "id")), id))
 				done = strcmp(json_string_value(json_object_get(m, "state")), "running") &&
-					strcmp(json_string_value(json_object_get(m, "state")), "starting");
+				       strcmp(json_string_value(json_object_get(m, "state")), "starting");
 		}
 		json_decref(j);
 		if (done)
@@ -995,7 +997,7 @@ static void test_attach_replay(void **state)
 {
 	(void)state;
 	struct tc *a = tc_connect(), *b = tc_connect();
-	struct run r = { 0 };
+	struct run r = {0};
 	size_t got = 0;
 	const size_t total = 300000;
 
@@ -1019,7 +1021,7 @@ static void test_attach_replay(void **state)
 	assert_string_equal(json_string_value(json_object_get(j, "state")), "exited");
 	assert_int_equal(json_integer_value(json_object_get(j, "stdout_offset")), got);
 	json_decref(j);
-	struct run r2 = { 0 };
+	struct run r2 = {0};
 	tc_run(b, &r2);
 	assert_string_equal(ev_name(r2.exit), "exit");
 	assert_int_equal(r2.first[0], got);
@@ -1050,7 +1052,7 @@ static void test_ring_overflow(void **state)
 	struct tc *a = tc_connect(), *b = tc_connect();
 	const size_t total = 3u << 20;
 	char line[160];
-	struct run r = { 0 };
+	struct run r = {0};
 
 	snprintf(line, sizeof(line), "{\"op\":\"exec\",\"id\":\"big\",\"argv\":[\"gen\",\"%zu\",\"5\"]}", total);
 	tc_send(a, line);
@@ -1088,7 +1090,7 @@ static void test_status_history(void **state)
 {
 	(void)state;
 	struct tc *c = tc_connect();
-	struct run r = { 0 };
+	struct run r = {0};
 	char line[128];
 	json_t *j, *m;
 	size_t i;
@@ -1112,7 +1114,8 @@ static void test_status_history(void **state)
 	assert_string_equal(json_string_value(json_array_get(json_object_get(m, "argv"), 1)), "forever");
 	assert_true(json_integer_value(json_object_get(m, "pid")) >= 1000);
 	assert_true(json_integer_value(json_object_get(m, "started_ms")) > 1600000000000LL);
-	json_array_foreach(list, i, m) {
+	json_array_foreach(list, i, m)
+	{
 		if (i == 0)
 			continue;
 		snprintf(line, sizeof(line), "h%zu", i + 1); /* h0 and h1 were dropped */
@@ -1132,7 +1135,7 @@ static void test_status_history(void **state)
 
 static int fx_setup_small_history(void **state)
 {
-	struct relay_cfg cfg = { .keep_finished = 4, .max_clients = 3 };
+	struct relay_cfg cfg = {.keep_finished = 4, .max_clients = 3};
 
 	return fx_setup_cfg(state, &cfg);
 }
@@ -1196,9 +1199,9 @@ static void test_peer_uid(void **state)
 	pid_t pid = fork();
 	assert_true(pid >= 0);
 	if (pid == 0) {
-		char buf[512] = { 0 };
-		struct sockaddr_un sa = { .sun_family = AF_UNIX };
-		struct timeval tv = { .tv_sec = 5 };
+		char buf[512] = {0};
+		struct sockaddr_un sa = {.sun_family = AF_UNIX};
+		struct timeval tv = {.tv_sec = 5};
 		close(p[0]);
 		if (setgroups(0, NULL) < 0 || setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0)
 			_exit(2);
@@ -1215,7 +1218,7 @@ static void test_peer_uid(void **state)
 		_exit(m == 0 ? 0 : 5);
 	}
 	close(p[1]);
-	char got[512] = { 0 };
+	char got[512] = {0};
 	size_t have = 0;
 	int status = 0;
 	for (int k = 0; k < 3000; k++) {
@@ -1246,7 +1249,7 @@ static void test_paths_and_modes(void **state)
 	struct stat st;
 	char dir[64], xdg[128], path[256], want[256];
 	struct relay *r2 = NULL;
-	struct relay_cfg cfg = { 0 };
+	struct relay_cfg cfg = {0};
 
 	assert_int_equal(stat(F->path, &st), 0);
 	assert_true(S_ISSOCK(st.st_mode));
@@ -1265,7 +1268,7 @@ static void test_paths_and_modes(void **state)
 	/* a stale socket (nothing listening) is replaced */
 	snprintf(path, sizeof(path), "%s/stale.sock", dir);
 	{
-		struct sockaddr_un sa = { .sun_family = AF_UNIX };
+		struct sockaddr_un sa = {.sun_family = AF_UNIX};
 		strcpy(sa.sun_path, path);
 		int fd = socket(AF_UNIX, SOCK_STREAM, 0);
 		assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
@@ -1288,7 +1291,7 @@ static void test_paths_and_modes(void **state)
 	unsigned char h[32];
 	crypto_hash_sha256(h, (const unsigned char *)"/home/dev/my project", strlen("/home/dev/my project"));
 	snprintf(want, sizeof(want), "%s/airlock/my_project-%02x%02x%02x%02x%02x%02x%02x%02x.sock", xdg, h[0], h[1],
-		h[2], h[3], h[4], h[5], h[6], h[7]);
+		 h[2], h[3], h[4], h[5], h[6], h[7]);
 	assert_string_equal(path, want);
 	snprintf(want, sizeof(want), "%s/airlock", xdg);
 	assert_int_equal(lstat(want, &st), 0);
@@ -1336,9 +1339,10 @@ static void test_slow_client(void **state)
 	int rounds = 0;
 	while (loop_now_ms() < t_end) {
 		char line[128];
-		struct run r = { 0 };
+		struct run r = {0};
 		uint64_t t0 = loop_now_ns();
-		snprintf(line, sizeof(line), "{\"op\":\"exec\",\"id\":\"q%d\",\"argv\":[\"echo\",\"%d\"]}", rounds, rounds);
+		snprintf(line, sizeof(line), "{\"op\":\"exec\",\"id\":\"q%d\",\"argv\":[\"echo\",\"%d\"]}", rounds,
+			 rounds);
 		tc_send(fast, line);
 		tc_run(fast, &r);
 		uint64_t dt = loop_now_ns() - t0;
@@ -1354,7 +1358,8 @@ static void test_slow_client(void **state)
 	relay_get_stats(F->r, &st);
 	print_message("slow client: %d round trips, worst %.2f ms; flood produced %llu KiB before pausing; "
 		      "relay holds %zu KiB\n",
-		rounds, (double)worst / 1e6, (unsigned long long)(F->tb.flood_total >> 10), st.bytes_buffered >> 10);
+		      rounds, (double)worst / 1e6, (unsigned long long)(F->tb.flood_total >> 10),
+		      st.bytes_buffered >> 10);
 	assert_true(rounds > 20);
 	assert_true(worst < 100 * 1000000ull); /* promptly, even under ASan */
 	assert_int_equal(st.paused, 1);
@@ -1377,6 +1382,67 @@ static void test_slow_client(void **state)
 	tc_close(fast);
 }
 
+/* The stall a slow reader used to hit: its command is paused, its queue
+ * full and its socket full; then it drains the socket in one go, so the
+ * relay's next write takes the whole queue at once. The relay must go on
+ * producing (and resume the command) by itself: with nothing new from the
+ * paused command there is nothing else to wake it. Small queue and ring so
+ * that the socket can swallow a whole queue. */
+static int fx_setup_small_queue(void **state)
+{
+	struct relay_cfg cfg = {.client_queue = 8 << 10, .ring_bytes = 64 << 10};
+
+	return fx_setup_cfg(state, &cfg);
+}
+
+static void test_slow_reader_resumes(void **state)
+{
+	(void)state;
+	const size_t total = (size_t)2 << 20;
+	struct tc *c = tc_connect();
+	struct relay_stats st;
+	struct run r = {0};
+	char line[128];
+
+	snprintf(line, sizeof(line), "{\"op\":\"exec\",\"id\":\"g\",\"argv\":[\"gen\",\"%zu\",\"3\"]}", total);
+	tc_send(c, line);
+	for (int round = 0; round < 3; round++) {
+		/* do not read until the relay has paused the command */
+		uint64_t until = loop_now_ms() + 3000;
+		do {
+			spin(2);
+			relay_get_stats(F->r, &st);
+		} while (!st.paused && loop_now_ms() < until);
+		assert_int_equal(st.paused, 1);
+		spin(20);
+		/* then read as fast as possible: whole socket buffers at a time */
+		size_t target = r.n[0] + 256 * 1024;
+		while (r.n[0] < target && !r.exit) {
+			json_t *ev = tc_next(c, 2000);
+			if (!ev) {
+				relay_get_stats(F->r, &st);
+				fail_msg("stalled after %zu of %zu bytes (paused: %zu)", r.n[0], total, st.paused);
+			}
+			run_feed(&r, ev);
+			json_decref(ev);
+		}
+	}
+	tc_run(c, &r);
+	assert_int_equal(r.n[0], total);
+	assert_int_equal(r.dropped[0], 0);
+	for (size_t i = 0; i < total; i++)
+		if (r.out[0][i] != pattern(3, i))
+			fail_msg("byte %zu differs", i);
+	assert_int_equal(json_integer_value(json_object_get(r.exit, "code")), 0);
+	assert_false(json_is_true(json_object_get(r.exit, "truncated")));
+	assert_true(F->tb.pauses >= 3);
+	assert_int_equal(F->tb.pauses, F->tb.resumes);
+	relay_get_stats(F->r, &st);
+	assert_int_equal(st.paused, 0);
+	run_clear(&r);
+	tc_close(c);
+}
+
 static void test_concurrent(void **state)
 {
 	(void)state;
@@ -1393,7 +1459,7 @@ static void test_concurrent(void **state)
 			char line[160];
 			int n = i * PER + k;
 			snprintf(line, sizeof(line), "{\"op\":\"exec\",\"id\":%d,\"argv\":[\"gen\",\"%d\",\"%d\"]}", n,
-				20000 + n * 997, n);
+				 20000 + n * 997, n);
 			tc_send(c[i], line);
 		}
 	}
@@ -1446,24 +1512,25 @@ int main(void)
 	mem_init_json();
 	signal(SIGPIPE, SIG_IGN);
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_exec_basic, fx_setup, fx_teardown),
-		cmocka_unit_test_setup_teardown(test_bad_requests, fx_setup, fx_teardown),
-		cmocka_unit_test_setup_teardown(test_line_too_long, fx_setup, fx_teardown),
-		cmocka_unit_test_setup_teardown(test_ids, fx_setup, fx_teardown),
-		cmocka_unit_test_setup_teardown(test_stdin, fx_setup, fx_teardown),
-		cmocka_unit_test_setup_teardown(test_signal_resize, fx_setup, fx_teardown),
-		cmocka_unit_test_setup_teardown(test_binary_utf8, fx_setup, fx_teardown),
-		cmocka_unit_test_setup_teardown(test_tail, fx_setup, fx_teardown),
-		cmocka_unit_test_setup_teardown(test_attach_replay, fx_setup, fx_teardown),
-		cmocka_unit_test_setup_teardown(test_ring_overflow, fx_setup, fx_teardown),
-		cmocka_unit_test_setup_teardown(test_status_history, fx_setup_small_history, fx_teardown),
-		cmocka_unit_test_setup_teardown(test_sync_wait, fx_setup, fx_teardown),
-		cmocka_unit_test_setup_teardown(test_client_cap, fx_setup_small_history, fx_teardown),
-		cmocka_unit_test_setup_teardown(test_peer_uid, fx_setup, fx_teardown),
-		cmocka_unit_test_setup_teardown(test_paths_and_modes, fx_setup, fx_teardown),
-		cmocka_unit_test_setup_teardown(test_slow_client, fx_setup, fx_teardown),
-		cmocka_unit_test_setup_teardown(test_concurrent, fx_setup, fx_teardown),
-		cmocka_unit_test_setup_teardown(test_free_while_running, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_exec_basic, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_bad_requests, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_line_too_long, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_ids, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_stdin, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_signal_resize, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_binary_utf8, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_tail, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_attach_replay, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_ring_overflow, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_status_history, fx_setup_small_history, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_sync_wait, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_client_cap, fx_setup_small_history, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_peer_uid, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_paths_and_modes, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_slow_client, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_slow_reader_resumes, fx_setup_small_queue, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_concurrent, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_free_while_running, fx_setup, fx_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -32,25 +32,25 @@
 #define RELAY_PROTOCOL_VERSION 2
 
 /* Defaults for struct relay_cfg fields left 0. */
-#define RELAY_LINE_MAX ((size_t)1 << 20)       /* request line, without '\n' */
-#define RELAY_RING_BYTES ((size_t)1 << 20)     /* kept output per stream per command */
-#define RELAY_CLIENT_QUEUE ((size_t)256 << 10) /* per client: stop producing above this */
-#define RELAY_MAX_CLIENTS 64
-#define RELAY_MAX_RUNNING 128  /* commands not yet finished */
-#define RELAY_KEEP_FINISHED 64 /* finished commands kept for status/attach */
+#define RELAY_LINE_MAX		((size_t)1 << 20)   /* request line, without '\n' */
+#define RELAY_RING_BYTES	((size_t)1 << 20)   /* kept output per stream per command */
+#define RELAY_CLIENT_QUEUE	((size_t)256 << 10) /* per client: stop producing above this */
+#define RELAY_MAX_CLIENTS	64
+#define RELAY_MAX_RUNNING	128 /* commands not yet finished */
+#define RELAY_KEEP_FINISHED	64  /* finished commands kept for status/attach */
 #define RELAY_DEFAULT_TIMEOUT_S 300
 
 struct relay;
 struct relay_cmd;
 
 struct relay_cfg {
-	const char *path;       /* socket path (relay_default_path); required */
-	unsigned timeout_s;     /* exec default when the request gives none */
-	size_t line_max;        /* 0 = RELAY_LINE_MAX */
-	size_t ring_bytes;      /* 0 = RELAY_RING_BYTES */
-	size_t client_queue;    /* 0 = RELAY_CLIENT_QUEUE */
-	unsigned max_clients;   /* 0 = RELAY_MAX_CLIENTS */
-	unsigned max_running;   /* 0 = RELAY_MAX_RUNNING */
+	const char *path;	/* socket path (relay_default_path); required */
+	unsigned timeout_s;	/* exec default when the request gives none */
+	size_t line_max;	/* 0 = RELAY_LINE_MAX */
+	size_t ring_bytes;	/* 0 = RELAY_RING_BYTES */
+	size_t client_queue;	/* 0 = RELAY_CLIENT_QUEUE */
+	unsigned max_clients;	/* 0 = RELAY_MAX_CLIENTS */
+	unsigned max_running;	/* 0 = RELAY_MAX_RUNNING */
 	unsigned keep_finished; /* 0 = RELAY_KEEP_FINISHED */
 };
 
@@ -64,15 +64,15 @@ enum relay_stream {
 struct relay_exec_req {
 	const char *const *argv; /* argc strings; for "shell" this is {"sh","-c",S} */
 	size_t argc;
-	bool shell;              /* the request used "shell" */
-	const char *cwd;         /* relative to the workspace root, no "..", "" = root;
-	                          * checked syntactically only: the guest confines */
-	const char *const *env;  /* nenv "NAME=value" strings, names validated */
+	bool shell;		/* the request used "shell" */
+	const char *cwd;	/* relative to the workspace root, no "..", "" = root;
+				 * checked syntactically only: the guest confines */
+	const char *const *env; /* nenv "NAME=value" strings, names validated */
 	size_t nenv;
-	uint64_t timeout_ms;     /* > 0 */
+	uint64_t timeout_ms; /* > 0 */
 	bool tty;
-	uint16_t rows, cols;     /* when tty */
-	bool stdin_open;         /* stdin comes through ops->stdin_write; else /dev/null */
+	uint16_t rows, cols; /* when tty */
+	bool stdin_open;     /* stdin comes through ops->stdin_write; else /dev/null */
 	/* The forwarded environment layer (policy forward_env and
 	 * credentials.inject values, "NAME=value"), below env. The relay
 	 * leaves it empty; the daemon's router (route.h) fills it. Secret:
@@ -82,9 +82,9 @@ struct relay_exec_req {
 };
 
 struct relay_exit {
-	int code;          /* exit status 0..255, or -1 when killed by a signal */
-	int signal;        /* signal number, 0 when it exited */
-	bool timed_out;    /* the timeout fired (and killed it) */
+	int code;	/* exit status 0..255, or -1 when killed by a signal */
+	int signal;	/* signal number, 0 when it exited */
+	bool timed_out; /* the timeout fired (and killed it) */
 	uint64_t duration_ms;
 };
 
@@ -134,7 +134,7 @@ struct relay_backend_ops {
  * relay already listens there, -EEXIST when the path is not a socket,
  * -ENAMETOOLONG, -ENOMEM, or the errno of the socket calls. */
 int relay_new(struct loop *l, const struct relay_cfg *cfg, const struct relay_backend_ops *ops, void *ud,
-	struct relay **out);
+	      struct relay **out);
 
 /* Close every client and the socket, unlink it, free every command
  * (release() for those still running). NULL is a no-op. */
@@ -159,9 +159,9 @@ int relay_default_path(const char *workspace_realpath, char *out, size_t n);
 /* Memory and state figures, for tests and `airlock status`. */
 struct relay_stats {
 	size_t clients;
-	size_t running;        /* commands not yet ended */
+	size_t running;	       /* commands not yet ended */
 	size_t finished;       /* ended commands kept */
-	size_t paused;         /* commands whose output the relay has paused */
+	size_t paused;	       /* commands whose output the relay has paused */
 	size_t bytes_buffered; /* allocated output rings + client queues + input buffers */
 };
 void relay_get_stats(const struct relay *r, struct relay_stats *st);

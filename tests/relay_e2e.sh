@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The relay socket of a real `airlock up` (doc/RELAY.md), driven by
+# tests/relay_drive.py over real connections, commands running in a real
+# agent: write through the mount then cat, 1000 times over one connection
+# (never stale); 64 commands from 8 clients at once (each its own output
+# and exit status, all listed by status); another uid refused by the
+# SO_PEERCRED check itself; malformed, unknown, oversized and incomplete
+# requests answered with errors while that connection and the others carry
+# on; a disconnect mid-command, then status and attach replaying what was
+# missed.
+# usage: relay_e2e.sh AIRLOCK AIRLOCK_AGENT   (root + /dev/fuse, else skipped: exit 77)
+# shellcheck source=tests/lib.sh
+source "$(dirname "$0")/lib.sh"
+
+AIRLOCK=$1
+AGENT=$2
+# Debian's python3 by path when there is one: a python3 earlier on PATH (a
+# pyenv shim under /root) may be out of reach of the other uid below
+PY=$(command -v /usr/bin/python3 || command -v python3 || true)
+DRIVE="$PY $(cd "$(dirname "$0")" && pwd)/relay_drive.py"
+if [ "$(id -u)" != 0 ] || [ ! -c /dev/fuse ]; then
+	echo "skip - relay_e2e needs root and /dev/fuse (uid $(id -u), /dev/fuse $([ -c /dev/fuse ] && echo present || echo missing))"
+	exit 77
+fi
+[ -n "$PY" ] || { echo "skip - relay_e2e needs python3 (tests/deps.sh installs it)"; exit 77; }
+chmod 0711 "$T" # commands run as nobody in the guest: let them reach the workspace copy
+export XDG_STATE_HOME=$T/state
+export AIRLOCK_SOCKET=$T/relay.sock
+TO="timeout -k 2"
+
+"$AIRLOCK" keygen -o "$T/hk" >"$T/hk.pub"
+"$AIRLOCK" keygen -o "$T/gk" >"$T/gk.pub"
+HPUB=$(cat "$T/hk.pub")
+GPUB=$(cat "$T/gk.pub")
+W=$T/work
+G=$T/guest
+mkdir -p "$W" "$G"
+
+start_bg agent "$AGENT" --listen "unix:$T/a.sock" --root "$G" --key "$T/gk" --allow "$HPUB" \
+	--state "$T/agent.state" --fsync none
+wait_line "$T/agent.out" '^ready' 10
+start_bg up "$AIRLOCK" up "$W" --guest "unix:$T/a.sock" --key "$T/hk" --guest-key "$GPUB"
+UP_PID=$BG_PID
+wait_line "$T/up.out" "^airlock: $W in sync with unix:$T/a.sock\$" 20
+S=$T/relay.sock
+
+t_barrier() { $TO 60 $DRIVE barrier "$S" "$W" 1000; }
+check "write through the mount then cat in the guest, 1000 times over one connection: never stale" t_barrier
+
+t_concurrent() { $TO 60 $DRIVE concurrent "$S" 8 8; }
+check "64 concurrent commands from 8 clients: each gets its own output and exit status; status lists them" t_concurrent
+
+t_malformed() { $TO 60 $DRIVE malformed "$S"; }
+check "bad JSON, unknown op, missing fields, oversized line: errors, and every connection carries on" t_malformed
+
+t_attach() { $TO 60 $DRIVE attach "$S"; }
+check "disconnect mid-command: status lists it, attach replays what was missed, then the rest" t_attach
+
+t_other_uid() {
+	local out mode
+	# the relay's own defences, one at a time: first the socket's mode 0600
+	# (nobody may not even connect), then, with the socket opened up to
+	# everyone, the SO_PEERCRED check must refuse on its own
+	mode=$(stat -c %a "$S")
+	[ "$mode" = 600 ] || { echo "socket mode $mode" >&2; return 1; }
+	out=$($TO 10 setpriv --reuid=nobody --regid=nogroup --clear-groups $DRIVE refused "$S") || return 1
+	[ "$out" = EACCES ] || { echo "with mode 0600: $out" >&2; return 1; }
+	chmod 0666 "$S"
+	out=$($TO 10 setpriv --reuid=nobody --regid=nogroup --clear-groups $DRIVE refused "$S")
+	local rc=$?
+	chmod 0600 "$S"
+	[ "$rc" = 0 ] || return 1
+	echo "# $out"
+	case $out in "forbidden_peer: "*"uid 65534 refused"*) ;; *) return 1 ;; esac
+	# the relay still serves its own user
+	[ "$($TO 10 "$AIRLOCK" exec -C "$W" -- echo still serving </dev/null)" = "still serving" ]
+}
+check "a client of another uid is refused by the peer uid check (socket opened to all for the test)" t_other_uid
+
+t_down() {
+	$TO 15 "$AIRLOCK" down "$W" || return 1
+	local rc=0
+	wait "$UP_PID" || rc=$?
+	[ "$rc" = 0 ] || { echo "up exited $rc" >&2; tail -5 "$T/up.err" >&2; return 1; }
+}
+check "down ends airlock up cleanly" t_down
+
+t_clean() {
+	! grep -l 'AddressSanitizer\|LeakSanitizer\|runtime error' "$T/up.err" "$T/agent.err"
+}
+check "no sanitizer reports from airlock up or the agent" t_clean
+
+finish
