@@ -325,6 +325,99 @@ def refused(path):
         pass
 
 
+def rss_kib(pid):
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def flood(path, total, pids, p50_max_ms, rss_max_kib):
+    """`yes` into a client that reads in bursts and stalls between them,
+    until `total` bytes of events went by; meanwhile another client runs
+    `true` every 50 ms (its round trips must stay short) and the daemon's
+    and the agent's RSS are sampled (their growth must stay bounded)."""
+    import threading
+    f = Conn(path)
+    f.send({"id": "flood", "op": "exec", "argv": ["yes", "airlock flood"]})
+    stop = threading.Event()
+    rtts, rss = [], {p: [rss_kib(p)] for p in pids}
+    errors = []
+
+    def pinger():
+        try:
+            c = Conn(path)
+            i = 0
+            while not stop.is_set():
+                i += 1
+                t0 = time.monotonic()
+                c.send({"id": "t%d" % i, "op": "exec", "argv": ["true"]})
+                _, end = c.run("t%d" % i)
+                rtts.append((time.monotonic() - t0) * 1000.0)
+                if end.get("event") != "exit" or end.get("code") != 0:
+                    errors.append("true ended with %r" % end)
+                    return
+                for p in pids:
+                    rss[p].append(rss_kib(p))
+                time.sleep(0.05)
+            c.close()
+        except Exception as e:  # the main thread reports it
+            errors.append("pinger: %r" % e)
+
+    th = threading.Thread(target=pinger)
+    th.start()
+    n, burst, t0 = 0, 0, time.monotonic()
+    try:
+        while n < total:
+            d = f.s.recv(1 << 20)
+            if not d:
+                fail("the relay closed the flood's connection")
+            n += len(d)
+            burst += len(d)
+            if burst >= 256 << 20:  # a slow reader: stall, let everything back up
+                burst = 0
+                time.sleep(0.5)
+    finally:
+        stop.set()
+        th.join()
+    secs = time.monotonic() - t0
+    f.send({"id": "flood", "op": "cancel"})
+    # drain to the flood's end (the partial line in hand is skipped)
+    t_end = time.monotonic() + DEADLINE
+    tail = b""
+    while True:
+        if time.monotonic() > t_end:
+            fail("no exit after cancelling the flood")
+        d = f.s.recv(1 << 20)
+        if not d:
+            fail("the relay closed before the flood's exit")
+        tail = (tail + d)[-8192:]
+        if b'"event":"exit"' in tail and b'"flood"' in tail:
+            break
+    f.close()
+    if errors:
+        fail("; ".join(errors))
+    if len(rtts) < 10:
+        fail("only %d round trips during the flood" % len(rtts))
+    rtts.sort()
+    p50, p99 = rtts[len(rtts) // 2], rtts[min(len(rtts) - 1, int(len(rtts) * 0.99))]
+    growth = {p: max(v) - v[0] for p, v in rss.items()}
+    print("# flood: %.2f GiB of events in %.1f s (%.0f MB/s); `true` meanwhile: %d runs, p50 %.1f ms, "
+          "p99 %.1f ms, max %.1f ms; RSS growth %s" % (
+              n / 2**30, secs, n / secs / 1e6, len(rtts), p50, p99, rtts[-1],
+              ", ".join("pid %d +%d KiB" % (p, g) for p, g in growth.items())))
+    if p50 > p50_max_ms:
+        fail("round trip of true during the flood: p50 %.1f ms (limit %.1f)" % (p50, p50_max_ms))
+    for p, g in growth.items():
+        if g > rss_max_kib:
+            fail("pid %d grew by %d KiB during the flood (limit %d)" % (p, g, rss_max_kib))
+
+
+
 def main():
     if len(sys.argv) < 3:
         fail(__doc__)
@@ -339,6 +432,9 @@ def main():
         attach(path)
     elif what == "refused":
         refused(path)
+    elif what == "flood":
+        flood(path, int(sys.argv[3]), [int(p) for p in sys.argv[4].split(",")], float(sys.argv[5]),
+              int(sys.argv[6]))
     else:
         fail("unknown check " + what)
 

@@ -7,7 +7,8 @@
 # SO_PEERCRED check itself; malformed, unknown, oversized and incomplete
 # requests answered with errors while that connection and the others carry
 # on; a disconnect mid-command, then status and attach replaying what was
-# missed.
+# missed; several GiB of `yes` into a slow reader while other commands keep
+# a short round trip and memory stays bounded.
 # usage: relay_e2e.sh AIRLOCK AIRLOCK_AGENT   (root + /dev/fuse, else skipped: exit 77)
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -39,6 +40,7 @@ mkdir -p "$W" "$G"
 start_bg agent "$AGENT" --listen "unix:$T/a.sock" --root "$G" --key "$T/gk" --allow "$HPUB" \
 	--state "$T/agent.state" --fsync none
 wait_line "$T/agent.out" '^ready' 10
+AGENT_PID=$BG_PID
 start_bg up "$AIRLOCK" up "$W" --guest "unix:$T/a.sock" --key "$T/hk" --guest-key "$GPUB"
 UP_PID=$BG_PID
 wait_line "$T/up.out" "^airlock: $W in sync with unix:$T/a.sock\$" 20
@@ -55,6 +57,13 @@ check "bad JSON, unknown op, missing fields, oversized line: errors, and every c
 
 t_attach() { $TO 60 $DRIVE attach "$S"; }
 check "disconnect mid-command: status lists it, attach replays what was missed, then the rest" t_attach
+
+# Several GiB of `yes` into a client that reads in 256 MiB bursts and stalls
+# 0.5 s between them; `true` every 50 ms from another client meanwhile.
+# Sanitizer builds are several times slower: a quarter of the bytes there.
+if ldd "$AIRLOCK" 2>/dev/null | grep -q libasan; then FLOOD=$((512 << 20)) FLOOD_P50=150; else FLOOD=$((2 << 30)) FLOOD_P50=50; fi
+t_flood() { $TO 240 $DRIVE flood "$S" "$FLOOD" "$UP_PID,$AGENT_PID" "$FLOOD_P50" $((64 << 10)); }
+check "a $((FLOOD >> 20)) MiB flood from yes into a slow reader: true keeps a short round trip, daemon and agent memory bounded" t_flood
 
 t_other_uid() {
 	local out mode
