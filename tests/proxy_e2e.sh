@@ -362,7 +362,7 @@ vm_part() {
 	W=$T/vmwork
 	mkdir -p "$W"
 	cat >"$W/airlock.json" <<'EOF'
-{ "egress": { "default": "deny", "allow": ["allowed.test", "private.test"] } }
+{ "egress": { "default": "deny", "allow": ["allowed.test", "private.test", "loopback.test:81"] } }
 EOF
 	python3 - "$W" <<'EOF'
 import ssl, sys
@@ -386,6 +386,9 @@ p=${http_proxy##*:}
 	timeout 8 nc 127.0.0.1 "$p" | od -An -tx1 -v | tr -d ' \n'
 echo
 EOF
+	# a server on the host side's loopback (the daemon's network namespace)
+	echo "vm-host-loopback-$$" >"$T/www/vmlo.txt"
+	start_bg vmlohttp ip netns exec "$NS_C" python3 -m http.server 81 --bind 127.0.0.1 --directory "$T/www"
 	start_bg vmup ip netns exec "$NS_C" unshare -m sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' "$T/hosts" \
 		"$AIRLOCK" up "$W" --sandbox vm
 	UP_PID=$BG_PID
@@ -445,11 +448,30 @@ EOF
 	check "vm: another name, allowed.test.evil.test, an IP literal, a private address, another SNI: refused, one stderr line each" \
 		t_vm_denied
 
-	t_vm_audit() {
-		audit_each 5 "GET other.test 80 not-allowed" "GET allowed.test.evil.test 80 not-allowed" \
-			"GET 1.2.3.4 80 ip-literal" "GET private.test 80 private-address" "CONNECT allowed.test 443 sni-mismatch"
+	t_vm_host_loopback() {
+		# the server answers on the host side, so only the boundary keeps it out
+		local i
+		for i in $(seq 100); do
+			[ "$(ip netns exec "$NS_C" curl -s --max-time 1 http://127.0.0.1:81/vmlo.txt)" = "vm-host-loopback-$$" ] && break
+			sleep 0.1
+		done
+		[ "$i" -lt 100 ] || return 1
+		# directly (wget -Y off: no proxy): the VM's 127.0.0.1 is its own
+		X vmlo_direct wget -Y off -q -O - http://127.0.0.1:81/vmlo.txt
+		[ "$RC" != 0 ] && ! grep -q "host-loopback" "$T/vmlo_direct.o" || { cat "$T/vmlo_direct.o" >&2; return 1; }
+		# through the proxy: an allowed name that resolves to loopback
+		X vmlo wget -q -O - http://loopback.test:81/vmlo.txt
+		! grep -q "host-loopback" "$T/vmlo.o" &&
+			one_denial vmlo '^airlock: egress denied GET loopback.test:81 \(private-address: .*127\.0\.0\.1 \(loopback\)'
 	}
-	check "vm: each of the 5 denials is in airlock audit (--json and text) with its command" t_vm_audit
+	check "vm: a loopback HTTP server on the host is unreachable, directly and through the proxy" t_vm_host_loopback
+
+	t_vm_audit() {
+		audit_each 6 "GET other.test 80 not-allowed" "GET allowed.test.evil.test 80 not-allowed" \
+			"GET 1.2.3.4 80 ip-literal" "GET private.test 80 private-address" "GET loopback.test 81 private-address" \
+			"CONNECT allowed.test 443 sni-mismatch"
+	}
+	check "vm: each of the 6 denials is in airlock audit (--json and text) with its command" t_vm_audit
 
 	t_vm_down() {
 		$TO 30 "$AIRLOCK" down "$W" --destroy || return 1
