@@ -34,30 +34,17 @@ export XDG_STATE_HOME=$T/state
 export AIRLOCK_SOCKET=$T/relay.sock
 TO="timeout -k 2"
 
-# ---- a static agent: this build's, or (sanitizer builds have none) one built
-# with -Dstatic_agent=true next to the template, incrementally ----
-if [ "$AGENT" = - ]; then
-	SA=$TPL.agent-build
-	mkdir -p "$(dirname "$SA")"
-	if { [ -f "$SA/build.ninja" ] || meson setup "$SA" "$AIRLOCK_SRC" -Dstatic_agent=true -Db_sanitize=none >"$T/sa.out" 2>&1; } &&
-		ninja -C "$SA" -j2 airlock-agent >>"$T/sa.out" 2>&1; then
-		AGENT=$SA/airlock-agent
-	else
-		cat "$T/sa.out"
-		not_ok "a static agent builds (meson setup -Dstatic_agent=true)"
-		finish
-		exit 1
-	fi
-fi
-
-# ---- the template (cached in TEMPLATE_DIR: rebuilt only when an input changed) ----
+# ---- the template (cached in TEMPLATE_DIR: rebuilt only when an input changed), with
+# this build's static agent or (sanitizer builds have none) one built with
+# -Dstatic_agent=true next to the template, incrementally (lib.sh vm_template) ----
 t0=$(date +%s.%N)
-if ! "$BUILD" "$TPL" "$AGENT" >"$T/build.out" 2>&1; then
-	cat "$T/build.out"
-	not_ok "template builds"
+if ! vm_template "$AGENT_ARG" "$BUILD" "$TPL"; then
+	cat "$T/sa.out" "$T/build.out" 2>/dev/null
+	not_ok "a static agent and the template build"
 	finish
 	exit 1
 fi
+AGENT=$VM_AGENT
 echo "# template: $(tail -n 1 "$T/build.out") in $(echo "$(date +%s.%N) - $t0" | bc) s"
 t_cached() { "$BUILD" "$TPL" "$AGENT" | grep -q "is up to date"; }
 check "template build is cached (second build does nothing)" t_cached
