@@ -64,3 +64,20 @@ start_bg() {
 	BG_PID=$!
 	PIDS+=("$BG_PID")
 }
+
+# vm_template AGENT_STATIC BUILD_SH TEMPLATE_DIR: the VM base template built
+# (cached: BUILD_SH does nothing when it is up to date) with a static agent:
+# AGENT_STATIC, or when it is '-' (sanitizer builds have none) one built from
+# $AIRLOCK_SRC with -Dstatic_agent=true next to the template, incrementally.
+# Sets VM_AGENT; the builders' output is in $T/sa.out and $T/build.out.
+vm_template() {
+	VM_AGENT=$1
+	if [ "$1" = - ]; then
+		local sa=$3.agent-build
+		mkdir -p "$(dirname "$sa")"
+		{ [ -f "$sa/build.ninja" ] || meson setup "$sa" "$AIRLOCK_SRC" -Dstatic_agent=true -Db_sanitize=none >"$T/sa.out" 2>&1; } &&
+			ninja -C "$sa" -j2 airlock-agent >>"$T/sa.out" 2>&1 || return 1
+		VM_AGENT=$sa/airlock-agent
+	fi
+	"$2" "$3" "$VM_AGENT" >"$T/build.out" 2>&1
+}

@@ -14,12 +14,19 @@
 # works over HTTP and CONNECT, the five refusals each give one stderr line
 # and one audit record; a server on the host side's loopback is out of
 # reach, directly and through the proxy (an allowed name resolving to it).
-# usage: proxy_e2e.sh AIRLOCK AIRLOCK_AGENT   (root, /dev/fuse, netns; else exit 77)
+# Then the same from commands in the microVM (`airlock up DIR --sandbox vm`,
+# same namespaces; busybox only in there: wget for HTTP, nc with a
+# ClientHello made on the host for CONNECT); skipped, saying so, without qemu.
+# usage: proxy_e2e.sh AIRLOCK AIRLOCK_AGENT [AGENT_STATIC TEMPLATE_BUILD_SH TEMPLATE_DIR]
+#   (root, /dev/fuse, netns; else exit 77. AGENT_STATIC '-': built from $AIRLOCK_SRC)
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
 
 AIRLOCK=$1
 AGENT=$2
+VM_AGENT_ARG=${3:-}
+VM_BUILD=${4:-}
+VM_TPL=${5:-}
 need() {
 	echo "skip - proxy_e2e: $*"
 	exit 77
@@ -260,7 +267,8 @@ check "a CONNECT whose TLS SNI differs from its host is refused" t_sni
 
 # audit_each N "METHOD HOST PORT REASON"...: $W's audit record (--json)
 # holds exactly N denials, exactly one per record given, each naming the
-# command (curl or openssl) and a time; the text form shows the last.
+# command (curl or openssl; $AUDIT_CMD, a regex, overrides) and a time; the
+# text form shows the last.
 # Polled: the daemon writes the record within EGRESS_LINK_WRITE_MS.
 audit_each() {
 	local n=$1 j i m h p reason
@@ -268,14 +276,15 @@ audit_each() {
 	for i in $(seq 50); do
 		j=$("$AIRLOCK" audit -C "$W" --json)
 		echo "$j" | python3 -c '
-import json, sys
+import json, os, re, sys
 n, want = int(sys.argv[1]), sys.argv[2:]
+cmd_re = os.environ.get("AUDIT_CMD") or "curl|openssl"
 d = json.load(sys.stdin)["egress"] or {"denials": [], "denials_total": 0}
 bad = []
 for r in want:
     m, h, p, reason = r.split()
     ok = [x for x in d["denials"] if x["method"] == m and x["host"] == h and x["port"] == int(p)
-          and x["reason"] == reason and x["time"] and ("curl" in x["command"] or "openssl" in x["command"])]
+          and x["reason"] == reason and x["time"] and re.search(cmd_re, x["command"])]
     if len(ok) != 1:
         bad.append("%d records for %s" % (len(ok), r))
 if d["denials_total"] != n:
@@ -327,6 +336,154 @@ t_clean_exit() {
 }
 check "airlock up and the agent end cleanly (no protocol error, no sanitizer report)" t_clean_exit
 
+# ---- the same from commands in the microVM (doc/VM.md) ----
+# `airlock up DIR --sandbox vm` in the same namespaces (route to the servers,
+# the test's /etc/hosts): the daemon boots the base template with qemu (no
+# network device: the channel on virtio-serial is the only way out). busybox
+# only in there: wget for HTTP; for CONNECT, nc sends a CONNECT and then a
+# TLS ClientHello made on the host (python's ssl, SNI allowed.test or
+# other.test) and synced in; the server's TLS answer (a handshake record)
+# must come back, or, for the other SNI, must not.
+vm_part() {
+	if [ -z "$VM_BUILD" ]; then
+		skip "vm part: no template builder given (usage: proxy_e2e.sh AIRLOCK AGENT AGENT_STATIC BUILD_SH TEMPLATE_DIR)"
+		return
+	fi
+	if ! command -v qemu-system-x86_64 >/dev/null 2>&1; then
+		skip "vm part: needs qemu-system-x86_64 (apt-get install qemu-system-x86, or tests/deps.sh)"
+		return
+	fi
+	if ! vm_template "$VM_AGENT_ARG" "$VM_BUILD" "$VM_TPL"; then
+		cat "$T/sa.out" "$T/build.out" 2>/dev/null
+		not_ok "vm: the base template builds"
+		return
+	fi
+	export XDG_DATA_HOME=$T/vmdata AIRLOCK_VM_TEMPLATE=$VM_TPL AUDIT_CMD='wget|tunnel.sh'
+	W=$T/vmwork
+	mkdir -p "$W"
+	cat >"$W/airlock.json" <<'EOF'
+{ "egress": { "default": "deny", "allow": ["allowed.test", "private.test", "loopback.test:81"] } }
+EOF
+	python3 - "$W" <<'EOF'
+import ssl, sys
+for sni in ("allowed.test", "other.test"):
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    out = ssl.MemoryBIO()
+    tls = ctx.wrap_bio(ssl.MemoryBIO(), out, server_hostname=sni)
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    open("%s/hello-%s.bin" % (sys.argv[1], sni), "wb").write(out.read())
+EOF
+	# tunnel.sh HOST HELLO: CONNECT HOST:443 through the proxy variable, send
+	# the ClientHello HELLO, print what comes back in hex (one line)
+	cat >"$W/tunnel.sh" <<'EOF'
+p=${http_proxy##*:}
+{ printf 'CONNECT %s:443 HTTP/1.1\r\nHost: %s:443\r\n\r\n' "$1" "$1"; sleep 1; cat "$2"; sleep 3; } |
+	timeout 8 nc 127.0.0.1 "$p" | od -An -tx1 -v | tr -d ' \n'
+echo
+EOF
+	# a server on the host side's loopback (the daemon's network namespace)
+	echo "vm-host-loopback-$$" >"$T/www/vmlo.txt"
+	start_bg vmlohttp ip netns exec "$NS_C" python3 -m http.server 81 --bind 127.0.0.1 --directory "$T/www"
+	start_bg vmup ip netns exec "$NS_C" unshare -m sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' "$T/hosts" \
+		"$AIRLOCK" up "$W" --sandbox vm
+	UP_PID=$BG_PID
+	if ! wait_line "$T/vmup.out" "^airlock: $W in sync with sandbox vm\$" 150; then
+		cat "$T/vmup.err"
+		not_ok "vm: airlock up --sandbox vm boots the VM and syncs"
+		return
+	fi
+	ok "vm: airlock up --sandbox vm boots the VM and syncs"
+
+	t_vm_boundary() {
+		"$AIRLOCK" status -C "$W" | grep -q '^sandbox     vm, running' || { "$AIRLOCK" status -C "$W" >&2; return 1; }
+		X vmnet sh -c 'ls /sys/class/net; test -r hello-allowed.test.bin && echo hello'
+		[ "$(tr '\n' ' ' <"$T/vmnet.o")" = "lo hello " ] || { cat "$T/vmnet.o" "$T/vmnet.e" >&2; return 1; }
+		# straight to the server's address, not through the proxy: no route
+		X vmdirect sh -c 'echo "GET /hello.txt HTTP/1.0" | nc -w 3 1.2.3.4 80'
+		[ "$RC" != 0 ] && ! grep -q "hello-allowed" "$T/vmdirect.o" && grep -q "unreachable" "$T/vmdirect.e" &&
+			[ "$(denied_lines vmdirect)" = 0 ] || { cat "$T/vmdirect.o" "$T/vmdirect.e" >&2; return 1; }
+	}
+	check "vm: only lo in the VM; a direct connection to the server fails" t_vm_boundary
+
+	# tls_answer NAME: NAME.o (hex) has the proxy's 200, then a TLS handshake record (0x16 0x03)
+	tls_answer() {
+		python3 - "$T/$1.o" <<'EOF'
+import sys
+b = bytes.fromhex(open(sys.argv[1]).read().strip())
+head, sep, rest = b.partition(b"\r\n\r\n")
+ok = head.split(b"\r\n")[0].split(b" ")[1:2] == [b"200"] and rest[:2] == b"\x16\x03"
+sys.exit(0 if ok else 1)
+EOF
+	}
+	t_vm_allowed() {
+		X vmhttp wget -q -O - http://allowed.test/hello.txt
+		[ "$RC" = 0 ] && grep -qx "hello-allowed-$$" "$T/vmhttp.o" && [ "$(denied_lines vmhttp)" = 0 ] ||
+			{ cat "$T/vmhttp.o" "$T/vmhttp.e" >&2; return 1; }
+		X vmconnect sh tunnel.sh allowed.test hello-allowed.test.bin
+		tls_answer vmconnect && [ "$(denied_lines vmconnect)" = 0 ] || { cat "$T/vmconnect.o" "$T/vmconnect.e" >&2; return 1; }
+	}
+	check "vm: an allowed name works over HTTP (wget) and over CONNECT (the server's TLS answer comes back)" t_vm_allowed
+
+	t_vm_denied() {
+		X vmother wget -q -O - http://other.test/hello.txt
+		[ "$RC" != 0 ] && one_denial vmother '^airlock: egress denied GET other.test:80 \(not-allowed: .* in .*airlock.json\)$' ||
+			return 1
+		X vmsuffix wget -q -O - http://allowed.test.evil.test/hello.txt
+		[ "$RC" != 0 ] && one_denial vmsuffix '^airlock: egress denied GET allowed.test.evil.test:80 \(not-allowed' || return 1
+		X vmliteral wget -q -O - http://1.2.3.4/hello.txt
+		! grep -q "hello-allowed" "$T/vmliteral.o" && one_denial vmliteral '^airlock: egress denied GET 1.2.3.4:80 \(ip-literal' ||
+			return 1
+		X vmprivate wget -q -O - http://private.test/hello.txt
+		[ "$RC" != 0 ] && one_denial vmprivate '^airlock: egress denied GET private.test:80 \(private-address: .*10\.0\.0\.5' ||
+			return 1
+		X vmsni sh tunnel.sh allowed.test hello-other.test.bin
+		! tls_answer vmsni || { cat "$T/vmsni.o" >&2; return 1; }
+		one_denial vmsni '^airlock: egress denied CONNECT allowed.test:443 \(sni-mismatch: .*other.test'
+	}
+	check "vm: another name, allowed.test.evil.test, an IP literal, a private address, another SNI: refused, one stderr line each" \
+		t_vm_denied
+
+	t_vm_host_loopback() {
+		# the server answers on the host side, so only the boundary keeps it out
+		local i
+		for i in $(seq 100); do
+			[ "$(ip netns exec "$NS_C" curl -s --max-time 1 http://127.0.0.1:81/vmlo.txt)" = "vm-host-loopback-$$" ] && break
+			sleep 0.1
+		done
+		[ "$i" -lt 100 ] || return 1
+		# directly (wget -Y off: no proxy): the VM's 127.0.0.1 is its own
+		X vmlo_direct wget -Y off -q -O - http://127.0.0.1:81/vmlo.txt
+		[ "$RC" != 0 ] && ! grep -q "host-loopback" "$T/vmlo_direct.o" || { cat "$T/vmlo_direct.o" >&2; return 1; }
+		# through the proxy: an allowed name that resolves to loopback
+		X vmlo wget -q -O - http://loopback.test:81/vmlo.txt
+		! grep -q "host-loopback" "$T/vmlo.o" &&
+			one_denial vmlo '^airlock: egress denied GET loopback.test:81 \(private-address: .*127\.0\.0\.1 \(loopback\)'
+	}
+	check "vm: a loopback HTTP server on the host is unreachable, directly and through the proxy" t_vm_host_loopback
+
+	t_vm_audit() {
+		audit_each 6 "GET other.test 80 not-allowed" "GET allowed.test.evil.test 80 not-allowed" \
+			"GET 1.2.3.4 80 ip-literal" "GET private.test 80 private-address" "GET loopback.test 81 private-address" \
+			"CONNECT allowed.test 443 sni-mismatch"
+	}
+	check "vm: each of the 6 denials is in airlock audit (--json and text) with its command" t_vm_audit
+
+	t_vm_down() {
+		$TO 30 "$AIRLOCK" down "$W" --destroy || return 1
+		wait "$UP_PID" 2>/dev/null || true
+		[ -z "$(ls "$T/vmdata/airlock/sandboxes" 2>/dev/null)" ] && ! pgrep -f "qemu-system.*$T/vmdata" >/dev/null || return 1
+		! grep -E "AddressSanitizer|LeakSanitizer|runtime error|malformed|unexpected|closing" "$T/vmup.err" ||
+			{ echo "in $T/vmup.err" >&2; return 1; }
+	}
+	check "vm: down --destroy ends it cleanly (no qemu left, no protocol error, no sanitizer report)" t_vm_down
+	unset AUDIT_CMD AIRLOCK_VM_TEMPLATE
+}
+
 # ---- the same from commands in the embedded local sandbox (doc/SANDBOX.md) ----
 # `airlock up DIR` with no --guest, in the same namespaces as above (route to
 # the servers, the test's /etc/hosts): the daemon starts the sandbox itself;
@@ -334,6 +491,7 @@ check "airlock up and the agent end cleanly (no protocol error, no sanitizer rep
 # reach the proxy only over the channel.
 if ! unshare -U true 2>/dev/null; then
 	skip "sandbox part: this machine does not allow user namespaces (unshare -U fails)"
+	vm_part
 	finish
 	exit
 fi
@@ -428,4 +586,5 @@ t_sb_down() {
 }
 check "sandbox: down --destroy ends it cleanly (no protocol error, no sanitizer report)" t_sb_down
 
+vm_part
 finish

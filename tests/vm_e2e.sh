@@ -5,9 +5,11 @@
 # against the VM, run commands with `airlock exec` (output, exit codes),
 # check the secret was withheld and that the VM has no network interface but
 # lo and no way to connect out, `airlock down`, `up` again against the same
-# VM (a fresh session on the same virtio-serial port), power off; then a
-# second boot reuses the workspace disk: a file a command made outside the
-# synced paths (node_modules/x) is still there.
+# VM (a fresh session on the same virtio-serial port), power off; then the
+# user's path, `airlock up DIR --sandbox vm` (the daemon boots the VM): exec,
+# status, down, a second up reuses the workspace disk (a file a command made
+# outside the synced paths, node_modules/x, is still there), down --destroy
+# removes it.
 # usage: vm_e2e.sh AIRLOCK AGENT_STATIC VM_HARNESS TEMPLATE_BUILD_SH TEMPLATE_DIR
 #   AGENT_STATIC '-': build one from $AIRLOCK_SRC with -Dstatic_agent=true
 # Skips (exit 77) only when qemu, root or /dev/fuse are missing.
@@ -32,30 +34,17 @@ export XDG_STATE_HOME=$T/state
 export AIRLOCK_SOCKET=$T/relay.sock
 TO="timeout -k 2"
 
-# ---- a static agent: this build's, or (sanitizer builds have none) one built
-# with -Dstatic_agent=true next to the template, incrementally ----
-if [ "$AGENT" = - ]; then
-	SA=$TPL.agent-build
-	mkdir -p "$(dirname "$SA")"
-	if { [ -f "$SA/build.ninja" ] || meson setup "$SA" "$AIRLOCK_SRC" -Dstatic_agent=true -Db_sanitize=none >"$T/sa.out" 2>&1; } &&
-		ninja -C "$SA" -j2 airlock-agent >>"$T/sa.out" 2>&1; then
-		AGENT=$SA/airlock-agent
-	else
-		cat "$T/sa.out"
-		not_ok "a static agent builds (meson setup -Dstatic_agent=true)"
-		finish
-		exit 1
-	fi
-fi
-
-# ---- the template (cached in TEMPLATE_DIR: rebuilt only when an input changed) ----
+# ---- the template (cached in TEMPLATE_DIR: rebuilt only when an input changed), with
+# this build's static agent or (sanitizer builds have none) one built with
+# -Dstatic_agent=true next to the template, incrementally (lib.sh vm_template) ----
 t0=$(date +%s.%N)
-if ! "$BUILD" "$TPL" "$AGENT" >"$T/build.out" 2>&1; then
-	cat "$T/build.out"
-	not_ok "template builds"
+if ! vm_template "$AGENT_ARG" "$BUILD" "$TPL"; then
+	cat "$T/sa.out" "$T/build.out" 2>/dev/null
+	not_ok "a static agent and the template build"
 	finish
 	exit 1
 fi
+AGENT=$VM_AGENT
 echo "# template: $(tail -n 1 "$T/build.out") in $(echo "$(date +%s.%N) - $t0" | bc) s"
 t_cached() { "$BUILD" "$TPL" "$AGENT" | grep -q "is up to date"; }
 check "template build is cached (second build does nothing)" t_cached
@@ -243,23 +232,59 @@ t_clean_sessions() {
 }
 check "every up/down was a clean session in the guest (no session ended on an error)" t_clean_sessions
 
-# ---- boot 2: the same sandbox directory ----
-mkfifo "$T/ctl2"
-exec 8<>"$T/ctl2"
-"$HARNESS" "$SB" "$TPL" <"$T/ctl2" >"$T/h2.out" 2>"$T/h2.err" 8>&- &
-PIDS+=("$!")
-if wait_line "$T/h2.out" '^ready$' 150; then
-	ok "second boot ($(sed -n 's/^start_ms //p' "$T/h2.out") ms)"
-	t_disk() { ! grep -q 'Creating regular file' "$SB/qemu.log"; }
-	check "second boot reuses the workspace disk (no mkfs)" t_disk
-	t_kept() { up 4 && [ "$(X -- cat node_modules/x/marker)" = kept-across-boots ] && down; }
-	check "node_modules/x made by a command survived the reboot" t_kept
+# ---- the user's path: `airlock up DIR --sandbox vm` (no harness, no --guest):
+# the daemon boots the VM from the template (AIRLOCK_VM_TEMPLATE: this
+# test's), its state under XDG_DATA_HOME. Two boots: the second reuses the
+# workspace disk; then down --destroy removes it ----
+export XDG_DATA_HOME=$T/data AIRLOCK_VM_TEMPLATE=$TPL
+vup() {
+	start_bg "vup$1" "$AIRLOCK" up "$W" --sandbox vm 7>&- 8>&-
+	UP_PID=$BG_PID
+	wait_line "$T/vup$1.out" "^airlock: $W in sync with sandbox vm\$" 150
+}
+if vup 1; then
+	VSB=$(sed -n 's/^airlock: sandbox started .*; state in //p' "$T/vup1.err")
+	ok "airlock up --sandbox vm boots the VM and syncs ($(sed -n 's/^airlock: sandbox started in \([0-9.]*\) ms.*/\1/p' "$T/vup1.err") ms to the agent)"
+	t_cli_status() {
+		"$AIRLOCK" status -C "$W" | grep -qE '^sandbox     vm, running \(vm: qemu -M (microvm|q35), ' &&
+			"$AIRLOCK" status -C "$W" --json | grep -q '"sandbox":"vm"' &&
+			[ -n "$VSB" ] && [ -f "$VSB/workspace.img" ] && case $VSB in "$T/data/"*) ;; *) false ;; esac
+	}
+	check "status shows the vm sandbox running; its disk is under XDG_DATA_HOME" t_cli_status
+	t_cli_exec() {
+		local rc=0
+		[ "$(X -- cat README)" = "edited on the host" ] && X -- uname -r | grep -q amd64 || return 1
+		X -- sh -c 'echo out; echo err >&2; exit 3' >"$T/ce.out" 2>"$T/ce.err" || rc=$?
+		[ "$rc" = 3 ] && [ "$(cat "$T/ce.out")" = out ] && [ "$(cat "$T/ce.err")" = err ]
+	}
+	check "exec in the VM: output, stderr, exit code 3" t_cli_exec
+	t_cli_count() { [ "$(X -- sh -c 'find . -type f | wc -l')" = "$NFILES" ] && X -- sh -c '! test -e .env'; }
+	check "the tree ($NFILES files) is in the VM, the secret is not" t_cli_count
+	t_cli_mark() {
+		X -- sh -c 'mkdir -p node_modules/x && echo cli-kept >node_modules/x/marker' && [ ! -e "$W/node_modules" ]
+	}
+	check "a command makes node_modules/x in the VM (not on the host)" t_cli_mark
+	check "airlock down stops the VM" down
+	t_cli_gone() { ! pgrep -f "qemu-system.*$VSB" >/dev/null; }
+	check "no qemu is left after down" t_cli_gone
+	t_cli_reuse() {
+		local ino
+		ino=$(stat -c %i "$VSB/workspace.img") && vup 2 || return 1
+		[ "$(X -- cat node_modules/x/marker)" = cli-kept ] && ! grep -q 'Creating regular file' "$VSB/qemu.log" &&
+			[ "$(stat -c %i "$VSB/workspace.img")" = "$ino" ]
+	}
+	check "a second up --sandbox vm boots on the same workspace disk (node_modules/x is there)" t_cli_reuse
+	check "airlock down again" down
+	t_cli_destroy() {
+		"$AIRLOCK" down "$W" --destroy >"$T/destroy.out" 2>&1 || { cat "$T/destroy.out" >&2; return 1; }
+		[ ! -e "$VSB/workspace.img" ] && [ ! -e "$VSB" ]
+	}
+	check "down --destroy removes the disk image" t_cli_destroy
 else
-	cat "$T/h2.err"
-	not_ok "second boot"
+	cat "$T/vup1.err"
+	not_ok "airlock up --sandbox vm boots the VM and syncs"
 fi
-exec 8>&-
-wait_line "$T/h2.out" '^stopped' 30 || true
+unset XDG_DATA_HOME AIRLOCK_VM_TEMPLATE
 # ---- the q35 fallback (for a qemu without microvm): boots, answers a ping, powers off ----
 mkfifo "$T/ctl3"
 exec 9<>"$T/ctl3"
