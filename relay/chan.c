@@ -897,8 +897,9 @@ static void on_eof(struct chan *c)
 	/* Even after our own BYE the peer must answer with its FINAL: an
 	 * orderly close is a two-way exchange, so a peer that lost records
 	 * (and closed on the error) is told apart from one that got them all. */
-	end(c, -EPIPE, partial ? "connection truncated inside a record: peer closed without FINAL"
-	                       : "connection truncated: peer closed without FINAL");
+	end(c, -EPIPE,
+	    partial ? "connection truncated inside a record: peer closed without FINAL"
+		    : "connection truncated: peer closed without FINAL");
 }
 
 static void do_input(struct chan *c)

@@ -67,8 +67,8 @@ static void print_denials(json_t *doc)
 int cmd_audit(int argc, char **argv)
 {
 	static const struct option opts[] = {
-		{ "json", no_argument, NULL, 'j' },
-		{ NULL, 0, NULL, 0 },
+	    {"json", no_argument, NULL, 'j'},
+	    {NULL, 0, NULL, 0},
 	};
 	const char *dir = ".";
 	bool json = false;
@@ -79,8 +79,12 @@ int cmd_audit(int argc, char **argv)
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "C:", opts, NULL)) != -1) {
 		switch (c) {
-		case 'C': dir = optarg; break;
-		case 'j': json = true; break;
+		case 'C':
+			dir = optarg;
+			break;
+		case 'j':
+			json = true;
+			break;
 		default:
 			fputs("usage: airlock audit [-C DIR] [--json]\n", stderr);
 			return 2;
@@ -112,7 +116,9 @@ int cmd_audit(int argc, char **argv)
 		else {
 			const char *when = json_string_value(json_object_get(w, "time"));
 			printf("last sync scan: %s (policy: %s)\n", when ? when : "?",
-			       json_string_value(json_object_get(w, "policy")) ? json_string_value(json_object_get(w, "policy")) : "?");
+			       json_string_value(json_object_get(w, "policy"))
+				   ? json_string_value(json_object_get(w, "policy"))
+				   : "?");
 			print_list(w, "withheld", "rule", "withheld", "withheld_total", "withheld_omitted");
 			print_list(w, "skipped", "reason", "skipped", "skipped_total", "skipped_omitted");
 		}

@@ -16,16 +16,16 @@ struct sandbox_common;
 
 struct sandbox {
 	enum sandbox_kind kind;
-	char dir[PATH_MAX];	  /* …/sandboxes/<id>, mode 0700 */
-	char addr[PATH_MAX + 16]; /* transport address the host connects to */
+	char dir[PATH_MAX];	   /* …/sandboxes/<id>, mode 0700 */
+	char addr[PATH_MAX + 16];  /* transport address the host connects to */
 	struct noise_keypair host; /* keys/host.key */
 	uint8_t guest_pub[32];	   /* public half of keys/guest.key */
 	char guest_key_file[PATH_MAX];
 	char agent_path[PATH_MAX];
 	char describe[256];
 	double start_ms;
-	pid_t pid;  /* what the host waits for; 0 when none */
-	void *impl; /* backend state */
+	pid_t pid;		       /* what the host waits for; 0 when none */
+	void *impl;		       /* backend state */
 	struct sandbox_common *common; /* sandbox.c's own (the state dir lock) */
 };
 

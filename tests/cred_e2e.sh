@@ -32,13 +32,7 @@ TO="timeout -k 2"
 M=$T/markers
 mkdir -p "$M"
 
-"$AIRLOCK" keygen -o "$T/hk" >"$T/hk.pub"
-"$AIRLOCK" keygen -o "$T/gk" >"$T/gk.pub"
-HPUB=$(cat "$T/hk.pub")
-GPUB=$(cat "$T/gk.pub")
-W=$T/work
-G=$T/guest
-mkdir -p "$W" "$G"
+make_pair # $T/hk, $T/gk, HPUB, GPUB; W=$T/work, G=$T/guest
 
 # ---- the user's credentials.json and its source ----
 mkdir -m 0700 "$XDG_CONFIG_HOME" "$XDG_CONFIG_HOME/airlock"

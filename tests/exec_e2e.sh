@@ -21,13 +21,7 @@ export AIRLOCK_SOCKET=$T/relay.sock
 export AIRLOCK_E2E_CANARY=host-secret-canary-$$
 TO="timeout -k 2"
 
-"$AIRLOCK" keygen -o "$T/hk" >"$T/hk.pub"
-"$AIRLOCK" keygen -o "$T/gk" >"$T/gk.pub"
-HPUB=$(cat "$T/hk.pub")
-GPUB=$(cat "$T/gk.pub")
-W=$T/work
-G=$T/guest
-mkdir -p "$W" "$G"
+make_pair # $T/hk, $T/gk, HPUB, GPUB; W=$T/work, G=$T/guest
 echo "hello from the workspace" >"$W/README"
 
 start_bg agent "$AGENT" --listen "unix:$T/a.sock" --root "$G" --key "$T/gk" --allow "$HPUB" \

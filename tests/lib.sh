@@ -81,3 +81,31 @@ vm_template() {
 	fi
 	"$2" "$3" "$VM_AGENT" >"$T/build.out" 2>&1
 }
+
+# make_pair: a host and a guest key ($T/hk and $T/gk, public halves in
+# HPUB and GPUB), the workspace W=$T/work and the guest's root G=$T/guest.
+# Needs $AIRLOCK.
+make_pair() {
+	"$AIRLOCK" keygen -o "$T/hk" >"$T/hk.pub"
+	"$AIRLOCK" keygen -o "$T/gk" >"$T/gk.pub"
+	HPUB=$(cat "$T/hk.pub")
+	GPUB=$(cat "$T/gk.pub")
+	W=$T/work
+	G=$T/guest
+	mkdir -p "$W" "$G"
+}
+
+# t_up_down (for check): `airlock down $W` ends the `airlock up` started
+# as $UP_PID (logs in $T/up.*) with status 0.
+t_up_down() {
+	timeout -k 2 15 "$AIRLOCK" down "$W" || return 1
+	local rc=0
+	wait "$UP_PID" || rc=$?
+	[ "$rc" = 0 ] || { echo "up exited $rc" >&2; tail -5 "$T/up.err" >&2; return 1; }
+}
+
+# t_no_sanitizer_reports (for check): nothing from ASan/UBSan in the logs
+# of airlock up and the agent ($T/up.err, $T/agent.err).
+t_no_sanitizer_reports() {
+	! grep -l 'AddressSanitizer\|LeakSanitizer\|runtime error' "$T/up.err" "$T/agent.err"
+}

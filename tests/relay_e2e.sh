@@ -29,13 +29,7 @@ export XDG_STATE_HOME=$T/state
 export AIRLOCK_SOCKET=$T/relay.sock
 TO="timeout -k 2"
 
-"$AIRLOCK" keygen -o "$T/hk" >"$T/hk.pub"
-"$AIRLOCK" keygen -o "$T/gk" >"$T/gk.pub"
-HPUB=$(cat "$T/hk.pub")
-GPUB=$(cat "$T/gk.pub")
-W=$T/work
-G=$T/guest
-mkdir -p "$W" "$G"
+make_pair # $T/hk, $T/gk, HPUB, GPUB; W=$T/work, G=$T/guest
 
 start_bg agent "$AGENT" --listen "unix:$T/a.sock" --root "$G" --key "$T/gk" --allow "$HPUB" \
 	--state "$T/agent.state" --fsync none
@@ -86,17 +80,7 @@ t_other_uid() {
 }
 check "a client of another uid is refused by the peer uid check (socket opened to all for the test)" t_other_uid
 
-t_down() {
-	$TO 15 "$AIRLOCK" down "$W" || return 1
-	local rc=0
-	wait "$UP_PID" || rc=$?
-	[ "$rc" = 0 ] || { echo "up exited $rc" >&2; tail -5 "$T/up.err" >&2; return 1; }
-}
-check "down ends airlock up cleanly" t_down
-
-t_clean() {
-	! grep -l 'AddressSanitizer\|LeakSanitizer\|runtime error' "$T/up.err" "$T/agent.err"
-}
-check "no sanitizer reports from airlock up or the agent" t_clean
+check "down ends airlock up cleanly" t_up_down
+check "no sanitizer reports from airlock up or the agent" t_no_sanitizer_reports
 
 finish

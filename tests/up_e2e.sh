@@ -17,13 +17,7 @@ fi
 export XDG_STATE_HOME=$T/state
 TO="timeout -k 2"
 
-"$AIRLOCK" keygen -o "$T/hk" >"$T/hk.pub"
-"$AIRLOCK" keygen -o "$T/gk" >"$T/gk.pub"
-HPUB=$(cat "$T/hk.pub")
-GPUB=$(cat "$T/gk.pub")
-W=$T/work
-G=$T/guest
-mkdir -p "$W" "$G"
+make_pair # $T/hk, $T/gk, HPUB, GPUB; W=$T/work, G=$T/guest
 
 AGENT_PID=
 start_agent() {

@@ -51,9 +51,9 @@ const char *sandbox_kind_name(enum sandbox_kind k);
 
 struct sandbox_cfg {
 	enum sandbox_kind kind;
-	const char *workspace;	/* realpath of DIR (for the id and messages) */
-	const char *agent_path; /* airlock-agent to run (local) or to put in the template (vm);
-				 * NULL: the one next to /proc/self/exe */
+	const char *workspace;	  /* realpath of DIR (for the id and messages) */
+	const char *agent_path;	  /* airlock-agent to run (local) or to put in the template (vm);
+				   * NULL: the one next to /proc/self/exe */
 	const char *template_dir; /* vm only: directory with the built template; NULL: default */
 	bool verbose;		  /* agent -v; its log goes to <data>/agent.log either way */
 };

@@ -34,10 +34,10 @@ enum transport_kind {
 
 struct transport_addr {
 	enum transport_kind kind;
-	char host[256];  /* tcp */
-	char path[108];  /* unix, fc (the UDS), serial (the device) */
-	uint32_t cid;    /* vsock */
-	uint32_t port;   /* tcp, vsock, fc */
+	char host[256]; /* tcp */
+	char path[108]; /* unix, fc (the UDS), serial (the device) */
+	uint32_t cid;	/* vsock */
+	uint32_t port;	/* tcp, vsock, fc */
 };
 
 /* Parse "scheme:rest". -EINVAL with a message for anything malformed

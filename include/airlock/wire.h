@@ -31,7 +31,7 @@
 #define WIRE_VERSION 1
 /* Noise prologue: binds the protocol name and version into the handshake
  * hash, so nothing about the version can be downgraded. */
-#define WIRE_PROLOGUE "airlock wire v1"
+#define WIRE_PROLOGUE	"airlock wire v1"
 #define WIRE_NOISE_NAME "Noise_IKpsk2_25519_ChaChaPoly_SHA256"
 
 /* ---- record layer ----
@@ -56,12 +56,12 @@ static inline int wire_record_len(uint32_t hdr, uint32_t *len)
 	return wire_record_hdr(*len) == hdr ? 0 : -1;
 }
 
-#define WIRE_HS_MSG_MAX 256u              /* handshake records */
-#define WIRE_FRAME_HDR 5u                 /* u8 type + u32 stream */
-#define WIRE_PAYLOAD_MAX (64u * 1024u)    /* frame payload cap */
-#define WIRE_SS_ABYTES 17u                /* crypto_secretstream ABYTES */
-#define WIRE_SS_HEADER 24u                /* crypto_secretstream HEADERBYTES */
-#define WIRE_RECORD_MAX (WIRE_FRAME_HDR + WIRE_PAYLOAD_MAX + WIRE_SS_ABYTES)
+#define WIRE_HS_MSG_MAX	 256u	       /* handshake records */
+#define WIRE_FRAME_HDR	 5u	       /* u8 type + u32 stream */
+#define WIRE_PAYLOAD_MAX (64u * 1024u) /* frame payload cap */
+#define WIRE_SS_ABYTES	 17u	       /* crypto_secretstream ABYTES */
+#define WIRE_SS_HEADER	 24u	       /* crypto_secretstream HEADERBYTES */
+#define WIRE_RECORD_MAX	 (WIRE_FRAME_HDR + WIRE_PAYLOAD_MAX + WIRE_SS_ABYTES)
 
 /* ---- handshake records ----
  * msg1  = u8 WIRE_HS_INIT, u8 WIRE_VERSION, Noise message 1
@@ -78,12 +78,12 @@ enum wire_hs_kind {
 };
 
 enum wire_refusal {
-	WIRE_REFUSE_VERSION = 1,     /* msg1 carried a version we do not speak */
-	WIRE_REFUSE_GUEST_KEY = 2,   /* msg1 did not decrypt: initiator pinned another responder key */
-	WIRE_REFUSE_HOST_KEY = 3,    /* initiator's static key is not on our allow-list */
-	WIRE_REFUSE_REPLAY = 4,      /* msg1 timestamp not newer than the last one seen */
-	WIRE_REFUSE_BUSY = 5,        /* too many sessions */
-	WIRE_REFUSE_MALFORMED = 6,   /* msg1 of the wrong size or shape */
+	WIRE_REFUSE_VERSION = 1,   /* msg1 carried a version we do not speak */
+	WIRE_REFUSE_GUEST_KEY = 2, /* msg1 did not decrypt: initiator pinned another responder key */
+	WIRE_REFUSE_HOST_KEY = 3,  /* initiator's static key is not on our allow-list */
+	WIRE_REFUSE_REPLAY = 4,	   /* msg1 timestamp not newer than the last one seen */
+	WIRE_REFUSE_BUSY = 5,	   /* too many sessions */
+	WIRE_REFUSE_MALFORMED = 6, /* msg1 of the wrong size or shape */
 };
 
 /* ---- streams ----
@@ -96,39 +96,39 @@ enum wire_refusal {
  * small and handled at once. */
 #define WIRE_STREAM_CONTROL 0u
 #define WIRE_WINDOW_DEFAULT (256u * 1024u)
-#define WIRE_STREAMS_MAX 4096u
+#define WIRE_STREAMS_MAX    4096u
 
 /* sync: largest reassembled sync message (a batch is at most this big:
  * the host's delta caps use it as max_batch) and most names per request */
 #define WIRE_SYNC_MSG_MAX (256u * 1024u * 1024u)
 #define WIRE_SYNC_REQ_MAX 4096u
-#define WIRE_SYNC_MORE 1u /* first payload byte: more fragments follow */
+#define WIRE_SYNC_MORE	  1u /* first payload byte: more fragments follow */
 
 /* exec: request limits and flag bits (see WIRE_EXEC_START / _EXIT) */
-#define WIRE_EXEC_ARGS_MAX 4096u
-#define WIRE_EXEC_STR_MAX (WIRE_PAYLOAD_MAX)
+#define WIRE_EXEC_ARGS_MAX     4096u
+#define WIRE_EXEC_STR_MAX      (WIRE_PAYLOAD_MAX)
 #define WIRE_EXEC_STDIN_WINDOW (256u * 1024u)
-#define WIRE_EXEC_F_TTY 1u
-#define WIRE_EXEC_F_STDIN 2u
+#define WIRE_EXEC_F_TTY	       1u
+#define WIRE_EXEC_F_STDIN      2u
 /* egress in effect: the guest listens on 127.0.0.1 for this command and sets
  * the proxy variables; connections come back as proxy streams */
-#define WIRE_EXEC_F_PROXY 4u
-#define WIRE_EXEC_F_FWD 8u /* EXEC_START carries the forwarded env list (credentials) */
+#define WIRE_EXEC_F_PROXY     4u
+#define WIRE_EXEC_F_FWD	      8u /* EXEC_START carries the forwarded env list (credentials) */
 #define WIRE_EXEC_X_TIMED_OUT 1u
-#define WIRE_EXEC_X_CANCELED 2u
-#define WIRE_EXEC_X_CORE 4u
+#define WIRE_EXEC_X_CANCELED  2u
+#define WIRE_EXEC_X_CORE      4u
 /* proxy: guest-opened streams carrying one TCP connection to the host's
  * egress proxy each (see WIRE_PROXY_OPEN). At most this many streams open
  * per command and per session (the host refuses more with PROXY_CLOSE
  * WIRE_PROXY_C_LIMIT; the guest closes the extra connection itself). */
-#define WIRE_PROXY_PER_CMD 32u
+#define WIRE_PROXY_PER_CMD     32u
 #define WIRE_PROXY_PER_SESSION 256u
 /* PROXY_CLOSE codes */
-#define WIRE_PROXY_C_DONE 0u	/* orderly: EOF went both ways, everything delivered */
-#define WIRE_PROXY_C_RESET 1u	/* the connection failed or was aborted: reset it */
-#define WIRE_PROXY_C_LIMIT 2u	/* refused: too many proxy streams (per command or session) */
-#define WIRE_PROXY_C_NO_CMD 3u	/* refused: no such command on this session (it ended) */
-#define WIRE_PROXY_C_MAX 3u
+#define WIRE_PROXY_C_DONE   0u /* orderly: EOF went both ways, everything delivered */
+#define WIRE_PROXY_C_RESET  1u /* the connection failed or was aborted: reset it */
+#define WIRE_PROXY_C_LIMIT  2u /* refused: too many proxy streams (per command or session) */
+#define WIRE_PROXY_C_NO_CMD 3u /* refused: no such command on this session (it ended) */
+#define WIRE_PROXY_C_MAX    3u
 
 /* ---- frame types ----
  * Grouped by subsystem. Payload layouts use buf.h encodings (big-endian
@@ -137,16 +137,16 @@ enum wire_type {
 	/* channel: WINDOW and BYE are handled inside chan.c and never seen by
 	 * applications; RESET is delivered (the application then forgets the
 	 * stream with chan_stream_close) */
-	WIRE_WINDOW = 1,    /* stream 0: u32 stream, u32 credit increment */
-	WIRE_BYE = 2,       /* stream 0, sent with TAG_FINAL: orderly close */
-	WIRE_RESET = 3,     /* stream s: the sender abandons stream s */
+	WIRE_WINDOW = 1, /* stream 0: u32 stream, u32 credit increment */
+	WIRE_BYE = 2,	 /* stream 0, sent with TAG_FINAL: orderly close */
+	WIRE_RESET = 3,	 /* stream s: the sender abandons stream s */
 
 	/* session (control stream) */
 	WIRE_HELLO = 16,    /* i->r: u32 version, bytes host sync-signing key (32, Ed25519), str client name */
 	WIRE_HELLO_OK = 17, /* r->i: u32 version, str agent name, str root */
-	WIRE_PING = 18,     /* u64 nonce, bytes padding: answered with PONG echoing the payload */
+	WIRE_PING = 18,	    /* u64 nonce, bytes padding: answered with PONG echoing the payload */
 	WIRE_PONG = 19,
-	WIRE_ERROR = 20,    /* u32 code (errno), str message */
+	WIRE_ERROR = 20, /* u32 code (errno), str message */
 
 	/* bulk (benchmarks and flow-control tests) */
 	WIRE_BULK_DATA = 32, /* stream s: opaque bytes, discarded by the receiver */
@@ -159,15 +159,15 @@ enum wire_type {
 	 * 0 = last fragment. The receiver reassembles up to
 	 * WIRE_SYNC_MSG_MAX bytes (checked before growing) and then parses the
 	 * message; below, "payload" means the reassembled message. */
-	WIRE_SYNC_BEGIN = 48,	   /* h->g: u32 chunk min, avg, max, whole_max */
-	WIRE_SYNC_STATE = 49,	   /* g->h: u64 last applied seq, 16 root digest, u64 entries, u32 special files skipped */
+	WIRE_SYNC_BEGIN = 48, /* h->g: u32 chunk min, avg, max, whole_max */
+	WIRE_SYNC_STATE = 49, /* g->h: u64 last applied seq, 16 root digest, u64 entries, u32 special files skipped */
 	WIRE_SYNC_LEVELS_REQ = 50, /* h->g: u32 n (<= WIRE_SYNC_REQ_MAX), n x str dir ("" = root) */
 	WIRE_SYNC_LEVEL = 51,	   /* g->h, one per asked dir, in order: str dir, bytes level (manifest_level_encode) */
 	WIRE_SYNC_ENTRIES_REQ = 52, /* h->g: u32 n (<= WIRE_SYNC_REQ_MAX), n x str path */
-	WIRE_SYNC_ENTRY = 53,	   /* g->h, one per asked path: str path, u8 found, [manifest_entry_encode] */
-	WIRE_SYNC_BATCH = 54,	   /* h->g: one signed delta batch (delta.h) */
-	WIRE_SYNC_ACK = 55,	   /* g->h: u64 seq, u64 ops, u64 files, u64 bytes, u64 deleted, u64 kept_dirs */
-	WIRE_SYNC_NACK = 56,	   /* g->h: u64 seq, u32 errno, u8 partial, str message */
+	WIRE_SYNC_ENTRY = 53,	    /* g->h, one per asked path: str path, u8 found, [manifest_entry_encode] */
+	WIRE_SYNC_BATCH = 54,	    /* h->g: one signed delta batch (delta.h) */
+	WIRE_SYNC_ACK = 55,	    /* g->h: u64 seq, u64 ops, u64 files, u64 bytes, u64 deleted, u64 kept_dirs */
+	WIRE_SYNC_NACK = 56,	    /* g->h: u64 seq, u32 errno, u8 partial, str message */
 
 	/* exec (80..111; doc/PROTOCOL.md "Exec"). One host-opened stream per
 	 * command, created by EXEC_START; the guest ends it with exactly one
@@ -177,27 +177,27 @@ enum wire_type {
 	 * command in the guest. Host->guest frames are credited by the guest
 	 * at once; EXEC_STDIN_ACK is the stdin window (WIRE_EXEC_STDIN_WINDOW
 	 * bytes in flight at most). */
-	WIRE_EXEC_START = 80,	/* h->g: u8 flags (WIRE_EXEC_F_*), u64 timeout_ms (0 = none),
-				 * u16 rows, u16 cols, str cwd (relative, "" = root),
-				 * u32 argc (1..WIRE_EXEC_ARGS_MAX), argc x str,
-				 * u32 nenv (<= WIRE_EXEC_ARGS_MAX), nenv x str "NAME=value";
-				 * with WIRE_EXEC_F_FWD then u32 nfwd (<= WIRE_EXEC_ARGS_MAX),
-				 * nfwd x str "NAME=value": the forwarded layer (forward_env
-				 * and credentials.inject values; the request env wins over
-				 * it; the guest wipes it after use);
-				 * the whole request fits one frame (WIRE_PAYLOAD_MAX) */
-	WIRE_EXEC_STARTED = 81,	/* g->h: u64 pid (in the guest) */
-	WIRE_EXEC_STDOUT = 82,	/* g->h: raw bytes (with a tty: the terminal's output) */
-	WIRE_EXEC_STDERR = 83,	/* g->h: raw bytes */
-	WIRE_EXEC_STDIN = 84,	/* h->g: u8 eof, raw bytes (the rest of the frame) */
-	WIRE_EXEC_SIGNAL = 85,	/* h->g: u32 signal (Linux numbering) to the process group */
-	WIRE_EXEC_RESIZE = 86,	/* h->g: u16 rows, u16 cols (tty only) */
-	WIRE_EXEC_CANCEL = 87,	/* h->g: empty; TERM, grace, KILL on the tree */
-	WIRE_EXEC_EXIT = 88,	/* g->h: u32 code (0..255, shell convention: 128+N on signal N),
-				 * u32 signal (0 = exited), u8 flags (WIRE_EXEC_X_*),
-				 * u64 duration_ms, u64 stdout bytes, u64 stderr bytes. Last frame. */
-	WIRE_EXEC_ERROR = 89,	/* g->h: u32 errno, str message: the command could not start
-				 * (or was dropped); last frame of the stream */
+	WIRE_EXEC_START = 80,	  /* h->g: u8 flags (WIRE_EXEC_F_*), u64 timeout_ms (0 = none),
+				   * u16 rows, u16 cols, str cwd (relative, "" = root),
+				   * u32 argc (1..WIRE_EXEC_ARGS_MAX), argc x str,
+				   * u32 nenv (<= WIRE_EXEC_ARGS_MAX), nenv x str "NAME=value";
+				   * with WIRE_EXEC_F_FWD then u32 nfwd (<= WIRE_EXEC_ARGS_MAX),
+				   * nfwd x str "NAME=value": the forwarded layer (forward_env
+				   * and credentials.inject values; the request env wins over
+				   * it; the guest wipes it after use);
+				   * the whole request fits one frame (WIRE_PAYLOAD_MAX) */
+	WIRE_EXEC_STARTED = 81,	  /* g->h: u64 pid (in the guest) */
+	WIRE_EXEC_STDOUT = 82,	  /* g->h: raw bytes (with a tty: the terminal's output) */
+	WIRE_EXEC_STDERR = 83,	  /* g->h: raw bytes */
+	WIRE_EXEC_STDIN = 84,	  /* h->g: u8 eof, raw bytes (the rest of the frame) */
+	WIRE_EXEC_SIGNAL = 85,	  /* h->g: u32 signal (Linux numbering) to the process group */
+	WIRE_EXEC_RESIZE = 86,	  /* h->g: u16 rows, u16 cols (tty only) */
+	WIRE_EXEC_CANCEL = 87,	  /* h->g: empty; TERM, grace, KILL on the tree */
+	WIRE_EXEC_EXIT = 88,	  /* g->h: u32 code (0..255, shell convention: 128+N on signal N),
+				   * u32 signal (0 = exited), u8 flags (WIRE_EXEC_X_*),
+				   * u64 duration_ms, u64 stdout bytes, u64 stderr bytes. Last frame. */
+	WIRE_EXEC_ERROR = 89,	  /* g->h: u32 errno, str message: the command could not start
+				   * (or was dropped); last frame of the stream */
 	WIRE_EXEC_STDIN_ACK = 90, /* g->h: u32 stdin bytes taken off the stream (returns stdin credit) */
 
 	/* proxy (112..127; doc/PROTOCOL.md "Proxy"). One guest-opened (even)
