@@ -81,6 +81,7 @@ struct sub {
 	size_t tail[2];	 /* SUB_TAIL: bytes wanted */
 	bool started_sent;
 	bool truncated; /* this subscriber missed bytes */
+	bool b64;	/* "encoding":"base64": output events always carry data_b64 */
 	unsigned turn;
 };
 
@@ -326,6 +327,36 @@ static void client_send(struct client *c, json_t *ev)
 	else
 		c->produced += n + 1;
 	mem_free(s);
+}
+
+/* An output event with base64 data, made without a JSON tree: the fixed
+ * shape {"event":S,"id":ID,"offset":N,"data_b64":"..."} (ID encoded by
+ * jansson; base64 needs no escaping). Same queueing as client_send. */
+static void client_send_b64(struct client *c, const char *stream, json_t *id, uint64_t off, const uint8_t *p, size_t n)
+{
+	char head[96];
+	char *ids = NULL, *b = NULL;
+	size_t blen = sodium_base64_ENCODED_LEN(n, sodium_base64_VARIANT_ORIGINAL);
+
+	if (c->dead)
+		return;
+	if (!(ids = json_dumps(id, JSON_COMPACT | JSON_ENCODE_ANY)) || !(b = mem_alloc(blen))) {
+		mem_free(ids);
+		client_fail(c);
+		return;
+	}
+	sodium_bin2base64(b, blen, p, n, sodium_base64_VARIANT_ORIGINAL);
+	int hn = snprintf(head, sizeof(head), "{\"event\":\"%s\",\"id\":", stream);
+	char mid[64];
+	int mn = snprintf(mid, sizeof(mid), ",\"offset\":%llu,\"data_b64\":\"", (unsigned long long)off);
+	size_t idn = strlen(ids), bn = strlen(b);
+	if (buf_put(&c->out, head, (size_t)hn) < 0 || buf_put(&c->out, ids, idn) < 0 ||
+	    buf_put(&c->out, mid, (size_t)mn) < 0 || buf_put(&c->out, b, bn) < 0 || buf_put(&c->out, "\"}\n", 3) < 0)
+		client_fail(c);
+	else
+		c->produced += (size_t)hn + idn + (size_t)mn + bn + 3;
+	mem_free(ids);
+	mem_free(b);
 }
 
 static json_t *ev_new(const char *name, json_t *id)
@@ -576,14 +607,18 @@ static bool sub_step(struct sub *s)
 				uint64_t avail = g->end - s->cur[i];
 				size_t n = avail < OUT_CHUNK ? (size_t)avail : OUT_CHUNK;
 				ring_read(g, s->cur[i], r->scratch, n);
-				if (n < avail)
-					n = utf8_cut(r->scratch, n);
-				json_t *ev = ev_new(stream_names[i], m->id);
-				if (ev) {
-					json_object_set_new(ev, "offset", json_integer((json_int_t)s->cur[i]));
-					put_data(ev, "data", r->scratch, n);
+				if (s->b64) {
+					client_send_b64(s->c, stream_names[i], m->id, s->cur[i], r->scratch, n);
+				} else {
+					if (n < avail)
+						n = utf8_cut(r->scratch, n);
+					json_t *ev = ev_new(stream_names[i], m->id);
+					if (ev) {
+						json_object_set_new(ev, "offset", json_integer((json_int_t)s->cur[i]));
+						put_data(ev, "data", r->scratch, n);
+					}
+					client_send(s->c, ev);
 				}
-				client_send(s->c, ev);
 				s->cur[i] += n;
 				s->turn = i ^ 1;
 				cmd_update_pause(m);
@@ -1054,8 +1089,24 @@ static json_t *argv_for_status(const char *const *argv, size_t argc)
 /* ------------------------------------------------------------------ */
 /* ops */
 
-static const char *const exec_fields[] = {"argv", "shell", "cwd",  "env", "timeout_seconds",
-					  "tty",  "stdin", "tail", NULL};
+static const char *const exec_fields[] = {"argv", "shell", "cwd",  "env",      "timeout_seconds",
+					  "tty",  "stdin", "tail", "encoding", NULL};
+
+/* "encoding": "text" (default: data when valid UTF-8, else data_b64) or
+ * "base64" (always data_b64). 1 for base64, 0 for text, -1 after an error
+ * was sent. */
+static int want_b64(struct client *c, json_t *rq, json_t *id)
+{
+	json_t *e = json_object_get(rq, "encoding");
+	const char *v = json_string_value(e);
+
+	if (!e || (v && !strcmp(v, "text")))
+		return 0;
+	if (v && !strcmp(v, "base64"))
+		return 1;
+	send_error(c, id, "bad_field", "field 'encoding' must be \"text\" or \"base64\"");
+	return -1;
+}
 
 static void op_exec(struct client *c, json_t *rq, json_t *id)
 {
@@ -1071,8 +1122,10 @@ static void op_exec(struct client *c, json_t *rq, json_t *id)
 	json_t *v, *tail;
 	size_t tailn[2] = {0, 0};
 	bool tail_mode = false;
-	int rc;
+	int rc, b64;
 
+	if ((b64 = want_b64(c, rq, id)) < 0)
+		goto out;
 	key = json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT);
 	if (!key) {
 		send_error(c, id, "busy", "relay out of memory");
@@ -1300,6 +1353,7 @@ static void op_exec(struct client *c, json_t *rq, json_t *id)
 		m = NULL;
 		goto out;
 	}
+	s->b64 = b64 == 1;
 	s->tail[0] = tailn[0];
 	s->tail[1] = tailn[1];
 	m->live = true;
@@ -1478,7 +1532,7 @@ static void op_cancel(struct client *c, json_t *rq, json_t *id)
 		send_ok(c, id, "cancel");
 }
 
-static const char *const attach_fields[] = {"from", NULL};
+static const char *const attach_fields[] = {"from", "encoding", NULL};
 
 static void op_attach(struct client *c, json_t *rq, json_t *id)
 {
@@ -1487,7 +1541,9 @@ static void op_attach(struct client *c, json_t *rq, json_t *id)
 	uint64_t at[2];
 	struct sub *s;
 
-	if (!(m = want_cmd(c, id, false)))
+	int b64;
+
+	if (!(m = want_cmd(c, id, false)) || (b64 = want_b64(c, rq, id)) < 0)
 		return;
 	at[0] = ring_start(&m->ring[0]);
 	at[1] = ring_start(&m->ring[1]);
@@ -1546,6 +1602,7 @@ static void op_attach(struct client *c, json_t *rq, json_t *id)
 		return;
 	}
 	s->mode = SUB_STREAM;
+	s->b64 = b64 == 1;
 	s->cur[0] = at[0];
 	s->cur[1] = at[1];
 	s->started_sent = m->has_pid;

@@ -716,6 +716,8 @@ static const struct bad bad_requests[] = {
      "'tail.stdout_bytes'"},
     {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"tail\":{\"lines\":5}}", "bad_field", "'tail.lines'"},
     {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"timeout\":5}", "bad_field", "'timeout'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"encoding\":\"hex\"}", "bad_field", "'encoding'"},
+    {"{\"op\":\"exec\",\"id\":1,\"argv\":[\"echo\"],\"encoding\":1}", "bad_field", "'encoding'"},
     {"{\"op\":\"stdin\",\"id\":1}", "missing_field", "'data'"},
     {"{\"op\":\"stdin\",\"id\":1,\"data_b64\":\"!!!\"}", "bad_field", "'data_b64'"},
     {"{\"op\":\"stdin\",\"id\":1,\"data\":\"x\",\"data_b64\":\"eA==\"}", "bad_field", "'data_b64'"},
@@ -919,6 +921,55 @@ static void test_binary_utf8(void **state)
 
 	tc_send(c, "{\"op\":\"exec\",\"id\":\"u\",\"argv\":[\"utf8\"]}");
 	json_decref(tc_expect(c, "started"));
+	j = tc_expect(c, "stdout");
+	assert_string_equal(json_string_value(json_object_get(j, "data")), "h\xc3\xa9llo \xe2\x82\xac\n");
+	json_decref(j);
+	json_decref(tc_expect(c, "exit"));
+	tc_close(c);
+}
+
+/* "encoding":"base64": every output event carries data_b64 (even valid
+ * UTF-8), in the fixed shape airlock exec decodes without a JSON parser,
+ * for string and number ids; attach can ask for it too. */
+static void test_encoding_base64(void **state)
+{
+	(void)state;
+	struct tc *c = tc_connect();
+	json_t *j;
+	uint8_t bin[64];
+	size_t n;
+
+	tc_send(c, "{\"op\":\"exec\",\"id\":\"u\",\"argv\":[\"utf8\"],\"encoding\":\"base64\"}");
+	json_decref(tc_expect(c, "started"));
+	j = tc_expect(c, "stdout");
+	assert_int_equal(json_object_size(j), 4);
+	assert_null(json_object_get(j, "data"));
+	assert_int_equal(json_integer_value(json_object_get(j, "offset")), 0);
+	const char *b = json_string_value(json_object_get(j, "data_b64"));
+	assert_non_null(b);
+	assert_int_equal(
+	    sodium_base642bin(bin, sizeof(bin), b, strlen(b), NULL, &n, NULL, sodium_base64_VARIANT_ORIGINAL), 0);
+	assert_int_equal(n, strlen("h\xc3\xa9llo \xe2\x82\xac\n"));
+	assert_memory_equal(bin, "h\xc3\xa9llo \xe2\x82\xac\n", n);
+	json_decref(j);
+	json_decref(tc_expect(c, "exit"));
+
+	tc_send(c, "{\"op\":\"exec\",\"id\":7,\"argv\":[\"bin\"],\"encoding\":\"base64\"}");
+	json_decref(tc_expect(c, "started"));
+	j = tc_expect(c, "stdout");
+	assert_int_equal(json_integer_value(json_object_get(j, "id")), 7);
+	struct run r = {0};
+	run_feed(&r, j);
+	json_decref(j);
+	assert_int_equal(r.n[0], 256);
+	for (int i = 0; i < 256; i++)
+		assert_int_equal(r.out[0][i], i);
+	run_clear(&r);
+	json_decref(tc_expect(c, "exit"));
+
+	/* attach replays in the encoding it asks for */
+	tc_send(c, "{\"op\":\"attach\",\"id\":\"u\",\"encoding\":\"text\"}");
+	json_decref(tc_expect(c, "attached"));
 	j = tc_expect(c, "stdout");
 	assert_string_equal(json_string_value(json_object_get(j, "data")), "h\xc3\xa9llo \xe2\x82\xac\n");
 	json_decref(j);
@@ -1519,6 +1570,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_stdin, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_signal_resize, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_binary_utf8, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_encoding_base64, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_tail, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_attach_replay, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_ring_overflow, fx_setup, fx_teardown),
