@@ -24,3 +24,8 @@ if [ -n "$missing" ]; then
 	# shellcheck disable=SC2086
 	apt-get install -y -qq --no-install-recommends $missing >/dev/null
 fi
+# The vm template downloads the kernel package (not installed): the package
+# lists must know it even when every package above was already there.
+if ! apt-cache show linux-image-amd64 >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
+	apt-get update -qq || true
+fi
