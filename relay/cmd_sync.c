@@ -113,8 +113,8 @@ static void on_sync_done(int err, const char *why, void *ud)
 }
 
 static const struct sync_ops engine_ops = {
-	.on_progress = on_sync_progress,
-	.on_done = on_sync_done,
+    .on_progress = on_sync_progress,
+    .on_done = on_sync_done,
 };
 
 /* ---- frames from the agent ---- */
@@ -153,8 +153,8 @@ static const struct {
 	frame_fn *fn;
 	const char *name;
 } handlers[WIRE_TYPE_MAX + 1] = {
-	[WIRE_HELLO_OK] = { handle_hello_ok, "HELLO_OK" },
-	[WIRE_ERROR] = { handle_error, "ERROR" },
+    [WIRE_HELLO_OK] = {handle_hello_ok, "HELLO_OK"},
+    [WIRE_ERROR] = {handle_error, "ERROR"},
 };
 
 static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t *data, size_t n, void *ud)
@@ -192,9 +192,14 @@ static void on_ready(struct chan *c, void *ud)
 	}
 	buf_clear(&b);
 	struct sync_cfg cfg = {
-		.dirfd = x->dirfd, .policy = x->policy, .sign_sk = x->sync_sk, .sign_pk = x->sync_pk,
-		.guest_pub = x->guest_pub, .ops = &engine_ops, .ud = x,
-		.state_dir = x->state_dir[0] ? x->state_dir : NULL,
+	    .dirfd = x->dirfd,
+	    .policy = x->policy,
+	    .sign_sk = x->sync_sk,
+	    .sign_pk = x->sync_pk,
+	    .guest_pub = x->guest_pub,
+	    .ops = &engine_ops,
+	    .ud = x,
+	    .state_dir = x->state_dir[0] ? x->state_dir : NULL,
 	};
 	/* For bench/sync.sh only: try another chunk size (min avg/4, max
 	 * 4 x avg, whole files up to 2 x avg). Both sides follow SYNC_BEGIN. */
@@ -242,10 +247,10 @@ static void on_close(struct chan *c, int err, const char *why, void *ud)
 }
 
 static const struct chan_ops sync_chan_ops = {
-	.on_ready = on_ready,
-	.on_frame = on_frame,
-	.on_writable = on_writable,
-	.on_close = on_close,
+    .on_ready = on_ready,
+    .on_frame = on_frame,
+    .on_writable = on_writable,
+    .on_close = on_close,
 };
 
 static void on_timeout(struct loop *l, void *ud)
@@ -254,7 +259,8 @@ static void on_timeout(struct loop *l, void *ud)
 	(void)l;
 
 	x->timer = 0;
-	fail(x, -ETIMEDOUT, "timed out (phase: %s); raise --timeout for very large trees", x->have_prog ? x->prog.phase : "connect");
+	fail(x, -ETIMEDOUT, "timed out (phase: %s); raise --timeout for very large trees",
+	     x->have_prog ? x->prog.phase : "connect");
 }
 
 static void usage(void)
@@ -267,12 +273,16 @@ static void usage(void)
 int cmd_sync(int argc, char **argv)
 {
 	static const struct option opts[] = {
-		{ "guest", required_argument, NULL, 'g' },    { "key", required_argument, NULL, 'k' },
-		{ "guest-key", required_argument, NULL, 'G' }, { "policy", required_argument, NULL, 'P' },
-		{ "psk-file", required_argument, NULL, 'p' }, { "timeout", required_argument, NULL, 't' },
-		{ "json", no_argument, NULL, 'j' },	      { NULL, 0, NULL, 0 },
+	    {"guest", required_argument, NULL, 'g'},
+	    {"key", required_argument, NULL, 'k'},
+	    {"guest-key", required_argument, NULL, 'G'},
+	    {"policy", required_argument, NULL, 'P'},
+	    {"psk-file", required_argument, NULL, 'p'},
+	    {"timeout", required_argument, NULL, 't'},
+	    {"json", no_argument, NULL, 'j'},
+	    {NULL, 0, NULL, 0},
 	};
-	struct synccmd x = { .dirfd = -1 };
+	struct synccmd x = {.dirfd = -1};
 	struct policy *policy = NULL;
 	const char *keyfile = NULL, *guest_key = NULL, *psk_file = NULL, *policy_file = NULL, *dir;
 	uint8_t psk[32];
@@ -285,12 +295,24 @@ int cmd_sync(int argc, char **argv)
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
-		case 'g': x.guest = optarg; break;
-		case 'k': keyfile = optarg; break;
-		case 'G': guest_key = optarg; break;
-		case 'P': policy_file = optarg; break;
-		case 'p': psk_file = optarg; break;
-		case 'j': json = true; break;
+		case 'g':
+			x.guest = optarg;
+			break;
+		case 'k':
+			keyfile = optarg;
+			break;
+		case 'G':
+			guest_key = optarg;
+			break;
+		case 'P':
+			policy_file = optarg;
+			break;
+		case 'p':
+			psk_file = optarg;
+			break;
+		case 'j':
+			json = true;
+			break;
 		case 't': {
 			char *end;
 			timeout_s = strtoul(optarg, &end, 10);
@@ -300,7 +322,9 @@ int cmd_sync(int argc, char **argv)
 			}
 			break;
 		}
-		default: usage(); return 2;
+		default:
+			usage();
+			return 2;
 		}
 	}
 	if (!x.guest || !keyfile || !guest_key || optind != argc - 1) {
@@ -358,8 +382,8 @@ int cmd_sync(int argc, char **argv)
 		cmd_err("sync: %s", err);
 		goto out;
 	}
-	struct chan_cfg cfg = { .role = NOISE_INITIATOR, .self = &x.key, .peer = x.guest_pub,
-				.psk = have_psk ? psk : NULL };
+	struct chan_cfg cfg = {
+	    .role = NOISE_INITIATOR, .self = &x.key, .peer = x.guest_pub, .psk = have_psk ? psk : NULL};
 	if (!(x.chan = chan_new(x.loop, fd, &cfg, &sync_chan_ops, &x))) {
 		cmd_err("out of memory");
 		goto out;
@@ -396,7 +420,8 @@ int cmd_sync(int argc, char **argv)
 		uint64_t wire = x.last.bytes_out + x.last.bytes_in;
 		if (json) {
 			json_t *o = json_pack(
-			    "{s:s, s:s, s:b, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
+			    "{s:s, s:s, s:b, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
+			    "s:I, "
 			    "s:I, s:I, s:I, s:I, s:I}",
 			    "workspace", dir, "guest", x.guest, "ok", 1, "seconds", secs, "files_sent",
 			    (json_int_t)st->files, "symlinks_sent", (json_int_t)st->symlinks, "dirs_made",
@@ -416,13 +441,15 @@ int cmd_sync(int argc, char **argv)
 			json_decref(o);
 			fputc('\n', stdout);
 		} else {
-			printf("synced %s to %s: %" PRIu64 " files sent (%.1f MiB), %" PRIu64 " deleted, %.1f MiB on the "
+			printf("synced %s to %s: %" PRIu64 " files sent (%.1f MiB), %" PRIu64
+			       " deleted, %.1f MiB on the "
 			       "wire, %" PRIu64 " withheld, %" PRIu64 " skipped, %.2f s\n",
-			       dir, x.guest, st->files + st->symlinks, (double)st->content_bytes / 1048576.0, st->deleted,
-			       (double)wire / 1048576.0, st->withheld, st->skipped, secs);
+			       dir, x.guest, st->files + st->symlinks, (double)st->content_bytes / 1048576.0,
+			       st->deleted, (double)wire / 1048576.0, st->withheld, st->skipped, secs);
 		}
 		if (st->vanished)
-			cmd_err("%" PRIu64 " files changed or vanished while being sent; run the sync again", st->vanished);
+			cmd_err("%" PRIu64 " files changed or vanished while being sent; run the sync again",
+				st->vanished);
 	}
 	status = 0;
 out:

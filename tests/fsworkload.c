@@ -37,8 +37,8 @@ static unsigned pick(unsigned n)
 	return (unsigned)(next() % n);
 }
 
-static const char *const dirs[] = { ".", "a", "b", "a/c", "b/d", "e", "a/c/g" };
-#define NDIRS (sizeof(dirs) / sizeof(dirs[0]))
+static const char *const dirs[] = {".", "a", "b", "a/c", "b/d", "e", "a/c/g"};
+#define NDIRS  (sizeof(dirs) / sizeof(dirs[0]))
 #define NNAMES 12u
 
 static void file_path(char *out, size_t n)
@@ -97,11 +97,13 @@ int main(int argc, char **argv)
 			break;
 		case 3: /* append */
 			if ((fd = open(p1, O_WRONLY | O_APPEND | O_CREAT, 0644)) >= 0) {
-				r = fill_write(fd, 0, 1 + pick(4096)) ; /* pwrite ignores the offset with O_APPEND */
+				r = fill_write(fd, 0, 1 + pick(4096)); /* pwrite ignores the offset with O_APPEND */
 				close(fd);
 			}
 			break;
-		case 4: r = truncate(p1, (off_t)pick(100000)); break;
+		case 4:
+			r = truncate(p1, (off_t)pick(100000));
+			break;
 		case 5: /* rename a file, often over an existing one */
 			file_path(p2, sizeof(p2));
 			r = rename(p1, p2);
@@ -116,15 +118,25 @@ int main(int argc, char **argv)
 			r = link(p1, p2);
 			break;
 		case 8: {
-			static const char *const targets[] = { "f1", "../a/f2", "/nonexistent/abs", "c", "." };
+			static const char *const targets[] = {"f1", "../a/f2", "/nonexistent/abs", "c", "."};
 			r = symlink(targets[pick(5)], p1);
 			break;
 		}
-		case 9: r = chmod(p1, pick(2) ? 0600 : (pick(2) ? 0755 : 0640)); break;
-		case 10: r = unlink(p1); break;
-		case 11: r = mkdir(dir_path(), 0755); break;
-		case 12: r = rmdir(dir_path()); break;
-		case 13: r = chmod(dir_path(), pick(4) ? 0755 : 0700); break;
+		case 9:
+			r = chmod(p1, pick(2) ? 0600 : (pick(2) ? 0755 : 0640));
+			break;
+		case 10:
+			r = unlink(p1);
+			break;
+		case 11:
+			r = mkdir(dir_path(), 0755);
+			break;
+		case 12:
+			r = rmdir(dir_path());
+			break;
+		case 13:
+			r = chmod(dir_path(), pick(4) ? 0755 : 0700);
+			break;
 		}
 		if (r == 0)
 			ok++;

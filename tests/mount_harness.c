@@ -41,8 +41,8 @@ static void notify(void *ud)
 
 static void print_rec(const struct journal_rec *r)
 {
-	printf("%" PRIu64 "-%" PRIu64 "\t%s\t%s\t%s\t", r->first_seq, r->last_seq,
-	       journal_op_name(r->op), r->path, r->path2 ? r->path2 : "-");
+	printf("%" PRIu64 "-%" PRIu64 "\t%s\t%s\t%s\t", r->first_seq, r->last_seq, journal_op_name(r->op), r->path,
+	       r->path2 ? r->path2 : "-");
 	if (r->op == JOURNAL_WRITE && (r->flags & JOURNAL_F_WHOLE)) {
 		printf("whole");
 	} else if (r->op == JOURNAL_WRITE) {
@@ -91,8 +91,8 @@ static void drain_all(struct journal *j, int quiet)
 
 int main(int argc, char **argv)
 {
-	struct journal_opts jo = { .notify = notify };
-	struct mount_opts mo = { 0 };
+	struct journal_opts jo = {.notify = notify};
+	struct mount_opts mo = {0};
 	struct journal *j;
 	struct mount *m;
 	sigset_t set;
@@ -144,8 +144,7 @@ int main(int argc, char **argv)
 	printf("mounted\t%s\n", mount_path(m));
 	fflush(stdout);
 	for (;;) {
-		struct pollfd p[2] = { { .fd = wake_pipe[0], .events = POLLIN },
-				       { .fd = sfd, .events = POLLIN } };
+		struct pollfd p[2] = {{.fd = wake_pipe[0], .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
 		char buf[256];
 
 		if (poll(p, 2, -1) < 0 && errno != EINTR)

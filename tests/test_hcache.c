@@ -98,7 +98,10 @@ static void scan(struct env *e, const char *name, uint8_t hash[CHUNK_HASH_LEN], 
 	hcache_free(c);
 }
 
-static void content_hash(const char *text, size_t n, uint8_t h[CHUNK_HASH_LEN]) { chunk_hash(text, n, h); }
+static void content_hash(const char *text, size_t n, uint8_t h[CHUNK_HASH_LEN])
+{
+	chunk_hash(text, n, h);
+}
 
 /* ctime: same size, mtime put back with touch -d: still a new hash. */
 static void test_restored_mtime(void **state)

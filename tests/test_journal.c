@@ -24,7 +24,7 @@ static void count_notify(void *ud)
 
 static struct journal *mk(size_t max)
 {
-	struct journal_opts o = { .max_records = max, .notify = count_notify };
+	struct journal_opts o = {.max_records = max, .notify = count_notify};
 	struct journal *j = journal_new(&o);
 
 	assert_non_null(j);
@@ -54,16 +54,11 @@ struct op {
 static void test_order(void **state)
 {
 	static const struct op ops[] = {
-		{ JOURNAL_MKDIR, "d", NULL, 0, 0 },
-		{ JOURNAL_CREATE, "d/f", NULL, 0, 0 },
-		{ JOURNAL_SYMLINK, "s", NULL, 0, 0 },
-		{ JOURNAL_LINK, "d/f", "h", 0, 0 },
-		{ JOURNAL_RENAME, "d", "e", 0, 0 },
-		{ JOURNAL_EXCHANGE, "e/f", "h", 0, 0 },
-		{ JOURNAL_UNLINK, "h", NULL, 0, 0 },
-		{ JOURNAL_RMDIR, "x", NULL, 0, 0 },
-		{ JOURNAL_XATTR, "s", NULL, 0, 0 },
-		{ JOURNAL_MKNOD, "fifo", NULL, 0, 0 },
+	    {JOURNAL_MKDIR, "d", NULL, 0, 0},	{JOURNAL_CREATE, "d/f", NULL, 0, 0},
+	    {JOURNAL_SYMLINK, "s", NULL, 0, 0}, {JOURNAL_LINK, "d/f", "h", 0, 0},
+	    {JOURNAL_RENAME, "d", "e", 0, 0},	{JOURNAL_EXCHANGE, "e/f", "h", 0, 0},
+	    {JOURNAL_UNLINK, "h", NULL, 0, 0},	{JOURNAL_RMDIR, "x", NULL, 0, 0},
+	    {JOURNAL_XATTR, "s", NULL, 0, 0},	{JOURNAL_MKNOD, "fifo", NULL, 0, 0},
 	};
 	struct journal *j = mk(0);
 	struct journal_rec out[16];
@@ -160,14 +155,14 @@ struct range_case {
 static void test_ranges_table(void **state)
 {
 	static const struct range_case cases[] = {
-		{ "disjoint sorted", { { 0, 10 }, { 20, 10 } }, 2, { { 0, 10 }, { 20, 10 } }, 2 },
-		{ "reverse", { { 20, 10 }, { 0, 10 } }, 2, { { 0, 10 }, { 20, 10 } }, 2 },
-		{ "adjacent", { { 0, 10 }, { 10, 10 } }, 2, { { 0, 20 } }, 1 },
-		{ "overlap", { { 0, 10 }, { 5, 10 } }, 2, { { 0, 15 } }, 1 },
-		{ "contained", { { 0, 100 }, { 5, 10 } }, 2, { { 0, 100 } }, 1 },
-		{ "bridge", { { 0, 10 }, { 20, 10 }, { 40, 10 }, { 5, 40 } }, 4, { { 0, 50 } }, 1 },
-		{ "middle", { { 0, 10 }, { 40, 10 }, { 20, 5 } }, 3, { { 0, 10 }, { 20, 5 }, { 40, 10 } }, 3 },
-		{ "zero len", { { 0, 10 }, { 50, 0 } }, 2, { { 0, 10 } }, 1 },
+	    {"disjoint sorted", {{0, 10}, {20, 10}}, 2, {{0, 10}, {20, 10}}, 2},
+	    {"reverse", {{20, 10}, {0, 10}}, 2, {{0, 10}, {20, 10}}, 2},
+	    {"adjacent", {{0, 10}, {10, 10}}, 2, {{0, 20}}, 1},
+	    {"overlap", {{0, 10}, {5, 10}}, 2, {{0, 15}}, 1},
+	    {"contained", {{0, 100}, {5, 10}}, 2, {{0, 100}}, 1},
+	    {"bridge", {{0, 10}, {20, 10}, {40, 10}, {5, 40}}, 4, {{0, 50}}, 1},
+	    {"middle", {{0, 10}, {40, 10}, {20, 5}}, 3, {{0, 10}, {20, 5}, {40, 10}}, 3},
+	    {"zero len", {{0, 10}, {50, 0}}, 2, {{0, 10}}, 1},
 	};
 	struct journal_rec out[2];
 
@@ -213,17 +208,17 @@ static void test_coalesce_rules(void **state)
 	size_t n;
 
 	(void)state;
-	journal_append(j, JOURNAL_CREATE, "a", NULL, 0, 0, 0);        /* 1 */
-	journal_write(j, "a", 0, 100);                                  /* 2 */
-	journal_append(j, JOURNAL_SETATTR, "a", NULL, 0, 0, JOURNAL_F_MODE); /* 3 */
-	journal_write(j, "b", 0, 10);                                   /* 4 */
-	journal_append(j, JOURNAL_SETATTR, "b", NULL, 0, 0, JOURNAL_F_MODE); /* 5 */
+	journal_append(j, JOURNAL_CREATE, "a", NULL, 0, 0, 0);		      /* 1 */
+	journal_write(j, "a", 0, 100);					      /* 2 */
+	journal_append(j, JOURNAL_SETATTR, "a", NULL, 0, 0, JOURNAL_F_MODE);  /* 3 */
+	journal_write(j, "b", 0, 10);					      /* 4 */
+	journal_append(j, JOURNAL_SETATTR, "b", NULL, 0, 0, JOURNAL_F_MODE);  /* 5 */
 	journal_append(j, JOURNAL_SETATTR, "b", NULL, 0, 0, JOURNAL_F_TIMES); /* 6 */
-	journal_write(j, "b", 10, 10);                                  /* 7: after setattr: new */
-	journal_append(j, JOURNAL_RENAME, "x", "y", 0, 0, 0);           /* 8 */
-	journal_write(j, "b", 20, 10);                                  /* 9: after rename: new */
-	journal_append(j, JOURNAL_UNLINK, "b", NULL, 0, 0, 0);          /* 10 */
-	journal_write(j, "b", 30, 10);                                  /* 11: new b */
+	journal_write(j, "b", 10, 10);					      /* 7: after setattr: new */
+	journal_append(j, JOURNAL_RENAME, "x", "y", 0, 0, 0);		      /* 8 */
+	journal_write(j, "b", 20, 10);					      /* 9: after rename: new */
+	journal_append(j, JOURNAL_UNLINK, "b", NULL, 0, 0, 0);		      /* 10 */
+	journal_write(j, "b", 30, 10);					      /* 11: new b */
 	n = drain(j, out, 16, NULL);
 	assert_int_equal(n, 8);
 	assert_int_equal(out[0].op, JOURNAL_CREATE);
@@ -402,15 +397,15 @@ static void test_concurrent(void **state)
 	pthread_t th[NTHREADS];
 	struct prod pr[NTHREADS];
 	static struct journal_rec out[512];
-	uint64_t upto = 0, last_first = 0, covered[NTHREADS] = { 0 };
-	bool whole[NTHREADS] = { false };
+	uint64_t upto = 0, last_first = 0, covered[NTHREADS] = {0};
+	bool whole[NTHREADS] = {false};
 	const uint64_t total = NTHREADS * (NOPS + NOPS / 1000);
 	bool running = true;
 
 	(void)state;
 	atomic_store(&producers_done, 0);
 	for (int i = 0; i < NTHREADS; i++) {
-		pr[i] = (struct prod){ j, i };
+		pr[i] = (struct prod){j, i};
 		assert_int_equal(pthread_create(&th[i], NULL, producer, &pr[i]), 0);
 	}
 	while (running || upto < total) {
@@ -449,16 +444,16 @@ static void test_concurrent(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_order),
-		cmocka_unit_test(test_partial_drain),
-		cmocka_unit_test(test_coalesce_sequential_writes),
-		cmocka_unit_test(test_ranges_table),
-		cmocka_unit_test(test_too_many_ranges_whole),
-		cmocka_unit_test(test_coalesce_rules),
-		cmocka_unit_test(test_no_merge_across_drain),
-		cmocka_unit_test(test_bounds_degrade),
-		cmocka_unit_test(test_alloc_failure_collapses),
-		cmocka_unit_test(test_concurrent),
+	    cmocka_unit_test(test_order),
+	    cmocka_unit_test(test_partial_drain),
+	    cmocka_unit_test(test_coalesce_sequential_writes),
+	    cmocka_unit_test(test_ranges_table),
+	    cmocka_unit_test(test_too_many_ranges_whole),
+	    cmocka_unit_test(test_coalesce_rules),
+	    cmocka_unit_test(test_no_merge_across_drain),
+	    cmocka_unit_test(test_bounds_degrade),
+	    cmocka_unit_test(test_alloc_failure_collapses),
+	    cmocka_unit_test(test_concurrent),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

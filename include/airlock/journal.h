@@ -54,26 +54,26 @@ enum journal_op {
 	JOURNAL_CREATE = 1, /* regular file created (open O_CREAT / mknod S_IFREG) */
 	JOURNAL_MKDIR,
 	JOURNAL_SYMLINK,
-	JOURNAL_MKNOD,      /* FIFO, socket or (root only) device node */
-	JOURNAL_LINK,       /* hard link: path = existing, path2 = new name */
+	JOURNAL_MKNOD, /* FIFO, socket or (root only) device node */
+	JOURNAL_LINK,  /* hard link: path = existing, path2 = new name */
 	JOURNAL_UNLINK,
 	JOURNAL_RMDIR,
-	JOURNAL_RENAME,     /* path = old, path2 = new (replaces path2 if it existed) */
-	JOURNAL_EXCHANGE,   /* RENAME_EXCHANGE: path and path2 swapped */
-	JOURNAL_WRITE,      /* content changed in ranges (or whole) */
-	JOURNAL_TRUNCATE,   /* size set to `size` (content past it gone) */
-	JOURNAL_SETATTR,    /* mode, owner or times changed (flags say which) */
-	JOURNAL_XATTR,      /* an extended attribute was set or removed */
-	JOURNAL_RESCAN,     /* anything at or below path may have changed,
-	                       including path no longer existing */
+	JOURNAL_RENAME,	  /* path = old, path2 = new (replaces path2 if it existed) */
+	JOURNAL_EXCHANGE, /* RENAME_EXCHANGE: path and path2 swapped */
+	JOURNAL_WRITE,	  /* content changed in ranges (or whole) */
+	JOURNAL_TRUNCATE, /* size set to `size` (content past it gone) */
+	JOURNAL_SETATTR,  /* mode, owner or times changed (flags say which) */
+	JOURNAL_XATTR,	  /* an extended attribute was set or removed */
+	JOURNAL_RESCAN,	  /* anything at or below path may have changed,
+			     including path no longer existing */
 	JOURNAL_OP_MAX
 };
 
 /* Record flags. */
-#define JOURNAL_F_WHOLE 0x1u  /* WRITE: treat the whole file as dirty */
-#define JOURNAL_F_MODE 0x2u   /* SETATTR: mode changed */
-#define JOURNAL_F_OWNER 0x4u  /* SETATTR: uid or gid changed */
-#define JOURNAL_F_TIMES 0x8u  /* SETATTR: atime or mtime changed */
+#define JOURNAL_F_WHOLE 0x1u /* WRITE: treat the whole file as dirty */
+#define JOURNAL_F_MODE	0x2u /* SETATTR: mode changed */
+#define JOURNAL_F_OWNER 0x4u /* SETATTR: uid or gid changed */
+#define JOURNAL_F_TIMES 0x8u /* SETATTR: atime or mtime changed */
 
 /* Ranges kept per WRITE record before it becomes JOURNAL_F_WHOLE. */
 #define JOURNAL_MAX_RANGES 16
@@ -88,18 +88,18 @@ struct journal_rec {
 	uint64_t last_seq;  /* seq of the last one */
 	enum journal_op op;
 	uint32_t flags;
-	char *path;         /* owned by the record */
-	char *path2;        /* LINK/RENAME/EXCHANGE, else NULL; owned */
-	uint64_t size;      /* TRUNCATE: new size */
-	uint32_t nranges;   /* WRITE without F_WHOLE: ranges[0..nranges) */
+	char *path;	  /* owned by the record */
+	char *path2;	  /* LINK/RENAME/EXCHANGE, else NULL; owned */
+	uint64_t size;	  /* TRUNCATE: new size */
+	uint32_t nranges; /* WRITE without F_WHOLE: ranges[0..nranges) */
 	struct journal_range ranges[JOURNAL_MAX_RANGES];
 };
 
 struct journal_opts {
-	size_t max_records;     /* 0 = 65536 */
+	size_t max_records;	  /* 0 = 65536 */
 	void (*notify)(void *ud); /* called (from the appending thread, without
-	                             the lock held) when the journal goes from
-	                             empty to non-empty; may be NULL */
+				     the lock held) when the journal goes from
+				     empty to non-empty; may be NULL */
 	void *notify_ud;
 };
 
@@ -115,11 +115,10 @@ void journal_free(struct journal *j);
  * For WRITE, [off, off+len) is the byte range; for TRUNCATE, off is the new
  * size; flags as above. Thread-safe. Returns the operation's seq (> 0).
  * Never fails: on allocation failure it degrades to a root RESCAN. */
-uint64_t journal_append(struct journal *j, enum journal_op op, const char *path,
-			const char *path2, uint64_t off, uint64_t len, uint32_t flags);
+uint64_t journal_append(struct journal *j, enum journal_op op, const char *path, const char *path2, uint64_t off,
+			uint64_t len, uint32_t flags);
 
-static inline uint64_t journal_write(struct journal *j, const char *path, uint64_t off,
-				     uint64_t len)
+static inline uint64_t journal_write(struct journal *j, const char *path, uint64_t off, uint64_t len)
 {
 	return journal_append(j, JOURNAL_WRITE, path, NULL, off, len, 0);
 }
@@ -143,10 +142,10 @@ uint64_t journal_barrier_seq(struct journal *j);
 size_t journal_pending(struct journal *j);
 
 struct journal_stats {
-	uint64_t appended;   /* operations journaled */
-	uint64_t coalesced;  /* ... of which merged into an earlier record */
-	uint64_t degraded;   /* ... of which turned into a RESCAN by the bounds */
-	uint64_t collapsed;  /* times everything collapsed into a root RESCAN */
+	uint64_t appended;  /* operations journaled */
+	uint64_t coalesced; /* ... of which merged into an earlier record */
+	uint64_t degraded;  /* ... of which turned into a RESCAN by the bounds */
+	uint64_t collapsed; /* times everything collapsed into a root RESCAN */
 };
 void journal_get_stats(struct journal *j, struct journal_stats *st);
 

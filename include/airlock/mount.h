@@ -20,12 +20,12 @@ struct journal;
 struct mount;
 
 struct mount_opts {
-	unsigned max_threads;  /* FUSE workers; 0 = 8 */
-	double timeout;        /* entry/attr/negative cache seconds; 0 = 3600 */
-	bool allow_other;      /* let other users use the mount (-o allow_other;
-	                          needs user_allow_other in /etc/fuse.conf when
-	                          not root) */
-	bool debug;            /* libfuse request trace on stderr */
+	unsigned max_threads; /* FUSE workers; 0 = 8 */
+	double timeout;	      /* entry/attr/negative cache seconds; 0 = 3600 */
+	bool allow_other;     /* let other users use the mount (-o allow_other;
+				 needs user_allow_other in /etc/fuse.conf when
+				 not root) */
+	bool debug;	      /* libfuse request trace on stderr */
 	/* Called once, from a session thread, if the session ends by itself
 	 * (someone unmounted DIR, or the kernel aborted the connection); not
 	 * called for mount_stop(). May be NULL. */
@@ -40,8 +40,7 @@ struct mount_opts {
  * Errors: -EBUSY when dir is already served by a live airlock mount;
  * -ENOENT/-ENOTDIR/-EACCES for dir; -ENODEV when /dev/fuse is missing;
  * -EPERM when this process may not mount; -ENOMEM. */
-int mount_start(const char *dir, struct journal *j, const struct mount_opts *opts,
-		struct mount **out);
+int mount_start(const char *dir, struct journal *j, const struct mount_opts *opts, struct mount **out);
 
 /* Unmount and stop: detach the mount, end the session (aborting the FUSE
  * connection if files stay open past a short grace period), join every

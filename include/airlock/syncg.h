@@ -45,8 +45,8 @@ struct syncg_session;
 /* Open the root (created by the caller) and the state directory
  * (state_dir NULL: root + SYNCG_STATE_SUFFIX; created mode 0700; must not
  * be inside the root), and load the persisted sequence. */
-int syncg_open(const char *root, const char *state_dir, const struct apply_opts *opts,
-	       const uint8_t guest_pub[32], struct syncg **out, char *err, size_t errlen);
+int syncg_open(const char *root, const char *state_dir, const struct apply_opts *opts, const uint8_t guest_pub[32],
+	       struct syncg **out, char *err, size_t errlen);
 void syncg_free(struct syncg *g); /* NULL is a no-op */
 uint64_t syncg_last_seq(const struct syncg *g);
 const char *syncg_state_dir(const struct syncg *g);
@@ -63,8 +63,8 @@ void syncg_session_free(struct syncg_session *ss); /* releases the sync lock; NU
 /* One sync frame from the host. 0, or -errno when the session must be
  * dropped (err says why). Replies are queued and sent as the window
  * allows; call syncg_session_writable from on_writable. */
-int syncg_session_frame(struct syncg_session *ss, uint8_t type, uint32_t stream, const uint8_t *p, size_t n,
-			char *err, size_t errlen);
+int syncg_session_frame(struct syncg_session *ss, uint8_t type, uint32_t stream, const uint8_t *p, size_t n, char *err,
+			size_t errlen);
 int syncg_session_writable(struct syncg_session *ss);
 
 #endif
