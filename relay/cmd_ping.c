@@ -172,10 +172,9 @@ typedef void frame_fn(struct ping *p, uint32_t stream, struct buf *in);
 
 static void handle_hello_ok(struct ping *p, uint32_t stream, struct buf *in)
 {
-	uint32_t version;
 	(void)stream;
 
-	if (buf_get_u32(in, &version) < 0 || version != WIRE_VERSION) {
+	if (wire_hello_ok_check(in) < 0) {
 		fail(p, -EPROTO, "guest answered HELLO with an unexpected version");
 		return;
 	}
@@ -247,10 +246,10 @@ static const struct {
 	frame_fn *fn;
 	const char *name;
 } handlers[WIRE_TYPE_MAX + 1] = {
-	[WIRE_HELLO_OK] = { handle_hello_ok, "HELLO_OK" },
-	[WIRE_PONG] = { handle_pong, "PONG" },
-	[WIRE_BULK_ACK] = { handle_bulk_ack, "BULK_ACK" },
-	[WIRE_ERROR] = { handle_error, "ERROR" },
+    [WIRE_HELLO_OK] = {handle_hello_ok, "HELLO_OK"},
+    [WIRE_PONG] = {handle_pong, "PONG"},
+    [WIRE_BULK_ACK] = {handle_bulk_ack, "BULK_ACK"},
+    [WIRE_ERROR] = {handle_error, "ERROR"},
 };
 
 static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t *data, size_t n, void *ud)
@@ -275,8 +274,7 @@ static void on_ready(struct chan *c, void *ud)
 
 	p->t_ready_ns = loop_now_ns();
 	buf_init(&b, 1024);
-	if ((r = buf_put_u32(&b, WIRE_VERSION)) < 0 || (r = buf_put_bytes(&b, p->sync_pk, 32)) < 0 ||
-	    (r = buf_put_str(&b, "airlock ping")) < 0 ||
+	if ((r = wire_hello_put(&b, p->sync_pk, "airlock ping")) < 0 ||
 	    (r = chan_send(c, WIRE_HELLO, WIRE_STREAM_CONTROL, buf_ptr(&b), buf_len(&b))) < 0) {
 		buf_clear(&b);
 		fail(p, r, "hello: %s", strerror(-r));
@@ -319,10 +317,10 @@ static void on_close(struct chan *c, int err, const char *why, void *ud)
 }
 
 static const struct chan_ops ping_ops = {
-	.on_ready = on_ready,
-	.on_frame = on_frame,
-	.on_writable = on_writable,
-	.on_close = on_close,
+    .on_ready = on_ready,
+    .on_frame = on_frame,
+    .on_writable = on_writable,
+    .on_close = on_close,
 };
 
 static void on_timeout(struct loop *l, void *ud)
@@ -371,10 +369,23 @@ static int parse_u64(const char *s, uint64_t *v)
 	if (errno || end == s)
 		return -EINVAL;
 	switch (*end) {
-	case 'k': case 'K': x <<= 10; end++; break;
-	case 'm': case 'M': x <<= 20; end++; break;
-	case 'g': case 'G': x <<= 30; end++; break;
-	default: break;
+	case 'k':
+	case 'K':
+		x <<= 10;
+		end++;
+		break;
+	case 'm':
+	case 'M':
+		x <<= 20;
+		end++;
+		break;
+	case 'g':
+	case 'G':
+		x <<= 30;
+		end++;
+		break;
+	default:
+		break;
 	}
 	if (*end)
 		return -EINVAL;
@@ -385,14 +396,19 @@ static int parse_u64(const char *s, uint64_t *v)
 int cmd_ping(int argc, char **argv)
 {
 	static const struct option opts[] = {
-		{ "guest", required_argument, NULL, 'g' }, { "key", required_argument, NULL, 'k' },
-		{ "guest-key", required_argument, NULL, 'G' }, { "size", required_argument, NULL, 's' },
-		{ "window", required_argument, NULL, 'w' }, { "bulk", required_argument, NULL, 'b' },
-		{ "psk-file", required_argument, NULL, 'p' }, { "timeout", required_argument, NULL, 't' },
-		{ "json", no_argument, NULL, 'j' },          { "concurrent", no_argument, NULL, 'c' },
-		{ NULL, 0, NULL, 0 },
+	    {"guest", required_argument, NULL, 'g'},
+	    {"key", required_argument, NULL, 'k'},
+	    {"guest-key", required_argument, NULL, 'G'},
+	    {"size", required_argument, NULL, 's'},
+	    {"window", required_argument, NULL, 'w'},
+	    {"bulk", required_argument, NULL, 'b'},
+	    {"psk-file", required_argument, NULL, 'p'},
+	    {"timeout", required_argument, NULL, 't'},
+	    {"json", no_argument, NULL, 'j'},
+	    {"concurrent", no_argument, NULL, 'c'},
+	    {NULL, 0, NULL, 0},
 	};
-	struct ping p = { .n = 10, .window = 1, .size = 0 };
+	struct ping p = {.n = 10, .window = 1, .size = 0};
 	const char *guest = NULL, *keyfile = NULL, *guest_key = NULL, *psk_file = NULL;
 	uint8_t peer[32], psk[32];
 	bool have_psk = false, json = false;
@@ -404,12 +420,24 @@ int cmd_ping(int argc, char **argv)
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "n:", opts, NULL)) != -1) {
 		switch (c) {
-		case 'g': guest = optarg; break;
-		case 'k': keyfile = optarg; break;
-		case 'G': guest_key = optarg; break;
-		case 'p': psk_file = optarg; break;
-		case 'j': json = true; break;
-		case 'c': p.concurrent = true; break;
+		case 'g':
+			guest = optarg;
+			break;
+		case 'k':
+			keyfile = optarg;
+			break;
+		case 'G':
+			guest_key = optarg;
+			break;
+		case 'p':
+			psk_file = optarg;
+			break;
+		case 'j':
+			json = true;
+			break;
+		case 'c':
+			p.concurrent = true;
+			break;
 		case 'n':
 			if (parse_u64(optarg, &v) < 0 || v > PING_MAX_N) {
 				cmd_err("ping: -n must be 0..%u", PING_MAX_N);
@@ -488,7 +516,7 @@ int cmd_ping(int argc, char **argv)
 		goto out;
 	}
 	p.t_connect_ns = loop_now_ns();
-	struct chan_cfg cfg = { .role = NOISE_INITIATOR, .self = &p.key, .peer = peer, .psk = have_psk ? psk : NULL };
+	struct chan_cfg cfg = {.role = NOISE_INITIATOR, .self = &p.key, .peer = peer, .psk = have_psk ? psk : NULL};
 	if (!(p.chan = chan_new(p.loop, fd, &cfg, &ping_ops, &p))) {
 		cmd_err("out of memory");
 		goto out;
@@ -503,19 +531,20 @@ int cmd_ping(int argc, char **argv)
 	double hs_ms = (double)(p.t_ready_ns - p.t_connect_ns) / 1e6;
 	double conn_ms = (double)(p.t_connect_ns - t0) / 1e6;
 	double p50 = pct(p.rtt_ns, p.received, 0.50) / 1e3, p99 = pct(p.rtt_ns, p.received, 0.99) / 1e3;
-	double mn = p.received ? (double)p.rtt_ns[0] / 1e3 : 0, mx = p.received ? (double)p.rtt_ns[p.received - 1] / 1e3 : 0;
+	double mn = p.received ? (double)p.rtt_ns[0] / 1e3 : 0,
+	       mx = p.received ? (double)p.rtt_ns[p.received - 1] / 1e3 : 0;
 	double bulk_s = p.bulk_total ? (double)(p.bulk_end_ns - p.bulk_start_ns) / 1e9 : 0;
 	if (json) {
 		json_t *o = json_pack("{s:s, s:f, s:f, s:{s:I, s:I, s:f, s:f, s:f, s:f}}", "guest", guest, "connect_ms",
-		                      conn_ms, "handshake_ms", hs_ms, "rtt_us", "n", (json_int_t)p.received, "size",
-		                      (json_int_t)p.size, "p50", p50, "p99", p99, "min", mn, "max", mx);
+				      conn_ms, "handshake_ms", hs_ms, "rtt_us", "n", (json_int_t)p.received, "size",
+				      (json_int_t)p.size, "p50", p50, "p99", p99, "min", mn, "max", mx);
 		struct rusage ru;
 		if (o && getrusage(RUSAGE_SELF, &ru) == 0)
 			json_object_set_new(o, "max_rss_kb", json_integer(ru.ru_maxrss));
 		if (o && p.bulk_total)
 			json_object_set_new(o, "bulk",
-			                    json_pack("{s:I, s:f, s:f}", "bytes", (json_int_t)p.bulk_total, "seconds",
-			                              bulk_s, "mib_per_s", (double)p.bulk_total / 1048576.0 / bulk_s));
+					    json_pack("{s:I, s:f, s:f}", "bytes", (json_int_t)p.bulk_total, "seconds",
+						      bulk_s, "mib_per_s", (double)p.bulk_total / 1048576.0 / bulk_s));
 		if (!o || json_dumpf(o, stdout, JSON_COMPACT) < 0) {
 			json_decref(o);
 			cmd_err("out of memory");
@@ -526,8 +555,10 @@ int cmd_ping(int argc, char **argv)
 	} else {
 		printf("handshake with %s: %.3f ms (connect %.3f ms)\n", guest, hs_ms, conn_ms);
 		if (p.received)
-			printf("rtt over %u round trips (%u-byte payload%s): p50 %.1f us, p99 %.1f us, min %.1f us, max %.1f us\n",
-			       p.received, p.size + 12, p.concurrent && p.bulk_total ? ", during bulk" : "", p50, p99, mn, mx);
+			printf("rtt over %u round trips (%u-byte payload%s): p50 %.1f us, p99 %.1f us, min %.1f us, "
+			       "max %.1f us\n",
+			       p.received, p.size + 12, p.concurrent && p.bulk_total ? ", during bulk" : "", p50, p99,
+			       mn, mx);
 		if (p.bulk_total)
 			printf("bulk %" PRIu64 " bytes in %.3f s: %.1f MiB/s\n", p.bulk_total, bulk_s,
 			       (double)p.bulk_total / 1048576.0 / bulk_s);

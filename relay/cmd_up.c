@@ -980,10 +980,9 @@ typedef void frame_fn(struct up *u, uint32_t stream, struct buf *in);
 
 static void handle_hello_ok(struct up *u, uint32_t stream, struct buf *in)
 {
-	uint32_t version;
 	(void)stream;
 
-	if (buf_get_u32(in, &version) < 0 || version != WIRE_VERSION)
+	if (wire_hello_ok_check(in) < 0)
 		drop_conn(u, -EPROTO, "guest answered HELLO with an unexpected version");
 }
 
@@ -1058,8 +1057,7 @@ static void on_ready(struct chan *c, void *ud)
 	int r;
 
 	buf_init(&b, 1024);
-	if ((r = buf_put_u32(&b, WIRE_VERSION)) < 0 || (r = buf_put_bytes(&b, u->sync_pk, 32)) < 0 ||
-	    (r = buf_put_str(&b, "airlock up")) < 0 ||
+	if ((r = wire_hello_put(&b, u->sync_pk, "airlock up")) < 0 ||
 	    (r = chan_send(c, WIRE_HELLO, WIRE_STREAM_CONTROL, buf_ptr(&b), buf_len(&b))) < 0) {
 		buf_clear(&b);
 		drop_conn(u, r, "sending HELLO failed");

@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "airlock/wire.h"
 
+#include <errno.h>
 #include <stddef.h>
+
+#include "airlock/buf.h"
 
 static const char *const type_names[WIRE_TYPE_MAX + 1] = {
     [WIRE_WINDOW] = "WINDOW",
@@ -65,4 +68,21 @@ const char *wire_refusal_str(uint8_t reason)
 	default:
 		return "unknown refusal";
 	}
+}
+
+int wire_hello_put(struct buf *b, const uint8_t sign_pk[32], const char *client)
+{
+	int r;
+
+	if ((r = buf_put_u32(b, WIRE_VERSION)) < 0 || (r = buf_put_bytes(b, sign_pk, 32)) < 0 ||
+	    (r = buf_put_str(b, client)) < 0)
+		return r;
+	return 0;
+}
+
+int wire_hello_ok_check(struct buf *in)
+{
+	uint32_t version;
+
+	return buf_get_u32(in, &version) == 0 && version == WIRE_VERSION ? 0 : -EPROTO;
 }

@@ -219,4 +219,12 @@ const char *wire_type_name(uint8_t type);
 /* Human text for a refusal reason. */
 const char *wire_refusal_str(uint8_t reason);
 
+/* The host's HELLO payload (doc/PROTOCOL.md "Session"): u32 WIRE_VERSION,
+ * the 32-byte sync-signing public key, the client's name. Appends to b;
+ * 0 or -errno from the buffer. */
+struct buf;
+int wire_hello_put(struct buf *b, const uint8_t sign_pk[32], const char *client);
+/* A HELLO_OK payload: 0 when it names our WIRE_VERSION, else -EPROTO. */
+int wire_hello_ok_check(struct buf *in);
+
 #endif
