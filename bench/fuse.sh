@@ -14,7 +14,7 @@ set -euo pipefail
 B=${1:-build}
 RUNS=${2:-5}
 BIG=${3:-1073741824}
-H=$B/tests/mount_harness
+H=$B/tests/harness/mount_harness
 [ -x "$H" ] || { echo "no $H: build first (meson setup $B && ninja -C $B)" >&2; exit 1; }
 
 T=$(mktemp -d /tmp/airlock-bench.XXXXXX)

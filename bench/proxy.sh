@@ -6,7 +6,7 @@
 #   channel  in the guest via `airlock exec` (agent in a namespace with only loopback), through
 #            the agent's per-command listener, a proxy stream over the channel (unix socket) and
 #            the egress proxy in `airlock up`.
-# Same topology as tests/proxy_e2e.sh: servers in their own namespace on 1.2.3.4, names from a
+# Same topology as tests/e2e/proxy_e2e.sh: servers in their own namespace on 1.2.3.4, names from a
 # bind-mounted /etc/hosts in the daemon's namespace.
 #
 # usage: bench/proxy.sh BUILD [REQUESTS] [MIB]    (root + /dev/fuse; default 200 requests, 256 MiB)

@@ -27,7 +27,7 @@ now_ms() { date +%s.%N | awk '{ printf "%.3f", $1 * 1000 }'; }
 echo "# (a) sandbox start and stop, $N runs"
 : >"$T/start" && : >"$T/stop"
 for _ in $(seq "$N"); do
-	exec 3> >("$B/tests/sandbox_harness" "$W" "$B/airlock-agent" >"$T/h.out" 2>&1)
+	exec 3> >("$B/tests/harness/sandbox_harness" "$W" "$B/airlock-agent" >"$T/h.out" 2>&1)
 	hp=$!
 	until grep -q '^ready' "$T/h.out" 2>/dev/null; do sleep 0.001; done
 	sed -n 's/^start_ms //p' "$T/h.out" >>"$T/start"

@@ -29,16 +29,16 @@
 
 #include <sodium.h>
 
-#include "airlock/buf.h"
-#include "airlock/chan.h"
-#include "airlock/exec.h"
-#include "airlock/keys.h"
-#include "airlock/loop.h"
-#include "airlock/mem.h"
-#include "airlock/proxy.h"
-#include "airlock/syncg.h"
-#include "airlock/transport.h"
-#include "airlock/wire.h"
+#include "airlock/core/buf.h"
+#include "airlock/core/chan.h"
+#include "airlock/core/keys.h"
+#include "airlock/core/loop.h"
+#include "airlock/core/mem.h"
+#include "airlock/core/transport.h"
+#include "airlock/core/wire.h"
+#include "airlock/exec/exec.h"
+#include "airlock/guest/proxy.h"
+#include "airlock/guest/syncg.h"
 
 struct agent;
 struct gexec;

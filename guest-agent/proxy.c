@@ -3,7 +3,7 @@
  * proxy: per-command loopback listeners whose connections travel to the
  * host's egress proxy as guest-opened channel streams (proxy.h).
  */
-#include "airlock/proxy.h"
+#include "airlock/guest/proxy.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -14,11 +14,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "airlock/chan.h"
-#include "airlock/loop.h"
-#include "airlock/mem.h"
-#include "airlock/tunnel.h"
-#include "airlock/wire.h"
+#include "airlock/core/chan.h"
+#include "airlock/core/loop.h"
+#include "airlock/core/mem.h"
+#include "airlock/core/tunnel.h"
+#include "airlock/core/wire.h"
 
 #define ACCEPTS_PER_WAKEUP 16
 

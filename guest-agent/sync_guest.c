@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* syncg: guest side of the sync protocol (syncg.h). */
-#include "airlock/errmsg.h"
-#include "airlock/syncg.h"
+#include "airlock/core/errmsg.h"
+#include "airlock/guest/syncg.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,13 +16,13 @@
 
 #include <sodium.h>
 
-#include "airlock/chan.h"
-#include "airlock/delta.h"
-#include "airlock/hcache.h"
-#include "airlock/manifest.h"
-#include "airlock/mem.h"
-#include "airlock/sync.h"
-#include "airlock/wire.h"
+#include "airlock/content/delta.h"
+#include "airlock/content/hcache.h"
+#include "airlock/content/manifest.h"
+#include "airlock/content/syncmsg.h"
+#include "airlock/core/chan.h"
+#include "airlock/core/mem.h"
+#include "airlock/core/wire.h"
 
 struct syncg {
 	struct apply *apply;
@@ -40,8 +40,8 @@ struct syncg_session {
 	struct chan *chan;
 	uint32_t stream; /* the host's sync stream, fixed by the first frame */
 	uint8_t host_pk[32];
-	struct sync_inbox in;
-	struct sync_outbox out;
+	struct syncmsg_inbox in;
+	struct syncmsg_outbox out;
 	struct manifest *m; /* the guest tree as of SYNC_BEGIN */
 	struct chunk_params params;
 };
@@ -206,11 +206,11 @@ int syncg_apply_batch(struct syncg *g, const uint8_t *bytes, size_t n, const uin
 
 	if (st)
 		memset(st, 0, sizeof(*st));
-	sync_scope(g->guest_pub, host_sign_pk, scope);
+	syncmsg_scope(g->guest_pub, host_sign_pk, scope);
 	/* Content is checked once, while apply_batch stages it (every chunk and
 	 * file hash, before anything becomes visible): doc/SYNC.md §4. */
-	r = delta_batch_verify_deferred(bytes, n, host_sign_pk, scope, apply_last_seq(g->apply), &sync_delta_caps, &b,
-					verr, sizeof(verr));
+	r = delta_batch_verify_deferred(bytes, n, host_sign_pk, scope, apply_last_seq(g->apply), &syncmsg_delta_caps,
+					&b, verr, sizeof(verr));
 	if (r < 0) {
 		errmsg_set(err, errlen, "batch refused: %s", verr[0] ? verr : strerror(-r));
 		return r;
@@ -245,8 +245,8 @@ int syncg_session_new(struct syncg *g, struct chan *c, const uint8_t host_sign_p
 	ss->g = g;
 	ss->chan = c;
 	memcpy(ss->host_pk, host_sign_pk, 32);
-	sync_inbox_init(&ss->in);
-	sync_outbox_init(&ss->out);
+	syncmsg_inbox_init(&ss->in);
+	syncmsg_outbox_init(&ss->out);
 	*out = ss;
 	return 0;
 }
@@ -257,15 +257,15 @@ void syncg_session_free(struct syncg_session *ss)
 		return;
 	if (ss->g->owner == ss)
 		ss->g->owner = NULL;
-	sync_inbox_clear(&ss->in);
-	sync_outbox_clear(&ss->out);
+	syncmsg_inbox_clear(&ss->in);
+	syncmsg_outbox_clear(&ss->out);
 	manifest_free(ss->m);
 	mem_free(ss);
 }
 
 int syncg_session_writable(struct syncg_session *ss)
 {
-	return ss->stream ? sync_outbox_flush(&ss->out, ss->chan, ss->stream) : 0;
+	return ss->stream ? syncmsg_outbox_flush(&ss->out, ss->chan, ss->stream) : 0;
 }
 
 static int reply(struct syncg_session *ss, uint8_t type, const struct buf *b)
@@ -274,9 +274,9 @@ static int reply(struct syncg_session *ss, uint8_t type, const struct buf *b)
 
 	if (ss->out.queued > SYNCG_OUT_MAX)
 		return -ENOBUFS;
-	if ((r = sync_outbox_push_buf(&ss->out, type, b)) < 0)
+	if ((r = syncmsg_outbox_push_buf(&ss->out, type, b)) < 0)
 		return r;
-	return sync_outbox_flush(&ss->out, ss->chan, ss->stream);
+	return syncmsg_outbox_flush(&ss->out, ss->chan, ss->stream);
 }
 
 typedef int msg_fn(struct syncg_session *ss, struct buf *in, char *err, size_t errlen);
@@ -510,7 +510,7 @@ int syncg_session_frame(struct syncg_session *ss, uint8_t type, uint32_t stream,
 		errmsg_set(err, errlen, "sync frame on stream %u, the session syncs on %u", stream, ss->stream);
 		return -EPROTO;
 	}
-	if ((r = sync_inbox_add(&ss->in, type, p, n)) <= 0) {
+	if ((r = syncmsg_inbox_add(&ss->in, type, p, n)) <= 0) {
 		if (r < 0)
 			errmsg_set(err, errlen, "%s: %s", guest_msgs[type].name,
 				   r == -EMSGSIZE ? "message over the size limit" : "malformed fragment");
@@ -519,6 +519,6 @@ int syncg_session_frame(struct syncg_session *ss, uint8_t type, uint32_t stream,
 	struct buf in;
 	buf_view(&in, buf_ptr(&ss->in.b), buf_len(&ss->in.b));
 	r = guest_msgs[type].fn(ss, &in, err, errlen);
-	sync_inbox_done(&ss->in);
+	syncmsg_inbox_done(&ss->in);
 	return r;
 }

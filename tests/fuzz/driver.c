@@ -10,7 +10,7 @@
 
 #include <sodium.h>
 
-#include "airlock/mem.h"
+#include "airlock/core/mem.h"
 #include "fuzz.h"
 
 #define MUTATIONS      3000u

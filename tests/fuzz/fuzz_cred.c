@@ -16,8 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "airlock/cred.h"
-#include "airlock/route.h"
+#include "airlock/host/cred.h"
+#include "airlock/host/route.h"
 #include "fuzz.h"
 
 static void fuzz_config(const uint8_t *data, size_t size)

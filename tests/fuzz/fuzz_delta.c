@@ -6,8 +6,8 @@
 
 #include <sodium.h>
 
-#include "airlock/delta.h"
-#include "airlock/mem.h"
+#include "airlock/content/delta.h"
+#include "airlock/core/mem.h"
 #include "fuzz.h"
 
 static uint8_t pk[DELTA_PK_LEN], sk[DELTA_SK_LEN], scope[DELTA_SCOPE_LEN];

@@ -4,7 +4,7 @@
  * first input byte picks the parser. */
 #include <string.h>
 
-#include "airlock/egress.h"
+#include "airlock/egress/egress.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

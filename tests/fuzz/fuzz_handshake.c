@@ -9,9 +9,9 @@
 
 #include <sodium.h>
 
-#include "airlock/chan.h"
-#include "airlock/loop.h"
-#include "airlock/wire.h"
+#include "airlock/core/chan.h"
+#include "airlock/core/loop.h"
+#include "airlock/core/wire.h"
 #include "fuzz.h"
 
 static struct noise_keypair host, guest;

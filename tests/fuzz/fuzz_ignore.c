@@ -3,8 +3,8 @@
  * which the agent edits. Input = gitignore text, NUL, a path to match. */
 #include <string.h>
 
-#include "airlock/ignore.h"
-#include "airlock/mem.h"
+#include "airlock/core/mem.h"
+#include "airlock/policy/ignore.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

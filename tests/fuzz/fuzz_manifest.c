@@ -2,9 +2,9 @@
 /* Fuzz manifest_decode: a manifest comes from the guest during reconcile. */
 #include <string.h>
 
-#include "airlock/buf.h"
-#include "airlock/manifest.h"
-#include "airlock/mem.h"
+#include "airlock/content/manifest.h"
+#include "airlock/core/buf.h"
+#include "airlock/core/mem.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

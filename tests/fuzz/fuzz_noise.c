@@ -6,7 +6,7 @@
 
 #include <sodium.h>
 
-#include "airlock/noise.h"
+#include "airlock/core/noise.h"
 #include "fuzz.h"
 
 static struct noise_keypair host, guest;

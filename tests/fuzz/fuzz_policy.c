@@ -10,7 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "airlock/policy.h"
+#include "airlock/policy/policy.h"
 #include "fuzz.h"
 
 /* An empty workspace (no .gitignore files) for policy_check. */

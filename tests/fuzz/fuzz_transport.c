@@ -2,7 +2,7 @@
 /* Fuzz address parsing: addresses come from command lines and config. */
 #include <string.h>
 
-#include "airlock/transport.h"
+#include "airlock/core/transport.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

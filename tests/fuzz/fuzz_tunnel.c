@@ -12,11 +12,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "airlock/buf.h"
-#include "airlock/loop.h"
-#include "airlock/mem.h"
-#include "airlock/tunnel.h"
-#include "airlock/wire.h"
+#include "airlock/core/buf.h"
+#include "airlock/core/loop.h"
+#include "airlock/core/mem.h"
+#include "airlock/core/tunnel.h"
+#include "airlock/core/wire.h"
 #include "fuzz.h"
 
 #define EXPECT_MAX (4u << 20)

@@ -1,0 +1,1129 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * apply: confined, crash-safe application of verified delta batches
+ * beneath the guest's workspace root. Contract and guarantees in
+ * include/airlock/content/apply.h; reasoning in doc/SYNC.md ("Apply").
+ */
+#include "airlock/content/apply.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <linux/fs.h>
+
+#include <sodium.h>
+
+#include "airlock/core/mem.h"
+
+#ifndef SYS_fchmodat2
+#define SYS_fchmodat2 452 /* Linux 6.6; the same number on every architecture */
+#endif
+
+#define RESERVED     MANIFEST_RESERVED_PREFIX
+#define RESERVED_LEN (sizeof(RESERVED) - 1)
+#define TMPNAME_LEN  (RESERVED_LEN + 16 + 1)
+/* How deep a DELETE_TREE may go: one fd per level. */
+#define RMTREE_DEPTH_MAX 256
+
+struct apply {
+	int rootfd;
+	struct apply_opts o;
+	bool tmpfile_ok; /* O_TMPFILE + linkat works here */
+	bool fchmodat2_ok;
+	uint64_t last_seq;
+	char err[512];
+};
+
+enum where {
+	STAGE_NONE = 0,
+	STAGE_TARGET = 1, /* temp is in the target's own directory */
+	STAGE_DIR = 2,	  /* temp is in the batch's staging directory */
+};
+
+struct step {
+	uint8_t where;
+	char tmp[TMPNAME_LEN];
+};
+
+/* One path an op touches, for "does an earlier op delete/make this?" */
+struct pref {
+	const char *path;
+	uint32_t op;
+	uint8_t type;
+};
+
+struct run {
+	struct apply *a;
+	struct delta_batch *b;
+	struct apply_stats *st;
+	struct step *steps;
+	struct pref *index;
+	size_t nops;
+	int stagefd; /* staging directory, or -1 */
+	char stagename[TMPNAME_LEN];
+	uint8_t *scratch;
+	size_t scratch_len;
+	struct dirmode {
+		const char *path;
+		uint32_t mode;
+	} * dirmodes;
+	size_t ndirmodes;
+	char path[MANIFEST_PATH_MAX + 1]; /* working copy for prefixes */
+};
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static void
+fail_msg(struct apply *a, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(a->err, sizeof(a->err), fmt, ap);
+	va_end(ap);
+}
+
+static const char *op_word(uint8_t t)
+{
+	switch (t) {
+	case DELTA_MKDIR:
+		return "MKDIR";
+	case DELTA_PUT:
+		return "PUT";
+	case DELTA_SYMLINK:
+		return "SYMLINK";
+	case DELTA_CHMOD:
+		return "CHMOD";
+	case DELTA_DELETE:
+		return "DELETE";
+	}
+	return "?";
+}
+
+/* Name an op and its path in the error message; returns r. */
+static int op_fail(struct run *rn, size_t i, int r, const char *what)
+{
+	const struct delta_op *op = delta_batch_op(rn->b, i);
+	fail_msg(rn->a, "op %zu (%s %s): %s: %s", i, op_word(op->type), op->path, what, strerror(-r));
+	return r;
+}
+
+static void tmp_name(char out[TMPNAME_LEN])
+{
+	static const char hex[] = "0123456789abcdef";
+	uint8_t rnd[8];
+
+	randombytes_buf(rnd, sizeof(rnd));
+	memcpy(out, RESERVED, RESERVED_LEN);
+	for (size_t i = 0; i < sizeof(rnd); i++) {
+		out[RESERVED_LEN + 2 * i] = hex[rnd[i] >> 4];
+		out[RESERVED_LEN + 2 * i + 1] = hex[rnd[i] & 15];
+	}
+	out[TMPNAME_LEN - 1] = '\0';
+}
+
+/* ---- resolution ---- */
+
+static bool walk_only(const struct apply *a)
+{
+	return a->o.flags & APPLY_NO_OPENAT2;
+}
+
+/* After a failed resolution of dir (a relative path in scratch): was it
+ * refused because a component is a symlink (-ELOOP), or is something just
+ * not a directory (-ENOTDIR)? openat2 reports a trailing symlink opened
+ * with O_DIRECTORY as ENOTDIR; say which it was. Diagnosis only. */
+static int classify(struct apply *a, char *dir, int r)
+{
+	if (r != -ENOTDIR)
+		return r;
+	int cur = a->rootfd;
+	for (char *p = dir;;) {
+		char *slash = strchr(p, '/');
+		if (slash)
+			*slash = '\0';
+		struct stat st;
+		int bad = fstatat(cur, p, &st, AT_SYMLINK_NOFOLLOW) < 0 ? r : S_ISLNK(st.st_mode) ? -ELOOP : 0;
+		int next = bad || !slash ? -1 : openat(cur, p, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (slash)
+			*slash = '/';
+		if (cur != a->rootfd)
+			close(cur);
+		if (bad)
+			return bad;
+		if (next < 0)
+			return r;
+		cur = next;
+		p = slash + 1;
+	}
+}
+
+/* Open the parent directory of `path` beneath the root (O_PATH) and point
+ * *name at the last component. */
+static int open_parent(struct apply *a, const char *path, char *scratch, const char **name)
+{
+	const char *slash = strrchr(path, '/');
+	int fd;
+
+	if (!slash) {
+		*name = path;
+		fd = openat(a->rootfd, ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+		return fd < 0 ? -errno : fd;
+	}
+	size_t pl = (size_t)(slash - path);
+	memcpy(scratch, path, pl);
+	scratch[pl] = '\0';
+	*name = slash + 1;
+	fd = manifest_open_beneath(a->rootfd, scratch, O_PATH | O_DIRECTORY, walk_only(a));
+	return fd < 0 ? classify(a, scratch, fd) : fd;
+}
+
+/* ---- the op index ---- */
+
+static int pref_cmp(const void *x, const void *y)
+{
+	const struct pref *p = x, *q = y;
+	int c = strcmp(p->path, q->path);
+	if (c)
+		return c;
+	return p->op < q->op ? -1 : p->op > q->op;
+}
+
+/* Is there an op of `type` on exactly `path` before op `before`? */
+static bool op_before(const struct run *rn, const char *path, uint8_t type, size_t before)
+{
+	struct pref key = {.path = path, .op = 0};
+	size_t lo = 0, hi = rn->nops;
+
+	/* lower bound of (path, 0) */
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (pref_cmp(&rn->index[mid], &key) < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (; lo < rn->nops && strcmp(rn->index[lo].path, path) == 0; lo++)
+		if (rn->index[lo].type == type && rn->index[lo].op < before)
+			return true;
+	return false;
+}
+
+/* Does an op before `before` delete `path` or one of its ancestors? */
+static bool deleted_before(struct run *rn, const char *path, size_t before)
+{
+	size_t n = strlen(path);
+
+	memcpy(rn->path, path, n + 1);
+	for (size_t i = n;; i--) {
+		if (i == n || rn->path[i] == '/') {
+			rn->path[i] = '\0';
+			if (op_before(rn, rn->path, DELTA_DELETE, before))
+				return true;
+		}
+		if (i == 0)
+			break;
+	}
+	return false;
+}
+
+static void parent_of(const char *path, char *out)
+{
+	const char *slash = strrchr(path, '/');
+	size_t pl = slash ? (size_t)(slash - path) : 0;
+	memcpy(out, path, pl);
+	out[pl] = '\0';
+}
+
+/* ---- small file helpers ---- */
+
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+	while (n > 0) {
+		ssize_t k = write(fd, p, n);
+		if (k < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		p += k;
+		n -= (size_t)k;
+	}
+	return 0;
+}
+
+static int dir_fsync(int pathfd)
+{
+	int fd = openat(pathfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	int r = fsync(fd) < 0 ? -errno : 0;
+	close(fd);
+	return r;
+}
+
+/* Remove `name` in dfd and everything beneath it, never following a
+ * symlink; one fd per level. */
+static int rmtree(int dfd, const char *name, unsigned depth)
+{
+	struct stat st;
+	int r = 0;
+
+	if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return errno == ENOENT ? 0 : -errno;
+	if (!S_ISDIR(st.st_mode))
+		return unlinkat(dfd, name, 0) < 0 && errno != ENOENT ? -errno : 0;
+	if (depth >= RMTREE_DEPTH_MAX)
+		return -ELOOP;
+	int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	/* Read the names first so the DIR stream is closed while recursing. */
+	for (;;) {
+		int rfd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (rfd < 0) {
+			r = -errno;
+			break;
+		}
+		DIR *d = fdopendir(rfd);
+		if (!d) {
+			r = -errno;
+			close(rfd);
+			break;
+		}
+		char **names = NULL;
+		size_t n = 0, cap = 0;
+		struct dirent *de;
+		while ((de = readdir(d)) && n < 4096) {
+			if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+				continue;
+			if (n == cap) {
+				size_t nc = cap ? cap * 2 : 32;
+				char **nv = mem_realloc(names, nc * sizeof(char *));
+				if (!nv) {
+					r = -ENOMEM;
+					break;
+				}
+				names = nv;
+				cap = nc;
+			}
+			if (!(names[n] = mem_strdup(de->d_name))) {
+				r = -ENOMEM;
+				break;
+			}
+			n++;
+		}
+		closedir(d);
+		for (size_t i = 0; i < n; i++) {
+			if (r == 0)
+				r = rmtree(fd, names[i], depth + 1);
+			mem_free(names[i]);
+		}
+		mem_free(names);
+		if (r < 0 || n == 0)
+			break; /* empty now (or failed); big dirs take several rounds */
+	}
+	close(fd);
+	if (r == 0 && unlinkat(dfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT)
+		r = -errno;
+	return r;
+}
+
+/* chmod name in pfd without ever following a symlink; only regular files
+ * and directories. */
+static int chmod_nofollow(struct apply *a, int pfd, const char *name, uint32_t mode)
+{
+	struct stat st, st2;
+	char proc[64];
+	int fd, r;
+
+	if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return -errno;
+	if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
+		return -EPERM;
+	if (a->fchmodat2_ok && !walk_only(a)) {
+		if (syscall(SYS_fchmodat2, pfd, name, (mode_t)mode, AT_SYMLINK_NOFOLLOW) == 0)
+			return 0;
+		if (errno != ENOSYS)
+			return -errno;
+		a->fchmodat2_ok = false;
+	}
+	/* Pin the inode with O_PATH, check it, chmod through procfs; without
+	 * procfs reopen it and check it is still the same inode. */
+	if ((fd = openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)) < 0)
+		return -errno;
+	if (fstat(fd, &st) < 0 || (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))) {
+		close(fd);
+		return -EPERM;
+	}
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	r = fchmodat(AT_FDCWD, proc, (mode_t)mode, 0) < 0 ? -errno : 0;
+	close(fd);
+	if (r != -ENOENT)
+		return r;
+	int rfd = openat(pfd, name,
+			 (S_ISDIR(st.st_mode) ? O_RDONLY | O_DIRECTORY : O_RDONLY | O_NONBLOCK | O_NOCTTY) |
+			     O_NOFOLLOW | O_CLOEXEC);
+	if (rfd < 0)
+		return -errno;
+	if (fstat(rfd, &st2) < 0 || st2.st_dev != st.st_dev || st2.st_ino != st.st_ino)
+		r = -ESTALE;
+	else
+		r = fchmod(rfd, (mode_t)mode) < 0 ? -errno : 0;
+	close(rfd);
+	return r;
+}
+
+/* ---- temporaries ---- */
+
+/* A new file for content in dirfd: an unnamed O_TMPFILE (*named false)
+ * or a fresh ".airlock-tmp-*" name (*named true, name in tmp). */
+static int temp_open(struct apply *a, int dirfd, char tmp[TMPNAME_LEN], bool *named)
+{
+	if (a->tmpfile_ok) {
+		int fd = openat(dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+		if (fd >= 0) {
+			*named = false;
+			return fd;
+		}
+		if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL)
+			return -errno;
+		/* this filesystem has no O_TMPFILE: named it is */
+	}
+	for (int tries = 0; tries < 16; tries++) {
+		tmp_name(tmp);
+		int fd = openat(dirfd, tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (fd >= 0) {
+			*named = true;
+			return fd;
+		}
+		if (errno != EEXIST)
+			return -errno;
+	}
+	return -EEXIST;
+}
+
+/* Give an O_TMPFILE file a temporary name in dirfd. */
+static int temp_link(int fd, int dirfd, char tmp[TMPNAME_LEN])
+{
+	char proc[64];
+
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	for (int tries = 0; tries < 16; tries++) {
+		tmp_name(tmp);
+		if (linkat(fd, "", dirfd, tmp, AT_EMPTY_PATH) == 0)
+			return 0;
+		if (errno == EEXIST)
+			continue;
+		/* AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH; procfs does not */
+		if (linkat(AT_FDCWD, proc, dirfd, tmp, AT_SYMLINK_FOLLOW) == 0)
+			return 0;
+		if (errno != EEXIST)
+			return -errno;
+	}
+	return -EEXIST;
+}
+
+static int stage_dir(struct run *rn)
+{
+	if (rn->stagefd >= 0)
+		return rn->stagefd;
+	for (int tries = 0; tries < 16; tries++) {
+		tmp_name(rn->stagename);
+		if (mkdirat(rn->a->rootfd, rn->stagename, 0700) == 0)
+			break;
+		if (errno != EEXIST)
+			return -errno;
+		rn->stagename[0] = '\0';
+	}
+	if (rn->stagename[0] == '\0')
+		return -EEXIST;
+	rn->stagefd = openat(rn->a->rootfd, rn->stagename, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (rn->stagefd < 0) {
+		int r = -errno;
+		unlinkat(rn->a->rootfd, rn->stagename, AT_REMOVEDIR);
+		rn->stagename[0] = '\0';
+		return r;
+	}
+	return rn->stagefd;
+}
+
+/* ---- phase 1: check and stage ---- */
+
+enum state { ST_ABSENT, ST_DIR, ST_FILE, ST_LINK, ST_OTHER };
+
+static enum state state_of(const struct stat *st)
+{
+	if (S_ISDIR(st->st_mode))
+		return ST_DIR;
+	if (S_ISREG(st->st_mode))
+		return ST_FILE;
+	if (S_ISLNK(st->st_mode))
+		return ST_LINK;
+	return ST_OTHER;
+}
+
+/* Mode and durability of a filled file. */
+static int finish_file(struct run *rn, size_t i, const struct delta_op *op, int fd)
+{
+	if (fchmod(fd, (mode_t)op->mode) < 0)
+		return op_fail(rn, i, -errno, "setting the mode");
+	if (rn->a->o.fsync == APPLY_FSYNC_FILE && fsync(fd) < 0)
+		return op_fail(rn, i, -errno, "fsync");
+	return 0;
+}
+
+/* Bytes of the base a clone must hold before it pays (below this, plain
+ * copying is as fast and simpler). */
+#define CLONE_MIN (256u * 1024u)
+
+/* Is op an edit in place of base: every REF chunk at its own offset (the
+ * unchanged parts did not move), with enough of them to be worth cloning? */
+static bool clone_fits(const struct delta_op *op, uint64_t base_size)
+{
+	uint64_t out = 0, refd = 0;
+
+	for (size_t c = 0; c < op->nchunks; c++) {
+		const struct delta_chunk *ch = &op->chunks[c];
+		if (ch->kind == DELTA_CHUNK_REF) {
+			if (ch->ref_off != out || ch->ref_off + ch->raw_len > base_size)
+				return false;
+			refd += ch->raw_len;
+		}
+		out += ch->raw_len;
+	}
+	return refd >= CLONE_MIN;
+}
+
+/* Copy base[off, off + len) to fd at the same offset in the kernel. */
+static int copy_range(int base, int fd, uint64_t off, uint64_t len)
+{
+	loff_t in = (loff_t)off, out = (loff_t)off;
+
+	while (len > 0) {
+		ssize_t k = copy_file_range(base, &in, fd, &out, len, 0);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return -errno;
+		if (k == 0)
+			return -ESTALE; /* the base got shorter */
+		len -= (uint64_t)k;
+	}
+	return 0;
+}
+
+/*
+ * The in-place edit of a large file: the new file starts as a clone of the
+ * base (FICLONE: shared blocks on reflink filesystems; else the unchanged
+ * ranges copied in the kernel with copy_file_range), then only the inline
+ * chunks are written. The REF ranges are verified afterwards by reading
+ * them back from the new file, which only we can reach, so what was
+ * checked is what gets renamed into place. 1 when the kernel cannot copy
+ * between these files (use the plain path), 0, or -errno (op failed).
+ */
+static int fill_clone(struct run *rn, size_t i, const struct delta_op *op, int fd, int base)
+{
+	uint8_t h[CHUNK_HASH_LEN];
+	uint64_t out = 0;
+	int r;
+
+	if (ioctl(fd, FICLONE, base) < 0) {
+		for (size_t c = 0; c < op->nchunks; c++) {
+			const struct delta_chunk *ch = &op->chunks[c];
+			uint64_t run = 0;
+			if (ch->kind != DELTA_CHUNK_REF) {
+				out += ch->raw_len;
+				continue;
+			}
+			size_t e = c;
+			while (e < op->nchunks && op->chunks[e].kind == DELTA_CHUNK_REF)
+				run += op->chunks[e++].raw_len;
+			if ((r = copy_range(base, fd, out, run)) < 0) {
+				if (r == -EXDEV || r == -EOPNOTSUPP || r == -ENOSYS || r == -EINVAL)
+					return 1;
+				return op_fail(rn, i, r == -ESTALE ? -EBADMSG : r, "copying the unchanged part");
+			}
+			out += run;
+			c = e - 1;
+		}
+	}
+	out = 0;
+	for (size_t c = 0; c < op->nchunks; c++) {
+		const struct delta_chunk *ch = &op->chunks[c];
+		const uint8_t *data;
+		if (ch->kind == DELTA_CHUNK_REF) {
+			ssize_t k = pread(fd, rn->scratch, ch->raw_len, (off_t)out);
+			if (k != (ssize_t)ch->raw_len)
+				return op_fail(rn, i, k < 0 ? -errno : -EBADMSG, "referenced bytes are not there");
+			chunk_hash(rn->scratch, ch->raw_len, h);
+			if (memcmp(h, ch->hash, CHUNK_HASH_LEN) != 0)
+				return op_fail(rn, i, -EBADMSG, "referenced chunk differs from what the host expects");
+			rn->st->ref_bytes += ch->raw_len;
+			rn->st->bytes += ch->raw_len;
+		} else {
+			if ((r = delta_chunk_data(rn->b, ch, rn->scratch, &data)) < 0)
+				return op_fail(rn, i, r, "inline chunk");
+			for (size_t done = 0; done < ch->raw_len;) {
+				ssize_t k = pwrite(fd, data + done, ch->raw_len - done, (off_t)(out + done));
+				if (k < 0 && errno == EINTR)
+					continue;
+				if (k <= 0)
+					return op_fail(rn, i, k < 0 ? -errno : -EIO, "writing the new content");
+				done += (size_t)k;
+			}
+			rn->st->bytes += ch->raw_len;
+		}
+		out += ch->raw_len;
+	}
+	if (ftruncate(fd, (off_t)op->size) < 0) /* a clone of a longer base */
+		return op_fail(rn, i, -errno, "setting the size");
+	rn->st->cloned++;
+	return 0;
+}
+
+/* Write one PUT's content into fd, verifying every chunk against its hash
+ * (the file hash is a function of those hashes, checked by delta_parse). */
+static int fill_file(struct run *rn, size_t i, const struct delta_op *op, int fd)
+{
+	uint8_t h[CHUNK_HASH_LEN];
+	int base = -1, r = 0;
+
+	if (op->has_refs) {
+		base =
+		    manifest_open_beneath(rn->a->rootfd, op->base, O_RDONLY | O_NONBLOCK | O_NOCTTY, walk_only(rn->a));
+		if (base < 0)
+			return op_fail(rn, i, base, "cannot open the file its references read from");
+		struct stat st;
+		if (fstat(base, &st) < 0 || !S_ISREG(st.st_mode)) {
+			close(base);
+			return op_fail(rn, i, -EINVAL, "references read from something that is not a regular file");
+		}
+		if (clone_fits(op, (uint64_t)st.st_size)) {
+			if ((r = fill_clone(rn, i, op, fd, base)) <= 0) {
+				close(base);
+				return r < 0 ? r : finish_file(rn, i, op, fd);
+			}
+			if (ftruncate(fd, 0) < 0 || lseek(fd, 0, SEEK_SET) < 0) {
+				r = op_fail(rn, i, -errno, "starting over");
+				close(base);
+				return r;
+			}
+			r = 0;
+		}
+	}
+	for (size_t c = 0; c < op->nchunks && r == 0; c++) {
+		const struct delta_chunk *ch = &op->chunks[c];
+		const uint8_t *data;
+		if (ch->kind == DELTA_CHUNK_REF) {
+			if ((r = chunk_read_fd(&base, ch->ref_off, rn->scratch, ch->raw_len)) < 0) {
+				/* a file shorter than the reference: not what the host thinks */
+				r = op_fail(rn, i, r == -ESTALE ? -EBADMSG : r, "referenced bytes are not there");
+				break;
+			}
+			chunk_hash(rn->scratch, ch->raw_len, h);
+			if (memcmp(h, ch->hash, CHUNK_HASH_LEN) != 0) {
+				r = op_fail(rn, i, -EBADMSG, "referenced chunk differs from what the host expects");
+				break;
+			}
+			data = rn->scratch;
+			rn->st->ref_bytes += ch->raw_len;
+		} else if ((r = delta_chunk_data(rn->b, ch, rn->scratch, &data)) < 0) {
+			op_fail(rn, i, r, "inline chunk");
+			break;
+		}
+		if ((r = write_all(fd, data, ch->raw_len)) < 0)
+			op_fail(rn, i, r, "writing the new content");
+		else
+			rn->st->bytes += ch->raw_len;
+	}
+	if (base >= 0)
+		close(base);
+	if (r < 0)
+		return r;
+	return finish_file(rn, i, op, fd);
+}
+
+static int stage_put(struct run *rn, size_t i, const struct delta_op *op, int dirfd)
+{
+	struct step *s = &rn->steps[i];
+	bool named;
+	int fd, r;
+
+	if ((fd = temp_open(rn->a, dirfd, s->tmp, &named)) < 0)
+		return op_fail(rn, i, fd, "creating a temporary file");
+	if (named)
+		s->where = dirfd == rn->stagefd ? STAGE_DIR : STAGE_TARGET;
+	r = fill_file(rn, i, op, fd);
+	if (r == 0 && !named) {
+		if ((r = temp_link(fd, dirfd, s->tmp)) < 0)
+			op_fail(rn, i, r, "linking the temporary file");
+		else
+			s->where = dirfd == rn->stagefd ? STAGE_DIR : STAGE_TARGET;
+	}
+	close(fd);
+	return r;
+}
+
+static int stage_symlink(struct run *rn, size_t i, const struct delta_op *op, int dirfd)
+{
+	struct step *s = &rn->steps[i];
+
+	for (int tries = 0; tries < 16; tries++) {
+		tmp_name(s->tmp);
+		if (symlinkat(op->target, dirfd, s->tmp) == 0) {
+			s->where = dirfd == rn->stagefd ? STAGE_DIR : STAGE_TARGET;
+			return 0;
+		}
+		if (errno != EEXIST)
+			return op_fail(rn, i, -errno, "creating the link");
+	}
+	return op_fail(rn, i, -EEXIST, "creating the link");
+}
+
+static int prepare_op(struct run *rn, size_t i)
+{
+	const struct delta_op *op = delta_batch_op(rn->b, i);
+	char parent[MANIFEST_PATH_MAX + 1];
+	const char *name = NULL;
+	struct stat st;
+	enum state target = ST_ABSENT;
+	int pfd = -1, r = 0;
+
+	parent_of(op->path, parent);
+	if (op->type == DELTA_DELETE) {
+		/* Anything (or nothing) may be deleted, but never through a
+		 * symlink: refuse that now rather than halfway through. */
+		if (deleted_before(rn, op->path, i) || (parent[0] && op_before(rn, parent, DELTA_MKDIR, i)))
+			return 0;
+		pfd = open_parent(rn->a, op->path, rn->path, &name);
+		if (pfd == -ELOOP || pfd == -EXDEV)
+			return op_fail(rn, i, pfd, "refused: a directory on its path is a symlink");
+		if (pfd >= 0)
+			close(pfd);
+		return 0;
+	}
+	/* Where does the parent stand at this point of the batch? */
+	bool parent_reborn = parent[0] && (op_before(rn, parent, DELTA_MKDIR, i) || deleted_before(rn, parent, i));
+	bool parent_gone = parent[0] && deleted_before(rn, parent, i);
+	if (parent_gone && !op_before(rn, parent, DELTA_MKDIR, i))
+		return op_fail(rn, i, -ENOENT, "its directory is deleted earlier in the batch");
+	if (!parent_gone) {
+		pfd = open_parent(rn->a, op->path, rn->path, &name);
+		if (pfd == -ELOOP || pfd == -EXDEV)
+			return op_fail(rn, i, pfd, "refused: a directory on its path is a symlink");
+		if (pfd < 0 && !(pfd == -ENOENT && op_before(rn, parent, DELTA_MKDIR, i)))
+			return op_fail(rn, i, pfd, "its directory");
+	}
+	/* What is at the path itself when this op runs? */
+	if (pfd >= 0 && !deleted_before(rn, op->path, i)) {
+		if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0)
+			target = state_of(&st);
+		else if (errno != ENOENT)
+			r = op_fail(rn, i, -errno, "looking at the current entry");
+	}
+	if (r == 0) {
+		switch (op->type) {
+		case DELTA_MKDIR:
+			if (target != ST_ABSENT && target != ST_DIR)
+				r = op_fail(rn, i, -EEXIST, "something other than a directory is there");
+			break;
+		case DELTA_CHMOD:
+			if (target != ST_FILE && target != ST_DIR)
+				r = op_fail(rn, i, target == ST_ABSENT ? -ENOENT : -EPERM,
+					    "only an existing file or directory can change mode");
+			break;
+		case DELTA_PUT:
+		case DELTA_SYMLINK: {
+			if (target == ST_DIR) {
+				r = op_fail(rn, i, -EISDIR, "a directory is there");
+				break;
+			}
+			/* Stage beside the target when its directory exists now and
+			 * nothing earlier in the batch replaces it; else in the
+			 * staging directory. */
+			int dirfd = pfd;
+			if (pfd < 0 || parent_reborn) {
+				if ((dirfd = stage_dir(rn)) < 0) {
+					r = op_fail(rn, i, dirfd, "creating the staging directory");
+					break;
+				}
+			}
+			r = op->type == DELTA_PUT ? stage_put(rn, i, op, dirfd) : stage_symlink(rn, i, op, dirfd);
+			break;
+		}
+		}
+	}
+	if (pfd >= 0)
+		close(pfd);
+	return r;
+}
+
+/* Undo phase 1: remove every temporary still staged. */
+static void unstage(struct run *rn)
+{
+	for (size_t i = 0; i < rn->nops; i++) {
+		struct step *s = &rn->steps[i];
+		const struct delta_op *op = delta_batch_op(rn->b, i);
+		const char *name;
+		if (s->where == STAGE_DIR) {
+			unlinkat(rn->stagefd, s->tmp, 0);
+		} else if (s->where == STAGE_TARGET) {
+			int pfd = open_parent(rn->a, op->path, rn->path, &name);
+			if (pfd >= 0) {
+				unlinkat(pfd, s->tmp, 0);
+				close(pfd);
+			}
+		}
+		s->where = STAGE_NONE;
+	}
+}
+
+/* ---- phase 2: commit ---- */
+
+static int commit_op(struct run *rn, size_t i)
+{
+	const struct delta_op *op = delta_batch_op(rn->b, i);
+	struct step *s = &rn->steps[i];
+	const char *name = NULL;
+	struct stat st;
+	int r = 0;
+
+	int pfd = open_parent(rn->a, op->path, rn->path, &name);
+	if (pfd < 0) {
+		if (op->type == DELTA_DELETE && (pfd == -ENOENT || pfd == -ENOTDIR))
+			return 0; /* nothing there to delete */
+		return op_fail(rn, i, pfd,
+			       pfd == -ELOOP || pfd == -EXDEV ? "refused: symlink on its path" : "its directory");
+	}
+	switch (op->type) {
+	case DELTA_MKDIR:
+		if (mkdirat(pfd, name, 0700) == 0) {
+			rn->st->dirs++;
+		} else if (errno != EEXIST) {
+			r = op_fail(rn, i, -errno, "mkdir");
+			break;
+		} else if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode)) {
+			r = op_fail(rn, i, -EEXIST, "something other than a directory appeared there");
+			break;
+		}
+		rn->dirmodes[rn->ndirmodes++] = (struct dirmode){op->path, op->mode};
+		break;
+	case DELTA_PUT:
+	case DELTA_SYMLINK: {
+		int from = s->where == STAGE_DIR ? rn->stagefd : pfd;
+		if (renameat(from, s->tmp, pfd, name) < 0) {
+			r = op_fail(rn, i, -errno, "renaming into place");
+			break;
+		}
+		s->where = STAGE_NONE;
+		if (op->type == DELTA_PUT)
+			rn->st->files++;
+		else
+			rn->st->symlinks++;
+		if (rn->a->o.fsync == APPLY_FSYNC_FILE && (r = dir_fsync(pfd)) < 0)
+			op_fail(rn, i, r, "fsync of its directory");
+		break;
+	}
+	case DELTA_CHMOD:
+		if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
+			rn->dirmodes[rn->ndirmodes++] = (struct dirmode){op->path, op->mode};
+		} else if ((r = chmod_nofollow(rn->a, pfd, name, op->mode)) < 0) {
+			op_fail(rn, i, r, "chmod");
+			break;
+		}
+		rn->st->chmods++;
+		break;
+	case DELTA_DELETE:
+		if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			if (errno != ENOENT)
+				r = op_fail(rn, i, -errno, "looking at it");
+			break;
+		}
+		if (!S_ISDIR(st.st_mode)) {
+			if (unlinkat(pfd, name, 0) < 0 && errno != ENOENT)
+				r = op_fail(rn, i, -errno, "unlink");
+			else
+				rn->st->deleted++;
+		} else if (op->flags & DELTA_DELETE_TREE) {
+			if ((r = rmtree(pfd, name, 0)) < 0)
+				op_fail(rn, i, r, "removing the tree");
+			else
+				rn->st->deleted++;
+		} else if (unlinkat(pfd, name, AT_REMOVEDIR) == 0) {
+			rn->st->deleted++;
+		} else if (errno == ENOTEMPTY || errno == EEXIST) {
+			rn->st->kept_dirs++; /* holds files the host does not manage */
+		} else if (errno != ENOENT) {
+			r = op_fail(rn, i, -errno, "rmdir");
+		}
+		break;
+	}
+	close(pfd);
+	return r;
+}
+
+/* ---- phase 3 ---- */
+
+static int finish_dirs(struct run *rn)
+{
+	/* deepest first, so a parent's mode never blocks reaching a child */
+	for (size_t k = rn->ndirmodes; k-- > 0;) {
+		const char *name;
+		int pfd = open_parent(rn->a, rn->dirmodes[k].path, rn->path, &name);
+		int r = pfd < 0 ? pfd : chmod_nofollow(rn->a, pfd, name, rn->dirmodes[k].mode);
+		if (pfd >= 0)
+			close(pfd);
+		if (r < 0) {
+			fail_msg(rn->a, "setting the mode of directory %s: %s", rn->dirmodes[k].path, strerror(-r));
+			return r;
+		}
+	}
+	return 0;
+}
+
+static int sync_root(struct run *rn)
+{
+	if (rn->a->o.fsync != APPLY_FSYNC_BATCH)
+		return 0;
+	if (syncfs(rn->a->rootfd) < 0) {
+		int r = -errno;
+		fail_msg(rn->a, "syncfs of the workspace: %s", strerror(errno));
+		return r;
+	}
+	return 0;
+}
+
+static void drop_stage_dir(struct run *rn)
+{
+	if (rn->stagefd < 0)
+		return;
+	close(rn->stagefd);
+	rn->stagefd = -1;
+	rmtree(rn->a->rootfd, rn->stagename, 0);
+}
+
+int apply_batch(struct apply *a, struct delta_batch *b, struct apply_stats *st)
+{
+	struct apply_stats dummy;
+	struct run rn = {.a = a, .b = b, .stagefd = -1};
+	size_t i;
+	int r = 0;
+
+	if (!st)
+		st = &dummy;
+	memset(st, 0, sizeof(*st));
+	rn.st = st;
+	a->err[0] = '\0';
+	if (delta_batch_seq(b) <= a->last_seq) {
+		fail_msg(a, "batch %llu is not newer than the last applied %llu",
+			 (unsigned long long)delta_batch_seq(b), (unsigned long long)a->last_seq);
+		return -ESTALE;
+	}
+	rn.nops = delta_batch_count(b);
+	rn.scratch_len = delta_batch_chunk_max(b);
+	if (!(rn.steps = mem_calloc(rn.nops ? rn.nops : 1, sizeof(*rn.steps))) ||
+	    !(rn.index = mem_calloc(rn.nops ? rn.nops : 1, sizeof(*rn.index))) ||
+	    !(rn.dirmodes = mem_calloc(rn.nops ? rn.nops : 1, sizeof(*rn.dirmodes))) ||
+	    !(rn.scratch = mem_alloc(rn.scratch_len ? rn.scratch_len : 1))) {
+		fail_msg(a, "out of memory for a batch of %zu ops", rn.nops);
+		r = -ENOMEM;
+		goto out;
+	}
+	for (i = 0; i < rn.nops; i++) {
+		const struct delta_op *op = delta_batch_op(b, i);
+		rn.index[i] = (struct pref){.path = op->path, .op = (uint32_t)i, .type = op->type};
+	}
+	qsort(rn.index, rn.nops, sizeof(*rn.index), pref_cmp);
+
+	/* Phase 1: check everything and stage all new content. */
+	for (i = 0; i < rn.nops; i++)
+		if ((r = prepare_op(&rn, i)) < 0)
+			break;
+	if (r == 0)
+		r = sync_root(&rn);
+	if (r < 0) {
+		unstage(&rn);
+		drop_stage_dir(&rn);
+		goto out;
+	}
+	/* Phase 2: make it visible, in batch order. */
+	for (i = 0; i < rn.nops; i++) {
+		if ((r = commit_op(&rn, i)) < 0)
+			break;
+		st->ops++;
+	}
+	if (r < 0) {
+		/* a failed rename, mkdir or chmod changed nothing; a tree
+		 * removal may have got halfway */
+		st->partial = i > 0 || delta_batch_op(b, i)->type == DELTA_DELETE;
+		unstage(&rn); /* temporaries of the ops not reached */
+		drop_stage_dir(&rn);
+		size_t len = strlen(a->err);
+		snprintf(a->err + len, sizeof(a->err) - len, " (after %zu of %zu ops were applied: reconcile)", i,
+			 rn.nops);
+		goto out;
+	}
+	/* Phase 3. */
+	r = finish_dirs(&rn);
+	drop_stage_dir(&rn);
+	if (r == 0)
+		r = sync_root(&rn);
+	if (r < 0) {
+		st->partial = true;
+		goto out;
+	}
+	a->last_seq = delta_batch_seq(b);
+out:
+	mem_free(rn.steps);
+	mem_free(rn.index);
+	mem_free(rn.dirmodes);
+	mem_free(rn.scratch);
+	return r;
+}
+
+/* ---- handle ---- */
+
+/* Remove what a crash left at the top of the root: staging directories and
+ * named temporaries (deeper ones go in apply_manifest). */
+static void clean_root(struct apply *a)
+{
+	int fd = openat(a->rootfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	DIR *d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return;
+	}
+	struct dirent *de;
+	char names[16][256];
+	size_t n;
+	do {
+		n = 0;
+		rewinddir(d);
+		while ((de = readdir(d)) && n < 16)
+			if (strncmp(de->d_name, RESERVED, RESERVED_LEN) == 0 && strlen(de->d_name) < 256)
+				strcpy(names[n++], de->d_name);
+		for (size_t i = 0; i < n; i++)
+			if (rmtree(a->rootfd, names[i], 0) < 0)
+				n = 0; /* cannot remove: stop trying */
+	} while (n == 16);
+	closedir(d);
+}
+
+/* Can this filesystem give an O_TMPFILE file a name? */
+static bool probe_tmpfile(struct apply *a)
+{
+	char tmp[TMPNAME_LEN];
+	int fd = openat(a->rootfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return false;
+	bool ok = temp_link(fd, a->rootfd, tmp) == 0;
+	close(fd);
+	if (ok)
+		unlinkat(a->rootfd, tmp, 0);
+	return ok;
+}
+
+int apply_open(const char *root, const struct apply_opts *opts, struct apply **out)
+{
+	static const struct apply_opts defaults = {.fsync = APPLY_FSYNC_BATCH};
+	struct apply *a;
+
+	if (sodium_init() < 0)
+		return -EIO;
+	if (!(a = mem_calloc(1, sizeof(*a))))
+		return -ENOMEM;
+	a->o = opts ? *opts : defaults;
+	a->fchmodat2_ok = true;
+	if ((a->rootfd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+		int r = -errno;
+		mem_free(a);
+		return r;
+	}
+	clean_root(a);
+	a->tmpfile_ok = !(a->o.flags & APPLY_NO_TMPFILE) && probe_tmpfile(a);
+	*out = a;
+	return 0;
+}
+
+void apply_free(struct apply *a)
+{
+	if (!a)
+		return;
+	close(a->rootfd);
+	mem_free(a);
+}
+
+const char *apply_error(const struct apply *a)
+{
+	return a->err;
+}
+
+uint64_t apply_last_seq(const struct apply *a)
+{
+	return a->last_seq;
+}
+
+void apply_set_last_seq(struct apply *a, uint64_t seq)
+{
+	a->last_seq = seq;
+}
+
+int apply_rootfd(const struct apply *a)
+{
+	return a->rootfd;
+}
+
+struct scan_wrap {
+	struct apply *a;
+	const struct manifest_scan_opts *user;
+	char buf[MANIFEST_PATH_MAX + 1];
+};
+
+static void scan_skipped(const char *relpath, enum manifest_skip why, int err, void *ud)
+{
+	struct scan_wrap *w = ud;
+
+	if (why == MANIFEST_SKIP_RESERVED && strlen(relpath) <= MANIFEST_PATH_MAX) {
+		const char *name;
+		int pfd = open_parent(w->a, relpath, w->buf, &name);
+		if (pfd >= 0) {
+			rmtree(pfd, name, 0);
+			close(pfd);
+		}
+	}
+	if (w->user->skipped)
+		w->user->skipped(relpath, why, err, w->user->skipped_ud);
+}
+
+int apply_manifest(struct apply *a, const struct manifest_scan_opts *opts, struct manifest **out)
+{
+	static const struct manifest_scan_opts none = {0};
+	struct manifest_scan_opts o;
+	struct scan_wrap *w;
+	int r;
+
+	if (!opts)
+		opts = &none;
+	if (!(w = mem_calloc(1, sizeof(*w))))
+		return -ENOMEM;
+	w->a = a;
+	w->user = opts;
+	o = *opts;
+	o.skipped = scan_skipped;
+	o.skipped_ud = w;
+	r = manifest_scan(a->rootfd, &o, out);
+	mem_free(w);
+	return r;
+}

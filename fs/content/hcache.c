@@ -1,0 +1,362 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* hcache: stat-keyed content-hash cache (hcache.h, doc/SYNC.md §3). */
+#include "airlock/content/hcache.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "airlock/core/buf.h"
+#include "airlock/core/mem.h"
+
+/* CHANGE HCACHE_VERSION IF THE FILE FORMAT CHANGES (doc/SYNC.md §3). */
+static const uint8_t hcache_magic[4] = {'A', 'L', 'H', 'C'};
+#define HCACHE_VERSION 2 /* 2: file hash of multi-chunk files is the list hash */
+#define HDR_LEN	       (4 + 4 + 4 * 4 + 8)
+#define ENT_MIN	       (2 + 1 + 5 * 8 + 4 + CHUNK_HASH_LEN + 4)
+#define REC_LEN	       (4 + CHUNK_HASH_LEN)
+
+struct key {
+	uint64_t dev, ino, size;
+	int64_t mtime, ctime;
+	uint32_t mode;
+};
+
+struct ent {
+	const char *path; /* into c->file */
+	size_t plen;
+	struct key k;
+	const uint8_t *hash;
+	const uint8_t *recs; /* nchunks chunk records, into c->file */
+	uint32_t nchunks;
+};
+
+struct hcache {
+	struct chunk_params p;
+	uint8_t *file; /* loaded bytes */
+	struct ent *ents;
+	size_t nents;
+	uint32_t *slots; /* open addressing: index + 1, 0 = empty */
+	size_t nslots;	 /* power of two */
+	struct buf next; /* entries put during this scan, encoded */
+	uint64_t nnext;
+	int64_t stamp; /* ns: entries with mtime or ctime >= stamp are racy */
+	uint64_t hits, misses, racy;
+};
+
+static void key_of(const struct stat *st, struct key *k)
+{
+	k->dev = (uint64_t)st->st_dev;
+	k->ino = (uint64_t)st->st_ino;
+	k->size = (uint64_t)st->st_size;
+	k->mtime = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+	k->ctime = (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
+	k->mode = (uint32_t)st->st_mode;
+}
+
+static bool key_eq(const struct key *a, const struct key *b)
+{
+	return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime == b->mtime &&
+	       a->ctime == b->ctime && a->mode == b->mode;
+}
+
+static uint64_t path_hash(const char *p, size_t n)
+{
+	uint8_t h[CHUNK_HASH_LEN];
+	uint64_t v = 0;
+
+	chunk_hash(p, n, h);
+	for (int i = 0; i < 8; i++)
+		v = v << 8 | h[i];
+	return v;
+}
+
+static void drop_loaded(struct hcache *c)
+{
+	mem_free(c->file);
+	mem_free(c->ents);
+	mem_free(c->slots);
+	c->file = NULL;
+	c->ents = NULL;
+	c->slots = NULL;
+	c->nents = c->nslots = 0;
+}
+
+int hcache_new(const struct chunk_params *p, struct hcache **out)
+{
+	struct hcache *c = mem_calloc(1, sizeof(*c));
+
+	*out = NULL;
+	if (!c)
+		return -ENOMEM;
+	c->p = p ? *p : chunk_params_default;
+	buf_init(&c->next, HCACHE_FILE_MAX);
+	c->stamp = INT64_MIN; /* nothing is kept before hcache_begin */
+	*out = c;
+	return 0;
+}
+
+void hcache_free(struct hcache *c)
+{
+	if (!c)
+		return;
+	drop_loaded(c);
+	buf_clear(&c->next);
+	mem_free(c);
+}
+
+static int get_key(struct buf *in, struct key *k)
+{
+	uint64_t m, t;
+	int r;
+
+	if ((r = buf_get_u64(in, &k->dev)) < 0 || (r = buf_get_u64(in, &k->ino)) < 0 ||
+	    (r = buf_get_u64(in, &k->size)) < 0 || (r = buf_get_u64(in, &m)) < 0 || (r = buf_get_u64(in, &t)) < 0 ||
+	    (r = buf_get_u32(in, &k->mode)) < 0)
+		return r;
+	k->mtime = (int64_t)m;
+	k->ctime = (int64_t)t;
+	return 0;
+}
+
+/* Parse c->file (n bytes, checksum already checked) into c->ents. */
+static int parse(struct hcache *c, size_t n)
+{
+	struct buf in;
+	uint8_t magic[4], ver, flags;
+	uint16_t resv;
+	struct chunk_params p;
+	uint64_t count;
+
+	buf_view(&in, c->file, n - CHUNK_HASH_LEN);
+	if (buf_get(&in, magic, 4) < 0 || buf_get_u8(&in, &ver) < 0 || buf_get_u8(&in, &flags) < 0 ||
+	    buf_get_u16(&in, &resv) < 0 || buf_get_u32(&in, &p.min) < 0 || buf_get_u32(&in, &p.avg) < 0 ||
+	    buf_get_u32(&in, &p.max) < 0 || buf_get_u32(&in, &p.whole_max) < 0 || buf_get_u64(&in, &count) < 0)
+		return -EBADMSG;
+	if (memcmp(magic, hcache_magic, 4) != 0 || ver != HCACHE_VERSION || flags || resv ||
+	    memcmp(&p, &c->p, sizeof(p)) != 0 || count > MANIFEST_ENTRIES_MAX || count > buf_len(&in) / ENT_MIN)
+		return -EBADMSG;
+	if (count && !(c->ents = mem_calloc((size_t)count, sizeof(*c->ents))))
+		return -ENOMEM;
+	size_t ns = 16;
+	while (ns < 2 * count)
+		ns <<= 1;
+	if (!(c->slots = mem_calloc(ns, sizeof(*c->slots))))
+		return -ENOMEM;
+	c->nslots = ns;
+	for (uint64_t i = 0; i < count; i++) {
+		struct ent *e = &c->ents[i];
+		const uint8_t *pp;
+		size_t pl;
+		uint16_t l16;
+		if (buf_get_u16(&in, &l16) < 0 || (pl = l16) == 0 || pl > MANIFEST_PATH_MAX || buf_len(&in) < pl)
+			return -EBADMSG;
+		pp = buf_ptr(&in);
+		buf_consume(&in, pl);
+		e->path = (const char *)pp;
+		e->plen = pl;
+		if (get_key(&in, &e->k) < 0 || buf_len(&in) < CHUNK_HASH_LEN + 4)
+			return -EBADMSG;
+		e->hash = buf_ptr(&in);
+		buf_consume(&in, CHUNK_HASH_LEN);
+		if (buf_get_u32(&in, &e->nchunks) < 0 || e->nchunks > buf_len(&in) / REC_LEN)
+			return -EBADMSG;
+		e->recs = buf_ptr(&in);
+		buf_consume(&in, (size_t)e->nchunks * REC_LEN);
+		size_t s = (size_t)path_hash(e->path, e->plen) & (ns - 1);
+		while (c->slots[s])
+			s = (s + 1) & (ns - 1);
+		c->slots[s] = (uint32_t)i + 1;
+		c->nents++;
+	}
+	return buf_len(&in) == 0 ? 0 : -EBADMSG;
+}
+
+int hcache_load(struct hcache *c, int dirfd, const char *name)
+{
+	struct stat st;
+	int fd, r = 0;
+
+	drop_loaded(c);
+	if ((fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)) < 0)
+		return errno == ENOENT ? -ENOENT : -EBADMSG;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size < HDR_LEN + CHUNK_HASH_LEN ||
+	    (uint64_t)st.st_size > HCACHE_FILE_MAX) {
+		close(fd);
+		return -EBADMSG;
+	}
+	size_t n = (size_t)st.st_size;
+	if (!(c->file = mem_alloc(n))) {
+		close(fd);
+		return -ENOMEM;
+	}
+	r = chunk_read_fd(&fd, 0, c->file, n);
+	close(fd);
+	uint8_t sum[CHUNK_HASH_LEN];
+	if (r == 0) {
+		chunk_hash(c->file, n - CHUNK_HASH_LEN, sum);
+		r = memcmp(sum, c->file + n - CHUNK_HASH_LEN, CHUNK_HASH_LEN) ? -EBADMSG : parse(c, n);
+	}
+	if (r < 0) {
+		drop_loaded(c);
+		return r == -ENOMEM ? r : -EBADMSG;
+	}
+	return 0;
+}
+
+void hcache_begin(struct hcache *c, int scan_dirfd)
+{
+	struct timespec now;
+	struct stat st;
+	int fd;
+
+	buf_reset(&c->next);
+	c->nnext = c->hits = c->misses = c->racy = 0;
+	/* The filesystem's own clock: what it will stamp on the next change. */
+	fd = openat(scan_dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+	if (fd >= 0 && fstat(fd, &st) == 0) {
+		c->stamp = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec;
+		close(fd);
+		return;
+	}
+	if (fd >= 0)
+		close(fd);
+	clock_gettime(CLOCK_REALTIME, &now);
+	c->stamp = ((int64_t)now.tv_sec - 2) * 1000000000 + now.tv_nsec;
+}
+
+int hcache_get(struct hcache *c, const char *path, const struct stat *st, struct manifest_entry *e)
+{
+	struct key k;
+	size_t pl = strlen(path);
+
+	if (!c->nslots || !S_ISREG(st->st_mode)) {
+		c->misses++;
+		return 0;
+	}
+	key_of(st, &k);
+	for (size_t s = (size_t)path_hash(path, pl) & (c->nslots - 1); c->slots[s]; s = (s + 1) & (c->nslots - 1)) {
+		const struct ent *x = &c->ents[c->slots[s] - 1];
+		if (x->plen != pl || memcmp(x->path, path, pl) != 0)
+			continue;
+		/* Racy on this scan's clock too (a clock set back): not trusted. */
+		if (!key_eq(&x->k, &k) || k.mtime >= c->stamp || k.ctime >= c->stamp)
+			break;
+		struct chunk *v = NULL;
+		bool big = k.size > c->p.whole_max;
+		if (big != (x->nchunks > 0))
+			break;
+		if (big) {
+			if (!(v = mem_calloc(x->nchunks, sizeof(*v))))
+				return -ENOMEM;
+			uint64_t off = 0;
+			for (uint32_t i = 0; i < x->nchunks; i++) {
+				const uint8_t *q = x->recs + (size_t)i * REC_LEN;
+				v[i].off = off;
+				v[i].len = (uint32_t)q[0] << 24 | (uint32_t)q[1] << 16 | (uint32_t)q[2] << 8 | q[3];
+				memcpy(v[i].hash, q + 4, CHUNK_HASH_LEN);
+				off += v[i].len;
+			}
+			if (chunk_list_check(&c->p, v, x->nchunks, k.size) < 0) {
+				mem_free(v);
+				break;
+			}
+		}
+		e->mode = (uint32_t)st->st_mode & MANIFEST_MODE_MASK;
+		e->size = k.size;
+		memcpy(e->hash, x->hash, CHUNK_HASH_LEN);
+		e->chunks = v;
+		e->nchunks = big ? x->nchunks : 0;
+		c->hits++;
+		return 1;
+	}
+	c->misses++;
+	return 0;
+}
+
+int hcache_put(struct hcache *c, const char *path, const struct stat *st, const struct manifest_entry *e)
+{
+	struct key k;
+	size_t pl = strlen(path), mark = buf_len(&c->next);
+	int r;
+
+	key_of(st, &k);
+	if (k.mtime >= c->stamp || k.ctime >= c->stamp || !S_ISREG(st->st_mode) || k.size != e->size) {
+		c->racy++;
+		return 0;
+	}
+	if (c->nnext >= MANIFEST_ENTRIES_MAX || pl == 0 || pl > MANIFEST_PATH_MAX)
+		return -E2BIG;
+	if ((r = buf_put_u16(&c->next, (uint16_t)pl)) < 0 || (r = buf_put(&c->next, path, pl)) < 0 ||
+	    (r = buf_put_u64(&c->next, k.dev)) < 0 || (r = buf_put_u64(&c->next, k.ino)) < 0 ||
+	    (r = buf_put_u64(&c->next, k.size)) < 0 || (r = buf_put_u64(&c->next, (uint64_t)k.mtime)) < 0 ||
+	    (r = buf_put_u64(&c->next, (uint64_t)k.ctime)) < 0 || (r = buf_put_u32(&c->next, k.mode)) < 0 ||
+	    (r = buf_put(&c->next, e->hash, CHUNK_HASH_LEN)) < 0 ||
+	    (r = buf_put_u32(&c->next, (uint32_t)e->nchunks)) < 0)
+		goto fail;
+	for (size_t i = 0; i < e->nchunks; i++)
+		if ((r = buf_put_u32(&c->next, e->chunks[i].len)) < 0 ||
+		    (r = buf_put(&c->next, e->chunks[i].hash, CHUNK_HASH_LEN)) < 0)
+			goto fail;
+	c->nnext++;
+	return 0;
+fail:
+	c->next.len = c->next.off + mark; /* drop the partial entry */
+	return r == -ENOBUFS ? -E2BIG : r;
+}
+
+int hcache_save(struct hcache *c, int dirfd, const char *name)
+{
+	struct buf out;
+	uint8_t sum[CHUNK_HASH_LEN];
+	char tmp[300];
+	int fd, r;
+
+	if (strlen(name) > 200)
+		return -ENAMETOOLONG;
+	buf_init(&out, HCACHE_FILE_MAX);
+	if ((r = buf_put(&out, hcache_magic, 4)) < 0 || (r = buf_put_u8(&out, HCACHE_VERSION)) < 0 ||
+	    (r = buf_put_u8(&out, 0)) < 0 || (r = buf_put_u16(&out, 0)) < 0 || (r = buf_put_u32(&out, c->p.min)) < 0 ||
+	    (r = buf_put_u32(&out, c->p.avg)) < 0 || (r = buf_put_u32(&out, c->p.max)) < 0 ||
+	    (r = buf_put_u32(&out, c->p.whole_max)) < 0 || (r = buf_put_u64(&out, c->nnext)) < 0 ||
+	    (r = buf_put(&out, buf_ptr(&c->next), buf_len(&c->next))) < 0)
+		goto out;
+	chunk_hash(buf_ptr(&out), buf_len(&out), sum);
+	if ((r = buf_put(&out, sum, CHUNK_HASH_LEN)) < 0)
+		goto out;
+	snprintf(tmp, sizeof(tmp), "%s.tmp", name);
+	if ((fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0) {
+		r = -errno;
+		goto out;
+	}
+	size_t n = buf_len(&out), off = 0;
+	while (off < n) {
+		ssize_t w = write(fd, buf_ptr(&out) + off, n - off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			r = w < 0 ? -errno : -EIO;
+			break;
+		}
+		off += (size_t)w;
+	}
+	/* No fsync: a torn cache fails its checksum and is ignored. */
+	close(fd);
+	if (r == 0 && renameat(dirfd, tmp, dirfd, name) < 0)
+		r = -errno;
+	if (r < 0)
+		unlinkat(dirfd, tmp, 0);
+out:
+	buf_clear(&out);
+	return r;
+}
+
+void hcache_counts(const struct hcache *c, uint64_t *hits, uint64_t *misses, uint64_t *racy)
+{
+	*hits = c->hits;
+	*misses = c->misses;
+	*racy = c->racy;
+}

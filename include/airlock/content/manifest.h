@@ -1,0 +1,258 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef AIRLOCK_MANIFEST_H
+#define AIRLOCK_MANIFEST_H
+
+/*
+ * manifest: what a workspace tree holds, per path: type, permission bits,
+ * size, content hash and (for large files) the chunk list. Used by both
+ * sides: the host scans its directory, the guest scans its copy, and the
+ * difference becomes a delta batch (delta.h). doc/SYNC.md explains the
+ * encoding and the reconcile exchange.
+ *
+ * Paths are relative, '/'-separated, and valid by manifest_path_check().
+ * Entries are kept in *tree order*: paths compared byte by byte, with '/'
+ * sorting before every other byte. That puts every directory immediately
+ * before its whole subtree (pre-order), so subtrees are contiguous ranges.
+ *
+ * Every entry's parent directory is itself an entry (the root, "", is
+ * implicit). A directory's hash is the digest of its children (see
+ * MANIFEST_TREE_DIGEST in doc/SYNC.md): two directories with equal hashes
+ * have equal subtrees, which is what lets two sides compare a large tree by
+ * exchanging directory digests top-down (manifest_level_encode and
+ * manifest_recon_*).
+ *
+ * Errors are -errno: -EINVAL bad argument or entry, -ENAMETOOLONG path or
+ * component too long, -EEXIST duplicate path, -ENOENT parent missing,
+ * -EBADMSG malformed encoding, -E2BIG over a count limit, -ENOMEM.
+ */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "airlock/content/chunk.h"
+#include "airlock/core/buf.h"
+
+#define MANIFEST_PATH_MAX    4096u	/* bytes in a relative path, without NUL */
+#define MANIFEST_NAME_MAX    255u	/* bytes in one component */
+#define MANIFEST_TARGET_MAX  4096u	/* bytes in a symlink target */
+#define MANIFEST_MODE_MASK   0777u	/* the only mode bits represented */
+#define MANIFEST_ENTRIES_MAX (1u << 22) /* default cap for decode and scan */
+/* Names starting with this are airlock's own temporary files in the
+ * guest: never scanned, never accepted in a manifest or a batch. */
+#define MANIFEST_RESERVED_PREFIX ".airlock-tmp-"
+
+enum manifest_type {
+	MANIFEST_FILE = 1,
+	MANIFEST_DIR = 2,
+	MANIFEST_SYMLINK = 3,
+};
+
+struct manifest_entry {
+	char *path;    /* owned */
+	uint8_t type;  /* enum manifest_type */
+	uint32_t mode; /* permission bits (<= 0777); 0 for symlinks */
+	uint64_t size; /* file: bytes; symlink: target length; dir: 0 */
+	/* file: XXH3-128 of the content; symlink: of the target bytes;
+	 * dir: digest of the children (computed by the manifest). */
+	uint8_t hash[CHUNK_HASH_LEN];
+	char *target;	      /* symlink target as stored, or NULL when only its size/hash are known */
+	struct chunk *chunks; /* file: chunk list when known and size > whole_max, else NULL */
+	size_t nchunks;
+};
+
+/* Free what an entry owns and zero it. */
+void manifest_entry_clear(struct manifest_entry *e);
+
+struct manifest {
+	struct manifest_entry *e; /* entries, in tree order once sealed */
+	size_t n;
+	struct chunk_params params;   /* how the chunk lists were cut */
+	uint8_t root[CHUNK_HASH_LEN]; /* digest of the top level, once sealed */
+	/* private */
+	size_t cap;
+	size_t *end; /* dirs: index one past the subtree; others: i + 1 */
+	bool sealed;
+};
+
+/* 0 when `path` (len bytes, no NUL needed) is a valid relative path: not
+ * empty, no leading or trailing '/', no empty, "." or ".." component, no
+ * NUL, no component of more than MANIFEST_NAME_MAX bytes, at most
+ * MANIFEST_PATH_MAX bytes, no component starting with
+ * MANIFEST_RESERVED_PREFIX. -EINVAL or -ENAMETOOLONG otherwise. */
+int manifest_path_check(const char *path, size_t len);
+
+/* Tree order (see above): <0, 0, >0 like strcmp. */
+int manifest_path_cmp(const char *a, const char *b);
+
+/* New empty manifest for chunk lists cut with `params` (NULL: default).
+ * -EINVAL for bad params. Free with manifest_free (NULL is a no-op). */
+int manifest_new(const struct chunk_params *params, struct manifest **out);
+void manifest_free(struct manifest *m);
+
+/*
+ * Add a deep copy of *e (any order; unseals the manifest). Checks the
+ * path and the fields for the type: mode <= 0777 (0 for symlinks); dir:
+ * size 0; file: chunk list valid for m->params if given; symlink: target of
+ * 1..MANIFEST_TARGET_MAX bytes (size and hash are then computed from it),
+ * or target NULL with size and hash as a peer reported them.
+ */
+int manifest_add(struct manifest *m, const struct manifest_entry *e);
+
+/* Sort into tree order, check there are no duplicates and that every
+ * parent is a directory entry, and compute directory digests and m->root.
+ * Idempotent. Must be called after manifest_add and before the functions
+ * below (scan and decode return sealed manifests). */
+int manifest_seal(struct manifest *m);
+
+/* Index of `path` in a sealed manifest, or -1. */
+long manifest_find(const struct manifest *m, const char *path);
+
+/*
+ * Deterministic binary encoding of a sealed manifest (doc/SYNC.md):
+ * equal manifests encode to identical bytes. Appends to out.
+ */
+int manifest_encode(const struct manifest *m, struct buf *out);
+/* Parse and fully check an encoding; the result is sealed. max_entries
+ * (0 = MANIFEST_ENTRIES_MAX) is checked before allocating. */
+int manifest_decode(const uint8_t *p, size_t n, size_t max_entries, struct manifest **out);
+
+/* One entry with its chunk list, for answering "what exactly is at this
+ * path" (e.g. the chunk list the host wants for sending references). The
+ * decoder checks the path and fields like manifest_add; it fills *e with
+ * owned copies (free with manifest_entry_clear). */
+int manifest_entry_encode(const struct manifest_entry *e, struct buf *out);
+int manifest_entry_decode(struct buf *in, const struct chunk_params *params, struct manifest_entry *e);
+
+/*
+ * Open `path` (valid by manifest_path_check, or "" for dirfd itself)
+ * beneath dirfd, never following a symlink and never leaving the tree:
+ * openat2() with RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+ * RESOLVE_NO_MAGICLINKS, or, where openat2 is missing (ENOSYS) or `walk` is
+ * set, one openat(O_PATH | O_DIRECTORY | O_NOFOLLOW) per directory
+ * component. `flags` apply to the last component; O_NOFOLLOW and O_CLOEXEC
+ * are always added. Returns the new fd or -errno: -ELOOP a symlink on the
+ * way or at the end (openat2 reports a trailing symlink opened with
+ * O_DIRECTORY as -ENOTDIR), -ENOTDIR, -ENOENT, -EXDEV an escape, -EINVAL a
+ * bad path, -EAGAIN when concurrent renames keep openat2 from finishing.
+ */
+int manifest_open_beneath(int dirfd, const char *path, int flags, bool walk);
+
+/* ---- scanning a directory ---- */
+
+enum manifest_verdict {
+	MANIFEST_SKIP = 0,    /* leave it (and a directory's subtree) out */
+	MANIFEST_KEEP = 1,    /* keep it (and look inside a directory) */
+	MANIFEST_DESCEND = 2, /* directory: look inside; keep it only if something beneath is kept */
+};
+
+enum manifest_skip {
+	MANIFEST_SKIP_SPECIAL = 1,  /* fifo, socket or device: not representable */
+	MANIFEST_SKIP_DEPTH = 2,    /* deeper than max_depth */
+	MANIFEST_SKIP_NAME = 3,	    /* path too long for the manifest */
+	MANIFEST_SKIP_TARGET = 4,   /* symlink target too long */
+	MANIFEST_SKIP_ERROR = 5,    /* could not be read (errno given) */
+	MANIFEST_SKIP_CHANGED = 6,  /* vanished or changed type/size while scanned */
+	MANIFEST_SKIP_RESERVED = 7, /* an airlock temporary name */
+};
+
+/* Returns enum manifest_verdict for relpath. */
+typedef int (*manifest_filter_fn)(const char *relpath, bool is_dir, void *ud);
+/* Told about every path the scanner left out for a reason other than the
+ * filter; err is a positive errno for MANIFEST_SKIP_ERROR, else 0. */
+typedef void (*manifest_skipped_fn)(const char *relpath, enum manifest_skip why, int err, void *ud);
+
+struct hcache;
+
+struct manifest_scan_opts {
+	manifest_filter_fn filter; /* NULL: keep everything */
+	void *filter_ud;
+	manifest_skipped_fn skipped; /* NULL: not told */
+	void *skipped_ud;
+	/* Cut chunk lists for files over params.whole_max with these params;
+	 * NULL: hash only (entries get no chunk list; m->params = default). */
+	const struct chunk_params *chunking;
+	/* Stat-keyed hash cache (hcache.h), or NULL: files whose key matches a
+	 * non-racy entry are not read; every file hashed is put back. The scan
+	 * calls hcache_begin; loading and saving are the caller's. */
+	struct hcache *cache;
+	unsigned max_depth; /* 0: 128. Directories nest at most this deep. */
+	size_t max_entries; /* 0: MANIFEST_ENTRIES_MAX; more is -E2BIG */
+};
+
+/*
+ * Scan the tree beneath dirfd (which stays the caller's) into a sealed
+ * manifest. Never follows a symlink (fstatat AT_SYMLINK_NOFOLLOW, openat
+ * O_NOFOLLOW, symlinks recorded as links); special files, over-long paths,
+ * unreadable entries and entries changing under the scan are left out and
+ * reported through opts->skipped. Setuid/setgid/sticky bits are dropped.
+ * Fails only for the root itself, -ENOMEM, or -E2BIG.
+ */
+int manifest_scan(int dirfd, const struct manifest_scan_opts *opts, struct manifest **out);
+
+/* ---- differences ---- */
+
+enum manifest_change_kind {
+	MANIFEST_REMOVE = 1, /* old path goes (new is set too when another type replaces it) */
+	MANIFEST_ADD = 2,    /* new path (old is set too when it replaces another type) */
+	MANIFEST_MODIFY = 3, /* same type, content differs (size or hash; mode may differ too) */
+	MANIFEST_MODE = 4,   /* same type and content, only the mode differs */
+};
+
+struct manifest_change {
+	uint8_t kind;			  /* enum manifest_change_kind */
+	const struct manifest_entry *old; /* entry in `old`, or NULL */
+	const struct manifest_entry *new; /* entry in `new`, or NULL */
+};
+
+/*
+ * What turns `old` (sealed) into `new` (sealed), as a mem_alloc'd array
+ * (caller frees with mem_free; pointers point into the manifests). Order
+ * is the order to apply it in: all removals first, children before their
+ * directory, then additions and changes, directories before their
+ * children. Subtrees with equal digests are skipped without being walked.
+ */
+int manifest_diff(const struct manifest *old, const struct manifest *new, struct manifest_change **out, size_t *n);
+
+/* ---- top-down reconcile of large trees ----
+ *
+ * Side A (answering) has its manifest; side B (asking) has its own and
+ * wants A's, without A sending the whole listing:
+ *   B: manifest_recon_new(mine, A's root digest)
+ *   loop while manifest_recon_next() gives directory paths:
+ *       A: manifest_level_encode() for each asked path, B: manifest_recon_feed()
+ *   B: manifest_recon_finish() -> A's manifest, reconstructed: the records A
+ *      sent plus B's own entries for every subtree whose digest matched.
+ * Cost: one level (one record per child) for each directory on a path to
+ * a difference, instead of one record per path. Reconstructed entries carry
+ * no symlink target and no chunk list (ask with manifest_entry_* for those).
+ */
+
+/* A's answer for directory `dirpath` ("" = root): u32 count, then per child
+ * in name order: bytes name, u8 type, u32 mode, u64 size, 16-byte hash.
+ * -ENOENT when dirpath is not a directory of m. */
+int manifest_level_encode(const struct manifest *m, const char *dirpath, struct buf *out);
+
+struct manifest_recon;
+
+/* Start reconciling against a peer whose root digest is peer_root. `mine`
+ * must stay alive and unchanged until manifest_recon_free. max_entries
+ * (0 = MANIFEST_ENTRIES_MAX) caps the reconstructed manifest. */
+int manifest_recon_new(const struct manifest *mine, const uint8_t peer_root[CHUNK_HASH_LEN], size_t max_entries,
+		       struct manifest_recon **out);
+void manifest_recon_free(struct manifest_recon *r);
+
+/* Directory paths to ask about next (strings owned by r, valid until the
+ * next feed): sets *dirs and returns how many; 0 means done. */
+size_t manifest_recon_next(struct manifest_recon *r, const char *const **dirs);
+
+/* Feed the peer's level for dirpath, which must be one that was asked for
+ * and not yet answered (-EPROTO otherwise). Checks every record. */
+int manifest_recon_feed(struct manifest_recon *r, const char *dirpath, const uint8_t *level, size_t n);
+
+/* The reconstructed peer manifest (sealed; caller frees). -EAGAIN when
+ * directories are still pending; -ESTALE when its root digest does not
+ * match peer_root (the peer changed during the exchange: start again). */
+int manifest_recon_finish(struct manifest_recon *r, struct manifest **peer);
+
+#endif

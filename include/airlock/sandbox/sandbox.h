@@ -1,0 +1,98 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef AIRLOCK_SANDBOX_H
+#define AIRLOCK_SANDBOX_H
+
+/*
+ * sandbox: start the guest that `airlock up DIR` talks to when no --guest
+ * is given, and say how to reach it (doc/SANDBOX.md).
+ *
+ * Two kinds behind one contract:
+ *   SANDBOX_LOCAL  airlock-agent in new user, mount, pid, ipc, uts and
+ *                  network namespaces with a private root (relay/sandbox/sandbox_local.c);
+ *   SANDBOX_VM     a qemu microVM booted from the base template, the agent
+ *                  as its init's child, the channel over virtio-serial
+ *                  (relay/sandbox/sandbox_vm.c).
+ *
+ * State of one workspace's sandbox lives in
+ *   $XDG_DATA_HOME/airlock/sandboxes/<workspace-id>/   (default ~/.local/share)
+ * and is kept across stop/start (the workspace copy, the sandbox's home,
+ * dependencies installed there); sandbox_destroy() removes it.
+ * Keys are generated on first start (keys/host.key, keys/guest.key, 0600)
+ * and pinned both ways: the agent accepts only the host key, the host
+ * accepts only the guest key.
+ *
+ * Neither kind has a network route out. The only way out is the egress
+ * proxy of the host daemon, reached over the channel (doc/EGRESS.md).
+ *
+ * Not thread-safe; call from the host daemon's loop thread. sandbox_start
+ * blocks until the agent printed "ready" (or failed), bounded by
+ * SANDBOX_START_MS (local) / SANDBOX_VM_START_MS (vm).
+ */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "airlock/core/noise.h"
+
+#define SANDBOX_START_MS    10000u
+#define SANDBOX_VM_START_MS 120000u
+#define SANDBOX_STOP_MS	    5000u /* TERM, then KILL after this */
+
+enum sandbox_kind {
+	SANDBOX_LOCAL = 1,
+	SANDBOX_VM = 2,
+};
+
+/* "local" / "vm" -> kind; -EINVAL otherwise. */
+int sandbox_kind_parse(const char *s, enum sandbox_kind *out);
+const char *sandbox_kind_name(enum sandbox_kind k);
+
+struct sandbox_cfg {
+	enum sandbox_kind kind;
+	const char *workspace;	  /* realpath of DIR (for the id and messages) */
+	const char *agent_path;	  /* airlock-agent to run (local) or to put in the template (vm);
+				   * NULL: the one next to /proc/self/exe */
+	const char *template_dir; /* vm only: directory with the built template; NULL: default */
+	bool verbose;		  /* agent -v; its log goes to <data>/agent.log either way */
+};
+
+struct sandbox;
+
+/* Create (first time) or reuse the state directory, generate keys if
+ * missing, start the guest and wait until its agent listens. On failure
+ * returns -errno and writes one line for the user into err (naming what
+ * is missing, e.g. "unprivileged user namespaces are disabled
+ * (kernel.unprivileged_userns_clone=0)"). */
+int sandbox_start(const struct sandbox_cfg *cfg, struct sandbox **out, char *err, size_t errlen);
+
+/* Transport address for transport_parse(), e.g. "unix:/…/run/agent.sock". */
+const char *sandbox_address(const struct sandbox *sb);
+/* The pinned keys: the host's static key pair and the guest's public key. */
+const struct noise_keypair *sandbox_host_key(const struct sandbox *sb);
+const uint8_t *sandbox_guest_pub(const struct sandbox *sb);
+/* The state directory (…/sandboxes/<id>). */
+const char *sandbox_dir(const struct sandbox *sb);
+/* One line for logs and `airlock status`: kind and what isolates it,
+ * e.g. "local: user+mount+pid+ipc+uts+net namespaces, landlock, seccomp". */
+const char *sandbox_describe(const struct sandbox *sb);
+/* Time from sandbox_start's call to the agent listening, in ms. */
+double sandbox_start_ms(const struct sandbox *sb);
+/* pid of the process the host waits for (the namespace init / qemu). */
+pid_t sandbox_pid(const struct sandbox *sb);
+/* true while that process runs (reaps it when it exited). */
+bool sandbox_alive(struct sandbox *sb);
+
+/* Stop the guest (TERM, then KILL after SANDBOX_STOP_MS), keep its
+ * state, free sb. NULL is a no-op. */
+void sandbox_stop(struct sandbox *sb);
+
+/* State directory of the sandbox for workspace (realpath), without
+ * creating anything. */
+int sandbox_dir_of(const char *workspace, char *out, size_t outlen);
+/* Remove a stopped sandbox's state (the workspace copy, home, keys,
+ * disk image). -EBUSY when its guest still runs; 0 when there was none. */
+int sandbox_destroy(const char *workspace, char *err, size_t errlen);
+
+#endif

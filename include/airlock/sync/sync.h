@@ -1,0 +1,210 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef AIRLOCK_SYNC_H
+#define AIRLOCK_SYNC_H
+
+/*
+ * sync: the host-side sync engine. It turns a workspace directory plus a
+ * policy into signed delta batches for one guest, over a sync stream of an
+ * already-ready chan (wire.h "sync" group, doc/PROTOCOL.md "Sync").
+ *
+ * Two entry points, both asynchronous on the chan's loop:
+ *
+ *   sync_reconcile()  on every (re)connect: scan the host tree through
+ *                     the policy, learn what the guest holds by a top-down
+ *                     digest exchange in which the host drops every guest
+ *                     entry its policy does not manage (so those are never
+ *                     listed further, compared or touched: a guest-side
+ *                     node_modules survives), diff, send batches, wait for
+ *                     every acknowledgement.
+ *   sync_push_paths() after a reconcile: the paths a change journal saw
+ *                     change (the live FUSE mount's dirty set). Sends what
+ *                     changed relative to the state the guest last
+ *                     confirmed, without asking the guest anything.
+ *
+ * Each finishes with ops->on_done(err, why) exactly once; one operation
+ * runs at a time (-EBUSY otherwise). Progress is reported through
+ * ops->on_progress as batches are built and acknowledged.
+ *
+ * The application owns the chan and routes to the engine every frame whose
+ * type is in the sync group (sync_on_frame), every on_writable
+ * (sync_on_writable), and WIRE_ERROR frames on the sync stream
+ * (sync_on_error). The engine never frees the chan.
+ *
+ * Secrets: a path the policy withholds is never opened. The one exception
+ * is .git/config, which is always withheld and replaced by a *generated*
+ * file holding only whitelisted keys of the host's (sync_git_config); its
+ * bytes are made in memory, the real file is only parsed.
+ *
+ * Errors are -errno; the `why` text names the path, batch or peer.
+ */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "airlock/content/chunk.h"
+#include "airlock/content/delta.h"
+#include "airlock/core/buf.h"
+
+struct chan;
+struct policy;
+struct sync;
+
+/* Most withheld / skipped paths kept for the audit record; the rest are
+ * only counted. */
+#define SYNC_RECORDS_MAX 10000u
+/* A batch is finished once it holds this many bytes (a single larger
+ * file still goes in one batch, up to WIRE_SYNC_MSG_MAX). */
+#define SYNC_BATCH_TARGET (8u << 20)
+/* Batches sent and not yet acknowledged. */
+#define SYNC_BATCHES_IN_FLIGHT 2u
+#define SYNC_GIT_CONFIG	       ".git/config"
+#define SYNC_GIT_CONFIG_MAX    (1u << 20) /* larger host .git/config files are not parsed */
+
+/* The generated .git/config for the guest, from the host's one at
+ * `path`: only [core] repositoryformatversion, filemode, logallrefupdates,
+ * ignorecase, precomposeunicode, symlinks, autocrlf, eol, safecrlf,
+ * checkstat, trustctime and [extensions] objectformat, refstorage are
+ * copied, and only with plain values ([A-Za-z0-9._-]); bare is always
+ * false. No remotes, URLs, includes, credentials, hooksPath, fsmonitor,
+ * sshCommand or anything else. A missing or unreadable file gives the
+ * minimal config. Appends to out. 0, -EFBIG (over SYNC_GIT_CONFIG_MAX) or
+ * -ENOMEM. */
+int sync_git_config(int dirfd, const char *path, struct buf *out);
+
+/* ---- host engine ---- */
+
+struct sync_progress {
+	const char *phase;    /* "scan", "reconcile", "send", "done" */
+	uint64_t files_total; /* files and links the diff will send */
+	uint64_t bytes_total; /* their content bytes */
+	uint64_t files_done;  /* acknowledged by the guest */
+	uint64_t bytes_done;
+};
+
+struct sync_stats {
+	uint64_t host_entries;	/* managed paths on the host */
+	uint64_t guest_entries; /* managed paths the guest had (reconstructed) */
+	uint64_t levels;	/* directory levels the guest listed */
+	uint64_t changes;	/* ops the diff produced */
+	uint64_t files, symlinks, dirs, chmods, deleted;
+	uint64_t content_bytes; /* bytes of the files sent (before delta) */
+	uint64_t batch_bytes;	/* encoded, signed batch bytes */
+	uint64_t batches;
+	uint64_t withheld;  /* paths the policy withheld (files and pruned dirs) */
+	uint64_t skipped;   /* special files and unreadable entries left out */
+	uint64_t vanished;  /* files that changed or vanished while being sent (left for next sync) */
+	uint64_t kept_dirs; /* directory deletes the guest skipped: they hold its own files */
+	uint64_t guest_seq; /* last sequence the guest confirmed */
+};
+
+/* A withheld or skipped path, for the audit record. */
+struct sync_record {
+	char *path; /* owned */
+	char *rule; /* owned: policy verdict rule, or why it was skipped */
+};
+
+struct sync_ops {
+	void (*on_progress)(const struct sync_progress *p, void *ud); /* may be NULL */
+	void (*on_done)(int err, const char *why, void *ud);
+};
+
+struct sync_cfg {
+	int dirfd;			     /* the workspace (kept by the caller) */
+	const struct policy *policy;	     /* must outlive the engine */
+	const uint8_t *sign_sk;		     /* 64 bytes: keys_signing_key() */
+	const uint8_t *sign_pk;		     /* 32 bytes */
+	const uint8_t *guest_pub;	     /* 32 bytes: the pinned guest static key */
+	const struct chunk_params *chunking; /* NULL: chunk_params_default */
+	size_t batch_target;		     /* 0: SYNC_BATCH_TARGET */
+	size_t max_batch;		     /* 0: WIRE_SYNC_MSG_MAX; a file whose PUT alone is larger
+					      * is not sent but listed as skipped ("too large to sync") */
+	/* Directory for the host's hash cache (hcache.h, file HCACHE_FILE),
+	 * e.g. audit_dir(); NULL: every scan hashes every file. */
+	const char *state_dir;
+	const struct sync_ops *ops;
+	void *ud;
+};
+
+/* New engine on a ready chan; opens its sync stream. cfg is copied (the
+ * pointers in it must outlive the engine). -ENOMEM, -EINVAL. */
+int sync_new(struct chan *c, const struct sync_cfg *cfg, struct sync **out);
+void sync_free(struct sync *s); /* NULL is a no-op */
+
+int sync_reconcile(struct sync *s);
+/*
+ * paths: workspace-relative paths that changed (files or directories,
+ * either end of a rename). -EINVAL before a successful reconcile.
+ *
+ * Path-targeted: only the dirty paths are looked at (lstat through their
+ * parent, opened beneath the workspace without following links); a
+ * directory among them, or a path under a directory the confirmed state
+ * does not hold (new, renamed, removed), is walked as a subtree; a
+ * .gitignore re-decides its directory's subtree. Everything else is taken
+ * from the state the guest last confirmed. Falls back to a full host scan
+ * (still no guest round trip) for the root, .git/info/exclude, a dirty
+ * file with more than one link (its other names are not in the set), more
+ * than 4096 paths or a quarter of the tree, or any inconsistency between
+ * that state and the disk. Hashes only the files it looks at; the hash
+ * cache is used by full scans only. Renames are a delete plus a put (a
+ * large file's put takes REF chunks from the deleted old path). A
+ * file that changes or vanishes while a batch is built is left for the
+ * next push, and the confirmed state keeps the guest's old version of it.
+ * doc/SYNC.md §9.
+ */
+int sync_push_paths(struct sync *s, const char *const *paths, size_t n);
+
+/*
+ * What a change journal knows about how a dirty path's content changed
+ * since it was last handed to a push. With `valid`, the path was only
+ * written, truncated or had its attributes changed (no create, rename,
+ * link or unlink), and its content can differ from what was last pushed
+ * only in bytes [lo, hi) and, when `resized` or the size differs, from lo
+ * (or the smaller size) to the end. lo > hi means no byte was written.
+ */
+struct sync_hint {
+	uint64_t lo, hi;
+	bool valid;
+	bool resized;
+};
+
+/*
+ * sync_push_paths with a hint per path (hints may be NULL). A large file
+ * (over whole_max, already in the confirmed state as a chunk list) with a
+ * valid hint is re-chunked with chunk_update from that list: only the
+ * chunks around the written bytes are read, cut and hashed, and its PUT
+ * reads only the chunks the guest lacks. A hint that understates a change
+ * costs no correctness: every chunk the PUT reuses is one the guest holds
+ * (a REF, verified there), every other chunk is read and checked, and the
+ * bytes the hint missed are journaled, so a later push covers them. A
+ * file left for a later push (changed while sent) is hashed in full next
+ * time, whatever its hint says.
+ */
+int sync_push_hinted(struct sync *s, const char *const *paths, const struct sync_hint *hints, size_t n);
+
+/* What the last sync_push_paths looked at (for tests and the bench). */
+struct sync_push_stats {
+	uint64_t paths;	       /* dirty paths given */
+	uint64_t anchors;      /* subtrees decided again (after nesting and escalation) */
+	uint64_t lstats;       /* entries stat'ed */
+	uint64_t walked;       /* directories walked as subtrees */
+	uint64_t hashed;       /* files read */
+	uint64_t hashed_bytes; /* their bytes (for ranged files: the bytes re-read) */
+	uint64_t ranged;       /* large files re-chunked from a hint (chunk_update) */
+	uint64_t put_read;     /* bytes read to build PUTs of files with a chunk list */
+	bool full;	       /* fell back to a full host scan */
+};
+const struct sync_push_stats *sync_get_push_stats(const struct sync *s);
+
+void sync_on_frame(struct sync *s, uint8_t type, uint32_t stream, const uint8_t *p, size_t n);
+void sync_on_writable(struct sync *s);
+void sync_on_error(struct sync *s, uint32_t code, const char *msg);
+uint32_t sync_stream(const struct sync *s);
+
+const struct sync_stats *sync_get_stats(const struct sync *s);
+/* Withheld paths (policy) and skipped entries (special files, errors) of
+ * the last scan, each capped at SYNC_RECORDS_MAX; *total counts all. */
+const struct sync_record *sync_withheld(const struct sync *s, size_t *n, uint64_t *total);
+const struct sync_record *sync_skipped(const struct sync *s, size_t *n, uint64_t *total);
+
+#endif

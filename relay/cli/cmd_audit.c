@@ -1,0 +1,135 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * airlock audit [-C DIR] [--json]: what the workspace's last sync withheld
+ * (path and the policy rule that withheld it), what it skipped, and the
+ * egress proxy's denials (audit.h AUDIT_EGRESS_FILE, written by
+ * egress_link.h in the airlock up daemon).
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "airlock/sync/audit.h"
+#include "cmd_i.h"
+
+static void print_list(json_t *doc, const char *key, const char *field, const char *label, const char *total_key,
+		       const char *omitted_key)
+{
+	json_t *a = json_object_get(doc, key);
+	size_t i;
+	json_t *e;
+
+	if (!json_is_array(a))
+		return;
+	json_array_foreach(a, i, e)
+	{
+		const char *p = json_string_value(json_object_get(e, "path"));
+		const char *r = json_string_value(json_object_get(e, field));
+		printf("%-9s %s  (%s)\n", label, p ? p : "?", r ? r : "?");
+	}
+	json_int_t omitted = json_integer_value(json_object_get(doc, omitted_key));
+	if (omitted > 0)
+		printf("... %lld more %s not listed (%lld in all)\n", (long long)omitted, label,
+		       (long long)json_integer_value(json_object_get(doc, total_key)));
+}
+
+/* egress.json (egress_link.h): one line per denial, newest last. */
+static void print_denials(json_t *doc)
+{
+	json_t *a = json_object_get(doc, "denials");
+	size_t i;
+	json_t *e;
+
+	if (!json_is_array(a) || json_array_size(a) == 0) {
+		printf("egress denials: none recorded\n");
+		return;
+	}
+	json_array_foreach(a, i, e)
+	{
+		const char *when = json_string_value(json_object_get(e, "time"));
+		const char *m = json_string_value(json_object_get(e, "method"));
+		const char *h = json_string_value(json_object_get(e, "host"));
+		const char *r = json_string_value(json_object_get(e, "reason"));
+		const char *d = json_string_value(json_object_get(e, "detail"));
+		const char *c = json_string_value(json_object_get(e, "command"));
+		printf("egress    %s denied %s %s:%lld (%s%s%s) by %s\n", when ? when : "?", m && *m ? m : "?",
+		       h && *h ? h : "?", (long long)json_integer_value(json_object_get(e, "port")), r ? r : "?",
+		       d && *d ? ": " : "", d ? d : "", c && *c ? c : "?");
+	}
+	json_int_t omitted = json_integer_value(json_object_get(doc, "denials_omitted"));
+	if (omitted > 0)
+		printf("... %lld earlier egress denials not listed (%lld in all)\n", (long long)omitted,
+		       (long long)json_integer_value(json_object_get(doc, "denials_total")));
+}
+
+int cmd_audit(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"json", no_argument, NULL, 'j'},
+	    {NULL, 0, NULL, 0},
+	};
+	const char *dir = ".";
+	bool json = false;
+	char err[1024];
+	void *w = NULL, *eg = NULL;
+	int c, status = 1;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "C:", opts, NULL)) != -1) {
+		switch (c) {
+		case 'C':
+			dir = optarg;
+			break;
+		case 'j':
+			json = true;
+			break;
+		default:
+			fputs("usage: airlock audit [-C DIR] [--json]\n", stderr);
+			return 2;
+		}
+	}
+	if (optind != argc) {
+		fputs("usage: airlock audit [-C DIR] [--json]\n", stderr);
+		return 2;
+	}
+	if (audit_read_json(dir, AUDIT_WITHHELD_FILE, &w, err, sizeof(err)) < 0 ||
+	    audit_read_json(dir, AUDIT_EGRESS_FILE, &eg, err, sizeof(err)) < 0) {
+		cmd_err("audit: %s", err);
+		goto out;
+	}
+	if (json) {
+		json_t *o = json_object();
+		if (!o || json_object_set(o, "sync", w ? (json_t *)w : json_null()) < 0 ||
+		    json_object_set(o, "egress", eg ? (json_t *)eg : json_null()) < 0 ||
+		    json_dumpf(o, stdout, JSON_COMPACT) < 0) {
+			json_decref(o);
+			cmd_err("out of memory");
+			goto out;
+		}
+		json_decref(o);
+		fputc('\n', stdout);
+	} else {
+		if (!w)
+			printf("no sync recorded for %s yet (run airlock sync)\n", dir);
+		else {
+			const char *when = json_string_value(json_object_get(w, "time"));
+			printf("last sync scan: %s (policy: %s)\n", when ? when : "?",
+			       json_string_value(json_object_get(w, "policy"))
+				   ? json_string_value(json_object_get(w, "policy"))
+				   : "?");
+			print_list(w, "withheld", "rule", "withheld", "withheld_total", "withheld_omitted");
+			print_list(w, "skipped", "reason", "skipped", "skipped_total", "skipped_omitted");
+		}
+		if (eg)
+			print_denials(eg);
+		else
+			printf("egress denials: none recorded\n");
+	}
+	status = 0;
+out:
+	json_decref(w);
+	json_decref(eg);
+	return status;
+}

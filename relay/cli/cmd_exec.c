@@ -1,0 +1,745 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * airlock exec [-C DIR] [--timeout S] [--tty] [--stdin|--no-stdin] -- CMD [ARG...]
+ * airlock shell [-C DIR] [--timeout S] [-c CMD [NAME [ARG...]]]   (see cmd_shell)
+ *
+ * Run from a directory below the workspace (or -C one), the command runs in
+ * the same directory of the guest's copy: the workspace is the nearest
+ * airlock mount at or above DIR.
+ *
+ * A client of the relay socket (doc/RELAY.md) that behaves like the command
+ * it runs in the guest: its stdout and stderr go to ours, our stdin is
+ * passed when it is not a terminal or /dev/null (or with --stdin, or --tty), SIGINT,
+ * SIGTERM, SIGHUP and SIGQUIT are forwarded as `signal` requests, and the
+ * exit status is the remote one: the code, 128+N for signal N, 124 when the
+ * timeout fired (timeout(1)). 125 means the command could not be run at all
+ * (no relay, no guest, a refused request); the reason is printed.
+ *
+ * --tty: the command gets a pty in the guest sized like our terminal;
+ * our terminal (when stdin is one) is in raw mode while it runs, so keys
+ * like ^C and ^Z reach the guest's terminal as bytes and its line
+ * discipline turns them into signals there; SIGWINCH becomes `resize`.
+ * The terminal is restored on every way out.
+ *
+ * stdin requests are answered only on failure, so after each chunk we send
+ * a `status` request as a fence: a `busy` error before the fence's answer
+ * means the sandbox's input window was full, and the chunk is sent again.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <termios.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <sodium.h>
+
+#include "airlock/core/buf.h"
+#include "airlock/core/mem.h"
+#include "airlock/mount/mount.h"
+#include "airlock/server/relay.h"
+#include "cmd_i.h"
+
+#define EXEC_FAILED 125
+#define STDIN_CHUNK (32u * 1024u)
+#define IN_MAX	    ((size_t)8 << 20) /* longest event line we accept from the relay */
+#define FENCE_ID    "airlock-exec-fence"
+
+struct xc {
+	int fd;
+	char id[64];
+	struct buf in; /* bytes from the relay, up to one partial line */
+	bool started, done;
+	int status;	/* exit status once done */
+	int cancel_sig; /* a signal that arrived before `started`: the command was canceled */
+	/* stdin */
+	bool want_stdin, stdin_eof_sent;
+	uint8_t chunk[STDIN_CHUNK];
+	size_t chunk_n;
+	bool chunk_eof;	 /* the chunk ends stdin */
+	bool in_flight;	 /* chunk sent, fence not answered yet */
+	bool chunk_busy; /* the relay answered busy: send it again */
+	uint64_t retry_at_ms;
+	unsigned backoff_ms;
+};
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static int write_all(int fd, const void *p, size_t n)
+{
+	const char *c = p;
+
+	while (n > 0) {
+		ssize_t w = write(fd, c, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0)
+			return -errno;
+		c += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+/* Send one request object (consumed). */
+static int send_req(struct xc *x, json_t *o)
+{
+	char *line;
+	int r;
+
+	if (!o)
+		return -ENOMEM;
+	line = json_dumps(o, JSON_COMPACT);
+	json_decref(o);
+	if (!line)
+		return -ENOMEM;
+	size_t n = strlen(line);
+	r = write_all(x->fd, line, n);
+	if (r == 0)
+		r = write_all(x->fd, "\n", 1);
+	mem_free(line); /* jansson allocates through mem_* (mem_init_json) */
+	return r;
+}
+
+static int send_chunk(struct xc *x)
+{
+	char *b64 = NULL;
+	size_t blen = sodium_base64_ENCODED_LEN(x->chunk_n, sodium_base64_VARIANT_ORIGINAL);
+	json_t *o;
+	int r;
+
+	if (!(b64 = mem_alloc(blen)))
+		return -ENOMEM;
+	sodium_bin2base64(b64, blen, x->chunk, x->chunk_n, sodium_base64_VARIANT_ORIGINAL);
+	o = json_pack("{s:s, s:s, s:s, s:b}", "id", x->id, "op", "stdin", "data_b64", b64, "eof", x->chunk_eof);
+	mem_free(b64);
+	if ((r = send_req(x, o)) < 0)
+		return r;
+	x->in_flight = true;
+	x->chunk_busy = false;
+	return send_req(x, json_pack("{s:s, s:s}", "id", FENCE_ID, "op", "status"));
+}
+
+/* Output data of an stdout/stderr event to fd. */
+static int emit(json_t *ev, int fd)
+{
+	const char *t = json_string_value(json_object_get(ev, "data"));
+	const char *b = json_string_value(json_object_get(ev, "data_b64"));
+	uint8_t *bin;
+	size_t n;
+	int r;
+
+	if (t)
+		return write_all(fd, t, json_string_length(json_object_get(ev, "data")));
+	if (!b)
+		return 0;
+	n = strlen(b);
+	if (!(bin = mem_alloc(n / 4 * 3 + 3)))
+		return -ENOMEM;
+	if (sodium_base642bin(bin, n / 4 * 3 + 3, b, n, NULL, &n, NULL, sodium_base64_VARIANT_ORIGINAL) < 0) {
+		mem_free(bin);
+		return -EBADMSG;
+	}
+	r = write_all(fd, bin, n);
+	mem_free(bin);
+	return r;
+}
+
+/* Output we could not write (EPIPE: our reader is gone): stop the command. */
+static void output_gone(struct xc *x)
+{
+	if (x->done)
+		return;
+	send_req(x, json_pack("{s:s, s:s}", "id", x->id, "op", "cancel"));
+	x->done = true;
+	x->status = 141;
+}
+
+/*
+ * We ask for "encoding":"base64", and the relay writes those output events
+ * in one fixed shape without a JSON tree (relay.c client_send_b64):
+ *   {"event":"stdout","id":"<our id>","offset":N,"data_b64":"<base64>"}
+ * Decoding that shape directly spares a JSON parse of every output byte
+ * (which dominated the CPU of `airlock exec` on a flood). 1 when the line
+ * was such an event and is handled; 0 for any other line (parsed as JSON).
+ */
+static int fast_output(struct xc *x, const char *p, size_t n)
+{
+	static const char *const names[2] = {"stdout", "stderr"};
+	static const char mid[] = ",\"data_b64\":\"";
+
+	for (int k = 0; k < 2; k++) {
+		char head[160];
+		int hn = snprintf(head, sizeof(head), "{\"event\":\"%s\",\"id\":\"%s\",\"offset\":", names[k], x->id);
+		if (hn < 0 || (size_t)hn >= sizeof(head) || n < (size_t)hn || memcmp(p, head, (size_t)hn) != 0)
+			continue;
+		size_t i = (size_t)hn;
+		while (i < n && p[i] >= '0' && p[i] <= '9')
+			i++;
+		if (i == (size_t)hn || n - i < sizeof(mid) - 1 + 2 || memcmp(p + i, mid, sizeof(mid) - 1) != 0 ||
+		    p[n - 2] != '"' || p[n - 1] != '}')
+			return 0;
+		const char *b = p + i + sizeof(mid) - 1;
+		size_t bn = n - 2 - (i + sizeof(mid) - 1), len;
+		uint8_t *bin = mem_alloc(bn / 4 * 3 + 3);
+		if (!bin || sodium_base642bin(bin, bn / 4 * 3 + 3, b, bn, NULL, &len, NULL,
+					      sodium_base64_VARIANT_ORIGINAL) < 0) {
+			mem_free(bin);
+			return 0; /* not what it looked like: the JSON path decides */
+		}
+		if (write_all(k ? STDERR_FILENO : STDOUT_FILENO, bin, len) < 0)
+			output_gone(x);
+		mem_free(bin);
+		return 1;
+	}
+	return 0;
+}
+
+/* One event line. */
+static void on_event(struct xc *x, json_t *ev)
+{
+	const char *event = json_string_value(json_object_get(ev, "event"));
+	const char *id = json_string_value(json_object_get(ev, "id"));
+	bool mine = id && !strcmp(id, x->id), fence = id && !strcmp(id, FENCE_ID);
+
+	if (!event)
+		return;
+	if (!strcmp(event, "status") && fence) {
+		x->in_flight = false;
+		if (x->chunk_busy) {
+			x->retry_at_ms = now_ms() + x->backoff_ms;
+			x->backoff_ms = x->backoff_ms < 50 ? x->backoff_ms * 2 : 50;
+		} else {
+			x->backoff_ms = 1;
+			if (x->chunk_eof)
+				x->stdin_eof_sent = true;
+			x->chunk_n = 0;
+			x->chunk_eof = false;
+		}
+		return;
+	}
+	if (!mine)
+		return;
+	if (!strcmp(event, "started")) {
+		x->started = true;
+	} else if (!strcmp(event, "stdout") || !strcmp(event, "stderr")) {
+		if (emit(ev, !strcmp(event, "stdout") ? STDOUT_FILENO : STDERR_FILENO) < 0)
+			output_gone(x);
+	} else if (!strcmp(event, "dropped")) {
+		cmd_err("exec: %" JSON_INTEGER_FORMAT " bytes of %s were lost",
+			json_integer_value(json_object_get(ev, "bytes")),
+			json_string_value(json_object_get(ev, "stream"))
+			    ? json_string_value(json_object_get(ev, "stream"))
+			    : "output");
+	} else if (!strcmp(event, "exit")) {
+		json_t *sig = json_object_get(ev, "signal");
+		x->done = true;
+		if (json_is_true(json_object_get(ev, "timed_out")))
+			x->status = 124;
+		else if (json_is_integer(sig) && x->cancel_sig)
+			x->status = 128 + x->cancel_sig; /* our cancel (for signal N, before it started) killed it */
+		else if (json_is_integer(sig))
+			x->status = 128 + (int)json_integer_value(sig);
+		else
+			x->status = (int)json_integer_value(json_object_get(ev, "code")) & 0xff;
+	} else if (!strcmp(event, "error")) {
+		const char *code = json_string_value(json_object_get(ev, "code"));
+		const char *msg = json_string_value(json_object_get(ev, "message"));
+		if (code && !strcmp(code, "busy") && x->in_flight) {
+			x->chunk_busy = true; /* the stdin chunk: sent again after the fence */
+			return;
+		}
+		if (x->started && code && (!strcmp(code, "stdin_closed") || !strcmp(code, "not_running")))
+			return; /* the command stopped reading or ended: its exit follows */
+		if (code && !strcmp(code, "canceled") && x->cancel_sig) {
+			x->done = true;
+			x->status = 128 + x->cancel_sig;
+			return;
+		}
+		if (code && !strcmp(code, "busy") && x->started)
+			return; /* a signal the sandbox could not take now */
+		cmd_err("exec: %s (%s)", msg ? msg : "failed", code ? code : "error");
+		if (!x->started || (code && strcmp(code, "busy"))) {
+			x->done = true;
+			x->status = EXEC_FAILED;
+		}
+	}
+}
+
+static int connect_relay(const char *path)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int fd;
+
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return -ENAMETOOLONG;
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0)
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
+	return fd;
+}
+
+/* The workspace holding dir: the nearest airlock mount at or above it
+ * (realpath in root). *rel points into root's buffer at dir's path below it
+ * ("" = the root itself). Without such a mount the workspace is dir. */
+static void find_workspace(char *root, const char **rel)
+{
+	size_t full = strlen(root);
+	char *cut = NULL; /* the '/' we replaced with NUL last */
+
+	for (;;) {
+		if (mount_is_airlock(root) == 1) {
+			*rel = cut ? cut + 1 : root + full;
+			return;
+		}
+		char *slash = strrchr(root, '/');
+		if (!slash || slash == root)
+			break;
+		if (cut)
+			*cut = '/';
+		*slash = '\0';
+		cut = slash;
+	}
+	if (cut)
+		*cut = '/';
+	*rel = root + full; /* no airlock mount above: the workspace is dir itself */
+}
+
+static void exec_usage(void)
+{
+	fputs("usage: airlock exec [-C DIR] [--timeout S] [--tty] [--stdin|--no-stdin] -- CMD [ARG...]\n", stderr);
+}
+
+static void shell_usage(void)
+{
+	fputs("usage: airlock shell [-C DIR] [--timeout S] [-l] [-i] [-c CMD [NAME [ARG...]]]\n", stderr);
+}
+
+/* What to run and how: filled by cmd_exec and cmd_shell. */
+struct run_opts {
+	const char *who; /* "exec" or "shell", for messages */
+	const char *dir;
+	double timeout;	   /* seconds; 0 = the policy's default */
+	int stdin_mode;	   /* 1 pass stdin, 0 /dev/null, -1 pass it unless it is a terminal */
+	bool tty;	   /* a pty in the guest; ours in raw mode when it is a terminal */
+	char *const *argv; /* argc strings */
+	int argc;
+};
+
+/* The local terminal, put in raw mode while a tty command runs. Restored on
+ * every way out of run_remote (its one exit); the signals that would end
+ * us without passing there (INT, TERM, HUP, QUIT) are taken by the
+ * signalfd instead, and forwarded to the command. */
+static struct termios saved_tio;
+static int raw_fd = -1;
+
+static void term_restore(void)
+{
+	if (raw_fd >= 0) {
+		tcsetattr(raw_fd, TCSADRAIN, &saved_tio);
+		raw_fd = -1;
+	}
+}
+
+static void term_raw(int fd)
+{
+	struct termios t;
+
+	if (!isatty(fd) || tcgetattr(fd, &saved_tio) < 0)
+		return;
+	t = saved_tio;
+	cfmakeraw(&t);
+	if (tcsetattr(fd, TCSADRAIN, &t) == 0)
+		raw_fd = fd;
+}
+
+/* The local window size, from whichever of stdin, stdout, stderr is a
+ * terminal; 24x80 when none is. */
+static void term_size(unsigned *rows, unsigned *cols)
+{
+	static const int fds[] = {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO};
+	struct winsize ws;
+
+	*rows = 24;
+	*cols = 80;
+	for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++) {
+		if (ioctl(fds[i], TIOCGWINSZ, &ws) == 0 && ws.ws_row && ws.ws_col) {
+			*rows = ws.ws_row;
+			*cols = ws.ws_col;
+			return;
+		}
+	}
+}
+
+static const char *sig_name(uint32_t signo)
+{
+	switch (signo) {
+	case SIGINT:
+		return "INT";
+	case SIGHUP:
+		return "HUP";
+	case SIGQUIT:
+		return "QUIT";
+	default:
+		return "TERM";
+	}
+}
+
+/* Our stdin is /dev/null: there is nothing to pass, and the command gets
+ * /dev/null in the guest anyway (saves a stdin request and its fence). */
+static bool stdin_is_null(void)
+{
+	struct stat a, b;
+
+	return fstat(STDIN_FILENO, &a) == 0 && stat("/dev/null", &b) == 0 && S_ISCHR(a.st_mode) &&
+	       a.st_rdev == b.st_rdev;
+}
+
+/* Run one command through the relay and return the exit status to use. */
+static int run_remote(const struct run_opts *o)
+{
+	static struct xc x;
+	char real[PATH_MAX], sock[PATH_MAX];
+	const char *rel = "";
+	int r, sfd = -1;
+	unsigned rows, cols;
+	bool winch = false; /* a resize to send once the command has started */
+	sigset_t set;
+	json_t *req = NULL, *av;
+
+	memset(&x, 0, sizeof(x));
+	x.fd = -1;
+	x.backoff_ms = 1;
+	x.want_stdin =
+	    o->stdin_mode == 1 || (o->stdin_mode == -1 && (o->tty || (!isatty(STDIN_FILENO) && !stdin_is_null())));
+	if (!realpath(o->dir, real)) {
+		cmd_err("%s: workspace %s: %s", o->who, o->dir, strerror(errno));
+		return EXEC_FAILED;
+	}
+	find_workspace(real, &rel);
+	if ((r = relay_default_path(real, sock, sizeof(sock))) < 0) {
+		cmd_err("%s: relay socket for %s: %s", o->who, real, strerror(-r));
+		return EXEC_FAILED;
+	}
+	if ((x.fd = connect_relay(sock)) < 0) {
+		cmd_err("%s: cannot reach the relay at %s: %s (is 'airlock up %s' running?)", o->who, sock,
+			strerror(-x.fd), real);
+		return EXEC_FAILED;
+	}
+	snprintf(x.id, sizeof(x.id), "airlock-%s-%d-%08x", o->who, (int)getpid(), randombytes_random());
+	buf_init(&x.in, IN_MAX);
+	signal(SIGPIPE, SIG_IGN);
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGHUP);
+	sigaddset(&set, SIGQUIT);
+	sigaddset(&set, SIGWINCH);
+	sigprocmask(SIG_BLOCK, &set, NULL);
+	if ((sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK)) < 0) {
+		cmd_err("%s: signalfd: %s", o->who, strerror(errno));
+		x.status = EXEC_FAILED;
+		goto out;
+	}
+	if (!(req = json_pack("{s:s, s:s, s:[], s:b, s:s}", "id", x.id, "op", "exec", "argv", "stdin", x.want_stdin,
+			      "encoding", "base64")))
+		goto nomem;
+	av = json_object_get(req, "argv");
+	for (int i = 0; i < o->argc; i++)
+		if (json_array_append_new(av, json_string(o->argv[i])) < 0)
+			goto nomem;
+	if (json_array_size(av) != (size_t)o->argc) {
+		cmd_err("%s: arguments must be valid UTF-8", o->who);
+		x.status = EXEC_FAILED;
+		goto out;
+	}
+	if (*rel && json_object_set_new(req, "cwd", json_string(rel)) < 0)
+		goto nomem;
+	if (o->timeout > 0 && json_object_set_new(req, "timeout_seconds", json_real(o->timeout)) < 0)
+		goto nomem;
+	if (o->tty) {
+		term_size(&rows, &cols);
+		if (json_object_set_new(req, "tty", json_pack("{s:i, s:i}", "rows", (int)rows, "cols", (int)cols)) < 0)
+			goto nomem;
+	}
+	r = send_req(&x, req);
+	req = NULL;
+	if (r < 0) {
+		cmd_err("%s: sending the request: %s", o->who, strerror(-r));
+		x.status = EXEC_FAILED;
+		goto out;
+	}
+	if (o->tty)
+		term_raw(STDIN_FILENO); /* keys (^C, ^Z, ^D) go to the guest's terminal as bytes */
+	while (!x.done) {
+		struct pollfd pf[3] = {
+		    {.fd = x.fd, .events = POLLIN},
+		    {.fd = sfd, .events = POLLIN},
+		    {.fd = -1, .events = POLLIN},
+		};
+		int wait_ms = -1;
+		bool can_read_stdin = x.want_stdin && x.started && !x.stdin_eof_sent && !x.in_flight;
+
+		if (winch && x.started) {
+			winch = false;
+			term_size(&rows, &cols);
+			if ((r = send_req(&x, json_pack("{s:s, s:s, s:i, s:i}", "id", x.id, "op", "resize", "rows",
+							(int)rows, "cols", (int)cols))) < 0)
+				goto sendfail;
+		}
+		if (can_read_stdin && x.chunk_busy) { /* resend after the backoff */
+			uint64_t t = now_ms();
+			if (t >= x.retry_at_ms) {
+				if ((r = send_chunk(&x)) < 0)
+					goto sendfail;
+			} else {
+				wait_ms = (int)(x.retry_at_ms - t);
+			}
+		} else if (can_read_stdin && !x.chunk_eof) {
+			pf[2].fd = STDIN_FILENO;
+		}
+		if (poll(pf, 3, wait_ms) < 0) {
+			if (errno == EINTR)
+				continue;
+			cmd_err("%s: poll: %s", o->who, strerror(errno));
+			x.status = EXEC_FAILED;
+			break;
+		}
+		if (pf[1].revents & POLLIN) {
+			struct signalfd_siginfo si;
+			while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+				if (si.ssi_signo == SIGWINCH) {
+					winch = o->tty;
+				} else if (!x.started) { /* it may still wait for its barrier: cancel it */
+					x.cancel_sig = (int)si.ssi_signo;
+					send_req(&x, json_pack("{s:s, s:s}", "id", x.id, "op", "cancel"));
+				} else {
+					send_req(&x, json_pack("{s:s, s:s, s:s}", "id", x.id, "op", "signal", "signal",
+							       sig_name(si.ssi_signo)));
+				}
+			}
+		}
+		if (pf[2].fd >= 0 && (pf[2].revents & (POLLIN | POLLHUP | POLLERR))) {
+			ssize_t n = read(STDIN_FILENO, x.chunk, sizeof(x.chunk));
+			if (n < 0 && (errno == EINTR || errno == EAGAIN))
+				continue;
+			x.chunk_n = n > 0 ? (size_t)n : 0;
+			x.chunk_eof = n <= 0;
+			if ((r = send_chunk(&x)) < 0)
+				goto sendfail;
+		}
+		if (pf[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+			uint8_t *p;
+			ssize_t n;
+			if ((r = buf_reserve(&x.in, 64 * 1024, &p)) < 0) {
+				cmd_err("%s: an event line from the relay is longer than %zu bytes", o->who, IN_MAX);
+				x.status = EXEC_FAILED;
+				break;
+			}
+			n = read(x.fd, p, 64 * 1024);
+			if (n < 0 && (errno == EINTR || errno == EAGAIN))
+				continue;
+			if (n <= 0) {
+				term_restore();
+				cmd_err("%s: the relay closed the connection before the command ended", o->who);
+				x.status = EXEC_FAILED;
+				break;
+			}
+			buf_commit(&x.in, (size_t)n);
+			for (;;) {
+				const uint8_t *s = buf_ptr(&x.in), *nl = memchr(s, '\n', buf_len(&x.in));
+				json_t *ev;
+				if (!nl)
+					break;
+				/* output may hold NUL bytes ("\u0000" in valid UTF-8 text) */
+				if (fast_output(&x, (const char *)s, (size_t)(nl - s))) {
+					/* handled */
+				} else if ((ev = json_loadb((const char *)s, (size_t)(nl - s), JSON_ALLOW_NUL, NULL))) {
+					on_event(&x, ev);
+					json_decref(ev);
+				} else {
+					cmd_err("%s: the relay sent a line that is not JSON; ignored", o->who);
+				}
+				buf_consume(&x.in, (size_t)(nl - s) + 1);
+				if (x.done)
+					break;
+			}
+		}
+	}
+	goto out;
+sendfail:
+	term_restore();
+	cmd_err("%s: writing to the relay: %s", o->who, strerror(-r));
+	x.status = EXEC_FAILED;
+	goto out;
+nomem:
+	cmd_err("%s: out of memory", o->who);
+	x.status = EXEC_FAILED;
+out:
+	term_restore();
+	json_decref(req);
+	buf_clear(&x.in);
+	if (x.fd >= 0)
+		close(x.fd);
+	if (sfd >= 0)
+		close(sfd);
+	return x.status;
+}
+
+static bool parse_timeout(const char *who, const char *arg, double *out)
+{
+	char *end;
+
+	*out = strtod(arg, &end);
+	if (*end || !(*out > 0) || *out > 30 * 86400) {
+		cmd_err("%s: --timeout '%s': a number of seconds > 0 and at most 30 days", who, arg);
+		return false;
+	}
+	return true;
+}
+
+int cmd_exec(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"timeout", required_argument, NULL, 't'},
+	    {"stdin", no_argument, NULL, 'i'},
+	    {"no-stdin", no_argument, NULL, 'n'},
+	    {"tty", no_argument, NULL, 'T'},
+	    {NULL, 0, NULL, 0},
+	};
+	struct run_opts o = {.who = "exec", .dir = ".", .stdin_mode = -1};
+	int c;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "+C:", opts, NULL)) != -1) {
+		switch (c) {
+		case 'C':
+			o.dir = optarg;
+			break;
+		case 't':
+			if (!parse_timeout("exec", optarg, &o.timeout))
+				return 2;
+			break;
+		case 'i':
+			o.stdin_mode = 1;
+			break;
+		case 'n':
+			o.stdin_mode = 0;
+			break;
+		case 'T':
+			o.tty = true;
+			break;
+		default:
+			exec_usage();
+			return 2;
+		}
+	}
+	if (optind >= argc) {
+		exec_usage();
+		return 2;
+	}
+	o.argv = argv + optind;
+	o.argc = argc - optind;
+	return run_remote(&o);
+}
+
+/*
+ * airlock shell [-C DIR] [--timeout S] [-l] [-i] [-c CMD [NAME [ARG...]]]
+ *
+ * Without -c: an interactive login shell in the sandbox, bash when the
+ * guest has it, else sh, on a pty when our stdin is a terminal. It is
+ * interactive, so its timeout defaults to the longest the relay allows
+ * rather than the policy's per-command default.
+ *
+ * With -c: CMD is one shell command string, run by the guest's sh -c (NAME
+ * and ARGs become $0, $1, ... as with sh -c), on a pty only when our stdin
+ * and stdout are both terminals; the exit status is CMD's. This is what
+ * makes airlock usable wherever a tool takes a shell path and runs
+ * "SHELL -c STRING" (doc/EDITORS.md). -l and -i are accepted and ignored,
+ * for tools that pass them to every shell.
+ */
+#define LOGIN_SHELL	  "if command -v bash >/dev/null 2>&1; then exec bash -l; fi; exec sh -l"
+#define SHELL_TIMEOUT_MAX (30.0 * 86400)
+
+int cmd_shell(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"timeout", required_argument, NULL, 't'},
+	    {NULL, 0, NULL, 0},
+	};
+	struct run_opts o = {.who = "shell", .dir = ".", .stdin_mode = -1};
+	const char *cmd = NULL;
+	char *sh[64];
+	int c;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "+C:c:li", opts, NULL)) != -1) {
+		switch (c) {
+		case 'C':
+			o.dir = optarg;
+			break;
+		case 't':
+			if (!parse_timeout("shell", optarg, &o.timeout))
+				return 2;
+			break;
+		case 'c':
+			cmd = optarg;
+			break;
+		case 'l':
+		case 'i':
+			break;
+		default:
+			shell_usage();
+			return 2;
+		}
+	}
+	sh[0] = "sh";
+	sh[1] = "-c";
+	if (cmd) {
+		if (argc - optind > (int)(sizeof(sh) / sizeof(sh[0])) - 3) {
+			cmd_err("shell: at most %zu arguments after -c CMD", sizeof(sh) / sizeof(sh[0]) - 3);
+			return 2;
+		}
+		sh[2] = (char *)cmd;
+		for (int i = optind; i < argc; i++)
+			sh[3 + i - optind] = argv[i];
+		o.argc = 3 + argc - optind;
+		o.tty = isatty(STDIN_FILENO) && isatty(STDOUT_FILENO);
+	} else {
+		if (optind < argc) {
+			shell_usage();
+			return 2;
+		}
+		sh[2] = LOGIN_SHELL;
+		o.argc = 3;
+		o.tty = isatty(STDIN_FILENO);
+		if (!o.timeout)
+			o.timeout = SHELL_TIMEOUT_MAX;
+	}
+	o.argv = sh;
+	return run_remote(&o);
+}

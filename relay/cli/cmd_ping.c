@@ -1,0 +1,581 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * airlock ping: handshake with a guest agent, do N round trips on the
+ * control stream, optionally push a bulk transfer through a data stream,
+ * and report handshake time, RTT percentiles and throughput. This is the
+ * floor every later latency is compared with.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <sodium.h>
+
+#include "airlock/core/buf.h"
+#include "airlock/core/chan.h"
+#include "airlock/core/keys.h"
+#include "airlock/core/loop.h"
+#include "airlock/core/mem.h"
+#include "airlock/core/transport.h"
+#include "airlock/core/wire.h"
+#include "cmd_i.h"
+
+#define PING_MAX_N 10000000u
+#define BULK_CHUNK WIRE_PAYLOAD_MAX
+
+struct ping {
+	struct loop *loop;
+	struct chan *chan;
+	struct noise_keypair key;
+	uint8_t sync_sk[64], sync_pk[32];
+	/* round trips */
+	uint32_t n, window, size;
+	uint32_t sent, received;
+	uint64_t *sent_ns; /* by nonce */
+	uint64_t *rtt_ns;  /* by arrival order */
+	uint8_t *pad;
+	/* bulk */
+	uint64_t bulk_total, bulk_sent, bulk_acked;
+	uint32_t bulk_stream;
+	bool bulk_started, bulk_end_sent, bulk_done;
+	bool concurrent; /* round trips run while the bulk transfer floods */
+	uint64_t bulk_start_ns, bulk_end_ns;
+	uint8_t *bulk_buf;
+	/* result */
+	bool hello_ok, done;
+	int err;
+	char why[512];
+	uint64_t t_connect_ns, t_ready_ns, t_start_ns;
+	uint64_t timer;
+};
+
+static void fail(struct ping *p, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void fail(struct ping *p, int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (p->err)
+		return;
+	p->err = err ? err : -EPROTO;
+	va_start(ap, fmt);
+	vsnprintf(p->why, sizeof(p->why), fmt, ap);
+	va_end(ap);
+	loop_stop(p->loop);
+}
+
+static void fill_pad(uint8_t *pad, uint32_t size, uint64_t nonce)
+{
+	for (uint32_t i = 0; i < size; i++)
+		pad[i] = (uint8_t)(nonce * 131u + i);
+}
+
+static int send_pings(struct ping *p)
+{
+	struct buf b;
+	int r = 0;
+
+	buf_init(&b, WIRE_PAYLOAD_MAX);
+	while (p->sent < p->n && p->sent - p->received < p->window) {
+		uint64_t nonce = p->sent;
+		buf_reset(&b);
+		fill_pad(p->pad, p->size, nonce);
+		if ((r = buf_put_u64(&b, nonce)) < 0 || (r = buf_put_bytes(&b, p->pad, p->size)) < 0)
+			break;
+		p->sent_ns[nonce] = loop_now_ns();
+		r = chan_send(p->chan, WIRE_PING, WIRE_STREAM_CONTROL, buf_ptr(&b), buf_len(&b));
+		if (r == -EAGAIN) {
+			r = 0;
+			break;
+		}
+		if (r < 0)
+			break;
+		p->sent++;
+	}
+	buf_clear(&b);
+	return r;
+}
+
+static void bulk_pump(struct ping *p)
+{
+	int r;
+
+	while (p->bulk_sent < p->bulk_total) {
+		uint64_t left = p->bulk_total - p->bulk_sent;
+		size_t n = left < BULK_CHUNK ? (size_t)left : BULK_CHUNK;
+		r = chan_send(p->chan, WIRE_BULK_DATA, p->bulk_stream, p->bulk_buf, n);
+		if (r == -EAGAIN)
+			return;
+		if (r < 0) {
+			fail(p, r, "bulk send: %s", strerror(-r));
+			return;
+		}
+		p->bulk_sent += n;
+	}
+	if (!p->bulk_end_sent) {
+		uint8_t total[8];
+		for (int i = 0; i < 8; i++)
+			total[i] = (uint8_t)(p->bulk_total >> (56 - 8 * i));
+		r = chan_send(p->chan, WIRE_BULK_END, p->bulk_stream, total, sizeof(total));
+		if (r == -EAGAIN)
+			return;
+		if (r < 0) {
+			fail(p, r, "bulk end: %s", strerror(-r));
+			return;
+		}
+		p->bulk_end_sent = true;
+	}
+}
+
+static void bulk_start(struct ping *p)
+{
+	if (!(p->bulk_buf = mem_alloc(BULK_CHUNK))) {
+		fail(p, -ENOMEM, "out of memory");
+		return;
+	}
+	randombytes_buf(p->bulk_buf, BULK_CHUNK);
+	if (!(p->bulk_stream = chan_stream_open(p->chan, CHAN_STREAM_AUTO))) {
+		fail(p, -ENOMEM, "cannot open a stream");
+		return;
+	}
+	p->bulk_started = true;
+	p->bulk_start_ns = loop_now_ns();
+	bulk_pump(p);
+}
+
+static void maybe_finish(struct ping *p)
+{
+	if (p->received < p->n)
+		return;
+	if (p->bulk_total && !p->bulk_started) {
+		bulk_start(p);
+		return;
+	}
+	if (p->bulk_total && !p->bulk_done)
+		return;
+	if (!p->done) {
+		p->done = true;
+		chan_close(p->chan);
+	}
+}
+
+/* ---- frames from the agent ---- */
+
+typedef void frame_fn(struct ping *p, uint32_t stream, struct buf *in);
+
+static void handle_hello_ok(struct ping *p, uint32_t stream, struct buf *in)
+{
+	(void)stream;
+
+	if (wire_hello_ok_check(in) < 0) {
+		fail(p, -EPROTO, "guest answered HELLO with an unexpected version");
+		return;
+	}
+	p->hello_ok = true;
+}
+
+static void handle_pong(struct ping *p, uint32_t stream, struct buf *in)
+{
+	uint64_t nonce;
+	const uint8_t *pad;
+	size_t n;
+	(void)stream;
+
+	if (buf_get_u64(in, &nonce) < 0 || buf_get_bytes(in, &pad, &n, WIRE_PAYLOAD_MAX) < 0 || buf_len(in) != 0) {
+		fail(p, -EBADMSG, "malformed PONG");
+		return;
+	}
+	/* Replies must come back in order and intact: anything else means
+	 * the channel let something through that it should not have. */
+	if (nonce != p->received || n != p->size) {
+		fail(p, -EBADMSG, "PONG %" PRIu64 " out of order (expected %u)", nonce, p->received);
+		return;
+	}
+	fill_pad(p->pad, p->size, nonce);
+	if (n && memcmp(pad, p->pad, n) != 0) {
+		fail(p, -EBADMSG, "PONG %" PRIu64 " payload differs from what was sent", nonce);
+		return;
+	}
+	p->rtt_ns[p->received++] = loop_now_ns() - p->sent_ns[nonce];
+	int r = send_pings(p);
+	if (r < 0) {
+		fail(p, r, "send: %s", strerror(-r));
+		return;
+	}
+	maybe_finish(p);
+}
+
+static void handle_bulk_ack(struct ping *p, uint32_t stream, struct buf *in)
+{
+	(void)stream;
+	if (buf_get_u64(in, &p->bulk_acked) < 0) {
+		fail(p, -EBADMSG, "malformed BULK_ACK");
+		return;
+	}
+	p->bulk_end_ns = loop_now_ns();
+	if (p->bulk_acked != p->bulk_total) {
+		fail(p, -EBADMSG, "guest received %" PRIu64 " bulk bytes, %" PRIu64 " were sent", p->bulk_acked,
+		     p->bulk_total);
+		return;
+	}
+	p->bulk_done = true;
+	maybe_finish(p);
+}
+
+static void handle_error(struct ping *p, uint32_t stream, struct buf *in)
+{
+	uint32_t code = 0;
+	char *msg = NULL;
+	(void)stream;
+
+	if (buf_get_u32(in, &code) == 0 && buf_get_str(in, &msg, 1024) == 0)
+		fail(p, -(int)code, "guest reported an error: %s (%s)", msg, strerror((int)code));
+	else
+		fail(p, -EPROTO, "guest reported a malformed error");
+	mem_free(msg);
+}
+
+static const struct {
+	frame_fn *fn;
+	const char *name;
+} handlers[WIRE_TYPE_MAX + 1] = {
+    [WIRE_HELLO_OK] = {handle_hello_ok, "HELLO_OK"},
+    [WIRE_PONG] = {handle_pong, "PONG"},
+    [WIRE_BULK_ACK] = {handle_bulk_ack, "BULK_ACK"},
+    [WIRE_ERROR] = {handle_error, "ERROR"},
+};
+
+static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t *data, size_t n, void *ud)
+{
+	struct ping *p = ud;
+	struct buf in;
+	(void)c;
+
+	if (!handlers[type].fn) {
+		fail(p, -EPROTO, "unexpected frame %s (%u) from the guest", wire_type_name(type), type);
+		return;
+	}
+	buf_view(&in, data, n);
+	handlers[type].fn(p, stream, &in);
+}
+
+static void on_ready(struct chan *c, void *ud)
+{
+	struct ping *p = ud;
+	struct buf b;
+	int r;
+
+	p->t_ready_ns = loop_now_ns();
+	buf_init(&b, 1024);
+	if ((r = wire_hello_put(&b, p->sync_pk, "airlock ping")) < 0 ||
+	    (r = chan_send(c, WIRE_HELLO, WIRE_STREAM_CONTROL, buf_ptr(&b), buf_len(&b))) < 0) {
+		buf_clear(&b);
+		fail(p, r, "hello: %s", strerror(-r));
+		return;
+	}
+	buf_clear(&b);
+	p->t_start_ns = loop_now_ns();
+	if (p->concurrent && p->bulk_total)
+		bulk_start(p);
+	if ((r = send_pings(p)) < 0) {
+		fail(p, r, "send: %s", strerror(-r));
+		return;
+	}
+	maybe_finish(p);
+}
+
+static void on_writable(struct chan *c, void *ud)
+{
+	struct ping *p = ud;
+	(void)c;
+
+	if (p->bulk_started && !p->bulk_done)
+		bulk_pump(p);
+	if (send_pings(p) < 0)
+		fail(p, -EIO, "send failed");
+}
+
+static void on_close(struct chan *c, int err, const char *why, void *ud)
+{
+	struct ping *p = ud;
+	(void)c;
+
+	if (err == 0 && !p->done)
+		fail(p, -ECONNRESET, "guest closed the session early");
+	else if (err < 0)
+		fail(p, err, "%s", why ? why : strerror(-err));
+	p->chan = NULL;
+	chan_free(c);
+	loop_stop(p->loop);
+}
+
+static const struct chan_ops ping_ops = {
+    .on_ready = on_ready,
+    .on_frame = on_frame,
+    .on_writable = on_writable,
+    .on_close = on_close,
+};
+
+static void on_timeout(struct loop *l, void *ud)
+{
+	struct ping *p = ud;
+	(void)l;
+
+	p->timer = 0;
+	fail(p, -ETIMEDOUT, "timed out waiting for the guest (%u of %u replies%s)", p->received, p->n,
+	     p->bulk_started ? ", bulk transfer unfinished" : "");
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static double pct(const uint64_t *sorted, uint32_t n, double q)
+{
+	if (n == 0)
+		return 0;
+	/* nearest-rank percentile */
+	uint32_t i = (uint32_t)(q * n + 0.999999);
+	if (i == 0)
+		i = 1;
+	if (i > n)
+		i = n;
+	return (double)sorted[i - 1];
+}
+
+static void usage(void)
+{
+	fputs("usage: airlock ping --guest ADDR --key FILE --guest-key PUBKEY [-n N] [--size BYTES]\n"
+	      "                    [--window W] [--bulk BYTES [--concurrent]] [--psk-file FILE] [--timeout S]\n"
+	      "                    [--json]\n"
+	      "  --concurrent: do the round trips while the bulk transfer floods another stream\n",
+	      stderr);
+}
+
+static int parse_u64(const char *s, uint64_t *v)
+{
+	char *end;
+	errno = 0;
+	unsigned long long x = strtoull(s, &end, 10);
+	if (errno || end == s)
+		return -EINVAL;
+	switch (*end) {
+	case 'k':
+	case 'K':
+		x <<= 10;
+		end++;
+		break;
+	case 'm':
+	case 'M':
+		x <<= 20;
+		end++;
+		break;
+	case 'g':
+	case 'G':
+		x <<= 30;
+		end++;
+		break;
+	default:
+		break;
+	}
+	if (*end)
+		return -EINVAL;
+	*v = x;
+	return 0;
+}
+
+int cmd_ping(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"guest", required_argument, NULL, 'g'},
+	    {"key", required_argument, NULL, 'k'},
+	    {"guest-key", required_argument, NULL, 'G'},
+	    {"size", required_argument, NULL, 's'},
+	    {"window", required_argument, NULL, 'w'},
+	    {"bulk", required_argument, NULL, 'b'},
+	    {"psk-file", required_argument, NULL, 'p'},
+	    {"timeout", required_argument, NULL, 't'},
+	    {"json", no_argument, NULL, 'j'},
+	    {"concurrent", no_argument, NULL, 'c'},
+	    {NULL, 0, NULL, 0},
+	};
+	struct ping p = {.n = 10, .window = 1, .size = 0};
+	const char *guest = NULL, *keyfile = NULL, *guest_key = NULL, *psk_file = NULL;
+	uint8_t peer[32], psk[32];
+	bool have_psk = false, json = false;
+	uint64_t v, timeout_s = 30;
+	struct transport_addr addr;
+	char err[512];
+	int c, fd, status = 1;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "n:", opts, NULL)) != -1) {
+		switch (c) {
+		case 'g':
+			guest = optarg;
+			break;
+		case 'k':
+			keyfile = optarg;
+			break;
+		case 'G':
+			guest_key = optarg;
+			break;
+		case 'p':
+			psk_file = optarg;
+			break;
+		case 'j':
+			json = true;
+			break;
+		case 'c':
+			p.concurrent = true;
+			break;
+		case 'n':
+			if (parse_u64(optarg, &v) < 0 || v > PING_MAX_N) {
+				cmd_err("ping: -n must be 0..%u", PING_MAX_N);
+				return 2;
+			}
+			p.n = (uint32_t)v;
+			break;
+		case 's':
+			if (parse_u64(optarg, &v) < 0 || v > WIRE_PAYLOAD_MAX - 16) {
+				cmd_err("ping: --size must be 0..%u", WIRE_PAYLOAD_MAX - 16);
+				return 2;
+			}
+			p.size = (uint32_t)v;
+			break;
+		case 'w':
+			if (parse_u64(optarg, &v) < 0 || v == 0 || v > 1024) {
+				cmd_err("ping: --window must be 1..1024");
+				return 2;
+			}
+			p.window = (uint32_t)v;
+			break;
+		case 'b':
+			if (parse_u64(optarg, &p.bulk_total) < 0) {
+				cmd_err("ping: --bulk takes a byte count (suffix k, M or G allowed)");
+				return 2;
+			}
+			break;
+		case 't':
+			if (parse_u64(optarg, &timeout_s) < 0 || timeout_s == 0) {
+				cmd_err("ping: --timeout takes seconds > 0");
+				return 2;
+			}
+			break;
+		default:
+			usage();
+			return 2;
+		}
+	}
+	if (!guest || !keyfile || !guest_key || optind != argc) {
+		usage();
+		return 2;
+	}
+	if (transport_parse(guest, &addr, err, sizeof(err)) < 0) {
+		cmd_err("--guest: %s", err);
+		return 2;
+	}
+	if (keys_pub_parse(guest_key, peer) < 0) {
+		cmd_err("--guest-key '%s' is not a public key (44 characters of base64)", guest_key);
+		return 2;
+	}
+	if (keys_load(keyfile, &p.key, err, sizeof(err)) < 0) {
+		cmd_err("%s", err);
+		return 2;
+	}
+	if (psk_file) {
+		struct noise_keypair kp;
+		if (keys_load(psk_file, &kp, err, sizeof(err)) < 0) {
+			cmd_err("--psk-file: %s", err);
+			goto out;
+		}
+		memcpy(psk, kp.priv, 32);
+		sodium_memzero(&kp, sizeof(kp));
+		have_psk = true;
+	}
+	if (keys_signing_key(&p.key, p.sync_sk, p.sync_pk) < 0 || !(p.loop = loop_new()) ||
+	    !(p.sent_ns = mem_calloc(p.n ? p.n : 1, sizeof(uint64_t))) ||
+	    !(p.rtt_ns = mem_calloc(p.n ? p.n : 1, sizeof(uint64_t))) || !(p.pad = mem_alloc(p.size + 1))) {
+		cmd_err("out of memory");
+		goto out;
+	}
+	signal(SIGPIPE, SIG_IGN);
+
+	uint64_t t0 = loop_now_ns();
+	if ((fd = transport_connect(&addr, (int)(timeout_s * 1000), err, sizeof(err))) < 0) {
+		cmd_err("%s", err);
+		goto out;
+	}
+	p.t_connect_ns = loop_now_ns();
+	struct chan_cfg cfg = {.role = NOISE_INITIATOR, .self = &p.key, .peer = peer, .psk = have_psk ? psk : NULL};
+	if (!(p.chan = chan_new(p.loop, fd, &cfg, &ping_ops, &p))) {
+		cmd_err("out of memory");
+		goto out;
+	}
+	p.timer = loop_add_timer(p.loop, timeout_s * 1000, on_timeout, &p);
+	loop_run(p.loop);
+	if (p.err) {
+		cmd_err("ping %s: %s", guest, p.why);
+		goto out;
+	}
+	qsort(p.rtt_ns, p.received, sizeof(uint64_t), cmp_u64);
+	double hs_ms = (double)(p.t_ready_ns - p.t_connect_ns) / 1e6;
+	double conn_ms = (double)(p.t_connect_ns - t0) / 1e6;
+	double p50 = pct(p.rtt_ns, p.received, 0.50) / 1e3, p99 = pct(p.rtt_ns, p.received, 0.99) / 1e3;
+	double mn = p.received ? (double)p.rtt_ns[0] / 1e3 : 0,
+	       mx = p.received ? (double)p.rtt_ns[p.received - 1] / 1e3 : 0;
+	double bulk_s = p.bulk_total ? (double)(p.bulk_end_ns - p.bulk_start_ns) / 1e9 : 0;
+	if (json) {
+		json_t *o = json_pack("{s:s, s:f, s:f, s:{s:I, s:I, s:f, s:f, s:f, s:f}}", "guest", guest, "connect_ms",
+				      conn_ms, "handshake_ms", hs_ms, "rtt_us", "n", (json_int_t)p.received, "size",
+				      (json_int_t)p.size, "p50", p50, "p99", p99, "min", mn, "max", mx);
+		struct rusage ru;
+		if (o && getrusage(RUSAGE_SELF, &ru) == 0)
+			json_object_set_new(o, "max_rss_kb", json_integer(ru.ru_maxrss));
+		if (o && p.bulk_total)
+			json_object_set_new(o, "bulk",
+					    json_pack("{s:I, s:f, s:f}", "bytes", (json_int_t)p.bulk_total, "seconds",
+						      bulk_s, "mib_per_s", (double)p.bulk_total / 1048576.0 / bulk_s));
+		if (!o || json_dumpf(o, stdout, JSON_COMPACT) < 0) {
+			json_decref(o);
+			cmd_err("out of memory");
+			goto out;
+		}
+		json_decref(o);
+		fputc('\n', stdout);
+	} else {
+		printf("handshake with %s: %.3f ms (connect %.3f ms)\n", guest, hs_ms, conn_ms);
+		if (p.received)
+			printf("rtt over %u round trips (%u-byte payload%s): p50 %.1f us, p99 %.1f us, min %.1f us, "
+			       "max %.1f us\n",
+			       p.received, p.size + 12, p.concurrent && p.bulk_total ? ", during bulk" : "", p50, p99,
+			       mn, mx);
+		if (p.bulk_total)
+			printf("bulk %" PRIu64 " bytes in %.3f s: %.1f MiB/s\n", p.bulk_total, bulk_s,
+			       (double)p.bulk_total / 1048576.0 / bulk_s);
+	}
+	status = 0;
+out:
+	if (p.chan)
+		chan_free(p.chan);
+	if (p.timer)
+		loop_del_timer(p.loop, p.timer);
+	loop_free(p.loop);
+	mem_free(p.sent_ns);
+	mem_free(p.rtt_ns);
+	mem_free(p.pad);
+	mem_free(p.bulk_buf);
+	sodium_memzero(&p.key, sizeof(p.key));
+	sodium_memzero(p.sync_sk, sizeof(p.sync_sk));
+	sodium_memzero(psk, sizeof(psk));
+	return status;
+}

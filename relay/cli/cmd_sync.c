@@ -1,0 +1,469 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * airlock sync DIR: one-shot mirror of a workspace into a guest. Loads the
+ * policy, connects and handshakes like `airlock ping`, says HELLO with the
+ * sync-signing key, runs the sync engine (sync.h) on a sync stream, and
+ * exits 0 only when the guest acknowledged every batch. Withheld paths go
+ * to the audit record (audit.h).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <sodium.h>
+
+#include "airlock/core/buf.h"
+#include "airlock/core/chan.h"
+#include "airlock/core/keys.h"
+#include "airlock/core/loop.h"
+#include "airlock/core/mem.h"
+#include "airlock/core/transport.h"
+#include "airlock/core/wire.h"
+#include "airlock/policy/policy.h"
+#include "airlock/sync/audit.h"
+#include "airlock/sync/sync.h"
+#include "cmd_i.h"
+
+#define PROGRESS_MS 100u /* at most 10 updates a second */
+
+struct synccmd {
+	struct loop *loop;
+	struct chan *chan;
+	struct sync *sync;
+	struct noise_keypair key;
+	uint8_t sync_sk[64], sync_pk[32], guest_pub[32];
+	const struct policy *policy;
+	int dirfd;
+	const char *guest;
+	char state_dir[4096]; /* hash cache; "" = none */
+	bool tty, done, hello_ok;
+	int err;
+	char why[1024];
+	uint64_t t0_ns, timer, ptimer;
+	struct sync_progress prog;
+	bool have_prog;
+	struct chan_stats last; /* wire totals when the chan went away */
+};
+
+static void fail(struct synccmd *x, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void fail(struct synccmd *x, int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (x->err)
+		return;
+	x->err = err ? err : -EPROTO;
+	va_start(ap, fmt);
+	vsnprintf(x->why, sizeof(x->why), fmt, ap);
+	va_end(ap);
+	loop_stop(x->loop);
+}
+
+static void show_progress(struct synccmd *x, bool final)
+{
+	struct chan_stats st = x->last;
+	if (x->chan)
+		chan_get_stats(x->chan, &st);
+	double secs = (double)(loop_now_ns() - x->t0_ns) / 1e9;
+	double rate = secs > 0 ? (double)st.bytes_out / 1048576.0 / secs : 0;
+	fprintf(stderr, "\r\033[K%-9s files %" PRIu64 "/%" PRIu64 "  %.1f/%.1f MiB  wire %.1f MiB  %.1f MiB/s",
+		x->have_prog ? x->prog.phase : "connect", x->prog.files_done, x->prog.files_total,
+		(double)x->prog.bytes_done / 1048576.0, (double)x->prog.bytes_total / 1048576.0,
+		(double)st.bytes_out / 1048576.0, rate);
+	if (final)
+		fputs("\r\033[K", stderr);
+	fflush(stderr);
+}
+
+static void on_ptimer(struct loop *l, void *ud)
+{
+	struct synccmd *x = ud;
+
+	show_progress(x, false);
+	x->ptimer = loop_add_timer(l, PROGRESS_MS, on_ptimer, x);
+}
+
+static void on_sync_progress(const struct sync_progress *p, void *ud)
+{
+	struct synccmd *x = ud;
+
+	x->prog = *p;
+	x->have_prog = true;
+}
+
+static void on_sync_done(int err, const char *why, void *ud)
+{
+	struct synccmd *x = ud;
+
+	if (err < 0) {
+		fail(x, err, "%s", why ? why : strerror(-err));
+		return;
+	}
+	x->done = true;
+	chan_get_stats(x->chan, &x->last);
+	chan_close(x->chan);
+}
+
+static const struct sync_ops engine_ops = {
+    .on_progress = on_sync_progress,
+    .on_done = on_sync_done,
+};
+
+/* ---- frames from the agent ---- */
+
+typedef void frame_fn(struct synccmd *x, uint32_t stream, struct buf *in);
+
+static void handle_hello_ok(struct synccmd *x, uint32_t stream, struct buf *in)
+{
+	(void)stream;
+
+	if (wire_hello_ok_check(in) < 0) {
+		fail(x, -EPROTO, "guest answered HELLO with an unexpected version");
+		return;
+	}
+	x->hello_ok = true;
+}
+
+static void handle_error(struct synccmd *x, uint32_t stream, struct buf *in)
+{
+	uint32_t code = 0;
+	char *msg = NULL;
+
+	if (buf_get_u32(in, &code) < 0 || buf_get_str(in, &msg, 1024) < 0) {
+		fail(x, -EPROTO, "guest reported a malformed error");
+	} else if (x->sync && stream == sync_stream(x->sync)) {
+		sync_on_error(x->sync, code, msg);
+	} else {
+		fail(x, code > 0 && code < 4096 ? -(int)code : -EPROTO, "guest reported an error: %s (%s)", msg,
+		     strerror((int)code));
+	}
+	mem_free(msg);
+}
+
+static const struct {
+	frame_fn *fn;
+	const char *name;
+} handlers[WIRE_TYPE_MAX + 1] = {
+    [WIRE_HELLO_OK] = {handle_hello_ok, "HELLO_OK"},
+    [WIRE_ERROR] = {handle_error, "ERROR"},
+};
+
+static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t *data, size_t n, void *ud)
+{
+	struct synccmd *x = ud;
+	struct buf in;
+	(void)c;
+
+	if (type >= WIRE_SYNC_BEGIN && type <= 79) {
+		if (x->sync)
+			sync_on_frame(x->sync, type, stream, data, n);
+		return;
+	}
+	if (!handlers[type].fn) {
+		fail(x, -EPROTO, "unexpected frame %s (%u) from the guest", wire_type_name(type), type);
+		return;
+	}
+	buf_view(&in, data, n);
+	handlers[type].fn(x, stream, &in);
+}
+
+static void on_ready(struct chan *c, void *ud)
+{
+	struct synccmd *x = ud;
+	struct buf b;
+	int r;
+
+	buf_init(&b, 1024);
+	if ((r = wire_hello_put(&b, x->sync_pk, "airlock sync")) < 0 ||
+	    (r = chan_send(c, WIRE_HELLO, WIRE_STREAM_CONTROL, buf_ptr(&b), buf_len(&b))) < 0) {
+		buf_clear(&b);
+		fail(x, r, "hello: %s", strerror(-r));
+		return;
+	}
+	buf_clear(&b);
+	struct sync_cfg cfg = {
+	    .dirfd = x->dirfd,
+	    .policy = x->policy,
+	    .sign_sk = x->sync_sk,
+	    .sign_pk = x->sync_pk,
+	    .guest_pub = x->guest_pub,
+	    .ops = &engine_ops,
+	    .ud = x,
+	    .state_dir = x->state_dir[0] ? x->state_dir : NULL,
+	};
+	/* For bench/sync.sh only: try another chunk size (min avg/4, max
+	 * 4 x avg, whole files up to 2 x avg). Both sides follow SYNC_BEGIN. */
+	struct chunk_params cp;
+	const char *avg = getenv("AIRLOCK_BENCH_CHUNK_AVG");
+	if (avg) {
+		cp.avg = (uint32_t)strtoul(avg, NULL, 0);
+		cp.min = cp.avg / 4;
+		cp.max = cp.avg * 4;
+		cp.whole_max = cp.avg * 2;
+		if (chunk_params_check(&cp) < 0) {
+			fail(x, -EINVAL, "AIRLOCK_BENCH_CHUNK_AVG=%s: not a usable chunk size", avg);
+			return;
+		}
+		cfg.chunking = &cp;
+	}
+	if ((r = sync_new(c, &cfg, &x->sync)) < 0 || (r = sync_reconcile(x->sync)) < 0)
+		fail(x, r, "starting the sync: %s", strerror(-r));
+}
+
+static void on_writable(struct chan *c, void *ud)
+{
+	struct synccmd *x = ud;
+	(void)c;
+
+	if (x->sync)
+		sync_on_writable(x->sync);
+}
+
+static void on_close(struct chan *c, int err, const char *why, void *ud)
+{
+	struct synccmd *x = ud;
+
+	chan_get_stats(c, &x->last);
+	if (err == 0 && !x->done)
+		fail(x, -ECONNRESET, "guest closed the session before confirming the sync");
+	else if (err < 0 && !x->done)
+		fail(x, err, "%s", why ? why : strerror(-err));
+	/* The engine keeps its (now dangling) chan pointer but is never
+	 * called again: nothing feeds it after this. Its stats and records
+	 * are read after the loop. */
+	x->chan = NULL;
+	chan_free(c);
+	loop_stop(x->loop);
+}
+
+static const struct chan_ops sync_chan_ops = {
+    .on_ready = on_ready,
+    .on_frame = on_frame,
+    .on_writable = on_writable,
+    .on_close = on_close,
+};
+
+static void on_timeout(struct loop *l, void *ud)
+{
+	struct synccmd *x = ud;
+	(void)l;
+
+	x->timer = 0;
+	fail(x, -ETIMEDOUT, "timed out (phase: %s); raise --timeout for very large trees",
+	     x->have_prog ? x->prog.phase : "connect");
+}
+
+static void usage(void)
+{
+	fputs("usage: airlock sync DIR --guest ADDR --key FILE --guest-key PUBKEY [--policy FILE] [--json]\n"
+	      "                        [--psk-file FILE] [--timeout S]\n",
+	      stderr);
+}
+
+int cmd_sync(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"guest", required_argument, NULL, 'g'},
+	    {"key", required_argument, NULL, 'k'},
+	    {"guest-key", required_argument, NULL, 'G'},
+	    {"policy", required_argument, NULL, 'P'},
+	    {"psk-file", required_argument, NULL, 'p'},
+	    {"timeout", required_argument, NULL, 't'},
+	    {"json", no_argument, NULL, 'j'},
+	    {NULL, 0, NULL, 0},
+	};
+	struct synccmd x = {.dirfd = -1};
+	struct policy *policy = NULL;
+	const char *keyfile = NULL, *guest_key = NULL, *psk_file = NULL, *policy_file = NULL, *dir;
+	uint8_t psk[32];
+	bool have_psk = false, json = false;
+	unsigned long timeout_s = 3600;
+	struct transport_addr addr;
+	char err[1024];
+	int c, fd, status = 1;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 'g':
+			x.guest = optarg;
+			break;
+		case 'k':
+			keyfile = optarg;
+			break;
+		case 'G':
+			guest_key = optarg;
+			break;
+		case 'P':
+			policy_file = optarg;
+			break;
+		case 'p':
+			psk_file = optarg;
+			break;
+		case 'j':
+			json = true;
+			break;
+		case 't': {
+			char *end;
+			timeout_s = strtoul(optarg, &end, 10);
+			if (*end || !timeout_s) {
+				cmd_err("sync: --timeout takes seconds > 0");
+				return 2;
+			}
+			break;
+		}
+		default:
+			usage();
+			return 2;
+		}
+	}
+	if (!x.guest || !keyfile || !guest_key || optind != argc - 1) {
+		usage();
+		return 2;
+	}
+	dir = argv[optind];
+	if ((x.dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+		cmd_err("sync: workspace %s: %s", dir, strerror(errno));
+		return 2;
+	}
+	if (policy_load_for_workspace(dir, policy_file, &policy, err, sizeof(err)) < 0) {
+		cmd_err("policy: %s", err);
+		close(x.dirfd);
+		return 2;
+	}
+	x.policy = policy;
+	/* hash cache beside the audit record; without one every file is hashed */
+	if (audit_dir(dir, 1, x.state_dir, sizeof(x.state_dir), err, sizeof(err)) < 0)
+		x.state_dir[0] = '\0';
+	if (transport_parse(x.guest, &addr, err, sizeof(err)) < 0) {
+		cmd_err("--guest: %s", err);
+		status = 2;
+		goto out;
+	}
+	if (keys_pub_parse(guest_key, x.guest_pub) < 0) {
+		cmd_err("--guest-key '%s' is not a public key (44 characters of base64)", guest_key);
+		status = 2;
+		goto out;
+	}
+	if (keys_load(keyfile, &x.key, err, sizeof(err)) < 0) {
+		cmd_err("%s", err);
+		status = 2;
+		goto out;
+	}
+	if (psk_file) {
+		struct noise_keypair kp;
+		if (keys_load(psk_file, &kp, err, sizeof(err)) < 0) {
+			cmd_err("--psk-file: %s", err);
+			status = 2;
+			goto out;
+		}
+		memcpy(psk, kp.priv, 32);
+		sodium_memzero(&kp, sizeof(kp));
+		have_psk = true;
+	}
+	if (keys_signing_key(&x.key, x.sync_sk, x.sync_pk) < 0 || !(x.loop = loop_new())) {
+		cmd_err("out of memory");
+		goto out;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	x.tty = isatty(STDERR_FILENO);
+	x.t0_ns = loop_now_ns();
+	if ((fd = transport_connect(&addr, 30000, err, sizeof(err))) < 0) {
+		cmd_err("sync: %s", err);
+		goto out;
+	}
+	struct chan_cfg cfg = {
+	    .role = NOISE_INITIATOR, .self = &x.key, .peer = x.guest_pub, .psk = have_psk ? psk : NULL};
+	if (!(x.chan = chan_new(x.loop, fd, &cfg, &sync_chan_ops, &x))) {
+		cmd_err("out of memory");
+		goto out;
+	}
+	x.timer = loop_add_timer(x.loop, (uint64_t)timeout_s * 1000, on_timeout, &x);
+	if (x.tty)
+		x.ptimer = loop_add_timer(x.loop, PROGRESS_MS, on_ptimer, &x);
+	loop_run(x.loop);
+	if (x.tty)
+		show_progress(&x, true);
+
+	/* The audit record is written whenever the host tree was scanned,
+	 * also when the guest then failed: what was withheld is a fact of
+	 * the host tree. */
+	if (x.sync) {
+		size_t nw, ns;
+		uint64_t tw, ts;
+		const struct sync_record *w = sync_withheld(x.sync, &nw, &tw), *s = sync_skipped(x.sync, &ns, &ts);
+		if (sync_get_stats(x.sync)->host_entries &&
+		    audit_save_withheld(dir, policy_source(policy), w, nw, tw, s, ns, ts, err, sizeof(err)) < 0)
+			cmd_err("audit record: %s", err);
+		for (size_t i = 0; i < ns && i < 20; i++)
+			cmd_err("skipped %s: %s", s[i].path, s[i].rule);
+		if (ns > 20)
+			cmd_err("... and %" PRIu64 " more skipped (airlock audit -C %s)", ts - 20, dir);
+	}
+	if (x.err) {
+		cmd_err("sync %s to %s: %s", dir, x.guest, x.why);
+		goto out;
+	}
+	{
+		const struct sync_stats *st = sync_get_stats(x.sync);
+		double secs = (double)(loop_now_ns() - x.t0_ns) / 1e9;
+		uint64_t wire = x.last.bytes_out + x.last.bytes_in;
+		if (json) {
+			json_t *o = json_pack(
+			    "{s:s, s:s, s:b, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
+			    "s:I, "
+			    "s:I, s:I, s:I, s:I, s:I}",
+			    "workspace", dir, "guest", x.guest, "ok", 1, "seconds", secs, "files_sent",
+			    (json_int_t)st->files, "symlinks_sent", (json_int_t)st->symlinks, "dirs_made",
+			    (json_int_t)st->dirs, "chmods", (json_int_t)st->chmods, "deleted", (json_int_t)st->deleted,
+			    "changes", (json_int_t)st->changes, "content_bytes", (json_int_t)st->content_bytes,
+			    "batch_bytes", (json_int_t)st->batch_bytes, "batches", (json_int_t)st->batches,
+			    "wire_bytes", (json_int_t)wire, "wire_bytes_out", (json_int_t)x.last.bytes_out,
+			    "wire_bytes_in", (json_int_t)x.last.bytes_in, "withheld", (json_int_t)st->withheld,
+			    "skipped", (json_int_t)st->skipped, "vanished", (json_int_t)st->vanished, "host_entries",
+			    (json_int_t)st->host_entries, "guest_levels", (json_int_t)st->levels, "kept_dirs",
+			    (json_int_t)st->kept_dirs, "guest_seq", (json_int_t)st->guest_seq);
+			if (!o || json_dumpf(o, stdout, JSON_COMPACT) < 0) {
+				json_decref(o);
+				cmd_err("out of memory");
+				goto out;
+			}
+			json_decref(o);
+			fputc('\n', stdout);
+		} else {
+			printf("synced %s to %s: %" PRIu64 " files sent (%.1f MiB), %" PRIu64
+			       " deleted, %.1f MiB on the "
+			       "wire, %" PRIu64 " withheld, %" PRIu64 " skipped, %.2f s\n",
+			       dir, x.guest, st->files + st->symlinks, (double)st->content_bytes / 1048576.0,
+			       st->deleted, (double)wire / 1048576.0, st->withheld, st->skipped, secs);
+		}
+		if (st->vanished)
+			cmd_err("%" PRIu64 " files changed or vanished while being sent; run the sync again",
+				st->vanished);
+	}
+	status = 0;
+out:
+	if (x.chan)
+		chan_free(x.chan);
+	if (x.timer)
+		loop_del_timer(x.loop, x.timer);
+	if (x.ptimer)
+		loop_del_timer(x.loop, x.ptimer);
+	sync_free(x.sync);
+	loop_free(x.loop);
+	policy_free(policy);
+	if (x.dirfd >= 0)
+		close(x.dirfd);
+	sodium_memzero(&x.key, sizeof(x.key));
+	sodium_memzero(x.sync_sk, sizeof(x.sync_sk));
+	sodium_memzero(psk, sizeof(psk));
+	return status;
+}

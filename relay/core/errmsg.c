@@ -1,0 +1,16 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "airlock/core/errmsg.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+void errmsg_set(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!err || !errlen)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}

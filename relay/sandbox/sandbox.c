@@ -1,0 +1,383 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * sandbox: the common half (sandbox.h): kind names, the state directory
+ * under $XDG_DATA_HOME/airlock/sandboxes/<workspace-id>/, keys generated on
+ * first start and pinned both ways, dispatch to the backends, destroy.
+ *
+ * State directory layout (doc/SANDBOX.md):
+ *   lock        flock'ed (exclusive) while a sandbox of this dir runs
+ *   keys/       host.key, guest.key (0600, the invoking user's; never
+ *               visible inside the sandbox)
+ *   workspace/  the agent's copy of the workspace
+ *   home/       the sandbox's $HOME
+ *   agent/      the agent's sync state
+ *   run/        agent.sock
+ *   agent.log   the agent's stderr
+ * When airlock runs as root, the sandbox's uid is nobody outside: the four
+ * directories it writes are chowned to 65534 when created.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#include "airlock/core/keys.h"
+#include "airlock/core/mem.h"
+#include "airlock/sync/audit.h"
+#include "sandbox_i.h"
+
+#define SANDBOX_NOBODY 65534
+
+int sandbox_kind_parse(const char *s, enum sandbox_kind *out)
+{
+	if (s && !strcmp(s, "local"))
+		*out = SANDBOX_LOCAL;
+	else if (s && !strcmp(s, "vm"))
+		*out = SANDBOX_VM;
+	else
+		return -EINVAL;
+	return 0;
+}
+
+const char *sandbox_kind_name(enum sandbox_kind k)
+{
+	return k == SANDBOX_LOCAL ? "local" : k == SANDBOX_VM ? "vm" : "?";
+}
+
+bool sandbox_as_nobody(void)
+{
+	unsigned long in, out, n;
+	bool mapped = false;
+	FILE *f;
+
+	if (geteuid() != 0)
+		return false;
+	if (!(f = fopen("/proc/self/uid_map", "re")))
+		return true; /* no /proc: assume the initial namespace */
+	while (fscanf(f, "%lu %lu %lu", &in, &out, &n) == 3)
+		if (in <= SANDBOX_NOBODY && SANDBOX_NOBODY - in < n)
+			mapped = true;
+	fclose(f);
+	return mapped;
+}
+
+int sandbox_dir_of(const char *workspace, char *out, size_t outlen)
+{
+	const char *xdg = getenv("XDG_DATA_HOME"), *home = getenv("HOME");
+	char id[33];
+	int r, n;
+
+	if ((r = audit_workspace_id(workspace, id)) < 0)
+		return r;
+	if (xdg && xdg[0] == '/')
+		n = snprintf(out, outlen, "%s/airlock/sandboxes/%s", xdg, id);
+	else if (home && home[0] == '/')
+		n = snprintf(out, outlen, "%s/.local/share/airlock/sandboxes/%s", home, id);
+	else
+		return -ENOENT;
+	return n < 0 || (size_t)n >= outlen ? -ENAMETOOLONG : 0;
+}
+
+/* mkdir -p with mode for the components this creates. */
+static int mkdir_p(const char *path, mode_t mode)
+{
+	char tmp[PATH_MAX];
+	size_t n = strlen(path);
+
+	if (n >= sizeof(tmp))
+		return -ENAMETOOLONG;
+	memcpy(tmp, path, n + 1);
+	for (char *p = tmp + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = '\0';
+		if (mkdir(tmp, 0700) < 0 && errno != EEXIST)
+			return -errno;
+		*p = '/';
+	}
+	if (mkdir(tmp, mode) < 0 && errno != EEXIST)
+		return -errno;
+	return 0;
+}
+
+/* Load path's key, or generate and save one first. */
+static int key_get(const char *path, struct noise_keypair *kp, char *err, size_t errlen)
+{
+	int r;
+
+	if (access(path, F_OK) < 0 && errno == ENOENT) {
+		if ((r = keys_generate(kp)) < 0) {
+			snprintf(err, errlen, "generating %s failed", path);
+			return r;
+		}
+		r = keys_save(path, kp, err, errlen);
+		sodium_memzero(kp, sizeof(*kp));
+		if (r < 0 && r != -EEXIST)
+			return r;
+	}
+	return keys_load(path, kp, err, errlen);
+}
+
+static double now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+struct sandbox_common {
+	int lockfd;
+};
+
+int sandbox_start(const struct sandbox_cfg *cfg, struct sandbox **out, char *err, size_t errlen)
+{
+	static const char *const subdirs[] = {"workspace", "home", "agent", "run"};
+	struct sandbox *sb;
+	struct noise_keypair guest;
+	char path[PATH_MAX + 64];
+	double t0 = now_ms();
+	int lockfd = -1, r;
+
+	*out = NULL;
+	err[0] = '\0';
+	if (!(sb = mem_calloc(1, sizeof(*sb)))) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	sb->kind = cfg->kind;
+	if ((r = sandbox_dir_of(cfg->workspace, sb->dir, sizeof(sb->dir))) < 0) {
+		snprintf(err, errlen, "sandbox state directory for %s: %s%s", cfg->workspace, strerror(-r),
+			 r == -ENOENT ? " (set HOME or XDG_DATA_HOME)" : "");
+		goto fail;
+	}
+	if ((r = mkdir_p(sb->dir, 0700)) < 0) {
+		snprintf(err, errlen, "cannot create %s: %s", sb->dir, strerror(-r));
+		goto fail;
+	}
+	snprintf(path, sizeof(path), "%s/lock", sb->dir);
+	if ((lockfd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)) < 0) {
+		r = -errno;
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		goto fail;
+	}
+	if (flock(lockfd, LOCK_EX | LOCK_NB) < 0) {
+		r = errno == EWOULDBLOCK ? -EBUSY : -errno;
+		snprintf(err, errlen, "the sandbox in %s is already running (another airlock up for %s?)", sb->dir,
+			 cfg->workspace);
+		goto fail;
+	}
+	snprintf(path, sizeof(path), "%s/keys", sb->dir);
+	if ((r = mkdir_p(path, 0700)) < 0) {
+		snprintf(err, errlen, "cannot create %s: %s", path, strerror(-r));
+		goto fail;
+	}
+	for (size_t i = 0; i < sizeof(subdirs) / sizeof(subdirs[0]); i++) {
+		struct stat st;
+		snprintf(path, sizeof(path), "%s/%s", sb->dir, subdirs[i]);
+		if (lstat(path, &st) == 0)
+			continue;
+		if (mkdir(path, 0700) < 0) {
+			r = -errno;
+			snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
+			goto fail;
+		}
+		/* as root the sandbox's user is nobody outside (sandbox_local.c) */
+		if (cfg->kind == SANDBOX_LOCAL && sandbox_as_nobody() &&
+		    chown(path, SANDBOX_NOBODY, SANDBOX_NOBODY) < 0) {
+			r = -errno;
+			snprintf(err, errlen, "cannot chown %s to nobody: %s", path, strerror(errno));
+			goto fail;
+		}
+	}
+	snprintf(path, sizeof(path), "%s/keys/host.key", sb->dir);
+	if ((r = key_get(path, &sb->host, err, errlen)) < 0)
+		goto fail;
+	if ((size_t)snprintf(sb->guest_key_file, sizeof(sb->guest_key_file), "%s/keys/guest.key", sb->dir) >=
+	    sizeof(sb->guest_key_file)) {
+		r = -ENAMETOOLONG;
+		goto fail;
+	}
+	r = key_get(sb->guest_key_file, &guest, err, errlen);
+	memcpy(sb->guest_pub, guest.pub, sizeof(sb->guest_pub));
+	sodium_memzero(&guest, sizeof(guest));
+	if (r < 0)
+		goto fail;
+	if (cfg->agent_path) {
+		snprintf(sb->agent_path, sizeof(sb->agent_path), "%s", cfg->agent_path);
+	} else {
+		char self[PATH_MAX];
+		ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+		char *slash;
+		if (n <= 0) {
+			r = -errno;
+			snprintf(err, errlen, "cannot find airlock-agent: /proc/self/exe: %s", strerror(errno));
+			goto fail;
+		}
+		self[n] = '\0';
+		slash = strrchr(self, '/');
+		snprintf(sb->agent_path, sizeof(sb->agent_path), "%.*s/airlock-agent", (int)(slash - self), self);
+	}
+	if (access(sb->agent_path, X_OK) < 0) {
+		r = -errno;
+		snprintf(err, errlen, "agent %s: %s", sb->agent_path, strerror(errno));
+		goto fail;
+	}
+	r = cfg->kind == SANDBOX_LOCAL ? sandbox_local_start(sb, cfg, err, errlen)
+	    : cfg->kind == SANDBOX_VM  ? sandbox_vm_start(sb, cfg, err, errlen)
+				       : -EINVAL;
+	if (r < 0)
+		goto fail;
+	sb->start_ms = now_ms() - t0;
+	/* the lock is ours until sandbox_stop; impl owns nothing of it */
+	struct sandbox_common *c = mem_calloc(1, sizeof(*c));
+	if (!c) {
+		sandbox_stop(sb);
+		close(lockfd);
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	c->lockfd = lockfd;
+	sb->common = c;
+	*out = sb;
+	return 0;
+fail:
+	if (!err[0])
+		snprintf(err, errlen, "%s", strerror(-r));
+	if (lockfd >= 0)
+		close(lockfd);
+	sodium_memzero(&sb->host, sizeof(sb->host));
+	mem_free(sb);
+	return r;
+}
+
+const char *sandbox_address(const struct sandbox *sb)
+{
+	return sb->addr;
+}
+
+const struct noise_keypair *sandbox_host_key(const struct sandbox *sb)
+{
+	return &sb->host;
+}
+
+const uint8_t *sandbox_guest_pub(const struct sandbox *sb)
+{
+	return sb->guest_pub;
+}
+
+const char *sandbox_dir(const struct sandbox *sb)
+{
+	return sb->dir;
+}
+
+const char *sandbox_describe(const struct sandbox *sb)
+{
+	return sb->describe;
+}
+
+double sandbox_start_ms(const struct sandbox *sb)
+{
+	return sb->start_ms;
+}
+
+pid_t sandbox_pid(const struct sandbox *sb)
+{
+	return sb->pid;
+}
+
+bool sandbox_alive(struct sandbox *sb)
+{
+	int status;
+
+	if (!sb || sb->pid <= 0)
+		return false;
+	if (waitpid(sb->pid, &status, WNOHANG) == sb->pid) {
+		sb->pid = 0; /* reaped: the backend's stop has nothing to wait for */
+		return false;
+	}
+	return true;
+}
+
+void sandbox_stop(struct sandbox *sb)
+{
+	if (!sb)
+		return;
+	if (sb->kind == SANDBOX_LOCAL)
+		sandbox_local_stop(sb);
+	else if (sb->kind == SANDBOX_VM)
+		sandbox_vm_stop(sb);
+	if (sb->common) {
+		close(sb->common->lockfd);
+		mem_free(sb->common);
+	}
+	sodium_memzero(&sb->host, sizeof(sb->host));
+	mem_free(sb);
+}
+
+/* Pass 1 of destroy: directories the sandbox made unwritable or
+ * unsearchable (e.g. read-only module caches) become 0700 again. */
+static int open_up(const char *p, const struct stat *st, int flag, struct FTW *f)
+{
+	(void)f;
+	if (flag == FTW_D || flag == FTW_DNR)
+		(void)chmod(p, (st->st_mode & 07777) | 0700);
+	return 0;
+}
+
+static int remove_one(const char *p, const struct stat *st, int flag, struct FTW *f)
+{
+	(void)st;
+	(void)f;
+	if ((flag == FTW_DP ? rmdir(p) : unlink(p)) < 0 && errno != ENOENT)
+		return -errno;
+	return 0;
+}
+
+int sandbox_destroy(const char *workspace, char *err, size_t errlen)
+{
+	char dir[PATH_MAX], lock[PATH_MAX + 8];
+	struct stat st;
+	int fd, r;
+
+	err[0] = '\0';
+	if ((r = sandbox_dir_of(workspace, dir, sizeof(dir))) < 0) {
+		snprintf(err, errlen, "sandbox state directory for %s: %s", workspace, strerror(-r));
+		return r;
+	}
+	if (lstat(dir, &st) < 0) {
+		if (errno == ENOENT)
+			return 0;
+		snprintf(err, errlen, "%s: %s", dir, strerror(errno));
+		return -errno;
+	}
+	snprintf(lock, sizeof(lock), "%s/lock", dir);
+	if ((fd = open(lock, O_RDWR | O_CLOEXEC | O_NOFOLLOW)) >= 0) {
+		if (flock(fd, LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK) {
+			close(fd);
+			snprintf(err, errlen, "the sandbox in %s still runs (airlock down %s first)", dir, workspace);
+			return -EBUSY;
+		}
+		/* held while removing, so no sandbox starts meanwhile */
+	}
+	(void)nftw(dir, open_up, 32, FTW_PHYS | FTW_MOUNT);
+	r = nftw(dir, remove_one, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+	if (fd >= 0)
+		close(fd);
+	if (r != 0) {
+		r = r < 0 ? r : -EIO;
+		snprintf(err, errlen, "removing %s: %s", dir, strerror(errno ? errno : EIO));
+		return r;
+	}
+	return 0;
+}

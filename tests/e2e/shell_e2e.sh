@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# airlock exec --tty and airlock shell through a real `airlock up` and agent,
+# on real pseudo-terminals (tests/harness/pty_drive.py): an interactive login shell
+# (pty in the guest, window size and resize, ^C, ^Z, jobs and fg, exit
+# status, the local terminal restored), exec --tty (isatty, size, exit
+# status and death by signal as without a tty), shell -c (status, $0 and
+# arguments, pty only on a terminal); then the editor setups of
+# doc/EDITORS.md exactly as documented: the wrappers are taken from the doc,
+# Claude Code's CLAUDE_CODE_SHELL_PREFIX quoting and command wrapping are
+# reproduced, and SHELL -l -c (Cline, Continue) goes through airlock-sh.
+# usage: shell_e2e.sh AIRLOCK AIRLOCK_AGENT   (root + /dev/fuse, else skipped: exit 77)
+# shellcheck source=tests/e2e/lib.sh
+source "$(dirname "$0")/lib.sh"
+
+AIRLOCK=$1
+AGENT=$2
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+PY=$(command -v /usr/bin/python3 || command -v python3 || true)
+if [ "$(id -u)" != 0 ] || [ ! -c /dev/fuse ]; then
+	echo "skip - shell_e2e needs root and /dev/fuse (uid $(id -u), /dev/fuse $([ -c /dev/fuse ] && echo present || echo missing))"
+	exit 77
+fi
+[ -n "$PY" ] || { echo "skip - shell_e2e needs python3 (tests/deps.sh installs it)"; exit 77; }
+PTY="$PY $SRC/tests/harness/pty_drive.py"
+chmod 0711 "$T" # commands run as nobody in the guest: let them reach the workspace copy
+export XDG_STATE_HOME=$T/state
+export AIRLOCK_SOCKET=$T/relay.sock
+TO="timeout -k 2"
+
+make_pair # $T/hk, $T/gk, HPUB, GPUB; W=$T/work, G=$T/guest
+
+start_bg agent "$AGENT" --listen "unix:$T/a.sock" --root "$G" --key "$T/gk" --allow "$HPUB" \
+	--state "$T/agent.state" --fsync none
+wait_line "$T/agent.out" '^ready' 10
+start_bg up "$AIRLOCK" up "$W" --guest "unix:$T/a.sock" --key "$T/hk" --guest-key "$GPUB"
+UP_PID=$BG_PID
+wait_line "$T/up.out" "^airlock: $W in sync with unix:$T/a.sock\$" 20
+echo "only the guest has this" >"$G/guest-only.txt" # after the first reconcile, which would remove it
+cd "$W"
+
+t_login() { $TO 60 $PTY login "$AIRLOCK"; }
+check "airlock shell: login shell on a pty, resize, ^C, ^Z/jobs/fg, exit 7, terminal restored" t_login
+
+t_exec_tty() {
+	local out
+	out=$($TO 20 $PTY run 33 91 3 "$AIRLOCK" exec --tty -- sh -c 'test -t 0 && test -t 1 && stty size; exit 3') || return 1
+	[ "$out" = "33 91" ] || { echo "got '$out'" >&2; return 1; }
+	# death by a signal: 128+N, as without a tty
+	$TO 20 $PTY run 24 80 143 "$AIRLOCK" exec --tty -- sh -c 'kill -TERM $$' >/dev/null
+}
+check "exec --tty: the command sees a terminal of our size; exit status and signal death as without" t_exec_tty
+
+t_shell_c() {
+	local rc=0 out
+	$TO 20 "$AIRLOCK" shell -c 'exit 7' </dev/null || rc=$?
+	[ "$rc" = 7 ] || { echo "shell -c 'exit 7' without a terminal: $rc" >&2; return 1; }
+	out=$($TO 20 $PTY run 24 80 7 "$AIRLOCK" shell -c 'test -t 0 && echo on-a-pty; exit 7') || return 1
+	[ "$out" = on-a-pty ] || { echo "on a terminal: '$out'" >&2; return 1; }
+	out=$($TO 20 "$AIRLOCK" shell -c 'test -t 1 || echo no-pty; echo "$0|$1|$2"' name 'a b' c </dev/null) || return 1
+	[ "$out" = $'no-pty\nname|a b|c' ] || { echo "args: '$out'" >&2; return 1; }
+	rc=0
+	out=$(printf 'echo from-stdin; cat guest-only.txt\nexit 4\n' | $TO 20 "$AIRLOCK" shell) || rc=$?
+	[ "$rc" = 4 ] && [ "$out" = $'from-stdin\nonly the guest has this' ] || { echo "script on stdin: $rc '$out'" >&2; return 1; }
+}
+check "shell -c: exit status, \$0 and arguments, pty only on a terminal; a script on stdin without one" t_shell_c
+
+# The wrappers exactly as doc/EDITORS.md gives them: the ```sh block holding
+# the marker line.
+doc_block() {
+	awk -v m="$1" '/^```sh$/ { inb = 1; buf = ""; next }
+		inb && /^```$/ { inb = 0; if (buf ~ m) printf "%s", buf; next }
+		inb { buf = buf $0 "\n" }' "$SRC/doc/EDITORS.md"
+}
+mkdir -p "$T/bin"
+ln -s "$AIRLOCK" "$T/bin/airlock"
+doc_block '# airlock-sh:' >"$T/bin/airlock-sh"
+doc_block '# airlock-claude:' >"$T/bin/airlock-claude"
+chmod 0755 "$T/bin/airlock-sh" "$T/bin/airlock-claude"
+export PATH=$T/bin:$PATH
+# Claude Code runs its commands with a login shell (bash -c -l), which resets
+# PATH from /etc/profile; the user's own profile puts airlock back on it
+mkdir -p "$T/home"
+echo "PATH=$T/bin:\$PATH" >"$T/home/.bash_profile"
+
+# Claude Code's CLAUDE_CODE_SHELL_PREFIX: the prefix up to its first " -"
+# (after the last '/') quoted as one path, its flags, then the command string
+# quoted as one argument (shell-quote style), run by Claude Code's shell.
+q() { printf "'%s'" "$(printf %s "$1" | sed "s/'/'\\\\''/g")"; }
+claude_run() {
+	local prefix=$1 cmd=$2 tail=${1##*/} head
+	if [ "${tail#* -}" != "$tail" ]; then
+		head=${prefix%%" -${tail#* -}"}
+		HOME=$T/home bash -c -l "$(q "$head") -${tail#* -} $(q "$cmd")"
+	else
+		HOME=$T/home bash -c -l "$(q "$prefix") $(q "$cmd")"
+	fi
+}
+
+t_claude() {
+	local rc=0 out user cmd
+	grep -q 'airlock-claude' "$T/bin/airlock-claude" && grep -q '^exec airlock exec' "$T/bin/airlock-claude" ||
+		{ echo "no airlock-claude block in doc/EDITORS.md" >&2; return 1; }
+	export CLAUDE_CODE_SHELL_PREFIX=$T/bin/airlock-claude
+	# the command string alone: quotes, a pipe, &&, a non-zero exit
+	out=$($TO 30 bash -c 'claude_run "$@"' _ "$CLAUDE_CODE_SHELL_PREFIX" \
+		"printf '%s\n' \"it's\" 'a|b' | grep -c '|' && cat guest-only.txt && ls /no/such/dir-\$((6*7))" 2>"$T/cc.err") || rc=$?
+	[ "$rc" = 2 ] && [ "$out" = $'1\nonly the guest has this' ] && grep -q 'dir-42' "$T/cc.err" ||
+		{ echo "plain: rc $rc out '$out' err '$(cat "$T/cc.err")'" >&2; return 1; }
+	# as Claude Code sends it: its shell snapshot (a host file the guest lacks)
+	# sourced first, the command eval'd with stdin from /dev/null, the cwd saved
+	user="cd sub && printf '%s %s\n' \"\$(pwd | sed 's|.*/||')\" \"it's\" | tr a-z A-Z; exit 3"
+	cmd="source $T/home/.claude/shell-snapshots/snapshot-bash-1764460800000-abc123.sh && eval $(q "$user") < /dev/null && pwd -P >| /tmp/claude-e2e$$-cwd"
+	mkdir -p "$W/sub"
+	$TO 20 "$AIRLOCK" sync-wait -C "$W" --timeout 10 || return 1
+	rc=0
+	out=$($TO 30 bash -c 'claude_run "$@"' _ "$CLAUDE_CODE_SHELL_PREFIX" "$cmd" 2>"$T/cc2.err") || rc=$?
+	rm -f "/tmp/claude-e2e$$-cwd"
+	[ "$rc" = 3 ] && [ "$out" = "SUB IT'S" ] || { echo "wrapped: rc $rc out '$out' err '$(cat "$T/cc2.err")'" >&2; return 1; }
+	# the prefix with a flag, as some set it: the path is still one word
+	rc=0
+	out=$($TO 30 bash -c 'claude_run "$@"' _ "$T/bin/airlock-sh -c" 'echo "$((2+3)) in the guest: $(cat guest-only.txt)"; exit 9') || rc=$?
+	[ "$rc" = 9 ] && [ "$out" = "5 in the guest: only the guest has this" ] || { echo "flagged prefix: rc $rc '$out'" >&2; return 1; }
+}
+export T
+export -f q claude_run
+check "Claude Code's way (doc/EDITORS.md): CLAUDE_CODE_SHELL_PREFIX, one argument, runs in the guest, output and status" t_claude
+
+t_shell_path() {
+	local rc=0 out
+	# Cline (background execution) and Continue: SHELL -l -c COMMAND
+	out=$(SHELL=$T/bin/airlock-sh; $TO 30 "$SHELL" -l -c 'id -u; cat guest-only.txt; exit 5' </dev/null) || rc=$?
+	[ "$rc" = 5 ] && [ "$out" = $'65534\nonly the guest has this' ] || { echo "rc $rc '$out'" >&2; return 1; }
+}
+check "SHELL=airlock-sh: SHELL -l -c COMMAND (Cline background execution, Continue) runs in the guest" t_shell_path
+
+cd /
+check "down ends airlock up cleanly" t_up_down
+check "no sanitizer reports from airlock up or the agent" t_no_sanitizer_reports
+
+finish

@@ -1,0 +1,970 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* apply: sync round trips through verify + apply, and crafted batches that
+ * must be refused with nothing written outside the root and nothing half
+ * applied. Every test runs with openat2/O_TMPFILE and again with the
+ * fallbacks (component walk, named temporaries). */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <sodium.h>
+
+#include "airlock/content/apply.h"
+#include "airlock/content/chunk.h"
+#include "airlock/content/delta.h"
+#include "airlock/content/manifest.h"
+#include "airlock/core/buf.h"
+#include "airlock/core/mem.h"
+
+static const struct chunk_params small = {.min = 256, .avg = 1024, .max = 4096, .whole_max = 2048};
+static uint8_t pk[32], sk[64], scope[32];
+
+static const struct apply_opts mode_default = {.fsync = APPLY_FSYNC_BATCH};
+static const struct apply_opts mode_fallback = {.fsync = APPLY_FSYNC_FILE,
+						.flags = APPLY_NO_OPENAT2 | APPLY_NO_TMPFILE};
+
+struct env {
+	char base[64], host[96], guest[96], outside[96];
+	int hfd, gfd, ofd;
+	struct apply *a;
+	const struct apply_opts *opts;
+	uint64_t seq;
+};
+
+/* ---- helpers ---- */
+
+/* Directories the tests made read-only must be writable to be emptied
+ * when the tests run unprivileged. */
+static int unlock_cb(const char *p, const struct stat *st, int flag, struct FTW *f)
+{
+	(void)f;
+	if (flag == FTW_D && !S_ISLNK(st->st_mode))
+		chmod(p, 0700);
+	return 0;
+}
+
+static int rm_cb(const char *p, const struct stat *st, int flag, struct FTW *f)
+{
+	(void)st;
+	(void)flag;
+	(void)f;
+	return remove(p);
+}
+
+static void fill(uint8_t *p, size_t n, uint32_t seed)
+{
+	uint32_t x = seed | 1;
+	for (size_t i = 0; i < n; i++) {
+		x ^= x << 13;
+		x ^= x >> 17;
+		x ^= x << 5;
+		p[i] = (uint8_t)x;
+	}
+}
+
+static void put_file(int dfd, const char *path, const void *data, size_t n, mode_t mode)
+{
+	int fd = openat(dfd, path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, data, n), (ssize_t)n);
+	assert_int_equal(fchmod(fd, mode), 0);
+	close(fd);
+}
+
+static int setup(void **state)
+{
+	struct env *e = calloc(1, sizeof(*e));
+	e->opts = *state ? *state : &mode_default;
+	snprintf(e->base, sizeof(e->base), "/tmp/airlock-apply-XXXXXX");
+	assert_non_null(mkdtemp(e->base));
+	snprintf(e->host, sizeof(e->host), "%s/host", e->base);
+	snprintf(e->guest, sizeof(e->guest), "%s/guest", e->base);
+	snprintf(e->outside, sizeof(e->outside), "%s/outside", e->base);
+	assert_int_equal(mkdir(e->host, 0755), 0);
+	assert_int_equal(mkdir(e->guest, 0755), 0);
+	assert_int_equal(mkdir(e->outside, 0755), 0);
+	e->hfd = open(e->host, O_RDONLY | O_DIRECTORY);
+	e->gfd = open(e->guest, O_RDONLY | O_DIRECTORY);
+	e->ofd = open(e->outside, O_RDONLY | O_DIRECTORY);
+	put_file(e->ofd, "x", "outside", 7, 0644);
+	assert_int_equal(apply_open(e->guest, e->opts, &e->a), 0);
+	*state = e;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct env *e = *state;
+	apply_free(e->a);
+	close(e->hfd);
+	close(e->gfd);
+	close(e->ofd);
+	nftw(e->base, unlock_cb, 32, FTW_PHYS);
+	nftw(e->base, rm_cb, 32, FTW_DEPTH | FTW_PHYS);
+	free(e);
+	return 0;
+}
+
+static int keep_all_but_node_modules(const char *p, bool is_dir, void *ud)
+{
+	(void)ud;
+	(void)is_dir;
+	const char *s = strrchr(p, '/');
+	return strcmp(s ? s + 1 : p, "node_modules") == 0 ? MANIFEST_SKIP : MANIFEST_KEEP;
+}
+
+static struct manifest_scan_opts scan_opts = {.filter = keep_all_but_node_modules, .chunking = &small};
+
+struct counted {
+	size_t reserved;
+};
+
+static void count_reserved(const char *p, enum manifest_skip why, int err, void *ud)
+{
+	(void)p;
+	(void)err;
+	if (why == MANIFEST_SKIP_RESERVED)
+		((struct counted *)ud)->reserved++;
+}
+
+/* Everything under dfd, encoded; fails if a temporary is lying around. */
+static void snapshot(int dfd, struct buf *out)
+{
+	struct counted c = {0};
+	struct manifest_scan_opts o = {.chunking = &small, .skipped = count_reserved, .skipped_ud = &c};
+	struct manifest *m;
+	assert_int_equal(manifest_scan(dfd, &o, &m), 0);
+	assert_int_equal(c.reserved, 0);
+	buf_init(out, 64u << 20);
+	assert_int_equal(manifest_encode(m, out), 0);
+	manifest_free(m);
+}
+
+static void assert_same(const struct buf *a, const struct buf *b)
+{
+	assert_int_equal(buf_len(a), buf_len(b));
+	assert_memory_equal(buf_ptr(a), buf_ptr(b), buf_len(a));
+}
+
+/* Bytes of a batch that brings the guest (as its manifest says) to the
+ * host tree. */
+static void make_sync_batch(struct env *e, uint8_t **bytes, size_t *n)
+{
+	struct manifest *hm, *gm;
+	struct manifest_change *c;
+	size_t nc;
+	struct delta_builder *b;
+	assert_int_equal(manifest_scan(e->hfd, &scan_opts, &hm), 0);
+	assert_int_equal(apply_manifest(e->a, &scan_opts, &gm), 0);
+	assert_int_equal(manifest_diff(gm, hm, &c, &nc), 0);
+	assert_int_equal(delta_builder_new(++e->seq, scope, &small, NULL, &b), 0);
+	for (size_t i = 0; i < nc; i++)
+		assert_int_equal(delta_add_change(b, e->hfd, &c[i]), 0);
+	assert_int_equal(delta_builder_finish(b, sk, bytes, n), 0);
+	delta_builder_free(b);
+	mem_free(c);
+	manifest_free(hm);
+	manifest_free(gm);
+}
+
+/* verify + apply; returns the first error. */
+static int deliver(struct env *e, const uint8_t *bytes, size_t n, struct apply_stats *st)
+{
+	struct delta_batch *b;
+	char err[256];
+	if (st)
+		memset(st, 0, sizeof(*st));
+	int r = delta_batch_verify(bytes, n, pk, scope, apply_last_seq(e->a), NULL, &b, err, sizeof(err));
+	if (r < 0)
+		return r;
+	r = apply_batch(e->a, b, st);
+	delta_batch_free(b);
+	return r;
+}
+
+static size_t sync_only(struct env *e, struct apply_stats *st)
+{
+	uint8_t *bytes;
+	size_t n;
+	make_sync_batch(e, &bytes, &n);
+	int r = deliver(e, bytes, n, st);
+	if (r < 0)
+		fail_msg("sync failed: %s (%s)", strerror(-r), apply_error(e->a));
+	mem_free(bytes);
+	return n;
+}
+
+/* Sync and check the guest now equals the host (managed paths). */
+static size_t sync_and_check(struct env *e, struct apply_stats *st)
+{
+	size_t n = sync_only(e, st);
+	struct manifest *hm, *gm;
+	struct buf hb, gb;
+	assert_int_equal(manifest_scan(e->hfd, &scan_opts, &hm), 0);
+	assert_int_equal(manifest_scan(e->gfd, &scan_opts, &gm), 0);
+	buf_init(&hb, 64u << 20);
+	buf_init(&gb, 64u << 20);
+	assert_int_equal(manifest_encode(hm, &hb), 0);
+	assert_int_equal(manifest_encode(gm, &gb), 0);
+	assert_same(&hb, &gb);
+	buf_clear(&hb);
+	buf_clear(&gb);
+	manifest_free(hm);
+	manifest_free(gm);
+	return n;
+}
+
+static void build_host_tree(int h)
+{
+	uint8_t big[50000], mid[3000];
+	fill(big, sizeof(big), 1);
+	fill(mid, sizeof(mid), 2);
+	assert_int_equal(mkdirat(h, "src", 0755), 0);
+	assert_int_equal(mkdirat(h, "src/lib", 0750), 0);
+	assert_int_equal(mkdirat(h, "empty", 0700), 0);
+	assert_int_equal(mkdirat(h, "ro", 0755), 0);
+	put_file(h, "src/main.c", "int main(void) { return 0; }\n", 29, 0644);
+	put_file(h, "src/lib/big.bin", big, sizeof(big), 0644);
+	put_file(h, "src/lib/mid.bin", mid, sizeof(mid), 0600);
+	put_file(h, "run.sh", "#!/bin/sh\necho hi\n", 18, 0755);
+	put_file(h, "zero", "", 0, 0444);
+	put_file(h, "ro/inside", "x", 1, 0644);
+	assert_int_equal(fchmodat(h, "ro", 0555, 0), 0); /* filled, then made read-only */
+	assert_int_equal(symlinkat("src/main.c", h, "rel-link"), 0);
+	assert_int_equal(symlinkat("/etc/hostname", h, "abs-link"), 0);
+	assert_int_equal(symlinkat("does/not/exist", h, "dangling"), 0);
+	assert_int_equal(symlinkat("..", h, "src/up"), 0);
+}
+
+/* ---- round trips ---- */
+
+static void test_full_and_incremental_sync(void **state)
+{
+	struct env *e = *state;
+	struct apply_stats st;
+	build_host_tree(e->hfd);
+	sync_and_check(e, &st);
+	assert_false(st.partial);
+	assert_true(st.files >= 6);
+	assert_int_equal(st.symlinks, 4);
+
+	/* content check beyond the hashes: a file and a link target */
+	char buf[64];
+	int fd = openat(e->gfd, "src/main.c", O_RDONLY);
+	assert_int_equal(read(fd, buf, sizeof(buf)), 29);
+	close(fd);
+	assert_memory_equal(buf, "int main(void) { return 0; }\n", 29);
+	assert_int_equal(readlinkat(e->gfd, "src/up", buf, sizeof(buf)), 2);
+	struct stat s;
+	assert_int_equal(fstatat(e->gfd, "ro", &s, 0), 0);
+	assert_int_equal(s.st_mode & 07777, 0555);
+
+	/* nothing changed: an empty batch */
+	size_t n = sync_and_check(e, &st);
+	assert_int_equal(n, DELTA_HDR_LEN + DELTA_SIG_LEN);
+	assert_int_equal(st.ops, 0);
+
+	/* one byte in the big file: only about one chunk travels */
+	fd = openat(e->hfd, "src/lib/big.bin", O_WRONLY);
+	assert_int_equal(pwrite(fd, "Z", 1, 25000), 1);
+	close(fd);
+	n = sync_and_check(e, &st);
+	assert_true(n < 3 * small.max);
+	assert_true(st.ref_bytes > 40000);
+	assert_int_equal(st.files, 1);
+
+	/* type changes both ways, a retargeted link, a mode change, removals */
+	assert_int_equal(unlinkat(e->hfd, "run.sh", 0), 0);
+	assert_int_equal(mkdirat(e->hfd, "run.sh", 0755), 0); /* file -> dir */
+	put_file(e->hfd, "run.sh/now-a-dir", "d", 1, 0644);
+	assert_int_equal(unlinkat(e->hfd, "src/lib/mid.bin", 0), 0);
+	assert_int_equal(unlinkat(e->hfd, "src/lib/big.bin", 0), 0);
+	assert_int_equal(unlinkat(e->hfd, "src/lib", AT_REMOVEDIR), 0);
+	put_file(e->hfd, "src/lib", "now a file", 10, 0644); /* dir -> file */
+	assert_int_equal(unlinkat(e->hfd, "rel-link", 0), 0);
+	assert_int_equal(symlinkat("zero", e->hfd, "rel-link"), 0);
+	assert_int_equal(fchmodat(e->hfd, "src/main.c", 0600, 0), 0);
+	assert_int_equal(fchmodat(e->hfd, "empty", 0711, 0), 0);
+	assert_int_equal(unlinkat(e->hfd, "dangling", 0), 0);
+	sync_and_check(e, &st);
+	assert_int_equal(st.kept_dirs, 0);
+}
+
+static void test_unmanaged_paths_survive(void **state)
+{
+	struct env *e = *state;
+	struct apply_stats st;
+	assert_int_equal(mkdirat(e->hfd, "pkg", 0755), 0);
+	put_file(e->hfd, "pkg/index.js", "x", 1, 0644);
+	put_file(e->hfd, "top.txt", "t", 1, 0644);
+	sync_and_check(e, &st);
+	/* the guest installs things the host does not manage */
+	assert_int_equal(mkdirat(e->gfd, "node_modules", 0755), 0);
+	put_file(e->gfd, "node_modules/dep.js", "dep", 3, 0644);
+	assert_int_equal(mkdirat(e->gfd, "pkg/node_modules", 0755), 0);
+	put_file(e->gfd, "pkg/node_modules/inner.js", "in", 2, 0644);
+	/* the host removes pkg and changes top.txt */
+	assert_int_equal(unlinkat(e->hfd, "pkg/index.js", 0), 0);
+	assert_int_equal(unlinkat(e->hfd, "pkg", AT_REMOVEDIR), 0);
+	put_file(e->hfd, "top.txt", "t2", 2, 0644);
+	sync_only(e, &st);
+	assert_int_equal(st.kept_dirs, 1); /* pkg stays for its node_modules */
+	struct stat s;
+	assert_int_equal(fstatat(e->gfd, "node_modules/dep.js", &s, 0), 0);
+	assert_int_equal(fstatat(e->gfd, "pkg/node_modules/inner.js", &s, 0), 0);
+	assert_int_equal(fstatat(e->gfd, "pkg/index.js", &s, 0), -1);
+	/* ... but a managed directory replaced by a file takes them along */
+	put_file(e->hfd, "pkg", "file now", 8, 0644);
+	sync_and_check(e, &st);
+	assert_int_equal(fstatat(e->gfd, "pkg", &s, AT_SYMLINK_NOFOLLOW), 0);
+	assert_true(S_ISREG(s.st_mode));
+	assert_int_equal(fstatat(e->gfd, "node_modules/dep.js", &s, 0), 0);
+}
+
+static void test_move_by_reference_and_seq(void **state)
+{
+	struct env *e = *state;
+	struct apply_stats st;
+	uint8_t data[20000];
+	fill(data, sizeof(data), 5);
+	put_file(e->hfd, "orig", data, sizeof(data), 0644);
+	sync_and_check(e, &st);
+
+	/* a move: every chunk referenced from the old name, then deleted */
+	struct manifest *gm;
+	assert_int_equal(apply_manifest(e->a, &scan_opts, &gm), 0);
+	const struct manifest_entry *old = &gm->e[manifest_find(gm, "orig")];
+	assert_true(old->nchunks > 1);
+	struct delta_builder *b;
+	assert_int_equal(delta_builder_new(++e->seq, scope, &small, NULL, &b), 0);
+	assert_int_equal(delta_put_begin(b, "moved", 0640, "orig"), 0);
+	for (size_t i = 0; i < old->nchunks; i++)
+		assert_int_equal(delta_put_ref(b, old->chunks[i].off, old->chunks[i].len, old->chunks[i].hash), 0);
+	assert_int_equal(delta_put_end(b, old->hash), 0);
+	assert_int_equal(delta_add_delete(b, "orig", 0), 0);
+	uint8_t *bytes;
+	size_t n;
+	assert_int_equal(delta_builder_finish(b, sk, &bytes, &n), 0);
+	delta_builder_free(b);
+	manifest_free(gm);
+	assert_true(n < 1000);
+	assert_int_equal(deliver(e, bytes, n, &st), 0);
+	assert_int_equal(st.ref_bytes, sizeof(data));
+	uint8_t back[sizeof(data)];
+	int fd = openat(e->gfd, "moved", O_RDONLY);
+	assert_int_equal(read(fd, back, sizeof(back)), (ssize_t)sizeof(back));
+	close(fd);
+	assert_memory_equal(back, data, sizeof(data));
+	assert_int_equal(faccessat(e->gfd, "orig", F_OK, AT_SYMLINK_NOFOLLOW), -1);
+
+	/* the same batch again: refused by sequence, by verify and by apply */
+	assert_int_equal(deliver(e, bytes, n, &st), -ESTALE);
+	struct delta_batch *vb;
+	assert_int_equal(delta_batch_verify(bytes, n, pk, scope, 0, NULL, &vb, NULL, 0), 0);
+	assert_int_equal(apply_batch(e->a, vb, &st), -ESTALE);
+	delta_batch_free(vb);
+	mem_free(bytes);
+}
+
+/* An edit in place of a large file: the new file is a clone of the old one
+ * with only the new chunk written; a guest copy changed behind the host's
+ * back is refused (the REF ranges are verified in the clone) and stays as
+ * it was. */
+static void test_inplace_edit_cloned(void **state)
+{
+	struct env *e = *state;
+	struct apply_stats st;
+	const size_t size = 600000;
+	uint8_t *data = malloc(size);
+	assert_non_null(data);
+	fill(data, size, 9);
+	put_file(e->hfd, "db.bin", data, size, 0644);
+	sync_and_check(e, &st);
+
+	/* the host rewrites 100 bytes in the middle: REFs at their own offsets */
+	struct manifest *gm;
+	assert_int_equal(apply_manifest(e->a, &scan_opts, &gm), 0);
+	const struct manifest_entry *old = &gm->e[manifest_find(gm, "db.bin")];
+	assert_true(old->nchunks > 10);
+	memset(data + 300000, 'x', 100);
+	struct chunk *nl;
+	size_t nn;
+	assert_int_equal(chunk_split(&small, data, size, &nl, &nn), 0);
+	uint8_t *bytes;
+	size_t n;
+	for (int round = 0; round < 2; round++) {
+		struct delta_builder *b;
+		assert_int_equal(delta_builder_new(++e->seq, scope, &small, NULL, &b), 0);
+		assert_int_equal(delta_put_begin(b, "db.bin", 0644, NULL), 0);
+		for (size_t i = 0, j = 0; i < nn; i++) {
+			while (j < old->nchunks && old->chunks[j].off < nl[i].off)
+				j++;
+			if (j < old->nchunks && old->chunks[j].off == nl[i].off && old->chunks[j].len == nl[i].len &&
+			    !memcmp(old->chunks[j].hash, nl[i].hash, CHUNK_HASH_LEN))
+				assert_int_equal(delta_put_ref(b, nl[i].off, nl[i].len, nl[i].hash), 0);
+			else
+				assert_int_equal(delta_put_inline(b, data + nl[i].off, nl[i].len), 0);
+		}
+		uint8_t fh[CHUNK_HASH_LEN];
+		chunk_list_hash(nl, nn, fh);
+		assert_int_equal(delta_put_end(b, fh), 0);
+		assert_int_equal(delta_builder_finish(b, sk, &bytes, &n), 0);
+		delta_builder_free(b);
+		assert_true(n < 20000);
+		if (round == 0) {
+			/* a command in the guest changed the file: refused, untouched */
+			int fd = openat(e->gfd, "db.bin", O_WRONLY);
+			assert_true(fd >= 0);
+			assert_int_equal(pwrite(fd, "guest", 5, 100000), 5);
+			close(fd);
+			assert_int_equal(deliver(e, bytes, n, &st), -EBADMSG);
+			assert_non_null(strstr(apply_error(e->a), "referenced chunk differs"));
+			uint8_t back[5];
+			fd = openat(e->gfd, "db.bin", O_RDONLY);
+			assert_int_equal(pread(fd, back, 5, 100000), 5);
+			close(fd);
+			assert_memory_equal(back, "guest", 5);
+			/* put the guest's copy back as the host knows it */
+			fd = openat(e->gfd, "db.bin", O_WRONLY);
+			assert_int_equal(pwrite(fd, data + 100000, 5, 100000), 5);
+			close(fd);
+			e->seq--; /* the refused batch did not count */
+		} else {
+			assert_int_equal(deliver(e, bytes, n, &st), 0);
+			assert_int_equal(st.cloned, 1);
+			assert_true(st.ref_bytes >= size - 3 * 4096);
+			assert_int_equal(st.bytes, size);
+		}
+		mem_free(bytes);
+	}
+	uint8_t *back = malloc(size);
+	int fd = openat(e->gfd, "db.bin", O_RDONLY);
+	assert_int_equal(read(fd, back, size), (ssize_t)size);
+	close(fd);
+	assert_memory_equal(back, data, size);
+	struct stat gs;
+	assert_int_equal(fstatat(e->gfd, "db.bin", &gs, 0), 0);
+	assert_int_equal(gs.st_size, (off_t)size);
+	free(back);
+	mem_free(nl);
+	manifest_free(gm);
+	free(data);
+}
+
+static void test_crash_leftovers_cleaned(void **state)
+{
+	struct env *e = *state;
+	assert_int_equal(mkdirat(e->gfd, ".airlock-tmp-0123456789abcdef", 0700), 0);
+	put_file(e->gfd, ".airlock-tmp-0123456789abcdef/half", "x", 1, 0600);
+	assert_int_equal(mkdirat(e->gfd, "d", 0755), 0);
+	put_file(e->gfd, "d/.airlock-tmp-fedcba9876543210", "y", 1, 0600);
+	apply_free(e->a);
+	assert_int_equal(apply_open(e->guest, e->opts, &e->a), 0);
+	assert_int_equal(faccessat(e->gfd, ".airlock-tmp-0123456789abcdef", F_OK, 0), -1);
+	struct manifest *m;
+	assert_int_equal(apply_manifest(e->a, NULL, &m), 0);
+	assert_int_equal(m->n, 1);
+	manifest_free(m);
+	assert_int_equal(faccessat(e->gfd, "d/.airlock-tmp-fedcba9876543210", F_OK, 0), -1);
+}
+
+/* A directory replaced by a file goes as a whole tree, and the tree walk
+ * never follows the links inside it. */
+static void test_tree_delete_never_follows(void **state)
+{
+	struct env *e = *state;
+	struct apply_stats st;
+	assert_int_equal(mkdirat(e->hfd, "t", 0755), 0);
+	put_file(e->hfd, "t/managed", "m", 1, 0644);
+	sync_and_check(e, &st);
+	/* the guest adds unmanaged things, including links out of the root */
+	assert_int_equal(mkdirat(e->gfd, "t/node_modules", 0755), 0);
+	assert_int_equal(symlinkat(e->outside, e->gfd, "t/node_modules/out"), 0);
+	assert_int_equal(symlinkat(e->outside, e->gfd, "t/out2"), 0);
+	assert_int_equal(mkdirat(e->gfd, "t/node_modules/deep", 0755), 0);
+	put_file(e->gfd, "t/node_modules/deep/f", "f", 1, 0644);
+	struct buf o0, o1;
+	snapshot(e->ofd, &o0);
+	assert_int_equal(unlinkat(e->hfd, "t/managed", 0), 0);
+	assert_int_equal(unlinkat(e->hfd, "t", AT_REMOVEDIR), 0);
+	put_file(e->hfd, "t", "file", 4, 0644);
+	sync_and_check(e, &st);
+	snapshot(e->ofd, &o1);
+	assert_same(&o0, &o1);
+	assert_int_equal(faccessat(e->ofd, "x", F_OK, 0), 0);
+	buf_clear(&o0);
+	buf_clear(&o1);
+}
+
+/* ---- crafted batches ---- */
+
+struct raw {
+	struct buf b;
+	uint32_t nops;
+	uint64_t seq;
+};
+
+static void raw_begin(struct raw *r, uint64_t seq)
+{
+	buf_init(&r->b, 64u << 20);
+	r->nops = 0;
+	assert_int_equal(buf_put(&r->b, "ALDB", 4), 0);
+	assert_int_equal(buf_put_u8(&r->b, DELTA_VERSION), 0);
+	assert_int_equal(buf_put_u8(&r->b, 0), 0);
+	assert_int_equal(buf_put_u16(&r->b, 0), 0);
+	assert_int_equal(buf_put(&r->b, scope, 32), 0);
+	assert_int_equal(buf_put_u64(&r->b, seq), 0);
+	assert_int_equal(buf_put_u32(&r->b, 0), 0);
+}
+
+static void raw_path(struct raw *r, uint8_t type, const void *p, size_t n)
+{
+	assert_int_equal(buf_put_u8(&r->b, type), 0);
+	assert_int_equal(buf_put_bytes(&r->b, p, n), 0);
+	r->nops++;
+}
+
+/* A PUT of `text` in one RAW chunk, with the right hashes unless told. */
+static void raw_put(struct raw *r, const char *path, size_t pl, uint32_t mode, const char *text, int corrupt)
+{
+	uint8_t h[CHUNK_HASH_LEN], fh[CHUNK_HASH_LEN];
+	size_t n = strlen(text);
+	chunk_hash(text, n, h);
+	memcpy(fh, h, sizeof(fh));
+	if (corrupt == 1)
+		fh[3] ^= 1; /* file hash */
+	if (corrupt == 2)
+		h[9] ^= 1; /* chunk hash */
+	raw_path(r, DELTA_PUT, path, pl);
+	assert_int_equal(buf_put_u32(&r->b, mode), 0);
+	assert_int_equal(buf_put_u64(&r->b, n), 0);
+	assert_int_equal(buf_put(&r->b, fh, sizeof(fh)), 0);
+	assert_int_equal(buf_put_str(&r->b, ""), 0);
+	assert_int_equal(buf_put_u32(&r->b, 1), 0);
+	assert_int_equal(buf_put_u8(&r->b, DELTA_CHUNK_RAW), 0);
+	assert_int_equal(buf_put_u32(&r->b, (uint32_t)n), 0);
+	assert_int_equal(buf_put(&r->b, h, sizeof(h)), 0);
+	assert_int_equal(buf_put(&r->b, text, n), 0);
+}
+
+static void raw_put_ref(struct raw *r, const char *path, uint64_t off, const char *claimed)
+{
+	uint8_t h[CHUNK_HASH_LEN];
+	size_t n = strlen(claimed);
+	chunk_hash(claimed, n, h);
+	raw_path(r, DELTA_PUT, path, strlen(path));
+	assert_int_equal(buf_put_u32(&r->b, 0644), 0);
+	assert_int_equal(buf_put_u64(&r->b, n), 0);
+	assert_int_equal(buf_put(&r->b, h, sizeof(h)), 0);
+	assert_int_equal(buf_put_str(&r->b, ""), 0);
+	assert_int_equal(buf_put_u32(&r->b, 1), 0);
+	assert_int_equal(buf_put_u8(&r->b, DELTA_CHUNK_REF), 0);
+	assert_int_equal(buf_put_u32(&r->b, (uint32_t)n), 0);
+	assert_int_equal(buf_put(&r->b, h, sizeof(h)), 0);
+	assert_int_equal(buf_put_u64(&r->b, off), 0);
+}
+
+static void raw_u32(struct raw *r, uint32_t v)
+{
+	assert_int_equal(buf_put_u32(&r->b, v), 0);
+}
+
+static void raw_u8(struct raw *r, uint8_t v)
+{
+	assert_int_equal(buf_put_u8(&r->b, v), 0);
+}
+
+static void raw_str(struct raw *r, const char *s)
+{
+	assert_int_equal(buf_put_str(&r->b, s), 0);
+}
+
+static void raw_finish(struct raw *r, int flip_bit)
+{
+	uint8_t *d = (uint8_t *)buf_ptr(&r->b), *sig;
+	size_t n = buf_len(&r->b);
+	d[48] = (uint8_t)(r->nops >> 24);
+	d[49] = (uint8_t)(r->nops >> 16);
+	d[50] = (uint8_t)(r->nops >> 8);
+	d[51] = (uint8_t)r->nops;
+	assert_int_equal(buf_reserve(&r->b, DELTA_SIG_LEN, &sig), 0);
+	delta_sign(buf_ptr(&r->b), n, sk, sig);
+	buf_commit(&r->b, DELTA_SIG_LEN);
+	if (flip_bit >= 0)
+		((uint8_t *)buf_ptr(&r->b))[flip_bit / 8] ^= (uint8_t)(1u << (flip_bit % 8));
+}
+
+static char longname[300], longpath[4200];
+
+static void c_dotdot(struct raw *r)
+{
+	raw_put(r, "../x", 4, 0644, "evil", 0);
+}
+static void c_dotdot_mid(struct raw *r)
+{
+	raw_put(r, "dir/../../x", 11, 0644, "evil", 0);
+}
+static void c_absolute(struct raw *r)
+{
+	raw_put(r, "/tmp/x", 6, 0644, "evil", 0);
+}
+static void c_nul(struct raw *r)
+{
+	raw_put(r, "ok\0/../../x", 11, 0644, "evil", 0);
+}
+static void c_long_component(struct raw *r)
+{
+	raw_put(r, longname, strlen(longname), 0644, "evil", 0);
+}
+static void c_long_path(struct raw *r)
+{
+	raw_put(r, longpath, strlen(longpath), 0644, "evil", 0);
+}
+static void c_reserved(struct raw *r)
+{
+	raw_put(r, ".airlock-tmp-x", 14, 0644, "evil", 0);
+}
+static void c_via_link(struct raw *r)
+{
+	raw_put(r, "link/evil", 9, 0644, "evil", 0);
+}
+static void c_via_deep_link(struct raw *r)
+{
+	raw_put(r, "dir/link2/evil", 14, 0644, "evil", 0);
+}
+static void c_mkdir_via_link(struct raw *r)
+{
+	raw_path(r, DELTA_MKDIR, "link/d", 6);
+	raw_u32(r, 0755);
+}
+static void c_symlink_via_link(struct raw *r)
+{
+	raw_path(r, DELTA_SYMLINK, "link/s", 6);
+	raw_str(r, "/etc/passwd");
+}
+static void c_delete_via_link(struct raw *r)
+{
+	raw_path(r, DELTA_DELETE, "link/x", 6);
+	raw_u8(r, 0);
+}
+static void c_delete_tree_via_link(struct raw *r)
+{
+	raw_path(r, DELTA_DELETE, "dir/link2/x", 11);
+	raw_u8(r, DELTA_DELETE_TREE);
+}
+static void c_chmod_link(struct raw *r)
+{
+	raw_path(r, DELTA_CHMOD, "link", 4);
+	raw_u32(r, 0777);
+}
+static void c_chmod_via_link(struct raw *r)
+{
+	raw_path(r, DELTA_CHMOD, "link/x", 6);
+	raw_u32(r, 0777);
+}
+static void c_bad_file_hash(struct raw *r)
+{
+	raw_put(r, "new", 3, 0644, "content", 1);
+}
+static void c_bad_chunk_hash(struct raw *r)
+{
+	raw_put(r, "new", 3, 0644, "content", 2);
+}
+static void c_setuid(struct raw *r)
+{
+	raw_put(r, "new", 3, 04755, "content", 0);
+}
+static void c_sticky_dir(struct raw *r)
+{
+	raw_path(r, DELTA_MKDIR, "newdir", 6);
+	raw_u32(r, 01777);
+}
+static void c_fifo_mode(struct raw *r)
+{
+	raw_put(r, "fifo", 4, 010644, "", 0);
+}
+static void c_fifo_op(struct raw *r)
+{
+	raw_path(r, 6, "fifo", 4);
+	raw_u32(r, 0644);
+}
+static void c_good_then_escape(struct raw *r)
+{
+	raw_put(r, "good.txt", 8, 0644, "fine", 0);
+	c_mkdir_via_link(r);
+}
+static void c_good_then_missing(struct raw *r)
+{
+	raw_put(r, "good.txt", 8, 0644, "fine", 0);
+	raw_path(r, DELTA_DELETE, "keep.txt", 8);
+	raw_u8(r, 0);
+	raw_path(r, DELTA_CHMOD, "missing", 7);
+	raw_u32(r, 0600);
+}
+static void c_ref_differs(struct raw *r)
+{
+	raw_put(r, "good.txt", 8, 0644, "fine", 0);
+	raw_put_ref(r, "keep.txt", 0, "KEEP"); /* the guest has "keep" */
+}
+static void c_ref_past_eof(struct raw *r)
+{
+	raw_put_ref(r, "keep.txt", 2, "ep and more");
+}
+static void c_put_over_dir(struct raw *r)
+{
+	raw_put(r, "dir", 3, 0644, "not a dir", 0);
+}
+static void c_mkdir_over_file(struct raw *r)
+{
+	raw_path(r, DELTA_MKDIR, "keep.txt", 8);
+	raw_u32(r, 0755);
+}
+static void c_missing_parent(struct raw *r)
+{
+	raw_put(r, "good.txt", 8, 0644, "fine", 0);
+	raw_put(r, "nodir/f", 7, 0644, "x", 0);
+}
+static void c_put_into_deleted(struct raw *r)
+{
+	raw_path(r, DELTA_DELETE, "dir", 3);
+	raw_u8(r, DELTA_DELETE_TREE);
+	raw_put(r, "dir/f2", 6, 0644, "x", 0);
+}
+static void c_chmod_special(struct raw *r)
+{
+	raw_path(r, DELTA_CHMOD, "fifo", 4);
+	raw_u32(r, 0666);
+}
+static void c_ok(struct raw *r)
+{
+	raw_put(r, "new", 3, 0644, "content", 0);
+}
+
+static const struct crafted {
+	const char *name;
+	void (*make)(struct raw *);
+	int seq_delta; /* 1 = newer; 0 = repeated; -1 = older */
+	int flip_bit;  /* -1: none */
+	int want;
+} crafted[] = {
+    {"traversal ../x", c_dotdot, 1, -1, -EBADMSG},
+    {"traversal a/../../x", c_dotdot_mid, 1, -1, -EBADMSG},
+    {"absolute path", c_absolute, 1, -1, -EBADMSG},
+    {"NUL in path", c_nul, 1, -1, -EBADMSG},
+    {"over-long component", c_long_component, 1, -1, -EBADMSG},
+    {"over-long path", c_long_path, 1, -1, -EBADMSG},
+    {"reserved name", c_reserved, 1, -1, -EBADMSG},
+    {"PUT through symlinked dir", c_via_link, 1, -1, -ELOOP},
+    {"PUT through nested symlinked dir", c_via_deep_link, 1, -1, -ELOOP},
+    {"MKDIR through symlinked dir", c_mkdir_via_link, 1, -1, -ELOOP},
+    {"SYMLINK through symlinked dir", c_symlink_via_link, 1, -1, -ELOOP},
+    {"DELETE through symlinked dir", c_delete_via_link, 1, -1, -ELOOP},
+    {"DELETE tree through symlinked dir", c_delete_tree_via_link, 1, -1, -ELOOP},
+    {"CHMOD of a symlink", c_chmod_link, 1, -1, -EPERM},
+    {"CHMOD through symlinked dir", c_chmod_via_link, 1, -1, -ELOOP},
+    {"bad signature (header bit)", c_ok, 1, 8 * 20 + 3, -EPERM},
+    {"bad signature (payload bit)", c_ok, 1, 8 * 60 + 1, -EPERM},
+    {"bad signature (signature bit)", c_ok, 1, -2, -EPERM},
+    {"wrong file hash", c_bad_file_hash, 1, -1, -EBADMSG},
+    {"wrong chunk hash", c_bad_chunk_hash, 1, -1, -EBADMSG},
+    {"repeated sequence", c_ok, 0, -1, -ESTALE},
+    {"old sequence", c_ok, -1, -1, -ESTALE},
+    {"setuid mode", c_setuid, 1, -1, -EBADMSG},
+    {"sticky dir mode", c_sticky_dir, 1, -1, -EBADMSG},
+    {"fifo type bits in mode", c_fifo_mode, 1, -1, -EBADMSG},
+    {"unknown (mknod-like) op", c_fifo_op, 1, -1, -EBADMSG},
+    {"good op, then escape", c_good_then_escape, 1, -1, -ELOOP},
+    {"good ops, then missing path", c_good_then_missing, 1, -1, -ENOENT},
+    {"reference to bytes the guest lacks", c_ref_differs, 1, -1, -EBADMSG},
+    {"reference past end of file", c_ref_past_eof, 1, -1, -EBADMSG},
+    {"PUT over a directory", c_put_over_dir, 1, -1, -EISDIR},
+    {"MKDIR over a file", c_mkdir_over_file, 1, -1, -EEXIST},
+    {"PUT with missing parent", c_missing_parent, 1, -1, -ENOENT},
+    {"PUT into a deleted directory", c_put_into_deleted, 1, -1, -ENOENT},
+    {"CHMOD of a fifo", c_chmod_special, 1, -1, -EPERM},
+};
+
+static void test_crafted_refused(void **state)
+{
+	struct env *e = *state;
+	memset(longname, 'n', 256);
+	longname[256] = '\0';
+	for (size_t i = 0; i < 4097; i++)
+		longpath[i] = i % 64 == 63 ? '/' : 'p';
+	longpath[4097] = '\0';
+
+	/* the guest: a few files, a directory, links pointing outside */
+	put_file(e->gfd, "keep.txt", "keep", 4, 0644);
+	assert_int_equal(mkdirat(e->gfd, "dir", 0755), 0);
+	put_file(e->gfd, "dir/f", "f", 1, 0644);
+	char target[200];
+	snprintf(target, sizeof(target), "%s", e->outside);
+	assert_int_equal(symlinkat(target, e->gfd, "link"), 0);
+	assert_int_equal(symlinkat("../../outside", e->gfd, "dir/link2"), 0);
+	assert_int_equal(mkfifoat(e->gfd, "fifo", 0644), 0);
+	apply_set_last_seq(e->a, 100);
+
+	struct buf g0, o0;
+	snapshot(e->gfd, &g0);
+	snapshot(e->ofd, &o0);
+	for (size_t i = 0; i < sizeof(crafted) / sizeof(crafted[0]); i++) {
+		const struct crafted *c = &crafted[i];
+		struct raw r;
+		raw_begin(&r, (uint64_t)(100 + c->seq_delta));
+		c->make(&r);
+		raw_finish(&r, c->flip_bit == -2 ? (int)(buf_len(&r.b) - 30) * 8 : c->flip_bit);
+		struct apply_stats st;
+		int got = deliver(e, buf_ptr(&r.b), buf_len(&r.b), &st);
+		if (got != c->want)
+			fail_msg("%s: want %d got %d (%s)", c->name, c->want, got, apply_error(e->a));
+		assert_false(st.partial);
+		buf_clear(&r.b);
+		/* nothing changed, inside or outside, and no temporaries */
+		struct buf g1, o1;
+		snapshot(e->gfd, &g1);
+		snapshot(e->ofd, &o1);
+		assert_same(&g0, &g1);
+		assert_same(&o0, &o1);
+		buf_clear(&g1);
+		buf_clear(&o1);
+		assert_int_equal(apply_last_seq(e->a), 100);
+	}
+	/* and the control: the same machinery accepts a good batch */
+	struct raw r;
+	raw_begin(&r, 101);
+	c_ok(&r);
+	raw_finish(&r, -1);
+	assert_int_equal(deliver(e, buf_ptr(&r.b), buf_len(&r.b), NULL), 0);
+	assert_int_equal(apply_last_seq(e->a), 101);
+	buf_clear(&r.b);
+	/* replacing the symlink itself with a file is fine, and leaves its
+	 * old target alone */
+	raw_begin(&r, 102);
+	raw_put(&r, "link", 4, 0644, "now a file", 0);
+	raw_finish(&r, -1);
+	assert_int_equal(deliver(e, buf_ptr(&r.b), buf_len(&r.b), NULL), 0);
+	buf_clear(&r.b);
+	struct stat s;
+	assert_int_equal(fstatat(e->gfd, "link", &s, AT_SYMLINK_NOFOLLOW), 0);
+	assert_true(S_ISREG(s.st_mode));
+	struct buf o1;
+	snapshot(e->ofd, &o1);
+	assert_same(&o0, &o1);
+	buf_clear(&o1);
+	buf_clear(&g0);
+	buf_clear(&o0);
+}
+
+/* A batch that makes and replaces directories stages through the root's
+ * staging directory, and leaves it behind neither on success nor on a
+ * failure before commit. */
+static void test_staging_dir(void **state)
+{
+	struct env *e = *state;
+	struct apply_stats st;
+	put_file(e->gfd, "a", "was a file", 10, 0644);
+	struct raw r;
+	raw_begin(&r, 1);
+	raw_path(&r, DELTA_DELETE, "a", 1);
+	raw_u8(&r, 0);
+	raw_path(&r, DELTA_MKDIR, "a", 1);
+	raw_u32(&r, 0750);
+	raw_path(&r, DELTA_MKDIR, "a/b", 3);
+	raw_u32(&r, 0700);
+	raw_put(&r, "a/b/f", 5, 0600, "deep", 0);
+	raw_path(&r, DELTA_SYMLINK, "a/ln", 4);
+	raw_str(&r, "b/f");
+	raw_finish(&r, -1);
+	assert_int_equal(deliver(e, buf_ptr(&r.b), buf_len(&r.b), &st), 0);
+	buf_clear(&r.b);
+	assert_int_equal(st.dirs, 2);
+	char buf[8];
+	int fd = openat(e->gfd, "a/ln", O_RDONLY); /* our test follows it; apply never does */
+	assert_int_equal(read(fd, buf, sizeof(buf)), 4);
+	close(fd);
+	struct stat s;
+	assert_int_equal(fstatat(e->gfd, "a", &s, 0), 0);
+	assert_int_equal(s.st_mode & 0777, 0750);
+	struct buf g0;
+	snapshot(e->gfd, &g0); /* also checks no temporaries are left */
+
+	/* same shape, failing at the last staged op: nothing visible */
+	raw_begin(&r, 2);
+	raw_path(&r, DELTA_DELETE, "a", 1);
+	raw_u8(&r, DELTA_DELETE_TREE);
+	raw_path(&r, DELTA_MKDIR, "a", 1);
+	raw_u32(&r, 0755);
+	raw_put(&r, "a/g", 3, 0600, "x", 0);
+	raw_put(&r, "a/h", 3, 0600, "y", 1); /* wrong file hash */
+	raw_finish(&r, -1);
+	assert_int_equal(deliver(e, buf_ptr(&r.b), buf_len(&r.b), &st), -EBADMSG);
+	buf_clear(&r.b);
+	struct buf g1;
+	snapshot(e->gfd, &g1);
+	assert_same(&g0, &g1);
+	buf_clear(&g0);
+	buf_clear(&g1);
+}
+
+/* Allocation failures inside apply: an error and an unchanged tree, never
+ * a crash or a leak. */
+static void test_apply_alloc_failures(void **state)
+{
+	struct env *e = *state;
+	build_host_tree(e->hfd);
+	uint8_t *bytes;
+	size_t n;
+	make_sync_batch(e, &bytes, &n);
+	struct delta_batch *b;
+	assert_int_equal(delta_batch_verify(bytes, n, pk, scope, 0, NULL, &b, NULL, 0), 0);
+	struct buf g0;
+	snapshot(e->gfd, &g0);
+	int r = -ENOMEM;
+	for (unsigned long k = 1; r == -ENOMEM && k < 1000; k++) {
+		struct apply_stats st;
+		mem_fail_at(k, 0);
+		r = apply_batch(e->a, b, &st);
+		mem_fail_at(0, 0);
+		if (r == -ENOMEM) {
+			assert_false(st.partial);
+			struct buf g1;
+			snapshot(e->gfd, &g1);
+			assert_same(&g0, &g1);
+			buf_clear(&g1);
+		}
+	}
+	assert_int_equal(r, 0);
+	delta_batch_free(b);
+	mem_free(bytes);
+	buf_clear(&g0);
+}
+
+#define BOTH(t)                                                                                                        \
+	cmocka_unit_test_prestate_setup_teardown(t, setup, teardown, (void *)&mode_default),                           \
+	    cmocka_unit_test_prestate_setup_teardown(t, setup, teardown, (void *)&mode_fallback)
+
+int main(void)
+{
+	assert_true(sodium_init() >= 0);
+	crypto_sign_keypair(pk, sk);
+	randombytes_buf(scope, sizeof(scope));
+	const struct CMUnitTest tests[] = {
+	    BOTH(test_full_and_incremental_sync), BOTH(test_unmanaged_paths_survive),
+	    BOTH(test_move_by_reference_and_seq), BOTH(test_inplace_edit_cloned),
+	    BOTH(test_crash_leftovers_cleaned),	  BOTH(test_tree_delete_never_follows),
+	    BOTH(test_crafted_refused),		  BOTH(test_staging_dir),
+	    BOTH(test_apply_alloc_failures),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,229 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* hcache: the stat-keyed hash cache never hides a change (hcache.h). */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "airlock/content/hcache.h"
+#include "airlock/content/manifest.h"
+
+struct env {
+	char dir[64];	/* the scanned tree */
+	char state[64]; /* where the cache lives */
+	int dfd, sfd;
+};
+
+static int setup(void **state)
+{
+	struct env *e = calloc(1, sizeof(*e));
+	if (!e)
+		abort();
+	strcpy(e->dir, "/tmp/hcache-tree.XXXXXX");
+	strcpy(e->state, "/tmp/hcache-state.XXXXXX");
+	assert_non_null(mkdtemp(e->dir));
+	assert_non_null(mkdtemp(e->state));
+	e->dfd = open(e->dir, O_RDONLY | O_DIRECTORY);
+	e->sfd = open(e->state, O_RDONLY | O_DIRECTORY);
+	assert_true(e->dfd >= 0 && e->sfd >= 0);
+	*state = e;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct env *e = *state;
+	char cmd[200];
+	close(e->dfd);
+	close(e->sfd);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s %s", e->dir, e->state);
+	assert_int_equal(system(cmd), 0);
+	free(e);
+	return 0;
+}
+
+static void put_file(struct env *e, const char *name, const char *text, size_t n)
+{
+	int fd = openat(e->dfd, name, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, text, n), (ssize_t)n);
+	close(fd);
+}
+
+/* Set mtime and atime of name to t (seconds ago from now). */
+static void age(struct env *e, const char *name, time_t ago, struct timespec *was)
+{
+	struct timespec ts[2];
+	struct stat st;
+	if (was) {
+		assert_int_equal(fstatat(e->dfd, name, &st, 0), 0);
+		ts[0] = ts[1] = st.st_mtim;
+		*was = st.st_mtim;
+	} else {
+		clock_gettime(CLOCK_REALTIME, &ts[0]);
+		ts[0].tv_sec -= ago;
+		ts[1] = ts[0];
+	}
+	assert_int_equal(utimensat(e->dfd, name, ts, 0), 0);
+}
+
+/* Scan with a cache loaded from the state dir, save it back; return the
+ * hash of `name` and the cache counters. */
+static void scan(struct env *e, const char *name, uint8_t hash[CHUNK_HASH_LEN], uint64_t *hits)
+{
+	struct hcache *c;
+	struct manifest *m;
+	uint64_t miss, racy;
+	assert_int_equal(hcache_new(NULL, &c), 0);
+	int r = hcache_load(c, e->sfd, HCACHE_FILE);
+	assert_true(r == 0 || r == -ENOENT || r == -EBADMSG);
+	struct manifest_scan_opts o = {.chunking = &chunk_params_default, .cache = c};
+	assert_int_equal(manifest_scan(e->dfd, &o, &m), 0);
+	assert_int_equal(hcache_save(c, e->sfd, HCACHE_FILE), 0);
+	hcache_counts(c, hits, &miss, &racy);
+	long i = manifest_find(m, name);
+	assert_true(i >= 0);
+	memcpy(hash, m->e[i].hash, CHUNK_HASH_LEN);
+	manifest_free(m);
+	hcache_free(c);
+}
+
+static void content_hash(const char *text, size_t n, uint8_t h[CHUNK_HASH_LEN])
+{
+	chunk_hash(text, n, h);
+}
+
+/* ctime: same size, mtime put back with touch -d: still a new hash. */
+static void test_restored_mtime(void **state)
+{
+	struct env *e = *state;
+	uint8_t h[CHUNK_HASH_LEN], want[CHUNK_HASH_LEN];
+	uint64_t hits;
+	struct timespec was, ts[2];
+
+	put_file(e, "a.txt", "hello world\n", 12);
+	age(e, "a.txt", 10, NULL);
+	/* ctime is now: racy; wait past it so the second scan stores it */
+	sleep(1);
+	scan(e, "a.txt", h, &hits);
+	scan(e, "a.txt", h, &hits);
+	assert_int_equal(hits, 1); /* cached */
+	age(e, "a.txt", 0, &was);
+	put_file(e, "a.txt", "HELLO WORLD\n", 12);
+	ts[0] = ts[1] = was;
+	assert_int_equal(utimensat(e->dfd, "a.txt", ts, 0), 0); /* touch -d back */
+	scan(e, "a.txt", h, &hits);
+	content_hash("HELLO WORLD\n", 12, want);
+	assert_memory_equal(h, want, CHUNK_HASH_LEN);
+	assert_int_equal(hits, 0);
+}
+
+/* A corrupt or truncated cache is ignored, never trusted. */
+static void test_corrupt(void **state)
+{
+	struct env *e = *state;
+	uint8_t h[CHUNK_HASH_LEN], want[CHUNK_HASH_LEN];
+	uint64_t hits;
+	struct stat st;
+
+	put_file(e, "b.txt", "original", 8);
+	age(e, "b.txt", 10, NULL);
+	sleep(1);
+	scan(e, "b.txt", h, &hits);
+	scan(e, "b.txt", h, &hits);
+	assert_int_equal(hits, 1);
+	/* flip one byte of the stored hash in the file: checksum fails */
+	assert_int_equal(fstatat(e->sfd, HCACHE_FILE, &st, 0), 0);
+	int fd = openat(e->sfd, HCACHE_FILE, O_RDWR);
+	assert_true(fd >= 0);
+	uint8_t byte;
+	off_t at = st.st_size - 16 - 4 - 5; /* inside the last entry's hash */
+	assert_int_equal(pread(fd, &byte, 1, at), 1);
+	byte ^= 0x40;
+	assert_int_equal(pwrite(fd, &byte, 1, at), 1);
+	close(fd);
+	struct hcache *c;
+	assert_int_equal(hcache_new(NULL, &c), 0);
+	assert_int_equal(hcache_load(c, e->sfd, HCACHE_FILE), -EBADMSG);
+	hcache_free(c);
+	scan(e, "b.txt", h, &hits);
+	assert_int_equal(hits, 0);
+	content_hash("original", 8, want);
+	assert_memory_equal(h, want, CHUNK_HASH_LEN);
+	/* truncated */
+	fd = openat(e->sfd, HCACHE_FILE, O_RDWR);
+	assert_int_equal(ftruncate(fd, 30), 0);
+	close(fd);
+	scan(e, "b.txt", h, &hits);
+	assert_int_equal(hits, 0);
+	assert_memory_equal(h, want, CHUNK_HASH_LEN);
+}
+
+/* Racy: a file changed in the same second (same size, same mtime second)
+ * right after it was hashed is hashed again, not taken from the cache. */
+static void test_racy(void **state)
+{
+	struct env *e = *state;
+	uint8_t h[CHUNK_HASH_LEN], want[CHUNK_HASH_LEN];
+	uint64_t hits;
+
+	for (int i = 0; i < 20; i++) {
+		char t[16];
+		snprintf(t, sizeof(t), "v%02d-content", i);
+		put_file(e, "c.txt", t, strlen(t));
+		scan(e, "c.txt", h, &hits);
+		content_hash(t, strlen(t), want);
+		assert_memory_equal(h, want, CHUNK_HASH_LEN);
+	}
+}
+
+/* What a command does to the (guest's) copy is seen: append, rewrite in
+ * place with the same size, replace by rename, chmod. */
+static void test_guest_edit(void **state)
+{
+	struct env *e = *state;
+	uint8_t h[CHUNK_HASH_LEN], want[CHUNK_HASH_LEN];
+	uint64_t hits;
+
+	put_file(e, "d.c", "int x;\n", 7);
+	put_file(e, "e.c", "int y;\n", 7);
+	age(e, "d.c", 10, NULL);
+	age(e, "e.c", 10, NULL);
+	sleep(1);
+	scan(e, "d.c", h, &hits);
+	scan(e, "d.c", h, &hits);
+	assert_int_equal(hits, 2);
+	/* in-place same-size rewrite, then a rename over e.c */
+	int fd = openat(e->dfd, "d.c", O_WRONLY);
+	assert_int_equal(pwrite(fd, "long", 4, 0), 4);
+	close(fd);
+	put_file(e, "e.new", "int z;\n", 7);
+	assert_int_equal(renameat(e->dfd, "e.new", e->dfd, "e.c"), 0);
+	scan(e, "d.c", h, &hits);
+	content_hash("longx;\n", 7, want);
+	assert_memory_equal(h, want, CHUNK_HASH_LEN);
+	scan(e, "e.c", h, &hits);
+	content_hash("int z;\n", 7, want);
+	assert_memory_equal(h, want, CHUNK_HASH_LEN);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test_setup_teardown(test_restored_mtime, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_corrupt, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_racy, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_guest_edit, setup, teardown),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

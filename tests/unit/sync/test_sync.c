@@ -1,0 +1,734 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* sync / syncg unit tests: the sequence survives an agent restart (an old
+ * batch replayed is refused), scope binding, state dir placement, the
+ * generated .git/config, message reassembly limits. */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <sodium.h>
+
+#include "airlock/content/delta.h"
+#include "airlock/content/syncmsg.h"
+#include "airlock/core/chan.h"
+#include "airlock/core/loop.h"
+#include "airlock/core/mem.h"
+#include "airlock/core/noise.h"
+#include "airlock/core/wire.h"
+#include "airlock/guest/syncg.h"
+#include "airlock/policy/policy.h"
+#include "airlock/sync/sync.h"
+
+static char dir[64];
+static uint8_t hpk[32], hsk[64], gpub[32];
+
+static int rm_cb(const char *p, const struct stat *st, int flag, struct FTW *f)
+{
+	(void)st;
+	(void)flag;
+	(void)f;
+	return remove(p);
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	strcpy(dir, "/tmp/airlock-test-sync.XXXXXX");
+	assert_non_null(mkdtemp(dir));
+	crypto_sign_keypair(hpk, hsk);
+	randombytes_buf(gpub, sizeof(gpub));
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+	return 0;
+}
+
+static void batch(uint64_t seq, const uint8_t *guest, const char *name, uint8_t **out, size_t *n)
+{
+	uint8_t scope[DELTA_SCOPE_LEN];
+	struct delta_builder *b;
+	syncmsg_scope(guest, hpk, scope);
+	assert_int_equal(delta_builder_new(seq, scope, NULL, &syncmsg_delta_caps, &b), 0);
+	assert_int_equal(delta_add_mkdir(b, name, 0755), 0);
+	assert_int_equal(delta_builder_finish(b, hsk, out, n), 0);
+	delta_builder_free(b);
+}
+
+static void test_seq_persisted(void **state)
+{
+	(void)state;
+	char root[128], err[512];
+	struct syncg *g;
+	uint8_t *b1, *b2, *bx;
+	size_t n1, n2, nx;
+
+	snprintf(root, sizeof(root), "%s/root", dir);
+	assert_int_equal(mkdir(root, 0755), 0);
+	assert_int_equal(syncg_open(root, NULL, NULL, gpub, &g, err, sizeof(err)), 0);
+	assert_int_equal(syncg_last_seq(g), 0);
+	batch(1, gpub, "a", &b1, &n1);
+	batch(2, gpub, "b", &b2, &n2);
+	assert_int_equal(syncg_apply_batch(g, b1, n1, hpk, NULL, err, sizeof(err)), 0);
+	assert_int_equal(syncg_apply_batch(g, b2, n2, hpk, NULL, err, sizeof(err)), 0);
+	assert_int_equal(syncg_last_seq(g), 2);
+	syncg_free(g);
+
+	/* "restart": a new handle reads the persisted sequence */
+	assert_int_equal(syncg_open(root, NULL, NULL, gpub, &g, err, sizeof(err)), 0);
+	assert_int_equal(syncg_last_seq(g), 2);
+	assert_int_equal(syncg_apply_batch(g, b1, n1, hpk, NULL, err, sizeof(err)), -ESTALE);
+	assert_int_equal(syncg_apply_batch(g, b2, n2, hpk, NULL, err, sizeof(err)), -ESTALE);
+	assert_non_null(strstr(err, "refused"));
+
+	/* a batch scoped for another guest is refused, and writes nothing */
+	uint8_t other[32];
+	randombytes_buf(other, sizeof(other));
+	batch(3, other, "c", &bx, &nx);
+	assert_int_equal(syncg_apply_batch(g, bx, nx, hpk, NULL, err, sizeof(err)), -EPERM);
+	char p[160];
+	snprintf(p, sizeof(p), "%s/c", root);
+	assert_int_equal(access(p, F_OK), -1);
+	/* a signature by another key is refused */
+	uint8_t opk[32], osk[64];
+	crypto_sign_keypair(opk, osk);
+	assert_int_equal(syncg_apply_batch(g, b2, n2, opk, NULL, err, sizeof(err)), -EPERM);
+	syncg_free(g);
+	mem_free(b1);
+	mem_free(b2);
+	mem_free(bx);
+}
+
+static void test_state_inside_root_refused(void **state)
+{
+	(void)state;
+	char root[128], st[160], err[512];
+	struct syncg *g = NULL;
+
+	snprintf(root, sizeof(root), "%s/r2", dir);
+	snprintf(st, sizeof(st), "%s/r2/state", dir);
+	assert_int_equal(mkdir(root, 0755), 0);
+	assert_int_equal(syncg_open(root, st, NULL, gpub, &g, err, sizeof(err)), -EINVAL);
+	assert_null(g);
+	assert_non_null(strstr(err, "inside --root"));
+}
+
+static void test_git_config(void **state)
+{
+	(void)state;
+	char p[160];
+	struct buf out;
+	int dfd = open(dir, O_RDONLY | O_DIRECTORY);
+	static const char cfg[] =
+	    "[core]\n\trepositoryformatversion = 1\n\tfilemode = true\n\tbare = true\n"
+	    "\thooksPath = /tmp/evil\n\tfsmonitor = /tmp/evil\n\tsshCommand = ssh -i key\n"
+	    "[remote \"origin\"]\n\turl = https://u:TOKEN@example.com/r.git\n"
+	    "[credential]\n\thelper = store\n[include]\n\tpath = /etc/x\n"
+	    "[extensions]\n\tobjectFormat = sha256\n[url \"https://TOKEN@x/\"]\n\tinsteadOf = https://x/\n"
+	    "[core]\n\teditor = \"vim\"\n\tlogAllRefUpdates = true # comment\n";
+	assert_true(dfd >= 0);
+	snprintf(p, sizeof(p), "%s/.git", dir);
+	mkdir(p, 0755);
+	snprintf(p, sizeof(p), "%s/.git/config", dir);
+	FILE *f = fopen(p, "w");
+	assert_non_null(f);
+	fputs(cfg, f);
+	fclose(f);
+	buf_init(&out, 1 << 20);
+	assert_int_equal(sync_git_config(dfd, ".git/config", &out), 0);
+	assert_int_equal(buf_put_u8(&out, 0), 0);
+	const char *g = (const char *)buf_ptr(&out);
+	assert_non_null(strstr(g, "repositoryformatversion = 1"));
+	assert_non_null(strstr(g, "bare = false"));
+	assert_non_null(strstr(g, "objectformat = sha256"));
+	assert_non_null(strstr(g, "logallrefupdates = true"));
+	assert_null(strstr(g, "TOKEN"));
+	assert_null(strstr(g, "url"));
+	assert_null(strstr(g, "evil"));
+	assert_null(strstr(g, "ssh"));
+	assert_null(strstr(g, "helper"));
+	assert_null(strstr(g, "vim"));
+	assert_null(strstr(g, "bare = true"));
+	buf_clear(&out);
+	close(dfd);
+}
+
+static void test_inbox_limits(void **state)
+{
+	(void)state;
+	struct syncmsg_inbox in;
+	uint8_t frag[100] = {WIRE_SYNC_MORE};
+
+	syncmsg_inbox_init(&in);
+	assert_int_equal(syncmsg_inbox_add(&in, WIRE_SYNC_BATCH, frag, 0), -EBADMSG);
+	assert_int_equal(syncmsg_inbox_add(&in, WIRE_SYNC_BATCH, frag, sizeof(frag)), 0);
+	/* another type inside a message */
+	assert_int_equal(syncmsg_inbox_add(&in, WIRE_SYNC_BEGIN, frag, sizeof(frag)), -EBADMSG);
+	frag[0] = 0x80; /* unknown flag bits */
+	assert_int_equal(syncmsg_inbox_add(&in, WIRE_SYNC_BATCH, frag, sizeof(frag)), -EBADMSG);
+	frag[0] = 0;
+	assert_int_equal(syncmsg_inbox_add(&in, WIRE_SYNC_BATCH, frag, sizeof(frag)), 1);
+	assert_int_equal(buf_len(&in.b), 198);
+	syncmsg_inbox_done(&in);
+	/* the size cap is checked before growing */
+	in.b.len = WIRE_SYNC_MSG_MAX - 10; /* pretend, without allocating */
+	in.b.off = 0;
+	in.type = WIRE_SYNC_BATCH;
+	assert_int_equal(syncmsg_inbox_add(&in, WIRE_SYNC_BATCH, frag, 50), -EMSGSIZE);
+	in.b.len = 0;
+	syncmsg_inbox_clear(&in);
+}
+
+/* ---- the host engine against a real guest session over a chan pair ---- */
+
+struct eng {
+	struct loop *l;
+	struct chan *hc, *gc;
+	struct sync *s;
+	struct syncg *g;
+	struct syncg_session *ss;
+	bool hready, gready, done;
+	int err;
+	char why[512];
+	struct chan_peers *peers;
+	struct policy *pol;
+	int dfd;
+};
+
+static void h_ready(struct chan *c, void *ud)
+{
+	(void)c;
+	((struct eng *)ud)->hready = true;
+}
+static void g_ready(struct chan *c, void *ud)
+{
+	(void)c;
+	((struct eng *)ud)->gready = true;
+}
+static void h_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t *p, size_t n, void *ud)
+{
+	(void)c;
+	struct eng *e = ud;
+	if (e->s)
+		sync_on_frame(e->s, type, stream, p, n);
+}
+static void g_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t *p, size_t n, void *ud)
+{
+	struct eng *e = ud;
+	char err[256];
+	if (!e->ss)
+		assert_int_equal(syncg_session_new(e->g, c, hpk, &e->ss), 0);
+	assert_int_equal(syncg_session_frame(e->ss, type, stream, p, n, err, sizeof(err)), 0);
+}
+static void h_writable(struct chan *c, void *ud)
+{
+	(void)c;
+	struct eng *e = ud;
+	if (e->s)
+		sync_on_writable(e->s);
+}
+static void g_writable(struct chan *c, void *ud)
+{
+	(void)c;
+	struct eng *e = ud;
+	if (e->ss)
+		syncg_session_writable(e->ss);
+}
+static void x_close(struct chan *c, int err, const char *why, void *ud)
+{
+	(void)c;
+	(void)ud;
+	fail_msg("chan closed: %d %s", err, why);
+}
+static const struct chan_ops h_ops = {h_ready, h_frame, h_writable, x_close};
+static const struct chan_ops g_ops = {g_ready, g_frame, g_writable, x_close};
+
+static void e_done(int err, const char *why, void *ud)
+{
+	struct eng *e = ud;
+	e->done = true;
+	e->err = err;
+	snprintf(e->why, sizeof(e->why), "%s", why ? why : "");
+}
+static const struct sync_ops e_ops = {.on_done = e_done};
+
+static void e_check(struct loop *l, void *ud)
+{
+	struct eng *e = ud;
+	if (e->done || (e->hready && e->gready && !e->s))
+		loop_stop(l);
+}
+static void e_timeout(struct loop *l, void *ud)
+{
+	(void)ud;
+	loop_stop(l);
+}
+static void e_run(struct eng *e)
+{
+	uint64_t id = loop_add_timer(e->l, 10000, e_timeout, e);
+	loop_set_before_sleep(e->l, e_check, e);
+	assert_int_equal(loop_run(e->l), 0);
+	loop_set_before_sleep(e->l, NULL, NULL);
+	loop_del_timer(e->l, id);
+}
+
+/* A host engine on `host` and a guest session on `guest`, over a chan pair
+ * on one loop, handshake done; max_batch as in sync_cfg. */
+static void eng_start(struct eng *e, const char *host, const char *guest, size_t max_batch)
+{
+	struct noise_keypair hk, gk;
+	char err[256];
+	int sv[2];
+
+	assert_non_null(e->peers = chan_peers_new());
+	randombytes_buf(hk.priv, sizeof(hk.priv));
+	randombytes_buf(gk.priv, sizeof(gk.priv));
+	assert_int_equal(noise_pubkey(hk.pub, hk.priv), 0);
+	assert_int_equal(noise_pubkey(gk.pub, gk.priv), 0);
+	assert_int_equal(chan_peers_allow(e->peers, hk.pub), 0);
+	assert_non_null(e->l = loop_new());
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
+	struct chan_cfg hc = {.role = NOISE_INITIATOR, .self = &hk, .peer = gk.pub};
+	struct chan_cfg gc = {.role = NOISE_RESPONDER, .self = &gk, .peers = e->peers};
+	assert_non_null(e->hc = chan_new(e->l, sv[0], &hc, &h_ops, e));
+	assert_non_null(e->gc = chan_new(e->l, sv[1], &gc, &g_ops, e));
+	chan_set_default_stream_flags(e->gc, CHAN_STREAM_AUTO); /* as the agent does */
+	e_run(e);
+	assert_true(e->hready && e->gready);
+	assert_int_equal(syncg_open(guest, NULL, NULL, gpub, &e->g, err, sizeof(err)), 0);
+	assert_int_equal(policy_default(&e->pol), 0);
+	assert_true((e->dfd = open(host, O_RDONLY | O_DIRECTORY)) >= 0);
+	struct sync_cfg cfg = {.dirfd = e->dfd,
+			       .policy = e->pol,
+			       .sign_sk = hsk,
+			       .sign_pk = hpk,
+			       .guest_pub = gpub,
+			       .ops = &e_ops,
+			       .ud = e,
+			       .max_batch = max_batch};
+	assert_int_equal(sync_new(e->hc, &cfg, &e->s), 0);
+}
+
+static void eng_stop(struct eng *e)
+{
+	sync_free(e->s);
+	syncg_session_free(e->ss);
+	syncg_free(e->g);
+	chan_free(e->hc);
+	chan_free(e->gc);
+	chan_peers_free(e->peers);
+	loop_free(e->l);
+	policy_free(e->pol);
+	close(e->dfd);
+}
+
+static void put(const char *root, const char *rel, const char *text)
+{
+	char p[512];
+	snprintf(p, sizeof(p), "%s/%s", root, rel);
+	FILE *f = fopen(p, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+}
+static bool has(const char *root, const char *rel, const char *text)
+{
+	char p[512], b[256] = "";
+	snprintf(p, sizeof(p), "%s/%s", root, rel);
+	FILE *f = fopen(p, "r");
+	if (!f)
+		return false;
+	size_t n = fread(b, 1, sizeof(b) - 1, f);
+	fclose(f);
+	b[n] = '\0';
+	return !strcmp(b, text);
+}
+static bool exists(const char *root, const char *rel)
+{
+	char p[512];
+	struct stat st;
+	snprintf(p, sizeof(p), "%s/%s", root, rel);
+	return lstat(p, &st) == 0;
+}
+
+static void e_push(struct eng *e, const char *const *paths, size_t n)
+{
+	e->done = false;
+	assert_int_equal(sync_push_paths(e->s, paths, n), 0);
+	if (!e->done)
+		e_run(e);
+	assert_true(e->done);
+	if (e->err)
+		fail_msg("push: %s", e->why);
+}
+
+/* Targeted pushes: each step names only its dirty paths, and the guest
+ * follows; the stats show the push looked at those paths only. */
+static void test_push_targeted(void **state)
+{
+	(void)state;
+	struct eng e = {0};
+	char host[128], guest[128], p[256];
+
+	snprintf(host, sizeof(host), "%s/eh", dir);
+	snprintf(guest, sizeof(guest), "%s/eg", dir);
+	assert_int_equal(mkdir(host, 0755), 0);
+	assert_int_equal(mkdir(guest, 0755), 0);
+	for (int i = 0; i < 20; i++) {
+		snprintf(p, sizeof(p), "f%d.txt", i);
+		put(host, p, "seed\n");
+	}
+	snprintf(p, sizeof(p), "%s/src", host);
+	assert_int_equal(mkdir(p, 0755), 0);
+	put(host, "src/main.c", "int main;\n");
+
+	eng_start(&e, host, guest, 0);
+	assert_int_equal(sync_reconcile(e.s), 0);
+	e_run(&e);
+	assert_true(e.done);
+	assert_int_equal(e.err, 0);
+	assert_true(has(guest, "src/main.c", "int main;\n"));
+
+	/* edit one file: one anchor, one lstat, one file read, no walk */
+	put(host, "f3.txt", "edited\n");
+	const char *p1[] = {"f3.txt"};
+	e_push(&e, p1, 1);
+	const struct sync_push_stats *ps = sync_get_push_stats(e.s);
+	assert_false(ps->full);
+	assert_int_equal(ps->anchors, 1);
+	assert_int_equal(ps->lstats, 1);
+	assert_int_equal(ps->hashed, 1);
+	assert_int_equal(ps->walked, 0);
+	assert_true(has(guest, "f3.txt", "edited\n"));
+
+	/* create in a new directory: only the file is named; the new
+	 * directory becomes the anchor and is walked */
+	snprintf(p, sizeof(p), "%s/new", host);
+	assert_int_equal(mkdir(p, 0755), 0);
+	snprintf(p, sizeof(p), "%s/new/sub", host);
+	assert_int_equal(mkdir(p, 0755), 0);
+	put(host, "new/sub/x", "x\n");
+	const char *p2[] = {"new/sub/x"};
+	e_push(&e, p2, 1);
+	assert_false(sync_get_push_stats(e.s)->full);
+	assert_int_equal(sync_get_push_stats(e.s)->walked, 1);
+	assert_true(has(guest, "new/sub/x", "x\n"));
+
+	/* rename the directory: both ends dirty */
+	char a[256], b[256];
+	snprintf(a, sizeof(a), "%s/new", host);
+	snprintf(b, sizeof(b), "%s/moved", host);
+	assert_int_equal(rename(a, b), 0);
+	const char *p3[] = {"new", "moved"};
+	e_push(&e, p3, 2);
+	assert_false(exists(guest, "new"));
+	assert_true(has(guest, "moved/sub/x", "x\n"));
+
+	/* symlink retarget, chmod, secret rename */
+	snprintf(a, sizeof(a), "%s/ln", host);
+	assert_int_equal(symlink("one", a), 0);
+	const char *p4[] = {"ln"};
+	e_push(&e, p4, 1);
+	assert_int_equal(unlink(a), 0);
+	assert_int_equal(symlink("two", a), 0);
+	snprintf(b, sizeof(b), "%s/f4.txt", host);
+	assert_int_equal(chmod(b, 0600), 0);
+	const char *p5[] = {"ln", "f4.txt"};
+	e_push(&e, p5, 2);
+	char t[16] = "";
+	snprintf(a, sizeof(a), "%s/ln", guest);
+	assert_int_equal(readlink(a, t, sizeof(t) - 1), 3);
+	assert_string_equal(t, "two");
+	struct stat st;
+	snprintf(b, sizeof(b), "%s/f4.txt", guest);
+	assert_int_equal(stat(b, &st), 0);
+	assert_int_equal(st.st_mode & 0777, 0600);
+	snprintf(a, sizeof(a), "%s/f5.txt", host);
+	snprintf(b, sizeof(b), "%s/.env.local", host);
+	assert_int_equal(rename(a, b), 0);
+	const char *p6[] = {"f5.txt", ".env.local"};
+	e_push(&e, p6, 2);
+	assert_false(exists(guest, "f5.txt"));
+	assert_false(exists(guest, ".env.local"));
+	size_t nw;
+	uint64_t tw;
+	const struct sync_record *w = sync_withheld(e.s, &nw, &tw);
+	bool seen = false;
+	for (size_t i = 0; i < nw; i++)
+		seen |= !strcmp(w[i].path, ".env.local");
+	assert_true(seen);
+
+	/* a large (chunked) random file, then moved: REFs to the old path, not its bytes again */
+	{
+		static uint8_t big[400000];
+		randombytes_buf(big, sizeof(big));
+		snprintf(a, sizeof(a), "%s/big.bin", host);
+		FILE *f = fopen(a, "w");
+		assert_non_null(f);
+		assert_int_equal(fwrite(big, 1, sizeof(big), f), sizeof(big));
+		fclose(f);
+		const char *pb[] = {"big.bin"};
+		e_push(&e, pb, 1);
+		snprintf(b, sizeof(b), "%s/src/big-moved.bin", host);
+		assert_int_equal(rename(a, b), 0);
+		uint64_t before = sync_get_stats(e.s)->batch_bytes;
+		const char *pm[] = {"big.bin", "src/big-moved.bin"};
+		e_push(&e, pm, 2);
+		assert_true(sync_get_stats(e.s)->batch_bytes - before < 4096);
+		assert_false(exists(guest, "big.bin"));
+		snprintf(a, sizeof(a), "%s/src/big-moved.bin", guest);
+		f = fopen(a, "r");
+		assert_non_null(f);
+		static uint8_t got[sizeof(big) + 1];
+		assert_int_equal(fread(got, 1, sizeof(got), f), sizeof(big));
+		fclose(f);
+		assert_memory_equal(got, big, sizeof(big));
+	}
+
+	/* delete a tree; the root as a dirty path falls back to a full scan */
+	snprintf(a, sizeof(a), "%s/moved/sub/x", host);
+	assert_int_equal(unlink(a), 0);
+	snprintf(a, sizeof(a), "%s/moved/sub", host);
+	assert_int_equal(rmdir(a), 0);
+	snprintf(a, sizeof(a), "%s/moved", host);
+	assert_int_equal(rmdir(a), 0);
+	const char *p7[] = {"moved/sub/x", "moved/sub", "moved"};
+	e_push(&e, p7, 3);
+	assert_false(exists(guest, "moved"));
+	const char *p8[] = {""};
+	e_push(&e, p8, 1);
+	assert_true(sync_get_push_stats(e.s)->full);
+
+	eng_stop(&e);
+}
+
+static void e_push_hinted(struct eng *e, const char *const *paths, const struct sync_hint *h, size_t n)
+{
+	e->done = false;
+	assert_int_equal(sync_push_hinted(e->s, paths, h, n), 0);
+	if (!e->done)
+		e_run(e);
+	assert_true(e->done);
+	if (e->err)
+		fail_msg("push: %s", e->why);
+}
+
+/* Whole contents of root/rel (malloc'd), *n its size; NULL when absent. */
+static uint8_t *slurp(const char *root, const char *rel, size_t *n)
+{
+	char p[512];
+	struct stat st;
+	snprintf(p, sizeof(p), "%s/%s", root, rel);
+	int fd = open(p, O_RDONLY);
+	if (fd < 0)
+		return NULL;
+	assert_int_equal(fstat(fd, &st), 0);
+	uint8_t *d = malloc((size_t)st.st_size + 1);
+	assert_non_null(d);
+	assert_int_equal(pread(fd, d, (size_t)st.st_size, 0), st.st_size);
+	close(fd);
+	*n = (size_t)st.st_size;
+	return d;
+}
+
+static bool same_file(const char *a, const char *b, const char *rel)
+{
+	size_t na = 0, nb = 0;
+	uint8_t *x = slurp(a, rel, &na), *y = slurp(b, rel, &nb);
+	bool same = x && y && na == nb && !memcmp(x, y, na);
+	free(x);
+	free(y);
+	return same;
+}
+
+/* Large-file edits pushed with the journal's byte ranges: only the chunks
+ * around each edit are read, and the guest's copy is byte-identical after
+ * every step, including when a hint leaves out a write (a later hint
+ * covers it) and for size changes. */
+static void test_push_ranged(void **state)
+{
+	(void)state;
+	struct eng e = {0};
+	char host[128], guest[128], p[256];
+	const size_t big = 8u << 20;
+
+	snprintf(host, sizeof(host), "%s/rh", dir);
+	snprintf(guest, sizeof(guest), "%s/rg", dir);
+	assert_int_equal(mkdir(host, 0755), 0);
+	assert_int_equal(mkdir(guest, 0755), 0);
+	uint8_t *d = malloc(big);
+	assert_non_null(d);
+	uint64_t x = 0x9e3779b97f4a7c15ull;
+	for (size_t i = 0; i < big; i++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		d[i] = (uint8_t)x;
+	}
+	snprintf(p, sizeof(p), "%s/big.bin", host);
+	int bfd = open(p, O_RDWR | O_CREAT | O_TRUNC, 0644);
+	assert_true(bfd >= 0);
+	assert_int_equal(write(bfd, d, big), (ssize_t)big);
+
+	eng_start(&e, host, guest, 0);
+	assert_int_equal(sync_reconcile(e.s), 0);
+	e_run(&e);
+	assert_true(e.done);
+	assert_int_equal(e.err, 0);
+	assert_true(same_file(host, guest, "big.bin"));
+
+	const char *paths[] = {"big.bin"};
+	const struct sync_push_stats *ps = sync_get_push_stats(e.s);
+	uint8_t buf[4096];
+
+	/* 1. 100 bytes overwritten in the middle: a few chunks read, not 8 MiB */
+	randombytes_buf(buf, 100);
+	assert_int_equal(pwrite(bfd, buf, 100, 4000000), 100);
+	struct sync_hint h = {.lo = 4000000, .hi = 4000100, .valid = true};
+	e_push_hinted(&e, paths, &h, 1);
+	assert_int_equal(ps->ranged, 1);
+	assert_true(ps->hashed_bytes > 0 && ps->hashed_bytes <= 1u << 20);
+	assert_true(ps->put_read <= 1u << 20);
+	assert_true(same_file(host, guest, "big.bin"));
+
+	/* 2. a hint that leaves out a write: the guest gets a consistent file
+	 * (every chunk checked), and the next hint, covering it, converges */
+	randombytes_buf(buf, 64);
+	assert_int_equal(pwrite(bfd, buf, 64, 1000000), 64);
+	assert_int_equal(pwrite(bfd, buf, 64, 6000000), 64);
+	h = (struct sync_hint){.lo = 6000000, .hi = 6000064, .valid = true};
+	e_push_hinted(&e, paths, &h, 1);
+	h = (struct sync_hint){.lo = 1000000, .hi = 1000064, .valid = true};
+	e_push_hinted(&e, paths, &h, 1);
+	assert_true(same_file(host, guest, "big.bin"));
+
+	/* 3. random edits, appends and truncates, each with an exact hint */
+	uint64_t size = big;
+	for (int i = 0; i < 60; i++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		unsigned kind = (unsigned)(x % 4);
+		uint64_t off = (x >> 8) % size, len = 1 + (x >> 40) % sizeof(buf);
+		h = (struct sync_hint){.valid = true, .lo = UINT64_MAX, .hi = 0};
+		randombytes_buf(buf, sizeof(buf));
+		if (kind <= 1) { /* overwrite, possibly past the end */
+			assert_int_equal(pwrite(bfd, buf, len, (off_t)off), (ssize_t)len);
+			h.lo = off, h.hi = off + len;
+			if (off + len > size)
+				size = off + len;
+		} else if (kind == 2) { /* append */
+			assert_int_equal(pwrite(bfd, buf, len, (off_t)size), (ssize_t)len);
+			h.lo = size, h.hi = size + len;
+			size += len;
+		} else { /* truncate shorter or longer */
+			uint64_t ns = off + (x >> 50) % 300000;
+			assert_int_equal(ftruncate(bfd, (off_t)ns), 0);
+			h.lo = ns < size ? ns : size, h.resized = true;
+			size = ns;
+		}
+		e_push_hinted(&e, paths, &h, 1);
+		if (size > 128 * 1024)
+			assert_int_equal(ps->ranged, 1);
+		if (!same_file(host, guest, "big.bin"))
+			fail_msg("step %d (kind %u, off %llu, len %llu): guest differs", i, kind,
+				 (unsigned long long)off, (unsigned long long)len);
+	}
+
+	/* 4. attributes only: nothing read */
+	assert_int_equal(fchmod(bfd, 0600), 0);
+	h = (struct sync_hint){.valid = true, .lo = UINT64_MAX, .hi = 0};
+	e_push_hinted(&e, paths, &h, 1);
+	assert_int_equal(ps->hashed_bytes, 0);
+	struct stat gs;
+	snprintf(p, sizeof(p), "%s/big.bin", guest);
+	assert_int_equal(stat(p, &gs), 0);
+	assert_int_equal(gs.st_mode & 0777, 0600);
+
+	/* 5. a reconcile agrees with what the pushes built */
+	uint64_t batches = sync_get_stats(e.s)->batches;
+	e.done = false;
+	assert_int_equal(sync_reconcile(e.s), 0);
+	e_run(&e);
+	assert_int_equal(e.err, 0);
+	assert_int_equal(sync_get_stats(e.s)->batches, batches); /* nothing to send */
+	assert_true(same_file(host, guest, "big.bin"));
+
+	close(bfd);
+	free(d);
+	eng_stop(&e);
+}
+
+/* A file whose PUT alone exceeds a batch is not sent: it is listed as
+ * skipped with the reason, everything else syncs, and once it shrinks it
+ * is sent. */
+static void test_too_large(void **state)
+{
+	(void)state;
+	struct eng e = {0};
+	char host[128], guest[128], p[256];
+
+	snprintf(host, sizeof(host), "%s/th", dir);
+	snprintf(guest, sizeof(guest), "%s/tg", dir);
+	assert_int_equal(mkdir(host, 0755), 0);
+	assert_int_equal(mkdir(guest, 0755), 0);
+	put(host, "small.txt", "small\n");
+	uint8_t *d = malloc(300000);
+	assert_non_null(d);
+	randombytes_buf(d, 300000);
+	snprintf(p, sizeof(p), "%s/huge.bin", host);
+	int bfd = open(p, O_RDWR | O_CREAT | O_TRUNC, 0644);
+	assert_true(bfd >= 0);
+	assert_int_equal(write(bfd, d, 300000), 300000);
+
+	eng_start(&e, host, guest, 128 * 1024);
+	assert_int_equal(sync_reconcile(e.s), 0);
+	e_run(&e);
+	assert_true(e.done);
+	if (e.err)
+		fail_msg("reconcile: %s", e.why);
+	assert_true(has(guest, "small.txt", "small\n"));
+	assert_false(exists(guest, "huge.bin"));
+	size_t n;
+	uint64_t total;
+	const struct sync_record *sk = sync_skipped(e.s, &n, &total);
+	assert_int_equal(n, 1);
+	assert_string_equal(sk[0].path, "huge.bin");
+	assert_non_null(strstr(sk[0].rule, "too large to sync"));
+
+	/* the next push of another path does not resend it; once it fits, it goes */
+	put(host, "small.txt", "edited\n");
+	const char *p1[] = {"small.txt"};
+	e_push(&e, p1, 1);
+	assert_true(has(guest, "small.txt", "edited\n"));
+	assert_int_equal(ftruncate(bfd, 50000), 0);
+	const char *p2[] = {"huge.bin"};
+	e_push(&e, p2, 1);
+	assert_true(same_file(host, guest, "huge.bin"));
+
+	close(bfd);
+	free(d);
+	eng_stop(&e);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_seq_persisted), cmocka_unit_test(test_state_inside_root_refused),
+	    cmocka_unit_test(test_git_config),	  cmocka_unit_test(test_inbox_limits),
+	    cmocka_unit_test(test_push_targeted), cmocka_unit_test(test_push_ranged),
+	    cmocka_unit_test(test_too_large),
+	};
+	if (sodium_init() < 0)
+		return 1;
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
