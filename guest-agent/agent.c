@@ -1170,17 +1170,14 @@ static void usage(FILE *f)
 
 static int load_psk(struct agent *a, const char *path)
 {
-	struct noise_keypair kp;
-	char err[512];
-	int r = keys_load(path, &kp, err, sizeof(err));
+	char err[600];
+	int r = keys_load_psk(path, a->psk, err, sizeof(err));
 
 	if (r < 0) {
-		logmsg("--psk-file: %s", err);
+		logmsg("%s", err);
 		return r;
 	}
-	memcpy(a->psk, kp.priv, 32);
 	a->have_psk = true;
-	sodium_memzero(&kp, sizeof(kp));
 	return 0;
 }
 

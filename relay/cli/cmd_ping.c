@@ -493,13 +493,10 @@ int cmd_ping(int argc, char **argv)
 		return 2;
 	}
 	if (psk_file) {
-		struct noise_keypair kp;
-		if (keys_load(psk_file, &kp, err, sizeof(err)) < 0) {
-			cmd_err("--psk-file: %s", err);
+		if (keys_load_psk(psk_file, psk, err, sizeof(err)) < 0) {
+			cmd_err("%s", err);
 			goto out;
 		}
-		memcpy(psk, kp.priv, 32);
-		sodium_memzero(&kp, sizeof(kp));
 		have_psk = true;
 	}
 	if (keys_signing_key(&p.key, p.sync_sk, p.sync_pk) < 0 || !(p.loop = loop_new()) ||

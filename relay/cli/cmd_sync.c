@@ -359,14 +359,11 @@ int cmd_sync(int argc, char **argv)
 		goto out;
 	}
 	if (psk_file) {
-		struct noise_keypair kp;
-		if (keys_load(psk_file, &kp, err, sizeof(err)) < 0) {
-			cmd_err("--psk-file: %s", err);
+		if (keys_load_psk(psk_file, psk, err, sizeof(err)) < 0) {
+			cmd_err("%s", err);
 			status = 2;
 			goto out;
 		}
-		memcpy(psk, kp.priv, 32);
-		sodium_memzero(&kp, sizeof(kp));
 		have_psk = true;
 	}
 	if (keys_signing_key(&x.key, x.sync_sk, x.sync_pk) < 0 || !(x.loop = loop_new())) {

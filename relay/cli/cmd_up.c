@@ -1626,14 +1626,11 @@ int cmd_up(int argc, char **argv)
 		goto out;
 	}
 	if (psk_file) {
-		struct noise_keypair kp;
-		if (keys_load(psk_file, &kp, err, sizeof(err)) < 0) {
-			cmd_err("--psk-file: %s", err);
+		if (keys_load_psk(psk_file, u.psk, err, sizeof(err)) < 0) {
+			cmd_err("%s", err);
 			status = 2;
 			goto out;
 		}
-		memcpy(u.psk, kp.priv, 32);
-		sodium_memzero(&kp, sizeof(kp));
 		u.have_psk = true;
 	}
 	if (!u.use_sandbox && keys_signing_key(&u.key, u.sync_sk, u.sync_pk) < 0) {

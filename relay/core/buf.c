@@ -183,8 +183,17 @@ int buf_peek_u32(const struct buf *b, size_t at, uint32_t *v)
 {
 	if (buf_len(b) < 4 || at > buf_len(b) - 4)
 		return -EBADMSG;
-	const uint8_t *d = b->data + b->off + at;
-	*v = ((uint32_t)d[0] << 24) | ((uint32_t)d[1] << 16) | ((uint32_t)d[2] << 8) | d[3];
+	*v = buf_load_be32(b->data + b->off + at);
+	return 0;
+}
+
+int buf_poke_u32(struct buf *b, size_t at, uint32_t v)
+{
+	if (b->view)
+		return -EROFS;
+	if (buf_len(b) < 4 || at > buf_len(b) - 4)
+		return -EBADMSG;
+	buf_store_be32(b->data + b->off + at, v);
 	return 0;
 }
 

@@ -292,6 +292,22 @@ out:
 	return r;
 }
 
+int keys_load_psk(const char *path, uint8_t psk[NOISE_KEY_LEN], char *err, size_t errlen)
+{
+	struct noise_keypair kp;
+	char why[512];
+	int r = keys_load(path, &kp, why, sizeof(why));
+
+	if (r < 0) {
+		sodium_memzero(psk, NOISE_KEY_LEN);
+		errmsg_set(err, errlen, "--psk-file: %s", why);
+	} else {
+		memcpy(psk, kp.priv, NOISE_KEY_LEN);
+	}
+	sodium_memzero(&kp, sizeof(kp));
+	return r;
+}
+
 void keys_pub_format(const uint8_t pub[NOISE_KEY_LEN], char out[KEYS_B64_LEN])
 {
 	sodium_bin2base64(out, KEYS_B64_LEN, pub, NOISE_KEY_LEN, sodium_base64_VARIANT_ORIGINAL);

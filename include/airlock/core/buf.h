@@ -89,8 +89,48 @@ int buf_get_bytes(struct buf *b, const uint8_t **p, size_t *n, size_t limit);
  * frees with mem_free); rejects embedded NUL bytes with -EBADMSG. */
 int buf_get_str(struct buf *b, char **s, size_t limit);
 
+/* Read a u32 at `at` bytes past the readable start without consuming it;
+ * -EBADMSG when those 4 bytes are not there. */
 int buf_peek_u32(const struct buf *b, size_t at, uint32_t *v);
+/* Overwrite a u32 at `at` bytes past the readable start (a length or count
+ * written once the rest is known); -EBADMSG when those 4 bytes are not
+ * there, -EROFS for a view. */
+int buf_poke_u32(struct buf *b, size_t at, uint32_t v);
 /* Drop n bytes from the front. */
 int buf_consume(struct buf *b, size_t n);
+
+/* Big-endian integers in a fixed-size array the caller has checked the
+ * size of (a frame header, a record prefix): the only place outside the
+ * wire module that spells out byte order. Prefer the buf_put / buf_get
+ * calls above for anything variable. */
+static inline void buf_store_be16(uint8_t d[2], uint16_t v)
+{
+	d[0] = (uint8_t)(v >> 8);
+	d[1] = (uint8_t)v;
+}
+static inline void buf_store_be32(uint8_t d[4], uint32_t v)
+{
+	d[0] = (uint8_t)(v >> 24);
+	d[1] = (uint8_t)(v >> 16);
+	d[2] = (uint8_t)(v >> 8);
+	d[3] = (uint8_t)v;
+}
+static inline void buf_store_be64(uint8_t d[8], uint64_t v)
+{
+	buf_store_be32(d, (uint32_t)(v >> 32));
+	buf_store_be32(d + 4, (uint32_t)v);
+}
+static inline uint16_t buf_load_be16(const uint8_t p[2])
+{
+	return (uint16_t)((uint16_t)p[0] << 8 | p[1]);
+}
+static inline uint32_t buf_load_be32(const uint8_t p[4])
+{
+	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+static inline uint64_t buf_load_be64(const uint8_t p[8])
+{
+	return (uint64_t)buf_load_be32(p) << 32 | buf_load_be32(p + 4);
+}
 
 #endif

@@ -35,6 +35,12 @@ int keys_save(const char *path, const struct noise_keypair *kp, char *err, size_
 /* Read a key file, check its mode and contents, fill kp (priv and pub). */
 int keys_load(const char *path, struct noise_keypair *kp, char *err, size_t errlen);
 
+/* Read a pre-shared key file (the same format as a key file: `airlock
+ * keygen -o psk` makes one; only its 32 secret bytes are used) into psk.
+ * Errors as keys_load, the message prefixed with "--psk-file: ". On error
+ * psk is left zeroed. */
+int keys_load_psk(const char *path, uint8_t psk[NOISE_KEY_LEN], char *err, size_t errlen);
+
 /* Public key <-> base64 text. keys_pub_parse accepts surrounding white
  * space and rejects anything that is not exactly 32 bytes of base64
  * (-EINVAL). */

@@ -59,6 +59,49 @@ static void test_roundtrip_identical(void **state)
 	buf_clear(&b);
 }
 
+/* The fixed-array helpers agree with buf_put/buf_get, and buf_poke_u32
+ * overwrites in place within bounds only. */
+static void test_store_load_poke(void **state)
+{
+	(void)state;
+	static const uint64_t v64[] = {0, 1, 0x0102030405060708ull, UINT64_MAX, 0x8000000000000000ull};
+	struct buf b;
+	uint8_t d[8];
+
+	for (size_t i = 0; i < sizeof(v64) / sizeof(v64[0]); i++) {
+		buf_init(&b, 64);
+		assert_int_equal(buf_put_u16(&b, (uint16_t)v64[i]), 0);
+		assert_int_equal(buf_put_u32(&b, (uint32_t)v64[i]), 0);
+		assert_int_equal(buf_put_u64(&b, v64[i]), 0);
+		buf_store_be16(d, (uint16_t)v64[i]);
+		assert_memory_equal(buf_ptr(&b), d, 2);
+		assert_int_equal(buf_load_be16(buf_ptr(&b)), (uint16_t)v64[i]);
+		buf_store_be32(d, (uint32_t)v64[i]);
+		assert_memory_equal(buf_ptr(&b) + 2, d, 4);
+		assert_int_equal(buf_load_be32(buf_ptr(&b) + 2), (uint32_t)v64[i]);
+		buf_store_be64(d, v64[i]);
+		assert_memory_equal(buf_ptr(&b) + 6, d, 8);
+		assert_true(buf_load_be64(buf_ptr(&b) + 6) == v64[i]);
+		buf_clear(&b);
+	}
+
+	uint32_t v;
+	buf_init(&b, 64);
+	assert_int_equal(buf_put_u32(&b, 0), 0);
+	assert_int_equal(buf_put_u8(&b, 9), 0);
+	assert_int_equal(buf_poke_u32(&b, 0, 0xdeadbeef), 0);
+	assert_int_equal(buf_peek_u32(&b, 0, &v), 0);
+	assert_int_equal(v, 0xdeadbeef);
+	assert_int_equal(buf_poke_u32(&b, 1, 7), 0); /* bytes 1..4: in bounds */
+	assert_int_equal(buf_poke_u32(&b, 2, 7), -EBADMSG);
+	assert_int_equal(buf_len(&b), 5);
+	buf_clear(&b);
+
+	uint8_t raw[4] = {0};
+	buf_view(&b, raw, sizeof(raw));
+	assert_int_equal(buf_poke_u32(&b, 0, 1), -EROFS);
+}
+
 static void test_cap_and_short_reads(void **state)
 {
 	(void)state;
@@ -137,6 +180,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_roundtrip_identical),
+	    cmocka_unit_test(test_store_load_poke),
 	    cmocka_unit_test(test_cap_and_short_reads),
 	    cmocka_unit_test(test_alloc_failure),
 	    cmocka_unit_test(test_overflow_safe_reserve),

@@ -155,6 +155,34 @@ static void test_roundtrip(void **state)
 	assert_memory_equal(got.priv, kp.priv, 32);
 }
 
+/* keys_load_psk: the secret bytes of a key file; errors say --psk-file and
+ * leave nothing behind in the output. */
+static void test_load_psk(void **state)
+{
+	(void)state;
+	struct noise_keypair kp;
+	uint8_t psk[32], zero[32] = {0};
+	char err[600];
+	const char *path = tpath("psk");
+
+	assert_int_equal(keys_generate(&kp), 0);
+	assert_int_equal(keys_save(path, &kp, err, sizeof(err)), 0);
+	assert_int_equal(keys_load_psk(path, psk, err, sizeof(err)), 0);
+	assert_memory_equal(psk, kp.priv, 32);
+
+	memset(psk, 0xa5, sizeof(psk));
+	assert_int_equal(keys_load_psk(tpath("missing"), psk, err, sizeof(err)), -ENOENT);
+	assert_memory_equal(psk, zero, 32);
+	assert_non_null(strstr(err, "--psk-file: "));
+	assert_non_null(strstr(err, "missing"));
+
+	assert_int_equal(chmod(path, 0644), 0);
+	memset(psk, 0xa5, sizeof(psk));
+	assert_true(keys_load_psk(path, psk, err, sizeof(err)) < 0);
+	assert_memory_equal(psk, zero, 32);
+	assert_non_null(strstr(err, "--psk-file: "));
+}
+
 static void test_mode_refused(void **state)
 {
 	(void)state;
@@ -504,6 +532,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test_setup_teardown(test_roundtrip, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_load_psk, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_mode_refused, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_not_regular, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_garbage_refused, setup, teardown),
