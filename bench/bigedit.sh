@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Large-file edits (issue 4, "re-hash only the chunks that written ranges
+# Large-file edits (doc/SYNC.md "Write ranges": re-hash only the chunks that written ranges
 # touched"): overwrite 4 KiB in the middle of one large file through the
 # airlock mount and time until the guest has applied it (`airlock sync-wait`,
 # which returns when the daemon's applied sequence covers the edit), side by

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Edit-to-guest latency (issue 4, bench (a)): write one small file, time until
+# Edit-to-guest latency (doc/BENCH.md): write one small file, time until
 # the copy has it. airlock up (its own acknowledgement from `airlock status`,
 # and independently a watcher on the guest root) side by side with
 # inotifywait→rsync, lsyncd (default config, and delay = 0) and

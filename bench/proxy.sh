@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Egress through the channel vs direct (issue 6 item 2, doc/EGRESS.md "Reaching the proxy"):
+# Egress through the channel vs direct (doc/EGRESS.md "Reaching the proxy"):
 # download throughput and per-request latency (TCP connect + request to first byte, and TLS
 # handshake through CONNECT) for curl run
 #   direct   in the host-side network namespace, straight to the server;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Round trip of `true` through the exec relay (issue 5, bench): in one run,
+# Round trip of `true` through the exec relay (doc/BENCH.md): in one run,
 # side by side on the same machine,
 #   sh -c true                      the floor: fork + exec, nothing remote
 #   relay socket                    one persistent connection: exec {"argv":["true"]} -> exit event

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The vm sandbox side by side with the local sandbox (and a plain agent
-# process), in one run (issue 7), each through the user's CLI:
+# process), in one run (doc/VM.md), each through the user's CLI:
 #   agent   airlock-agent as a plain process on a unix socket, `airlock up --guest`
 #   local   `airlock up DIR --sandbox local` (namespaces, doc/SANDBOX.md)
 #   vm      `airlock up DIR --sandbox vm` (the base template under qemu, doc/VM.md)

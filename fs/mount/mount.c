@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * mount: passthrough FUSE filesystem over a directory, journaling every
- * mutating operation. Contract in include/airlock/mount/mount.h, design notes in
+ * mutating operation. Contract in include/airlock/mount/mount.h, notes in
  * doc/MOUNT.md.
  *
  * Inodes: one struct inode per backing (st_dev, st_ino) the kernel knows,

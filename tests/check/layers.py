@@ -21,7 +21,7 @@ LAYERS = {
     "core": ("relay/core", "shared", []),
     "exec": ("relay/exec", "shared", ["core"]),
     "content": ("fs/content", "shared", ["core"]),
-    "policy": ("fs/policy", "shared", ["core"]),
+    "policy": ("fs/policy", "host", ["core"]),
     "guest": ("guest-agent", "guest", ["core", "exec", "content"]),
     "sync": ("fs/sync", "host", ["core", "content", "policy"]),
     "mount": ("fs/mount", "host", ["core"]),

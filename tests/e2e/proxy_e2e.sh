@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Egress through the channel end to end (issue 6 item 2; doc/EGRESS.md
+# Egress through the channel end to end (doc/EGRESS.md
 # "Reaching the proxy"): a real agent in a network namespace with nothing but
 # loopback, `airlock up` in another namespace that reaches test servers on
 # public-looking addresses (a veth into a third namespace, names from a

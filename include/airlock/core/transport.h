@@ -7,7 +7,7 @@
  * interface chosen when an address is parsed. The channel on top provides
  * all security; a transport only moves bytes.
  *
- * Addresses (design.md section 2):
+ * Addresses (README.md "Commands"):
  *   tcp:HOST:PORT     HOST may be a name, an IPv4 address or [IPv6]
  *   unix:PATH         a stream Unix socket
  *   vsock:CID:PORT    AF_VSOCK (CID may be "any" when listening)

@@ -4,8 +4,7 @@
 
 /*
  * egress: the host-side HTTP/HTTPS-CONNECT forward proxy that is the
- * sandbox's only way out (design section 5, issue 6 item 2; prose in
- * doc/EGRESS.md).
+ * sandbox's only way out (prose in doc/EGRESS.md).
  *
  * It runs on a struct loop (single thread, non-blocking). Names are
  * resolved by a small bounded pool of resolver threads that hand results

@@ -3,7 +3,7 @@
 #define AIRLOCK_CRED_H
 
 /*
- * cred: the host side of the policy's `credentials` (design.md section 5,
+ * cred: the host side of the policy's `credentials` (doc/EXEC.md,
  * doc/CREDENTIALS.md).
  *
  *  - forward_env: the values of the listed names are taken once, from the

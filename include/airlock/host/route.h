@@ -5,7 +5,7 @@
 /*
  * route: the host daemon's relay backend in front of the guest backend.
  * For every exec request it decides where the command runs and what
- * environment it gets (design.md section 5, doc/RELAY.md "Where a command
+ * environment it gets (doc/EXEC.md, doc/RELAY.md "Where a command
  * runs", doc/CREDENTIALS.md):
  *
  *  - execution.local: a request whose argv (never a "shell" string) starts

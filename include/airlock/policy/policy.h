@@ -3,7 +3,8 @@
 #define AIRLOCK_POLICY_H
 
 /*
- * policy: the per-repository policy file (design.md section 2) and the
+ * policy: the per-repository policy file (its sync keys: doc/SECRETS.md; the
+ * others: doc/RELAY.md, doc/CREDENTIALS.md, doc/EGRESS.md) and the
  * decision, for each workspace-relative path, whether host-side sync sends
  * it to the guest or withholds it, and which rule withheld it.
  *
