@@ -17,6 +17,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "airlock/core/errmsg.h"
 #include "airlock/core/mem.h"
 #include "airlock/policy/ignore.h"
 
@@ -196,19 +197,18 @@ __attribute__((format(printf, 3, 4))) static int fail(struct loader *L, int r, c
 
 	if (!L->errlen)
 		return r;
-	n = snprintf(L->err, L->errlen, "%s: %s: ", L->file, L->kplen ? L->kp : "top level");
-	if (n >= 0 && (size_t)n < L->errlen) {
-		va_start(ap, fmt);
-		vsnprintf(L->err + n, L->errlen - (size_t)n, fmt, ap);
-		va_end(ap);
-	}
+	/* "FILE: KEY.PATH: " then the message, through the one helper */
+	errmsg_set(L->err, L->errlen, "%s: %s: ", L->file, L->kplen ? L->kp : "top level");
+	n = (int)strlen(L->err);
+	va_start(ap, fmt);
+	errmsg_vset(L->err + n, L->errlen - (size_t)n, NULL, fmt, ap);
+	va_end(ap);
 	return r;
 }
 
 static int oom(struct loader *L)
 {
-	if (L->errlen)
-		snprintf(L->err, L->errlen, "%s: out of memory", L->file);
+	errmsg_set(L->err, L->errlen, "%s: out of memory", L->file);
 	return -ENOMEM;
 }
 
@@ -966,11 +966,11 @@ int policy_load(const char *path, struct policy **out, char *err, size_t errlen)
 		 * byte short so a closing ']' or '}' does not end the frame */
 		json_path_at(text, len, (size_t)(jerr.position > 1 ? jerr.position - 1 : 0), where, sizeof(where));
 		if (code == json_error_duplicate_key)
-			snprintf(err, errlen, "%s:%d:%d: %s: key appears twice in the same object", path, jerr.line,
-				 jerr.column, where[0] ? where : "top level");
+			errmsg_set(err, errlen, "%s:%d:%d: %s: key appears twice in the same object", path, jerr.line,
+				   jerr.column, where[0] ? where : "top level");
 		else
-			snprintf(err, errlen, "%s:%d:%d: %s%snot valid JSON: %s", path, jerr.line, jerr.column, where,
-				 where[0] ? ": " : "", jerr.text);
+			errmsg_set(err, errlen, "%s:%d:%d: %s%snot valid JSON: %s", path, jerr.line, jerr.column, where,
+				   where[0] ? ": " : "", jerr.text);
 		r = -EINVAL;
 		goto out;
 	}
@@ -1007,14 +1007,14 @@ int policy_load_for_workspace(const char *dir, const char *explicit_path, struct
 		return policy_load(explicit_path, out, err, errlen);
 	n = snprintf(path, sizeof(path), "%s/%s", dir, POLICY_FILE_NAME);
 	if (n < 0 || (size_t)n >= sizeof(path)) {
-		snprintf(err, errlen, "%s: workspace path too long", dir);
+		errmsg_set(err, errlen, "%s: workspace path too long", dir);
 		return -ENAMETOOLONG;
 	}
 	if (lstat(path, &st) < 0) {
 		if (errno == ENOENT)
 			return policy_default(out);
 		n = -errno;
-		snprintf(err, errlen, "%s: %s", path, strerror(-n));
+		errmsg_set(err, errlen, "%s: %s", path, strerror(-n));
 		return n;
 	}
 	return policy_load(path, out, err, errlen);

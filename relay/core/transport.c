@@ -7,6 +7,8 @@
  */
 #include "transport_i.h"
 
+#include "airlock/core/errmsg.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -38,27 +40,12 @@ static const struct transport_ops *backend_of(const struct transport_addr *a)
 
 /* ---- messages ---- */
 
-__attribute__((format(printf, 4, 0))) static void verrf(char *err, size_t errlen, const char *prefix, const char *fmt,
-							va_list ap)
-{
-	int n = 0;
-
-	if (!err || errlen == 0)
-		return;
-	if (prefix) {
-		n = snprintf(err, errlen, "%s: ", prefix);
-		if (n < 0 || (size_t)n >= errlen)
-			return;
-	}
-	vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
-}
-
 void transport_errf(char *err, size_t errlen, const char *fmt, ...)
 {
 	va_list ap;
 
 	va_start(ap, fmt);
-	verrf(err, errlen, NULL, fmt, ap);
+	errmsg_vset(err, errlen, NULL, fmt, ap);
 	va_end(ap);
 }
 
@@ -72,7 +59,7 @@ void transport_addr_err(const struct transport_addr *a, char *err, size_t errlen
 	transport_format(a, text, sizeof(text));
 	transport_quote(text, strlen(text), shown, sizeof(shown));
 	va_start(ap, fmt);
-	verrf(err, errlen, shown, fmt, ap);
+	errmsg_vset(err, errlen, shown, fmt, ap);
 	va_end(ap);
 }
 

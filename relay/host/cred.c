@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "airlock/core/errmsg.h"
 #include "airlock/core/loop.h"
 #include "airlock/core/mem.h"
 #include "airlock/host/hostrun.h"
@@ -64,13 +65,13 @@ void cred_config_free(struct cred_config *cfg)
 static int check_owner(const char *path, const struct stat *st, const char *what, char *err, size_t errlen)
 {
 	if (st->st_uid != geteuid() && st->st_uid != 0) {
-		snprintf(err, errlen, "%s: %s is owned by uid %u, not by you (uid %u): refused", path, what,
-			 (unsigned)st->st_uid, (unsigned)geteuid());
+		errmsg_set(err, errlen, "%s: %s is owned by uid %u, not by you (uid %u): refused", path, what,
+			   (unsigned)st->st_uid, (unsigned)geteuid());
 		return -EPERM;
 	}
 	if (st->st_mode & (S_IWGRP | S_IWOTH)) {
-		snprintf(err, errlen, "%s: %s is writable by group or others (mode %04o): refused; chmod go-w it", path,
-			 what, (unsigned)(st->st_mode & 07777));
+		errmsg_set(err, errlen, "%s: %s is writable by group or others (mode %04o): refused; chmod go-w it",
+			   path, what, (unsigned)(st->st_mode & 07777));
 		return -EPERM;
 	}
 	return 0;
@@ -84,7 +85,7 @@ static int parse_source(const char *path, const char *name, json_t *o, struct cr
 
 	s->timeout_s = CRED_TIMEOUT_S_DEFAULT;
 	if (!json_is_object(o)) {
-		snprintf(err, errlen, "%s: sources.%s: expected an object {\"command\": [argv...]}", path, name);
+		errmsg_set(err, errlen, "%s: sources.%s: expected an object {\"command\": [argv...]}", path, name);
 		return -EINVAL;
 	}
 	json_object_foreach(o, k, v)
@@ -94,20 +95,21 @@ static int parse_source(const char *path, const char *name, json_t *o, struct cr
 		} else if (!strcmp(k, "timeout_seconds")) {
 			if (!json_is_integer(v) || json_integer_value(v) < 1 ||
 			    json_integer_value(v) > CRED_TIMEOUT_S_MAX) {
-				snprintf(err, errlen, "%s: sources.%s.timeout_seconds: expected an integer 1..%d", path,
-					 name, CRED_TIMEOUT_S_MAX);
+				errmsg_set(err, errlen, "%s: sources.%s.timeout_seconds: expected an integer 1..%d",
+					   path, name, CRED_TIMEOUT_S_MAX);
 				return -EINVAL;
 			}
 			s->timeout_s = (unsigned)json_integer_value(v);
 		} else {
-			snprintf(err, errlen, "%s: sources.%s.%s: unknown key (known: command, timeout_seconds)", path,
-				 name, k);
+			errmsg_set(err, errlen, "%s: sources.%s.%s: unknown key (known: command, timeout_seconds)",
+				   path, name, k);
 			return -EINVAL;
 		}
 	}
 	if (!json_is_array(cmd) || json_array_size(cmd) == 0 || json_array_size(cmd) > CRED_SOURCE_ARGS_MAX) {
-		snprintf(err, errlen, "%s: sources.%s.command: expected a non-empty array of strings (argv, no shell)",
-			 path, name);
+		errmsg_set(err, errlen,
+			   "%s: sources.%s.command: expected a non-empty array of strings (argv, no shell)", path,
+			   name);
 		return -EINVAL;
 	}
 	if (!(s->argv = mem_calloc(json_array_size(cmd) + 1, sizeof(char *))))
@@ -116,8 +118,8 @@ static int parse_source(const char *path, const char *name, json_t *o, struct cr
 	{
 		if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v) ||
 		    (i == 0 && !json_string_length(v))) {
-			snprintf(err, errlen, "%s: sources.%s.command[%zu]: expected a string without NUL bytes%s",
-				 path, name, i, i == 0 ? ", not empty" : "");
+			errmsg_set(err, errlen, "%s: sources.%s.command[%zu]: expected a string without NUL bytes%s",
+				   path, name, i, i == 0 ? ", not empty" : "");
 			return -EINVAL;
 		}
 		if (!(s->argv[i] = mem_strdup(json_string_value(v))))
@@ -145,32 +147,32 @@ int cred_config_load(const char *path, struct cred_config **out, char *err, size
 		snprintf(dir, sizeof(dir), ".");
 	if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)) < 0) {
 		r = -errno;
-		snprintf(err, errlen, "%s: %s%s", path, strerror(errno),
-			 errno == ENOENT ? " (create it: see doc/CREDENTIALS.md)" : "");
+		errmsg_set(err, errlen, "%s: %s%s", path, strerror(errno),
+			   errno == ENOENT ? " (create it: see doc/CREDENTIALS.md)" : "");
 		goto out;
 	}
 	if (fstat(fd, &st) < 0) {
 		r = -errno;
-		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		errmsg_set(err, errlen, "%s: %s", path, strerror(errno));
 		goto out;
 	}
 	if (!S_ISREG(st.st_mode)) {
 		r = -EINVAL;
-		snprintf(err, errlen, "%s: not a regular file", path);
+		errmsg_set(err, errlen, "%s: not a regular file", path);
 		goto out;
 	}
 	if ((r = check_owner(path, &st, "the file", err, errlen)) < 0)
 		goto out;
 	if (stat(dir, &st) < 0) {
 		r = -errno;
-		snprintf(err, errlen, "%s: directory %s: %s", path, dir, strerror(errno));
+		errmsg_set(err, errlen, "%s: directory %s: %s", path, dir, strerror(errno));
 		goto out;
 	}
 	if ((r = check_owner(path, &st, "its directory", err, errlen)) < 0)
 		goto out;
 	if (st.st_size > (off_t)CRED_CONFIG_MAX) {
 		r = -EFBIG;
-		snprintf(err, errlen, "%s: larger than %u bytes", path, CRED_CONFIG_MAX);
+		errmsg_set(err, errlen, "%s: larger than %u bytes", path, CRED_CONFIG_MAX);
 		goto out;
 	}
 	if (!(buf = mem_alloc(CRED_CONFIG_MAX + 1))) {
@@ -182,36 +184,36 @@ int cred_config_load(const char *path, struct cred_config **out, char *err, size
 		len += (size_t)got;
 	if (got < 0) {
 		r = -errno;
-		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		errmsg_set(err, errlen, "%s: %s", path, strerror(errno));
 		goto out;
 	}
 	if (len > CRED_CONFIG_MAX) {
 		r = -EFBIG;
-		snprintf(err, errlen, "%s: larger than %u bytes", path, CRED_CONFIG_MAX);
+		errmsg_set(err, errlen, "%s: larger than %u bytes", path, CRED_CONFIG_MAX);
 		goto out;
 	}
 	if (!(root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je))) {
 		r = -EINVAL;
-		snprintf(err, errlen, "%s:%d:%d: not valid JSON: %s", path, je.line, je.column, je.text);
+		errmsg_set(err, errlen, "%s:%d:%d: not valid JSON: %s", path, je.line, je.column, je.text);
 		goto out;
 	}
 	if (!json_is_object(root)) {
 		r = -EINVAL;
-		snprintf(err, errlen, "%s: expected an object {\"sources\": {...}}", path);
+		errmsg_set(err, errlen, "%s: expected an object {\"sources\": {...}}", path);
 		goto out;
 	}
 	json_object_foreach(root, k, v)
 	{
 		if (strcmp(k, "sources")) {
 			r = -EINVAL;
-			snprintf(err, errlen, "%s: %s: unknown key (known: sources)", path, k);
+			errmsg_set(err, errlen, "%s: %s: unknown key (known: sources)", path, k);
 			goto out;
 		}
 		sources = v;
 	}
 	if (sources && !json_is_object(sources)) {
 		r = -EINVAL;
-		snprintf(err, errlen, "%s: sources: expected an object mapping credential names to sources", path);
+		errmsg_set(err, errlen, "%s: sources: expected an object mapping credential names to sources", path);
 		goto out;
 	}
 	if (!(cfg = mem_calloc(1, sizeof(*cfg))) ||
@@ -237,7 +239,7 @@ int cred_config_load(const char *path, struct cred_config **out, char *err, size
 	r = 0;
 out:
 	if (r == -ENOMEM)
-		snprintf(err, errlen, "%s: out of memory", path);
+		errmsg_set(err, errlen, "%s: out of memory", path);
 	if (fd >= 0)
 		close(fd);
 	if (buf) {
