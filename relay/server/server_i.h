@@ -3,9 +3,9 @@
 #define AIRLOCK_SERVER_I_H
 
 /*
- * Private to the relay/server files: the relay's objects and what its files call
- * across each other. The public contract is include/airlock/server/relay.h;
- * the protocol is doc/RELAY.md.
+ * Private to the files of relay/server: the relay's objects and what the
+ * files call across each other. The public contract is
+ * include/airlock/server/relay.h; the protocol is doc/RELAY.md.
  *
  *   relay.c   the server object: listening socket, accept and the peer
  *             check, housekeeping, lifecycle, stats, the default path
