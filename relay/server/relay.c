@@ -4,12 +4,12 @@
  * This file is the server object: the listening socket, accept and the
  * peer check, housekeeping, lifecycle. server_i.h lists the other files.
  *
- * Shape. Clients send request lines; each request is validated here and
- * handed to the backend. Commands are global to the relay (keyed by the
- * compact JSON of their request id), not to the client that started them,
- * so they outlive it. Output from the backend goes into a per-command,
- * per-stream ring holding the last ring_bytes bytes; offsets are absolute
- * byte counts since the command started.
+ * Shape. Clients send request lines (client.c); each request is validated
+ * (ops.c) and handed to the backend. Commands (cmd.c) are global to the
+ * relay (keyed by the compact JSON of their request id), not to the client
+ * that started them, so they outlive it. Output from the backend goes into
+ * a per-command, per-stream ring holding the last ring_bytes bytes
+ * (ring.c); offsets are absolute byte counts since the command started.
  *
  * Pull, not push. A client is joined to a command by a subscription (sub)
  * that holds a read cursor per stream. Events are produced from the rings
