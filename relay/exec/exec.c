@@ -897,23 +897,50 @@ static const char *env_path(const char *const *envp)
 	return EXEC_DEFAULT_PATH;
 }
 
-int exec_start(struct loop *loop, struct exec_sys *sys, const struct exec_req *req, const struct exec_ops *ops,
-	       void *ud, struct exec **out)
-{
-	static const char *const empty_env[] = {NULL};
-	const char *sh_argv[] = {"/bin/sh", "-c", req ? req->shell : NULL, NULL};
-	int child_fd[3] = {-1, -1, -1}; /* child's ends: stdin, stdout, stderr */
-	int slave = -1, cwd_fd = -1, errp[2] = {-1, -1};
-	struct exec *e = NULL;
-	struct child c;
-	int r;
+/* What exec_start opens before fork: the child's ends and the error pipe.
+ * All closed in the parent after fork (the child has its copies), or on
+ * failure. */
+struct start_fds {
+	int child[3]; /* child's stdin, stdout, stderr (pipes) */
+	int slave;    /* pty slave (tty) */
+	int cwd;
+	int err[2]; /* CLOEXEC error pipe: read end, write end */
+};
 
-	*out = NULL;
-	if (!loop || !req || !ops || !ops->on_output || !ops->on_exit || (!req->argv == !req->shell) ||
-	    (req->argv && !req->argv[0]) || req->root_fd < 0)
-		return -EINVAL;
-	if (!(e = mem_calloc(1, sizeof(*e))))
-		return -ENOMEM;
+static void start_fds_close(struct start_fds *f)
+{
+	close_fd(&f->err[0]);
+	close_fd(&f->err[1]);
+	close_fd(&f->slave);
+	for (int i = 0; i < 3; i++)
+		close_fd(&f->child[i]);
+	close_fd(&f->cwd);
+}
+
+/* fd_high in place (no-op for -1): -errno when the move failed, fd then
+ * closed and -1. */
+static int move_high(int *fd)
+{
+	if (*fd < 0)
+		return 0;
+	if ((*fd = fd_high(*fd)) < 0)
+		return -errno;
+	return 0;
+}
+
+static bool start_req_valid(const struct loop *loop, const struct exec_req *req, const struct exec_ops *ops)
+{
+	return loop && req && ops && ops->on_output && ops->on_exit && (!req->argv != !req->shell) &&
+	       (!req->argv || req->argv[0]) && req->root_fd >= 0;
+}
+
+/* A new exec with no process yet; NULL when out of memory. */
+static struct exec *exec_alloc(struct loop *loop, const struct exec_req *req, const struct exec_ops *ops, void *ud)
+{
+	struct exec *e = mem_calloc(1, sizeof(*e));
+
+	if (!e)
+		return NULL;
 	e->loop = loop;
 	e->ops = *ops;
 	e->ud = ud;
@@ -926,169 +953,228 @@ int exec_start(struct loop *loop, struct exec_sys *sys, const struct exec_req *r
 	buf_init(&e->in, inmax > EXEC_STDIN_BUF_MAX ? EXEC_STDIN_BUF_MAX : inmax);
 	e->cg.procs_fd[0] = e->cg.procs_fd[1] = e->cg.procs_fd[2] = -1;
 	if (!(e->rbuf = mem_alloc(EXEC_CHUNK))) {
-		r = -ENOMEM;
-		goto fail;
+		destroy(e);
+		return NULL;
 	}
+	return e;
+}
 
-	memset(&c, 0, sizeof(c));
-	c.argv = req->argv ? req->argv : sh_argv;
-	c.envp = (char *const *)(req->envp ? req->envp : empty_env);
-	c.path = env_path(req->envp);
-	c.tty_slave = -1;
-	c.parent = getpid();
-	c.confine = req->confine;
+/* The child's plan, as far as the request says it; the fds and ids are
+ * filled in by the steps that open them. */
+static void child_init(struct child *c, const struct exec_req *req, const char *const *sh_argv)
+{
+	static const char *const empty_env[] = {NULL};
 
-	if ((r = open_cwd(req->root_fd, req->cwd, &cwd_fd)) < 0)
-		goto fail;
+	memset(c, 0, sizeof(*c));
+	c->argv = req->argv ? req->argv : sh_argv;
+	c->envp = (char *const *)(req->envp ? req->envp : empty_env);
+	c->path = env_path(req->envp);
+	c->tty_slave = -1;
+	c->parent = getpid();
+	c->confine = req->confine;
+}
 
-	/* Pipes / pty; every child-side fd >= 3. */
-	if (req->tty) {
-		int master;
-		if ((r = open_pty(req, &master, &slave)) < 0)
-			goto fail;
-		e->fd[SLOT_OUT1] = master;
-		if ((slave = fd_high(slave)) < 0) {
-			r = -errno;
-			goto fail;
+/* tty: one pty; the master is out1, the slave all three of the child's
+ * stdio. */
+static int setup_pty(struct exec *e, const struct exec_req *req, struct child *c, struct start_fds *f)
+{
+	int master, r;
+
+	if ((r = open_pty(req, &master, &f->slave)) < 0)
+		return r;
+	e->fd[SLOT_OUT1] = master;
+	if ((r = move_high(&f->slave)) < 0)
+		return r;
+	c->tty_slave = f->slave;
+	c->stdio[0] = c->stdio[1] = c->stdio[2] = f->slave;
+	return 0;
+}
+
+/* Pipes: stdin (or /dev/null), stdout, stderr; our ends non-blocking in
+ * e->fd, the child's in f->child. */
+static int setup_pipes(struct exec *e, const struct exec_req *req, struct child *c, struct start_fds *f)
+{
+	int r;
+
+	for (int i = 0; i < 3; i++) {
+		int p[2];
+		if (i == 0 && !req->stdin_open) {
+			if ((f->child[0] = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0)
+				return -errno;
+		} else {
+			if (pipe2(p, O_CLOEXEC) < 0)
+				return -errno;
+			int mine = i == 0 ? p[1] : p[0];
+			f->child[i] = i == 0 ? p[0] : p[1];
+			e->fd[i == 0 ? SLOT_IN : i == 1 ? SLOT_OUT1 : SLOT_OUT2] = mine;
+			if ((r = set_nonblock(mine)) < 0)
+				return r;
 		}
-		c.tty_slave = slave;
-		c.stdio[0] = c.stdio[1] = c.stdio[2] = slave;
-	} else {
-		for (int i = 0; i < 3; i++) {
-			int p[2];
-			if (i == 0 && !req->stdin_open) {
-				if ((child_fd[0] = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0) {
-					r = -errno;
-					goto fail;
-				}
-			} else {
-				if (pipe2(p, O_CLOEXEC) < 0) {
-					r = -errno;
-					goto fail;
-				}
-				int mine = i == 0 ? p[1] : p[0];
-				child_fd[i] = i == 0 ? p[0] : p[1];
-				e->fd[i == 0 ? SLOT_IN : i == 1 ? SLOT_OUT1 : SLOT_OUT2] = mine;
-				if ((r = set_nonblock(mine)) < 0)
-					goto fail;
-			}
-			if ((child_fd[i] = fd_high(child_fd[i])) < 0) {
-				r = -errno;
-				goto fail;
-			}
-			c.stdio[i] = child_fd[i];
-		}
+		if ((r = move_high(&f->child[i])) < 0)
+			return r;
+		c->stdio[i] = f->child[i];
 	}
-	if ((cwd_fd = fd_high(cwd_fd)) < 0) {
-		r = -errno;
-		goto fail;
-	}
-	c.cwd_fd = cwd_fd;
+	return 0;
+}
+
+/* The command's cgroups; their procs fds go to the child (>= 3). */
+static int setup_cgroup(struct exec *e, struct exec_sys *sys, const struct exec_req *req, struct child *c)
+{
+	int r;
 
 	if ((r = exec_cg_create(sys, &req->limits, &e->cg)) < 0)
-		goto fail;
+		return r;
 	for (int i = 0; i < 3; i++) {
-		if (e->cg.procs_fd[i] >= 0 && (e->cg.procs_fd[i] = fd_high(e->cg.procs_fd[i])) < 0) {
-			r = -errno;
-			goto fail;
-		}
-		c.procs_fd[i] = e->cg.procs_fd[i];
+		if ((r = move_high(&e->cg.procs_fd[i])) < 0)
+			return r;
+		c->procs_fd[i] = e->cg.procs_fd[i];
 	}
+	return 0;
+}
 
-	/* Identity and the limits that depend on it. */
-	c.set_ids = geteuid() == 0 && req->uid != EXEC_ID_KEEP;
-	c.uid = (uid_t)req->uid;
-	c.gid = (gid_t)(req->gid != EXEC_ID_KEEP ? req->gid : req->uid);
+/* Identity and the limits that depend on it: rlimits stand in for the
+ * cgroup limits the cgroup could not apply. */
+static void child_identity(struct child *c, const struct exec_req *req, const struct exec_cg *cg)
+{
+	c->set_ids = geteuid() == 0 && req->uid != EXEC_ID_KEEP;
+	c->uid = (uid_t)req->uid;
+	c->gid = (gid_t)(req->gid != EXEC_ID_KEEP ? req->gid : req->uid);
 	uint64_t nproc = req->limits.nproc;
-	if (!nproc && req->limits.pids_max && !e->cg.pids_limited && c.set_ids && req->uid != 0)
+	if (!nproc && req->limits.pids_max && !cg->pids_limited && c->set_ids && req->uid != 0)
 		nproc = req->limits.pids_max;
 	if (nproc) {
-		c.nproc_set = true;
-		c.nproc.rlim_cur = c.nproc.rlim_max = (rlim_t)nproc;
+		c->nproc_set = true;
+		c->nproc.rlim_cur = c->nproc.rlim_max = (rlim_t)nproc;
 	}
-	if (req->limits.memory_max && !e->cg.mem_limited) {
-		c.as_set = true;
-		c.as.rlim_cur = c.as.rlim_max = (rlim_t)req->limits.memory_max;
+	if (req->limits.memory_max && !cg->mem_limited) {
+		c->as_set = true;
+		c->as.rlim_cur = c->as.rlim_max = (rlim_t)req->limits.memory_max;
 	}
+}
 
-	if (pipe2(errp, O_CLOEXEC) < 0) {
-		r = -errno;
-		goto fail;
-	}
-	if ((errp[1] = fd_high(errp[1])) < 0) {
-		r = -errno;
-		goto fail;
-	}
-	c.err_fd = errp[1];
+static int open_err_pipe(struct start_fds *f, struct child *c)
+{
+	int r;
 
-	e->start_ms = loop_now_ms();
-	pid_t pid = fork();
-	if (pid < 0) {
-		r = -errno;
-		goto fail;
-	}
-	if (pid == 0)
-		child_main(&c);
+	if (pipe2(f->err, O_CLOEXEC) < 0)
+		return -errno;
+	if ((r = move_high(&f->err[1])) < 0)
+		return r;
+	c->err_fd = f->err[1];
+	return 0;
+}
+
+/* Everything the child needs, opened before fork (all child fds >= 3). */
+static int prepare_child(struct exec *e, struct exec_sys *sys, const struct exec_req *req, struct child *c,
+			 struct start_fds *f)
+{
+	int r;
+
+	if ((r = open_cwd(req->root_fd, req->cwd, &f->cwd)) < 0)
+		return r;
+	if ((r = req->tty ? setup_pty(e, req, c, f) : setup_pipes(e, req, c, f)) < 0)
+		return r;
+	if ((r = move_high(&f->cwd)) < 0)
+		return r;
+	c->cwd_fd = f->cwd;
+	if ((r = setup_cgroup(e, sys, req, c)) < 0)
+		return r;
+	child_identity(c, req, &e->cg);
+	return open_err_pipe(f, c);
+}
+
+/* Parent side right after fork: drop the child's ends, then wait for the
+ * error pipe to close (execve) or report a setup failure. */
+static int parent_after_fork(struct exec *e, const struct exec_req *req, pid_t pid, struct start_fds *f)
+{
+	struct child_err ce = {0};
+	ssize_t n;
 
 	e->pid = e->res.pid = pid;
 	if (!req->tty)
 		(void)setpgid(pid, pid); /* the child does it too; whoever is first */
-	close_fd(&errp[1]);
-	close_fd(&slave);
+	close_fd(&f->err[1]);
+	close_fd(&f->slave);
 	for (int i = 0; i < 3; i++)
-		close_fd(&child_fd[i]);
-	close_fd(&cwd_fd);
+		close_fd(&f->child[i]);
+	close_fd(&f->cwd);
 	exec_cg_close_fds(&e->cg);
 
-	struct child_err ce = {0};
-	ssize_t n;
 	do
-		n = read(errp[0], &ce, sizeof(ce));
+		n = read(f->err[0], &ce, sizeof(ce));
 	while (n < 0 && errno == EINTR);
-	close_fd(&errp[0]);
-	if (n == (ssize_t)sizeof(ce) && ce.stage != ST_EXEC) {
-		r = ce.err ? -ce.err : -EIO;
-		goto fail;
-	}
+	close_fd(&f->err[0]);
+	if (n == (ssize_t)sizeof(ce) && ce.stage != ST_EXEC)
+		return ce.err ? -ce.err : -EIO;
 	if (n == (ssize_t)sizeof(ce))
 		e->res.exec_errno = ce.err;
+	return 0;
+}
 
-	/* From here the child runs: failures kill and reap it. */
-	long pfd = syscall(SYS_pidfd_open, pid, 0);
+/* The running child on the loop: its pidfd (or a poll timer), the
+ * timeout, the output and stdin fds. */
+static int watch_child(struct exec *e, const struct exec_req *req)
+{
+	long pfd = syscall(SYS_pidfd_open, e->pid, 0);
+	int r;
+
 	if (pfd >= 0) {
 		e->pidfd = (int)pfd;
-		if ((r = loop_add_fd(loop, e->pidfd, EPOLLIN, pidfd_cb, e)) < 0)
-			goto fail;
+		if ((r = loop_add_fd(e->loop, e->pidfd, EPOLLIN, pidfd_cb, e)) < 0)
+			return r;
 	} else if (errno == ENOSYS) {
-		if (!(e->t_wait = loop_add_timer(loop, EXEC_WAIT_POLL_MS, wait_poll, e))) {
-			r = -ENOMEM;
-			goto fail;
-		}
+		if (!(e->t_wait = loop_add_timer(e->loop, EXEC_WAIT_POLL_MS, wait_poll, e)))
+			return -ENOMEM;
 	} else {
+		return -errno;
+	}
+	if (req->timeout_ms && !(e->t_timeout = loop_add_timer(e->loop, req->timeout_ms, timeout_fire, e)))
+		return -ENOMEM;
+	for (int s = 0; s < NSLOT; s++) {
+		update_fd(e, s);
+		if (e->fd[s] >= 0 && want_events(e, s) != e->reg[s])
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+int exec_start(struct loop *loop, struct exec_sys *sys, const struct exec_req *req, const struct exec_ops *ops,
+	       void *ud, struct exec **out)
+{
+	const char *sh_argv[] = {"/bin/sh", "-c", req ? req->shell : NULL, NULL};
+	struct start_fds f = {.child = {-1, -1, -1}, .slave = -1, .cwd = -1, .err = {-1, -1}};
+	struct exec *e;
+	struct child c;
+	pid_t pid;
+	int r;
+
+	*out = NULL;
+	if (!start_req_valid(loop, req, ops))
+		return -EINVAL;
+	if (!(e = exec_alloc(loop, req, ops, ud)))
+		return -ENOMEM;
+	child_init(&c, req, sh_argv);
+	if ((r = prepare_child(e, sys, req, &c, &f)) < 0)
+		goto fail;
+
+	e->start_ms = loop_now_ms();
+	pid = fork();
+	if (pid < 0) {
 		r = -errno;
 		goto fail;
 	}
-	if (req->timeout_ms && !(e->t_timeout = loop_add_timer(loop, req->timeout_ms, timeout_fire, e))) {
-		r = -ENOMEM;
+	/* The child: async-signal-safe from here to execve (child_main). */
+	if (pid == 0)
+		child_main(&c);
+
+	/* From here the child runs: failures kill and reap it (destroy). */
+	if ((r = parent_after_fork(e, req, pid, &f)) < 0 || (r = watch_child(e, req)) < 0)
 		goto fail;
-	}
-	for (int s = 0; s < NSLOT; s++) {
-		update_fd(e, s);
-		if (e->fd[s] >= 0 && want_events(e, s) != e->reg[s]) {
-			r = -ENOMEM;
-			goto fail;
-		}
-	}
 	*out = e;
 	return 0;
 
 fail:
-	close_fd(&errp[0]);
-	close_fd(&errp[1]);
-	close_fd(&slave);
-	for (int i = 0; i < 3; i++)
-		close_fd(&child_fd[i]);
-	close_fd(&cwd_fd);
+	start_fds_close(&f);
 	destroy(e);
 	return r;
 }

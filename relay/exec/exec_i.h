@@ -2,7 +2,7 @@
 #ifndef AIRLOCK_EXEC_I_H
 #define AIRLOCK_EXEC_I_H
 
-/* Private to guest-agent/exec*.c: the cgroup half of the exec module. */
+/* Private to relay/exec: the cgroup half of the exec module (exec_cg.c). */
 
 #include <stdbool.h>
 #include <stdint.h>

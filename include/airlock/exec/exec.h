@@ -3,12 +3,12 @@
 #define AIRLOCK_EXEC_H
 
 /*
- * exec: the guest agent's command engine (design.md section 5, issue 5 item
- * 4). Runs one command per struct exec on a loop (loop.h): its own process
- * group (pipes) or session with a controlling terminal (tty), confined cwd,
- * an explicit environment, an optional unprivileged uid, resource limits,
- * and (where the kernel lets us) its own cgroup so that a timeout or a
- * cancel kills the whole tree, including processes that called setsid or
+ * exec: the guest agent's command engine (doc/EXEC.md). Runs one command
+ * per struct exec on a loop (loop.h): its own process group (pipes) or
+ * session with a controlling terminal (tty), confined cwd, an explicit
+ * environment, an optional unprivileged uid, resource limits, and (where
+ * the kernel lets us) its own cgroup so that a timeout or a cancel kills
+ * the whole tree, including processes that called setsid or
  * double-forked. Output is delivered in chunks of at most EXEC_CHUNK bytes
  * straight from one read buffer per command: nothing is queued, so memory is
  * bounded whatever the command prints, and exec_pause_output() pushes back

@@ -103,8 +103,8 @@ struct relay_exit {
  */
 struct relay_backend_ops {
 	/* Start a command. Must be ordered after every change journaled before
-	 * this call (design.md section 3, barrier): the daemon sends it on the
-	 * same ordered channel as the deltas. */
+	 * this call (the barrier, doc/RELAY.md "Requests"): the daemon sends it on
+	 * the same ordered channel as the deltas. */
 	int (*exec_start)(void *ud, struct relay_cmd *cmd, const struct relay_exec_req *req);
 	/* Bytes for the command's stdin (n may be 0), then EOF if eof. -EAGAIN
 	 * when the backend cannot take them now (the client gets `busy`). */
