@@ -31,6 +31,7 @@
 
 #include <sodium.h>
 
+#include "airlock/core/errmsg.h"
 #include "airlock/core/keys.h"
 #include "airlock/core/mem.h"
 #include "airlock/sync/audit.h"
@@ -38,20 +39,39 @@
 
 #define SANDBOX_NOBODY 65534
 
+/* The backends, by kind: the one table dispatch and the names go through. */
+static const struct sandbox_backend {
+	const char *name;
+	int (*start)(struct sandbox *sb, const struct sandbox_cfg *cfg, char *err, size_t errlen);
+	void (*stop)(struct sandbox *sb);
+} backends[] = {
+    [SANDBOX_LOCAL] = {"local", sandbox_local_start, sandbox_local_stop},
+    [SANDBOX_VM] = {"vm", sandbox_vm_start, sandbox_vm_stop},
+};
+
+static const struct sandbox_backend *backend_of(enum sandbox_kind k)
+{
+	if ((size_t)k >= sizeof(backends) / sizeof(backends[0]) || !backends[k].name)
+		return NULL;
+	return &backends[k];
+}
+
 int sandbox_kind_parse(const char *s, enum sandbox_kind *out)
 {
-	if (s && !strcmp(s, "local"))
-		*out = SANDBOX_LOCAL;
-	else if (s && !strcmp(s, "vm"))
-		*out = SANDBOX_VM;
-	else
-		return -EINVAL;
-	return 0;
+	for (size_t k = 0; s && k < sizeof(backends) / sizeof(backends[0]); k++) {
+		if (backends[k].name && !strcmp(s, backends[k].name)) {
+			*out = (enum sandbox_kind)k;
+			return 0;
+		}
+	}
+	return -EINVAL;
 }
 
 const char *sandbox_kind_name(enum sandbox_kind k)
 {
-	return k == SANDBOX_LOCAL ? "local" : k == SANDBOX_VM ? "vm" : "?";
+	const struct sandbox_backend *be = backend_of(k);
+
+	return be ? be->name : "?";
 }
 
 bool sandbox_as_nobody(void)
@@ -117,7 +137,7 @@ static int key_get(const char *path, struct noise_keypair *kp, char *err, size_t
 
 	if (access(path, F_OK) < 0 && errno == ENOENT) {
 		if ((r = keys_generate(kp)) < 0) {
-			snprintf(err, errlen, "generating %s failed", path);
+			errmsg_set(err, errlen, "generating %s failed", path);
 			return r;
 		}
 		r = keys_save(path, kp, err, errlen);
@@ -140,47 +160,49 @@ struct sandbox_common {
 	int lockfd;
 };
 
-int sandbox_start(const struct sandbox_cfg *cfg, struct sandbox **out, char *err, size_t errlen)
+/* Step 1: sb->dir for cfg's workspace, created 0700, and its lock taken
+ * (one sandbox per state directory). *lockfd is the lock's fd, -1 when none. */
+static int state_dir_lock(struct sandbox *sb, const struct sandbox_cfg *cfg, int *lockfd, char *err, size_t errlen)
 {
-	static const char *const subdirs[] = {"workspace", "home", "agent", "run"};
-	struct sandbox *sb;
-	struct noise_keypair guest;
 	char path[PATH_MAX + 64];
-	double t0 = now_ms();
-	int lockfd = -1, r;
+	int r;
 
-	*out = NULL;
-	err[0] = '\0';
-	if (!(sb = mem_calloc(1, sizeof(*sb)))) {
-		snprintf(err, errlen, "out of memory");
-		return -ENOMEM;
-	}
-	sb->kind = cfg->kind;
 	if ((r = sandbox_dir_of(cfg->workspace, sb->dir, sizeof(sb->dir))) < 0) {
-		snprintf(err, errlen, "sandbox state directory for %s: %s%s", cfg->workspace, strerror(-r),
-			 r == -ENOENT ? " (set HOME or XDG_DATA_HOME)" : "");
-		goto fail;
+		errmsg_set(err, errlen, "sandbox state directory for %s: %s%s", cfg->workspace, strerror(-r),
+			   r == -ENOENT ? " (set HOME or XDG_DATA_HOME)" : "");
+		return r;
 	}
 	if ((r = mkdir_p(sb->dir, 0700)) < 0) {
-		snprintf(err, errlen, "cannot create %s: %s", sb->dir, strerror(-r));
-		goto fail;
+		errmsg_set(err, errlen, "cannot create %s: %s", sb->dir, strerror(-r));
+		return r;
 	}
 	snprintf(path, sizeof(path), "%s/lock", sb->dir);
-	if ((lockfd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)) < 0) {
+	if ((*lockfd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)) < 0) {
 		r = -errno;
-		snprintf(err, errlen, "%s: %s", path, strerror(errno));
-		goto fail;
+		errmsg_set(err, errlen, "%s: %s", path, strerror(errno));
+		return r;
 	}
-	if (flock(lockfd, LOCK_EX | LOCK_NB) < 0) {
+	if (flock(*lockfd, LOCK_EX | LOCK_NB) < 0) {
 		r = errno == EWOULDBLOCK ? -EBUSY : -errno;
-		snprintf(err, errlen, "the sandbox in %s is already running (another airlock up for %s?)", sb->dir,
-			 cfg->workspace);
-		goto fail;
+		errmsg_set(err, errlen, "the sandbox in %s is already running (another airlock up for %s?)", sb->dir,
+			   cfg->workspace);
+		return r;
 	}
+	return 0;
+}
+
+/* Step 2: keys/ and the four directories the sandbox writes (the layout at
+ * the top of this file), each made once and kept. */
+static int state_subdirs_make(struct sandbox *sb, enum sandbox_kind kind, char *err, size_t errlen)
+{
+	static const char *const subdirs[] = {"workspace", "home", "agent", "run"};
+	char path[PATH_MAX + 64];
+	int r;
+
 	snprintf(path, sizeof(path), "%s/keys", sb->dir);
 	if ((r = mkdir_p(path, 0700)) < 0) {
-		snprintf(err, errlen, "cannot create %s: %s", path, strerror(-r));
-		goto fail;
+		errmsg_set(err, errlen, "cannot create %s: %s", path, strerror(-r));
+		return r;
 	}
 	for (size_t i = 0; i < sizeof(subdirs) / sizeof(subdirs[0]); i++) {
 		struct stat st;
@@ -189,30 +211,45 @@ int sandbox_start(const struct sandbox_cfg *cfg, struct sandbox **out, char *err
 			continue;
 		if (mkdir(path, 0700) < 0) {
 			r = -errno;
-			snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
-			goto fail;
+			errmsg_set(err, errlen, "cannot create %s: %s", path, strerror(errno));
+			return r;
 		}
 		/* as root the sandbox's user is nobody outside (sandbox_local.c) */
-		if (cfg->kind == SANDBOX_LOCAL && sandbox_as_nobody() &&
-		    chown(path, SANDBOX_NOBODY, SANDBOX_NOBODY) < 0) {
+		if (kind == SANDBOX_LOCAL && sandbox_as_nobody() && chown(path, SANDBOX_NOBODY, SANDBOX_NOBODY) < 0) {
 			r = -errno;
-			snprintf(err, errlen, "cannot chown %s to nobody: %s", path, strerror(errno));
-			goto fail;
+			errmsg_set(err, errlen, "cannot chown %s to nobody: %s", path, strerror(errno));
+			return r;
 		}
 	}
+	return 0;
+}
+
+/* Step 3: the host's key pair and the guest's public key, each generated
+ * on first start (keys/host.key, keys/guest.key). */
+static int state_keys_load(struct sandbox *sb, char *err, size_t errlen)
+{
+	struct noise_keypair guest;
+	char path[PATH_MAX + 64];
+	int r;
+
 	snprintf(path, sizeof(path), "%s/keys/host.key", sb->dir);
 	if ((r = key_get(path, &sb->host, err, errlen)) < 0)
-		goto fail;
+		return r;
 	if ((size_t)snprintf(sb->guest_key_file, sizeof(sb->guest_key_file), "%s/keys/guest.key", sb->dir) >=
-	    sizeof(sb->guest_key_file)) {
-		r = -ENAMETOOLONG;
-		goto fail;
-	}
+	    sizeof(sb->guest_key_file))
+		return -ENAMETOOLONG;
 	r = key_get(sb->guest_key_file, &guest, err, errlen);
 	memcpy(sb->guest_pub, guest.pub, sizeof(sb->guest_pub));
 	sodium_memzero(&guest, sizeof(guest));
-	if (r < 0)
-		goto fail;
+	return r;
+}
+
+/* Step 4: sb->agent_path: cfg's, else the airlock-agent next to
+ * /proc/self/exe; it must be executable. */
+static int agent_find(struct sandbox *sb, const struct sandbox_cfg *cfg, char *err, size_t errlen)
+{
+	int r;
+
 	if (cfg->agent_path) {
 		snprintf(sb->agent_path, sizeof(sb->agent_path), "%s", cfg->agent_path);
 	} else {
@@ -221,8 +258,8 @@ int sandbox_start(const struct sandbox_cfg *cfg, struct sandbox **out, char *err
 		char *slash;
 		if (n <= 0) {
 			r = -errno;
-			snprintf(err, errlen, "cannot find airlock-agent: /proc/self/exe: %s", strerror(errno));
-			goto fail;
+			errmsg_set(err, errlen, "cannot find airlock-agent: /proc/self/exe: %s", strerror(errno));
+			return r;
 		}
 		self[n] = '\0';
 		slash = strrchr(self, '/');
@@ -230,21 +267,39 @@ int sandbox_start(const struct sandbox_cfg *cfg, struct sandbox **out, char *err
 	}
 	if (access(sb->agent_path, X_OK) < 0) {
 		r = -errno;
-		snprintf(err, errlen, "agent %s: %s", sb->agent_path, strerror(errno));
-		goto fail;
+		errmsg_set(err, errlen, "agent %s: %s", sb->agent_path, strerror(errno));
+		return r;
 	}
-	r = cfg->kind == SANDBOX_LOCAL ? sandbox_local_start(sb, cfg, err, errlen)
-	    : cfg->kind == SANDBOX_VM  ? sandbox_vm_start(sb, cfg, err, errlen)
-				       : -EINVAL;
-	if (r < 0)
+	return 0;
+}
+
+int sandbox_start(const struct sandbox_cfg *cfg, struct sandbox **out, char *err, size_t errlen)
+{
+	const struct sandbox_backend *be = backend_of(cfg->kind);
+	struct sandbox_common *c;
+	struct sandbox *sb;
+	double t0 = now_ms();
+	int lockfd = -1, r;
+
+	*out = NULL;
+	err[0] = '\0';
+	if (!(sb = mem_calloc(1, sizeof(*sb)))) {
+		errmsg_set(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	sb->kind = cfg->kind;
+	if ((r = state_dir_lock(sb, cfg, &lockfd, err, errlen)) < 0 ||
+	    (r = state_subdirs_make(sb, cfg->kind, err, errlen)) < 0 || (r = state_keys_load(sb, err, errlen)) < 0 ||
+	    (r = agent_find(sb, cfg, err, errlen)) < 0)
+		goto fail;
+	if ((r = be ? be->start(sb, cfg, err, errlen) : -EINVAL) < 0)
 		goto fail;
 	sb->start_ms = now_ms() - t0;
 	/* the lock is ours until sandbox_stop; impl owns nothing of it */
-	struct sandbox_common *c = mem_calloc(1, sizeof(*c));
-	if (!c) {
+	if (!(c = mem_calloc(1, sizeof(*c)))) {
 		sandbox_stop(sb);
 		close(lockfd);
-		snprintf(err, errlen, "out of memory");
+		errmsg_set(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
 	c->lockfd = lockfd;
@@ -253,7 +308,7 @@ int sandbox_start(const struct sandbox_cfg *cfg, struct sandbox **out, char *err
 	return 0;
 fail:
 	if (!err[0])
-		snprintf(err, errlen, "%s", strerror(-r));
+		errmsg_set(err, errlen, "%s", strerror(-r));
 	if (lockfd >= 0)
 		close(lockfd);
 	sodium_memzero(&sb->host, sizeof(sb->host));
@@ -311,12 +366,13 @@ bool sandbox_alive(struct sandbox *sb)
 
 void sandbox_stop(struct sandbox *sb)
 {
+	const struct sandbox_backend *be;
+
 	if (!sb)
 		return;
-	if (sb->kind == SANDBOX_LOCAL)
-		sandbox_local_stop(sb);
-	else if (sb->kind == SANDBOX_VM)
-		sandbox_vm_stop(sb);
+	be = backend_of(sb->kind);
+	if (be)
+		be->stop(sb);
 	if (sb->common) {
 		close(sb->common->lockfd);
 		mem_free(sb->common);
@@ -352,20 +408,21 @@ int sandbox_destroy(const char *workspace, char *err, size_t errlen)
 
 	err[0] = '\0';
 	if ((r = sandbox_dir_of(workspace, dir, sizeof(dir))) < 0) {
-		snprintf(err, errlen, "sandbox state directory for %s: %s", workspace, strerror(-r));
+		errmsg_set(err, errlen, "sandbox state directory for %s: %s", workspace, strerror(-r));
 		return r;
 	}
 	if (lstat(dir, &st) < 0) {
 		if (errno == ENOENT)
 			return 0;
-		snprintf(err, errlen, "%s: %s", dir, strerror(errno));
-		return -errno;
+		r = -errno;
+		errmsg_set(err, errlen, "%s: %s", dir, strerror(errno));
+		return r;
 	}
 	snprintf(lock, sizeof(lock), "%s/lock", dir);
 	if ((fd = open(lock, O_RDWR | O_CLOEXEC | O_NOFOLLOW)) >= 0) {
 		if (flock(fd, LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK) {
 			close(fd);
-			snprintf(err, errlen, "the sandbox in %s still runs (airlock down %s first)", dir, workspace);
+			errmsg_set(err, errlen, "the sandbox in %s still runs (airlock down %s first)", dir, workspace);
 			return -EBUSY;
 		}
 		/* held while removing, so no sandbox starts meanwhile */
@@ -376,7 +433,7 @@ int sandbox_destroy(const char *workspace, char *err, size_t errlen)
 		close(fd);
 	if (r != 0) {
 		r = r < 0 ? r : -EIO;
-		snprintf(err, errlen, "removing %s: %s", dir, strerror(errno ? errno : EIO));
+		errmsg_set(err, errlen, "removing %s: %s", dir, strerror(errno ? errno : EIO));
 		return r;
 	}
 	return 0;

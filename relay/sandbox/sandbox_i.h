@@ -14,19 +14,24 @@
 
 struct sandbox_common;
 
+/* Field names are also used by tests/harness/vm_harness.c, which fills one
+ * by hand to start the vm backend alone. */
 struct sandbox {
 	enum sandbox_kind kind;
-	char dir[PATH_MAX];	   /* …/sandboxes/<id>, mode 0700 */
-	char addr[PATH_MAX + 16];  /* transport address the host connects to */
+	char dir[PATH_MAX]; /* …/sandboxes/<id>, mode 0700 */
+	char agent_path[PATH_MAX];
+	/* the keys (doc/SANDBOX.md, "State directory"), pinned both ways */
 	struct noise_keypair host; /* keys/host.key */
 	uint8_t guest_pub[32];	   /* public half of keys/guest.key */
 	char guest_key_file[PATH_MAX];
-	char agent_path[PATH_MAX];
+	/* filled by the backend */
+	char addr[PATH_MAX + 16]; /* transport address the host connects to */
 	char describe[256];
+	pid_t pid;  /* what the host waits for; 0 when none */
+	void *impl; /* backend state */
+	/* sandbox.c's own */
 	double start_ms;
-	pid_t pid;		       /* what the host waits for; 0 when none */
-	void *impl;		       /* backend state */
-	struct sandbox_common *common; /* sandbox.c's own (the state dir lock) */
+	struct sandbox_common *common; /* the state dir lock */
 };
 
 /* Whether the sandbox's user is nobody (65534) outside: we are root and

@@ -59,6 +59,7 @@
 #include <linux/securebits.h>
 #include <sodium.h>
 
+#include "airlock/core/errmsg.h"
 #include "airlock/core/keys.h"
 #include "airlock/core/mem.h"
 #include "sandbox_i.h"
@@ -99,20 +100,49 @@ struct mnt {
 	int fd;		    /* bind source, opened by the child */
 };
 
-/* Everything the child needs, prepared by the parent. */
-struct lctx {
-	int go_fd, err_fd, out_fd, log_fd, null_fd, agent_fd;
+/* The child's file descriptors, opened by the parent (all CLOEXEC). */
+struct lfds {
+	int go;	   /* read end: one byte once the id maps are written */
+	int err;   /* write end: a struct lerr when setup fails, EOF at exec */
+	int out;   /* write end: the agent's stdout (its "ready" line) */
+	int log;   /* <state>/agent.log: the agent's stderr */
+	int null;  /* /dev/null: the agent's stdin */
+	int agent; /* O_PATH of airlock-agent, for execveat */
+};
+
+/* The mount table, in the order the child mounts it. */
+struct lmounts {
 	struct mnt m[SB_MAX_MOUNTS];
-	int nm;
-	char key_text[KEYS_B64_LEN + 1];
-	char key_path[64];
-	/* /etc/passwd and /etc/group as the sandbox sees them: the host's,
-	 * with uid/gid 1000 renamed to airlock (home /home/airlock) */
-	char *etc_text[2];
-	size_t etc_len[2];
+	int n;
+};
+
+/* The guest key as its file's text, and where the child writes it. */
+struct lkey {
+	char text[KEYS_B64_LEN + 1];
+	char path[64];
+};
+
+/* /etc/passwd and /etc/group as the sandbox sees them: the host's, with
+ * uid/gid 1000 renamed to airlock (home /home/airlock); NULL: the host's. */
+struct letc {
+	char *text[2];
+	size_t len[2];
+};
+
+/* The agent's command line and environment. */
+struct lexec {
 	char *argv[SB_MAX_ARGS];
 	char argbuf[SB_MAX_ARGS][PATH_MAX + 32];
 	char *envp[4];
+};
+
+/* Everything the child needs, prepared by the parent. */
+struct lctx {
+	struct lfds fd;
+	struct lmounts mnt;
+	struct lkey key;
+	struct letc etc;
+	struct lexec exec;
 };
 
 /* What failed in the child: reported on err_fd. */
@@ -180,7 +210,7 @@ static __attribute__((noreturn)) void c_fail(const struct lctx *c, int stage, in
 	if (n)
 		memcpy(e.what, what, n);
 	e.what[n] = '\0';
-	(void)!write(c->err_fd, &e, sizeof(e));
+	(void)!write(c->fd.err, &e, sizeof(e));
 	_exit(127);
 }
 
@@ -284,13 +314,13 @@ static int c_etc(const struct lctx *c)
 	const char *scratch = SB_NEWROOT "/.etc";
 	int r = 0;
 
-	if (!c->etc_text[0] && !c->etc_text[1])
+	if (!c->etc.text[0] && !c->etc.text[1])
 		return 0;
 	if (mkdir(scratch, 0755) < 0 || mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=4m") < 0)
 		return -errno;
 	for (int i = 0; i < 2 && r == 0; i++) {
 		int fd;
-		if (!c->etc_text[i])
+		if (!c->etc.text[i])
 			continue;
 		memcpy(src, scratch, c_strlen(scratch));
 		src[c_strlen(scratch)] = '/';
@@ -301,7 +331,7 @@ static int c_etc(const struct lctx *c)
 			r = -errno;
 			break;
 		}
-		if (write(fd, c->etc_text[i], c->etc_len[i]) != (ssize_t)c->etc_len[i])
+		if (write(fd, c->etc.text[i], c->etc.len[i]) != (ssize_t)c->etc.len[i])
 			r = errno ? -errno : -EIO;
 		close(fd);
 		if (r == 0 && mount(src, dst, NULL, MS_BIND, NULL) < 0)
@@ -336,83 +366,113 @@ static int c_loopback_up(void)
 	return r;
 }
 
-static int child_main(void *arg)
+/* The steps below follow doc/SANDBOX.md, "Start". Each reports its
+ * failure through c_fail and does not return then. */
+
+/* Step 2 (the parent's): it writes our id maps, then says go. */
+static void c_wait_go(const struct lctx *c)
 {
-	struct lctx *c = arg;
 	char go;
-	int r;
 
-	/* 1. The parent writes our id maps, then says go. */
-	if (read(c->go_fd, &go, 1) != 1)
+	if (read(c->fd.go, &go, 1) != 1)
 		_exit(127);
-	close(c->go_fd);
+	close(c->fd.go);
+}
 
-	/* 2. Bind sources, opened with the invoking user's file access (as
-	 * root: owner of the 0700 state dir), before we become uid 1000. */
-	for (int i = 0; i < c->nm; i++) {
-		struct mnt *m = &c->m[i];
+/* Step 3: bind sources, opened with the invoking user's file access (as
+ * root: owner of the 0700 state dir), before we become uid 1000. */
+static void c_open_sources(struct lctx *c)
+{
+	for (int i = 0; i < c->mnt.n; i++) {
+		struct mnt *m = &c->mnt.m[i];
 		if (m->kind != M_BIND_RO && m->kind != M_BIND_RW && m->kind != M_BIND_DEV && m->kind != M_WORKSPACE)
 			continue;
 		if ((m->fd = open(m->src, O_PATH | O_CLOEXEC | (m->kind == M_BIND_DEV ? 0 : O_DIRECTORY))) < 0)
 			c_fail(c, STAGE_OPEN, errno, m->src);
 	}
+}
 
-	/* 3. uid/gid 1000 (mapped to the invoking user, or nobody for root),
-	 * keeping the capabilities this namespace gave us until execve. */
+/* Step 3: uid/gid 1000 (mapped to the invoking user, or nobody for root),
+ * keeping the capabilities this namespace gave us until execve. */
+static void c_become_uid(const struct lctx *c)
+{
 	if (prctl(PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP | SECBIT_NO_SETUID_FIXUP_LOCKED, 0, 0, 0) < 0)
 		c_fail(c, STAGE_IDS, errno, "securebits");
 	if (setresgid(SB_UID, SB_UID, SB_UID) < 0 || setresuid(SB_UID, SB_UID, SB_UID) < 0)
 		c_fail(c, STAGE_IDS, errno, NULL);
+}
 
-	/* 4. Nothing we mount propagates back to the host. */
+/* Step 4: the new root on a tmpfs over our /tmp; nothing we mount
+ * propagates back to the host. */
+static void c_build_root(struct lctx *c)
+{
+	int r;
+
 	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
 		c_fail(c, STAGE_PRIVATE, errno, "/");
 	if (mount("tmpfs", SB_NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=16m") < 0)
 		c_fail(c, STAGE_ROOTFS, errno, SB_NEWROOT);
-	for (int i = 0; i < c->nm; i++)
-		if ((r = c_mount_one(&c->m[i])) < 0)
-			c_fail(c, STAGE_MOUNT, -r, c->m[i].dst);
-	for (int i = 0; i < c->nm; i++)
-		if (c->m[i].fd >= 0)
-			close(c->m[i].fd);
-
+	for (int i = 0; i < c->mnt.n; i++)
+		if ((r = c_mount_one(&c->mnt.m[i])) < 0)
+			c_fail(c, STAGE_MOUNT, -r, c->mnt.m[i].dst);
+	for (int i = 0; i < c->mnt.n; i++)
+		if (c->mnt.m[i].fd >= 0)
+			close(c->mnt.m[i].fd);
 	if ((r = c_etc(c)) < 0)
 		c_fail(c, STAGE_ETC, -r, NULL);
+}
+
+/* Step 5: our own hostname, and lo, the only interface of the network
+ * namespace. */
+static void c_name_and_loopback(const struct lctx *c)
+{
+	int r;
+
 	if (sethostname("airlock", 7) < 0)
 		c_fail(c, STAGE_HOSTNAME, errno, NULL);
 	if ((r = c_loopback_up()) < 0)
 		c_fail(c, STAGE_LOOPBACK, -r, "lo");
+}
 
-	/* 5. The new root; the old one (the host's) is detached: nothing of
-	 * it stays reachable. */
+/* Step 6: the new root; the old one (the host's) is detached: nothing of
+ * it stays reachable. */
+static void c_pivot_root(const struct lctx *c)
+{
 	if (chdir(SB_NEWROOT) < 0 || syscall(SYS_pivot_root, ".", ".") < 0 || umount2(".", MNT_DETACH) < 0 ||
 	    chdir("/") < 0)
 		c_fail(c, STAGE_PIVOT, errno, NULL);
+}
 
-	/* 6. The agent's key on its own tmpfs, readable by nobody else. */
-	{
-		int fd = open(c->key_path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-		size_t n = c_strlen(c->key_text);
-		if (fd < 0)
-			c_fail(c, STAGE_KEY, errno, c->key_path);
-		if (write(fd, c->key_text, n) != (ssize_t)n)
-			c_fail(c, STAGE_KEY, errno ? errno : EIO, c->key_path);
-		close(fd);
-		sodium_memzero(c->key_text, sizeof(c->key_text));
-	}
+/* Step 6: the agent's key on its own tmpfs, readable by nobody else. */
+static void c_write_key(struct lctx *c)
+{
+	int fd = open(c->key.path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	size_t n = c_strlen(c->key.text);
 
-	/* 7. The root tmpfs read-only: writes outside the workspace, /tmp and
-	 * the home fail. */
-	{
-		struct mount_attr ma = {.attr_set = MOUNT_ATTR_RDONLY};
-		if (syscall(SYS_mount_setattr, AT_FDCWD, "/", 0, &ma, sizeof(ma)) < 0)
-			c_fail(c, STAGE_READONLY, errno, "/");
-	}
+	if (fd < 0)
+		c_fail(c, STAGE_KEY, errno, c->key.path);
+	if (write(fd, c->key.text, n) != (ssize_t)n)
+		c_fail(c, STAGE_KEY, errno ? errno : EIO, c->key.path);
+	close(fd);
+	sodium_memzero(c->key.text, sizeof(c->key.text));
+}
 
-	/* 8. stdio, no inherited fds, no privilege gained by exec, die with
-	 * the host daemon, and exec the agent (PID 1 of the namespace). Its
-	 * uid is not 0 in this namespace: execve leaves it no capability. */
-	if (dup2(c->null_fd, 0) < 0 || dup2(c->out_fd, 1) < 0 || dup2(c->log_fd, 2) < 0)
+/* Step 6: the root tmpfs read-only: writes outside the workspace, /tmp
+ * and the home fail. */
+static void c_root_readonly(const struct lctx *c)
+{
+	struct mount_attr ma = {.attr_set = MOUNT_ATTR_RDONLY};
+
+	if (syscall(SYS_mount_setattr, AT_FDCWD, "/", 0, &ma, sizeof(ma)) < 0)
+		c_fail(c, STAGE_READONLY, errno, "/");
+}
+
+/* Step 7: stdio, no inherited fds, no privilege gained by exec, die with
+ * the host daemon, and exec the agent (PID 1 of the namespace). Its uid
+ * is not 0 in this namespace: execve leaves it no capability. */
+static __attribute__((noreturn)) void c_exec_agent(const struct lctx *c)
+{
+	if (dup2(c->fd.null, 0) < 0 || dup2(c->fd.out, 1) < 0 || dup2(c->fd.log, 2) < 0)
 		c_fail(c, STAGE_EXEC, errno, "stdio");
 	if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) < 0)
 		c_fail(c, STAGE_EXEC, errno, "close_range");
@@ -420,19 +480,34 @@ static int child_main(void *arg)
 	    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 ||
 	    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
 		c_fail(c, STAGE_EXEC, errno, "prctl");
-	syscall(SYS_execveat, c->agent_fd, "", c->argv, c->envp, AT_EMPTY_PATH);
-	c_fail(c, STAGE_EXEC, errno, c->argv[0]);
+	syscall(SYS_execveat, c->fd.agent, "", c->exec.argv, c->exec.envp, AT_EMPTY_PATH);
+	c_fail(c, STAGE_EXEC, errno, c->exec.argv[0]);
+}
+
+static int child_main(void *arg)
+{
+	struct lctx *c = arg;
+
+	c_wait_go(c);
+	c_open_sources(c);
+	c_become_uid(c);
+	c_build_root(c);
+	c_name_and_loopback(c);
+	c_pivot_root(c);
+	c_write_key(c);
+	c_root_readonly(c);
+	c_exec_agent(c);
 }
 
 /* ---- parent ---- */
 
-static int add_mnt(struct lctx *c, enum mkind kind, const char *src, const char *inside)
+static int add_mnt(struct lmounts *t, enum mkind kind, const char *src, const char *inside)
 {
 	struct mnt *m;
 
-	if (c->nm >= SB_MAX_MOUNTS)
+	if (t->n >= SB_MAX_MOUNTS)
 		return -E2BIG;
-	m = &c->m[c->nm++];
+	m = &t->m[t->n++];
 	m->kind = kind;
 	m->fd = -1;
 	if ((size_t)snprintf(m->src, sizeof(m->src), "%s", src ? src : "") >= sizeof(m->src) ||
@@ -442,7 +517,7 @@ static int add_mnt(struct lctx *c, enum mkind kind, const char *src, const char 
 }
 
 /* /bin, /sbin, /lib*: the host's symlink (merged /usr) or a read-only bind. */
-static int add_sysdir(struct lctx *c, const char *dir)
+static int add_sysdir(struct lmounts *t, const char *dir)
 {
 	char target[PATH_MAX];
 	struct stat st;
@@ -454,14 +529,14 @@ static int add_sysdir(struct lctx *c, const char *dir)
 		if ((n = readlink(dir, target, sizeof(target) - 1)) < 0)
 			return -errno;
 		target[n] = '\0';
-		return add_mnt(c, M_SYMLINK, target, dir);
+		return add_mnt(t, M_SYMLINK, target, dir);
 	}
-	return S_ISDIR(st.st_mode) ? add_mnt(c, M_BIND_RO, dir, dir) : 0;
+	return S_ISDIR(st.st_mode) ? add_mnt(t, M_BIND_RO, dir, dir) : 0;
 }
 
 /* The host's passwd/group without the entries of uid/gid 1000 (third
  * field), plus ours. Best effort: on any failure the host's file shows. */
-static void etc_prepare(struct lctx *c, int i, const char *path, const char *ours)
+static void etc_prepare(struct letc *etc, int i, const char *path, const char *ours)
 {
 	enum { ETC_MAX = 1 << 20 };
 	char line[4096];
@@ -494,8 +569,8 @@ static void etc_prepare(struct lctx *c, int i, const char *path, const char *our
 	if (n && out[n - 1] != '\n')
 		out[n++] = '\n';
 	memcpy(out + n, ours, lo);
-	c->etc_text[i] = out;
-	c->etc_len[i] = n + lo;
+	etc->text[i] = out;
+	etc->len[i] = n + lo;
 }
 
 static const char *userns_hint(int err)
@@ -589,89 +664,168 @@ static void kill_wait(pid_t pid)
 		;
 }
 
-int sandbox_local_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *err, size_t errlen)
-{
-	struct lctx *c = NULL;
-	struct local *l = NULL;
-	struct noise_keypair guest;
-	char path[PATH_MAX + 64], hostpub[KEYS_B64_LEN], line[PATH_MAX + 64];
-	int go[2] = {-1, -1}, ep[2] = {-1, -1}, op[2] = {-1, -1};
-	void *stack = MAP_FAILED;
-	pid_t pid = -1;
-	int r, na = 0;
-	bool nobody = sandbox_as_nobody();
-	uid_t ouid = nobody ? SB_NOBODY : geteuid();
-	gid_t ogid = nobody ? SB_NOBODY : getegid();
+/* The parent's side of one start: what it prepared for the child (its
+ * ends of the pipes are in c->fd), its own ends, the child's stack. */
+struct lstart {
+	struct lctx *c;
+	struct local *l; /* becomes sb->impl once the agent is ready */
+	int go[2];	 /* the parent says go (doc/SANDBOX.md, "Start", step 2) */
+	int ep[2];	 /* the child's error record */
+	int op[2];	 /* the agent's stdout */
+	void *stack;	 /* MAP_FAILED when none */
+	pid_t pid;	 /* the child; -1 before clone */
+};
 
+static int lstart_alloc(struct lstart *s)
+{
+	if (!(s->c = mem_calloc(1, sizeof(*s->c))))
+		return -ENOMEM;
+	s->c->fd = (struct lfds){.go = -1, .err = -1, .out = -1, .log = -1, .null = -1, .agent = -1};
+	if (!(s->l = mem_calloc(1, sizeof(*s->l))))
+		return -ENOMEM;
+	s->l->out_fd = -1;
+	return 0;
+}
+
+static void lstart_clear(struct lstart *s)
+{
+	if (s->stack != MAP_FAILED)
+		munmap(s->stack, SB_STACK);
+	if (s->c) {
+		struct lctx *c = s->c;
+		int fds[] = {c->fd.agent, c->fd.log, c->fd.null};
+		for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
+			if (fds[i] >= 0)
+				close(fds[i]);
+		sodium_memzero(c->key.text, sizeof(c->key.text));
+		mem_free(c->etc.text[0]);
+		mem_free(c->etc.text[1]);
+		mem_free(c);
+	}
+	mem_free(s->l);
+	int pfds[] = {s->go[0], s->go[1], s->ep[0], s->ep[1], s->op[0], s->op[1]};
+	for (size_t i = 0; i < sizeof(pfds) / sizeof(pfds[0]); i++)
+		if (pfds[i] >= 0)
+			close(pfds[i]);
+}
+
+/* The workspace is mounted at its host path: it must be one, below /. */
+static int workspace_check(const struct sandbox_cfg *cfg, char *err, size_t errlen)
+{
 	if (cfg->workspace[0] != '/' || !strcmp(cfg->workspace, "/")) {
-		snprintf(err, errlen, "workspace %s must be an absolute path below /", cfg->workspace);
+		errmsg_set(err, errlen, "workspace %s must be an absolute path below /", cfg->workspace);
 		return -EINVAL;
 	}
-	if (!(c = mem_calloc(1, sizeof(*c))) || !(l = mem_calloc(1, sizeof(*l)))) {
-		r = -ENOMEM;
-		snprintf(err, errlen, "out of memory");
-		goto fail;
-	}
-	c->go_fd = c->err_fd = c->out_fd = c->log_fd = c->null_fd = c->agent_fd = -1;
-	l->out_fd = -1;
+	return 0;
+}
 
-	/* the mount table, in order (the workspace last: its mount point may
-	 * be below /tmp or /home, made just before) */
-	if ((r = add_mnt(c, M_BIND_RO, "/usr", "/usr")) < 0 || (r = add_mnt(c, M_BIND_RO, "/etc", "/etc")) < 0 ||
-	    (r = add_sysdir(c, "/bin")) < 0 || (r = add_sysdir(c, "/sbin")) < 0 || (r = add_sysdir(c, "/lib")) < 0 ||
-	    (r = add_sysdir(c, "/lib64")) < 0 || (r = add_sysdir(c, "/lib32")) < 0 ||
-	    (access("/opt", F_OK) == 0 && (r = add_mnt(c, M_BIND_RO, "/opt", "/opt")) < 0) ||
-	    (r = add_mnt(c, M_TMPFS, "mode=0755,size=1m", "/dev")) < 0)
-		goto fail_table;
+/* The host's system directories, read-only. */
+static int table_add_system(struct lmounts *t)
+{
+	int r;
+
+	if ((r = add_mnt(t, M_BIND_RO, "/usr", "/usr")) < 0 || (r = add_mnt(t, M_BIND_RO, "/etc", "/etc")) < 0 ||
+	    (r = add_sysdir(t, "/bin")) < 0 || (r = add_sysdir(t, "/sbin")) < 0 || (r = add_sysdir(t, "/lib")) < 0 ||
+	    (r = add_sysdir(t, "/lib64")) < 0 || (r = add_sysdir(t, "/lib32")) < 0 ||
+	    (access("/opt", F_OK) == 0 && (r = add_mnt(t, M_BIND_RO, "/opt", "/opt")) < 0))
+		return r;
+	return 0;
+}
+
+/* /dev (a few devices, a new devpts, shm, the fd links), /proc, /tmp. */
+static int table_add_dev_proc_tmp(struct lmounts *t)
+{
 	static const char *const devs[] = {"null", "zero", "full", "random", "urandom", "tty"};
+	int r;
+
+	if ((r = add_mnt(t, M_TMPFS, "mode=0755,size=1m", "/dev")) < 0)
+		return r;
 	for (size_t i = 0; i < sizeof(devs) / sizeof(devs[0]); i++) {
 		char src[32], in[32];
 		snprintf(src, sizeof(src), "/dev/%s", devs[i]);
 		snprintf(in, sizeof(in), "/dev/%s", devs[i]);
-		if (access(src, F_OK) == 0 && (r = add_mnt(c, M_BIND_DEV, src, in)) < 0)
-			goto fail_table;
+		if (access(src, F_OK) == 0 && (r = add_mnt(t, M_BIND_DEV, src, in)) < 0)
+			return r;
 	}
-	if ((r = add_mnt(c, M_DEVPTS, NULL, "/dev/pts")) < 0 ||
-	    (r = add_mnt(c, M_SYMLINK, "pts/ptmx", "/dev/ptmx")) < 0 ||
-	    (r = add_mnt(c, M_TMPFS, "mode=1777,size=64m", "/dev/shm")) < 0 ||
-	    (r = add_mnt(c, M_SYMLINK, "/proc/self/fd", "/dev/fd")) < 0 ||
-	    (r = add_mnt(c, M_SYMLINK, "/proc/self/fd/0", "/dev/stdin")) < 0 ||
-	    (r = add_mnt(c, M_SYMLINK, "/proc/self/fd/1", "/dev/stdout")) < 0 ||
-	    (r = add_mnt(c, M_SYMLINK, "/proc/self/fd/2", "/dev/stderr")) < 0 ||
-	    (r = add_mnt(c, M_PROC, NULL, "/proc")) < 0 || (r = add_mnt(c, M_TMPFS, "mode=1777", "/tmp")) < 0)
-		goto fail_table;
+	if ((r = add_mnt(t, M_DEVPTS, NULL, "/dev/pts")) < 0 ||
+	    (r = add_mnt(t, M_SYMLINK, "pts/ptmx", "/dev/ptmx")) < 0 ||
+	    (r = add_mnt(t, M_TMPFS, "mode=1777,size=64m", "/dev/shm")) < 0 ||
+	    (r = add_mnt(t, M_SYMLINK, "/proc/self/fd", "/dev/fd")) < 0 ||
+	    (r = add_mnt(t, M_SYMLINK, "/proc/self/fd/0", "/dev/stdin")) < 0 ||
+	    (r = add_mnt(t, M_SYMLINK, "/proc/self/fd/1", "/dev/stdout")) < 0 ||
+	    (r = add_mnt(t, M_SYMLINK, "/proc/self/fd/2", "/dev/stderr")) < 0 ||
+	    (r = add_mnt(t, M_PROC, NULL, "/proc")) < 0 || (r = add_mnt(t, M_TMPFS, "mode=1777", "/tmp")) < 0)
+		return r;
+	return 0;
+}
+
+/* The state directory's parts, and the workspace last: its mount point
+ * may be below /tmp or /home, made just before. */
+static int table_add_state(struct lmounts *t, const struct sandbox *sb, const struct sandbox_cfg *cfg)
+{
+	char path[PATH_MAX + 64];
+	int r;
+
 	snprintf(path, sizeof(path), "%s/home", sb->dir);
-	if ((r = add_mnt(c, M_BIND_RW, path, SB_HOME)) < 0 ||
-	    (r = add_mnt(c, M_TMPFS, "mode=0700,size=64k", SB_KEYS)) < 0)
-		goto fail_table;
+	if ((r = add_mnt(t, M_BIND_RW, path, SB_HOME)) < 0 ||
+	    (r = add_mnt(t, M_TMPFS, "mode=0700,size=64k", SB_KEYS)) < 0)
+		return r;
 	snprintf(path, sizeof(path), "%s/agent", sb->dir);
-	if ((r = add_mnt(c, M_BIND_RW, path, SB_STATE)) < 0)
-		goto fail_table;
+	if ((r = add_mnt(t, M_BIND_RW, path, SB_STATE)) < 0)
+		return r;
 	snprintf(path, sizeof(path), "%s/run", sb->dir);
-	if ((r = add_mnt(c, M_BIND_RW, path, SB_RUN)) < 0)
-		goto fail_table;
+	if ((r = add_mnt(t, M_BIND_RW, path, SB_RUN)) < 0)
+		return r;
 	snprintf(path, sizeof(path), "%s/workspace", sb->dir);
-	if ((r = add_mnt(c, M_WORKSPACE, path, cfg->workspace)) < 0)
-		goto fail_table;
+	return add_mnt(t, M_WORKSPACE, path, cfg->workspace);
+}
 
-	/* the guest key, as its file's text; the host's public key */
+/* The mount table, in order (doc/SANDBOX.md, "Start", step 4). */
+static int mount_table_build(struct lmounts *t, const struct sandbox *sb, const struct sandbox_cfg *cfg, char *err,
+			     size_t errlen)
+{
+	int r;
+
+	if ((r = table_add_system(t)) < 0 || (r = table_add_dev_proc_tmp(t)) < 0 ||
+	    (r = table_add_state(t, sb, cfg)) < 0) {
+		errmsg_set(err, errlen, "sandbox mount table: %s", strerror(-r));
+		return r;
+	}
+	return 0;
+}
+
+/* The guest key, as its file's text, for the child to write inside. */
+static int agent_key_prepare(struct lkey *k, const struct sandbox *sb, char *err, size_t errlen)
+{
+	struct noise_keypair guest;
+	int r;
+
 	if ((r = keys_load(sb->guest_key_file, &guest, err, errlen)) < 0)
-		goto fail;
-	sodium_bin2base64(c->key_text, KEYS_B64_LEN, guest.priv, sizeof(guest.priv), sodium_base64_VARIANT_ORIGINAL);
-	strcat(c->key_text, "\n");
+		return r;
+	sodium_bin2base64(k->text, KEYS_B64_LEN, guest.priv, sizeof(guest.priv), sodium_base64_VARIANT_ORIGINAL);
+	strcat(k->text, "\n");
 	sodium_memzero(&guest, sizeof(guest));
-	snprintf(c->key_path, sizeof(c->key_path), "%s/guest.key", SB_KEYS);
-	keys_pub_format(sb->host.pub, hostpub);
+	snprintf(k->path, sizeof(k->path), "%s/guest.key", SB_KEYS);
+	return 0;
+}
 
-	/* the agent's command line */
-#define ARG(...) (snprintf(c->argbuf[na], sizeof(c->argbuf[na]), __VA_ARGS__), c->argv[na] = c->argbuf[na], na++)
+/* The agent's command line (doc/SANDBOX.md, "Start", step 7) and
+ * environment. */
+static void agent_cmdline_build(struct lexec *x, const struct lkey *k, const struct sandbox *sb,
+				const struct sandbox_cfg *cfg)
+{
+	char hostpub[KEYS_B64_LEN];
+	int na = 0;
+
+	keys_pub_format(sb->host.pub, hostpub);
+#define ARG(...) (snprintf(x->argbuf[na], sizeof(x->argbuf[na]), __VA_ARGS__), x->argv[na] = x->argbuf[na], na++)
 	ARG("airlock-agent");
 	ARG("--listen");
 	ARG("unix:%s/agent.sock", SB_RUN);
 	ARG("--root");
 	ARG("%s", cfg->workspace);
 	ARG("--key");
-	ARG("%s", c->key_path);
+	ARG("%s", k->path);
 	ARG("--allow");
 	ARG("%s", hostpub);
 	ARG("--state");
@@ -682,197 +836,253 @@ int sandbox_local_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char 
 	if (cfg->verbose)
 		ARG("-v");
 #undef ARG
-	c->argv[na] = NULL;
-	c->envp[0] = "PATH=/usr/local/bin:/usr/bin:/bin";
-	c->envp[1] = "HOME=" SB_HOME;
-	c->envp[2] = "LANG=C.UTF-8";
-	c->envp[3] = NULL;
-	etc_prepare(c, 0, "/etc/passwd", "airlock:x:1000:1000:airlock sandbox:" SB_HOME ":/bin/sh\n");
-	etc_prepare(c, 1, "/etc/group", "airlock:x:1000:\n");
+	x->argv[na] = NULL;
+	x->envp[0] = "PATH=/usr/local/bin:/usr/bin:/bin";
+	x->envp[1] = "HOME=" SB_HOME;
+	x->envp[2] = "LANG=C.UTF-8";
+	x->envp[3] = NULL;
+}
 
-	/* fds: the agent binary, its log, stdin, the pipes */
-	if ((c->agent_fd = open(sb->agent_path, O_PATH | O_CLOEXEC)) < 0) {
+/* The child's fds: the agent binary, its log, stdin, the pipes. */
+static int child_fds_open(struct lstart *s, const struct sandbox *sb, char *err, size_t errlen)
+{
+	struct lfds *fd = &s->c->fd;
+	char path[PATH_MAX + 64];
+	int r;
+
+	if ((fd->agent = open(sb->agent_path, O_PATH | O_CLOEXEC)) < 0) {
 		r = -errno;
-		snprintf(err, errlen, "agent %s: %s", sb->agent_path, strerror(errno));
-		goto fail;
+		errmsg_set(err, errlen, "agent %s: %s", sb->agent_path, strerror(errno));
+		return r;
 	}
 	snprintf(path, sizeof(path), "%s/agent.log", sb->dir);
-	if ((c->log_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600)) < 0 ||
-	    (c->null_fd = open("/dev/null", O_RDWR | O_CLOEXEC)) < 0 || pipe2(go, O_CLOEXEC) < 0 ||
-	    pipe2(ep, O_CLOEXEC) < 0 || pipe2(op, O_CLOEXEC) < 0) {
+	if ((fd->log = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600)) < 0 ||
+	    (fd->null = open("/dev/null", O_RDWR | O_CLOEXEC)) < 0 || pipe2(s->go, O_CLOEXEC) < 0 ||
+	    pipe2(s->ep, O_CLOEXEC) < 0 || pipe2(s->op, O_CLOEXEC) < 0) {
 		r = -errno;
-		snprintf(err, errlen, "%s: %s", c->log_fd < 0 ? path : "pipes", strerror(errno));
-		goto fail;
+		errmsg_set(err, errlen, "%s: %s", fd->log < 0 ? path : "pipes", strerror(errno));
+		return r;
 	}
-	c->go_fd = go[0];
-	c->err_fd = ep[1];
-	c->out_fd = op[1];
+	fd->go = s->go[0];
+	fd->err = s->ep[1];
+	fd->out = s->op[1];
+	return 0;
+}
+
+/* The channel: <state>/run/agent.sock, where the agent listens and the
+ * host connects (sb->addr). */
+static int channel_socket_prepare(struct sandbox *sb, char *err, size_t errlen)
+{
+	char path[PATH_MAX + 64];
+
 	/* a socket left by an agent that was killed would make bind fail */
 	snprintf(path, sizeof(path), "%s/run/agent.sock", sb->dir);
 	if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
-		r = -ENAMETOOLONG;
-		snprintf(err, errlen,
-			 "the sandbox's socket path %s is longer than a Unix socket path may be (%zu bytes): set "
-			 "XDG_DATA_HOME to a shorter directory",
-			 path, sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
-		goto fail;
+		errmsg_set(err, errlen,
+			   "the sandbox's socket path %s is longer than a Unix socket path may be (%zu bytes): set "
+			   "XDG_DATA_HOME to a shorter directory",
+			   path, sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+		return -ENAMETOOLONG;
 	}
 	(void)unlink(path);
 	if ((size_t)snprintf(sb->addr, sizeof(sb->addr), "unix:%s", path) >= sizeof(sb->addr)) {
-		r = -ENAMETOOLONG;
-		snprintf(err, errlen, "state directory %s: path too long for a socket", sb->dir);
-		goto fail;
+		errmsg_set(err, errlen, "state directory %s: path too long for a socket", sb->dir);
+		return -ENAMETOOLONG;
 	}
+	return 0;
+}
 
-	if ((stack = mmap(NULL, SB_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0)) ==
+/* doc/SANDBOX.md, "Start", step 1: the child in its new namespaces. Then
+ * the parent closes the child's ends and forgets the key: the child has
+ * its own copy of both. */
+static int namespaces_clone(struct lstart *s, char *err, size_t errlen)
+{
+	int r;
+
+	if ((s->stack = mmap(NULL, SB_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0)) ==
 	    MAP_FAILED) {
 		r = -errno;
-		snprintf(err, errlen, "out of memory");
-		goto fail;
+		errmsg_set(err, errlen, "out of memory");
+		return r;
 	}
-	pid =
-	    clone(child_main, (char *)stack + SB_STACK,
-		  CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | SIGCHLD, c);
-	if (pid < 0) {
+	s->pid = clone(
+	    child_main, (char *)s->stack + SB_STACK,
+	    CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | SIGCHLD, s->c);
+	if (s->pid < 0) {
 		int e = errno; /* userns_hint reads files */
 		const char *hint = userns_hint(e);
-		r = -e;
-		snprintf(err, errlen, "cannot create the sandbox's namespaces: %s%s%s", strerror(e), hint ? ": " : "",
-			 hint ? hint : "");
-		goto fail;
+		errmsg_set(err, errlen, "cannot create the sandbox's namespaces: %s%s%s", strerror(e), hint ? ": " : "",
+			   hint ? hint : "");
+		return -e;
 	}
-	/* the child has its own copy of everything below */
-	sodium_memzero(c->key_text, sizeof(c->key_text));
-	close(go[0]);
-	go[0] = -1;
-	close(ep[1]);
-	ep[1] = -1;
-	close(op[1]);
-	op[1] = -1;
+	sodium_memzero(s->c->key.text, sizeof(s->c->key.text));
+	close(s->go[0]);
+	s->go[0] = -1;
+	close(s->ep[1]);
+	s->ep[1] = -1;
+	close(s->op[1]);
+	s->op[1] = -1;
+	return 0;
+}
 
-	/* id maps: one uid, 1000 inside */
+/* doc/SANDBOX.md, "Start", step 2: one uid, 1000 inside (the invoking
+ * user outside, or nobody for root), then go. */
+static int id_maps_write(const struct lstart *s, bool nobody, char *err, size_t errlen)
+{
+	uid_t ouid = nobody ? SB_NOBODY : geteuid();
+	gid_t ogid = nobody ? SB_NOBODY : getegid();
+	char line[64];
+	int r;
+
 	snprintf(line, sizeof(line), "%u %u 1\n", SB_UID, (unsigned)ouid);
-	if ((r = write_file(pid, "setgroups", "deny")) < 0 || (r = write_file(pid, "uid_map", line)) < 0 ||
+	if ((r = write_file(s->pid, "setgroups", "deny")) < 0 || (r = write_file(s->pid, "uid_map", line)) < 0 ||
 	    (snprintf(line, sizeof(line), "%u %u 1\n", SB_UID, (unsigned)ogid),
-	     (r = write_file(pid, "gid_map", line)) < 0)) {
+	     (r = write_file(s->pid, "gid_map", line)) < 0)) {
 		const char *hint = userns_hint(-r);
-		snprintf(err, errlen, "cannot map uid/gid %u into the sandbox: %s%s%s", SB_UID, strerror(-r),
-			 hint ? ": " : "", hint ? hint : "");
-		goto fail_child;
+		errmsg_set(err, errlen, "cannot map uid/gid %u into the sandbox: %s%s%s", SB_UID, strerror(-r),
+			   hint ? ": " : "", hint ? hint : "");
+		return r;
 	}
-	if (write(go[1], "g", 1) != 1) {
+	if (write(s->go[1], "g", 1) != 1) {
 		r = -errno;
-		snprintf(err, errlen, "starting the sandbox: %s", strerror(errno));
-		goto fail_child;
+		errmsg_set(err, errlen, "starting the sandbox: %s", strerror(errno));
+		return r;
 	}
+	return 0;
+}
 
-	/* wait for the child's failure or the agent's "ready" line */
-	{
-		double deadline = mono_ms() + SANDBOX_START_MS;
-		char out[512];
-		size_t got = 0;
-		bool err_open = true;
-		for (;;) {
-			struct pollfd pf[2] = {{.fd = err_open ? ep[0] : -1, .events = POLLIN},
-					       {.fd = op[0], .events = POLLIN}};
-			double left = deadline - mono_ms();
-			if (left <= 0) {
-				r = -ETIMEDOUT;
-				snprintf(err, errlen,
-					 "the sandbox's agent did not get ready within %u ms (log: %s/agent.log)",
-					 SANDBOX_START_MS, sb->dir);
-				goto fail_child;
-			}
-			if (poll(pf, 2, (int)left + 1) < 0) {
-				if (errno == EINTR)
-					continue;
-				r = -errno;
-				snprintf(err, errlen, "waiting for the sandbox: %s", strerror(errno));
-				goto fail_child;
-			}
-			if (err_open && (pf[0].revents & (POLLIN | POLLHUP))) {
-				struct lerr e;
-				ssize_t n = read(ep[0], &e, sizeof(e));
-				if (n == (ssize_t)sizeof(e)) {
-					const char *hint =
-					    e.err == EPERM || e.err == EACCES ? userns_hint(e.err) : NULL;
-					r = -e.err;
-					snprintf(err, errlen, "sandbox setup failed %s%s%s: %s%s%s",
-						 e.stage > 0 && e.stage <= STAGE_EXEC ? stage_names[e.stage] : "?",
-						 e.what[0] ? " " : "", e.what, strerror(e.err), hint ? ": " : "",
-						 hint ? hint : "");
-					goto fail_child;
-				}
-				err_open = false; /* EOF: the agent was exec'd */
-			}
-			if (pf[1].revents & (POLLIN | POLLHUP)) {
-				ssize_t n = read(op[0], out + got, sizeof(out) - 1 - got);
-				if (n <= 0) {
-					char tail[512];
-					log_tail(sb->dir, tail, sizeof(tail));
-					r = -ECHILD;
-					snprintf(err, errlen, "the sandbox's agent exited during start: %s",
-						 tail[0] ? tail : "(no log)");
-					goto fail_child;
-				}
-				got += (size_t)n;
-				out[got] = '\0';
-				if (strstr(out, "\n") && !strncmp(out, "ready ", 6))
-					break;
-				if (got == sizeof(out) - 1 || (strchr(out, '\n') && strncmp(out, "ready ", 6))) {
-					r = -EPROTO;
-					snprintf(err, errlen, "the sandbox's agent said '%.100s' instead of ready",
-						 out);
-					goto fail_child;
-				}
-			}
+/* The child's error record, if it sent one (-errno, message in err); 1 at
+ * EOF: the agent was exec'd. */
+static int child_error_read(int fd, char *err, size_t errlen)
+{
+	struct lerr e;
+	ssize_t n = read(fd, &e, sizeof(e));
+
+	if (n != (ssize_t)sizeof(e))
+		return 1;
+	const char *hint = e.err == EPERM || e.err == EACCES ? userns_hint(e.err) : NULL;
+	errmsg_set(err, errlen, "sandbox setup failed %s%s%s: %s%s%s",
+		   e.stage > 0 && e.stage <= STAGE_EXEC ? stage_names[e.stage] : "?", e.what[0] ? " " : "", e.what,
+		   strerror(e.err), hint ? ": " : "", hint ? hint : "");
+	return e.err > 0 ? -e.err : -EIO; /* a record is a failure, whatever its errno */
+}
+
+/* The agent's first line, as it arrives. */
+struct ready_line {
+	char text[512];
+	size_t got;
+};
+
+/* Read more of the agent's stdout: 0 when it said "ready", -EAGAIN when
+ * its line is not complete yet, else -errno with the message in err. */
+static int ready_line_read(int fd, struct ready_line *rl, const char *dir, char *err, size_t errlen)
+{
+	ssize_t n = read(fd, rl->text + rl->got, sizeof(rl->text) - 1 - rl->got);
+
+	if (n <= 0) {
+		char tail[512];
+		log_tail(dir, tail, sizeof(tail));
+		errmsg_set(err, errlen, "the sandbox's agent exited during start: %s", tail[0] ? tail : "(no log)");
+		return -ECHILD;
+	}
+	rl->got += (size_t)n;
+	rl->text[rl->got] = '\0';
+	if (strstr(rl->text, "\n") && !strncmp(rl->text, "ready ", 6))
+		return 0;
+	if (rl->got == sizeof(rl->text) - 1 || (strchr(rl->text, '\n') && strncmp(rl->text, "ready ", 6))) {
+		errmsg_set(err, errlen, "the sandbox's agent said '%.100s' instead of ready", rl->text);
+		return -EPROTO;
+	}
+	return -EAGAIN;
+}
+
+/* doc/SANDBOX.md, "Start", step 8: the child's failure or the agent's
+ * "ready" line, within SANDBOX_START_MS. */
+static int agent_wait_ready(const struct lstart *s, const struct sandbox *sb, char *err, size_t errlen)
+{
+	double deadline = mono_ms() + SANDBOX_START_MS;
+	struct ready_line rl = {.got = 0};
+	bool err_open = true;
+	int r;
+
+	for (;;) {
+		struct pollfd pf[2] = {{.fd = err_open ? s->ep[0] : -1, .events = POLLIN},
+				       {.fd = s->op[0], .events = POLLIN}};
+		double left = deadline - mono_ms();
+		if (left <= 0) {
+			errmsg_set(err, errlen,
+				   "the sandbox's agent did not get ready within %u ms (log: %s/agent.log)",
+				   SANDBOX_START_MS, sb->dir);
+			return -ETIMEDOUT;
 		}
+		if (poll(pf, 2, (int)left + 1) < 0) {
+			if (errno == EINTR)
+				continue;
+			r = -errno;
+			errmsg_set(err, errlen, "waiting for the sandbox: %s", strerror(errno));
+			return r;
+		}
+		if (err_open && (pf[0].revents & (POLLIN | POLLHUP))) {
+			if ((r = child_error_read(s->ep[0], err, errlen)) <= 0)
+				return r;
+			err_open = false;
+		}
+		if ((pf[1].revents & (POLLIN | POLLHUP)) &&
+		    (r = ready_line_read(s->op[0], &rl, sb->dir, err, errlen)) != -EAGAIN)
+			return r;
 	}
-	sb->pid = pid;
-	l->out_fd = op[0];
-	op[0] = -1;
-	sb->impl = l;
-	l = NULL;
-	{
-		/* one kernel: the agent's Landlock is the one we can ask about */
-		long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, 1U /* LANDLOCK_CREATE_RULESET_VERSION */);
-		char ll[48];
-		if (abi > 0)
-			snprintf(ll, sizeof(ll), "landlock ABI %ld", abi);
-		else
-			snprintf(ll, sizeof(ll), "no landlock");
-		snprintf(sb->describe, sizeof(sb->describe),
-			 "local: user+mount+pid+ipc+uts+net namespaces (uid %u inside = %s outside), private root, %s, "
-			 "seccomp; a shared kernel (weaker than a VM)",
-			 SB_UID, nobody ? "nobody" : "you", ll);
-	}
-	r = 0;
-	goto out;
+}
 
-fail_table:
-	snprintf(err, errlen, "sandbox mount table: %s", strerror(-r));
-	goto fail;
-fail_child:
-	kill_wait(pid);
-fail:
-	mem_free(l);
-out:
-	if (stack != MAP_FAILED)
-		munmap(stack, SB_STACK);
-	if (c) {
-		int fds[] = {c->agent_fd, c->log_fd, c->null_fd};
-		for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
-			if (fds[i] >= 0)
-				close(fds[i]);
-		sodium_memzero(c->key_text, sizeof(c->key_text));
-		mem_free(c->etc_text[0]);
-		mem_free(c->etc_text[1]);
-		mem_free(c);
+/* sb->describe: what isolates this sandbox. */
+static void local_describe(struct sandbox *sb, bool nobody)
+{
+	/* one kernel: the agent's Landlock is the one we can ask about */
+	long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, 1U /* LANDLOCK_CREATE_RULESET_VERSION */);
+	char ll[48];
+
+	if (abi > 0)
+		snprintf(ll, sizeof(ll), "landlock ABI %ld", abi);
+	else
+		snprintf(ll, sizeof(ll), "no landlock");
+	snprintf(sb->describe, sizeof(sb->describe),
+		 "local: user+mount+pid+ipc+uts+net namespaces (uid %u inside = %s outside), private root, %s, "
+		 "seccomp; a shared kernel (weaker than a VM)",
+		 SB_UID, nobody ? "nobody" : "you", ll);
+}
+
+int sandbox_local_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *err, size_t errlen)
+{
+	struct lstart s = {.go = {-1, -1}, .ep = {-1, -1}, .op = {-1, -1}, .stack = MAP_FAILED, .pid = -1};
+	bool nobody = sandbox_as_nobody();
+	int r;
+
+	if ((r = workspace_check(cfg, err, errlen)) < 0)
+		return r;
+	if ((r = lstart_alloc(&s)) < 0) {
+		errmsg_set(err, errlen, "out of memory");
+		goto out;
 	}
-	int pfds[] = {go[0], go[1], ep[0], ep[1], op[0], op[1]};
-	for (size_t i = 0; i < sizeof(pfds) / sizeof(pfds[0]); i++)
-		if (pfds[i] >= 0)
-			close(pfds[i]);
+	if ((r = mount_table_build(&s.c->mnt, sb, cfg, err, errlen)) < 0 ||
+	    (r = agent_key_prepare(&s.c->key, sb, err, errlen)) < 0)
+		goto out;
+	agent_cmdline_build(&s.c->exec, &s.c->key, sb, cfg);
+	etc_prepare(&s.c->etc, 0, "/etc/passwd", "airlock:x:1000:1000:airlock sandbox:" SB_HOME ":/bin/sh\n");
+	etc_prepare(&s.c->etc, 1, "/etc/group", "airlock:x:1000:\n");
+	if ((r = child_fds_open(&s, sb, err, errlen)) < 0 || (r = channel_socket_prepare(sb, err, errlen)) < 0 ||
+	    (r = namespaces_clone(&s, err, errlen)) < 0)
+		goto out;
+	if ((r = id_maps_write(&s, nobody, err, errlen)) < 0 || (r = agent_wait_ready(&s, sb, err, errlen)) < 0) {
+		kill_wait(s.pid);
+		goto out;
+	}
+	sb->pid = s.pid;
+	s.l->out_fd = s.op[0];
+	s.op[0] = -1;
+	sb->impl = s.l;
+	s.l = NULL;
+	local_describe(sb, nobody);
+out:
+	lstart_clear(&s);
 	return r;
 }
 

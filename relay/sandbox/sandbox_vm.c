@@ -44,6 +44,7 @@
 
 #include <sodium.h>
 
+#include "airlock/core/errmsg.h"
 #include "airlock/core/keys.h"
 #include "airlock/core/mem.h"
 #include "sandbox_i.h"
@@ -312,7 +313,7 @@ static int template_refresh(struct sandbox *sb, const char *tdir, char *err, siz
 	r = run_wait(argv, fd);
 	close(fd);
 	if (r < 0) {
-		snprintf(err, errlen, "building the VM template in %s failed (see %s)", tdir, logp);
+		errmsg_set(err, errlen, "building the VM template in %s failed (see %s)", tdir, logp);
 		return r;
 	}
 #else
@@ -384,26 +385,26 @@ static int write_config(struct sandbox *sb, const struct sandbox_cfg *cfg, char 
 
 	if ((fd = open(sb->guest_key_file, O_RDONLY | O_CLOEXEC)) < 0) {
 		r = -errno;
-		snprintf(err, errlen, "%s: %s", sb->guest_key_file, strerror(errno));
+		errmsg_set(err, errlen, "%s: %s", sb->guest_key_file, strerror(errno));
 		return r;
 	}
 	keylen = read(fd, key, sizeof(key));
 	close(fd);
 	if (keylen <= 0 || keylen >= (ssize_t)sizeof(key)) {
-		snprintf(err, errlen, "%s: not a key file", sb->guest_key_file);
+		errmsg_set(err, errlen, "%s: not a key file", sb->guest_key_file);
 		return -EINVAL;
 	}
 	keys_pub_format(sb->host.pub, pub);
 	strcat(pub, "\n");
 	snprintf(conf, sizeof(conf), "verbose=%d\nfsync=batch\nrun_as=1000:1000\n", cfg->verbose ? 1 : 0);
 	if (path_join(path, sizeof(path), sb->dir, "config.tar") < 0) {
-		snprintf(err, errlen, "%s: path too long", sb->dir);
+		errmsg_set(err, errlen, "%s: path too long", sb->dir);
 		return -ENAMETOOLONG;
 	}
 	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
 	if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0 || !(f = fdopen(fd, "w"))) {
 		r = -errno;
-		snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
+		errmsg_set(err, errlen, "%s: %s", tmp, strerror(errno));
 		if (fd >= 0)
 			close(fd);
 		goto out;
@@ -429,13 +430,13 @@ static int write_config(struct sandbox *sb, const struct sandbox_cfg *cfg, char 
 	f = NULL;
 	if (rename(tmp, path) < 0) {
 		r = -errno;
-		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		errmsg_set(err, errlen, "%s: %s", path, strerror(errno));
 		goto out;
 	}
 	goto out;
 werr:
 	r = r < 0 ? r : -EIO;
-	snprintf(err, errlen, "%s: cannot write the config drive", tmp);
+	errmsg_set(err, errlen, "%s: cannot write the config drive", tmp);
 out:
 	if (f)
 		fclose(f);
@@ -453,13 +454,14 @@ static int ensure_disk(struct sandbox *sb, int log_fd, char *img, size_t n, char
 	struct stat st;
 
 	if (path_join(img, n, sb->dir, "workspace.img") < 0) {
-		snprintf(err, errlen, "%s: path too long", sb->dir);
+		errmsg_set(err, errlen, "%s: path too long", sb->dir);
 		return -ENAMETOOLONG;
 	}
 	if (stat(img, &st) == 0)
 		return 0;
 	if (find_prog("mkfs.ext4", mkfs, sizeof(mkfs)) < 0) {
-		snprintf(err, errlen, "mkfs.ext4 not found (apt-get install e2fsprogs): needed once to create %s", img);
+		errmsg_set(err, errlen, "mkfs.ext4 not found (apt-get install e2fsprogs): needed once to create %s",
+			   img);
 		return -ENOENT;
 	}
 	snprintf(tmp, sizeof(tmp), "%s.new", img);
@@ -479,14 +481,15 @@ static int ensure_disk(struct sandbox *sb, int log_fd, char *img, size_t n, char
 				NULL};
 		if (run_wait(argv, log_fd) < 0) {
 			unlink(tmp);
-			snprintf(err, errlen, "mkfs.ext4 %s failed (see %s/qemu.log)", tmp, sb->dir);
+			errmsg_set(err, errlen, "mkfs.ext4 %s failed (see %s/qemu.log)", tmp, sb->dir);
 			return -EIO;
 		}
 	}
 	chmod(tmp, 0600);
 	if (rename(tmp, img) < 0) {
-		snprintf(err, errlen, "%s: %s", img, strerror(errno));
-		return -errno;
+		int r = -errno;
+		errmsg_set(err, errlen, "%s: %s", img, strerror(errno));
+		return r;
 	}
 	return 0;
 }
@@ -585,125 +588,184 @@ static void last_line(const char *path, char *out, size_t n)
 
 /* ------------------------------------------------------------------- start */
 
-#define ARGV_MAX 64
+#define ARGV_MAX     64
+#define VM_TRY_TCG   1 /* vm_wait_ready: KVM could not run the guest, qemu is gone */
+#define SUN_PATH_MAX sizeof(((struct sockaddr_un *)0)->sun_path)
 
-int sandbox_vm_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *err, size_t errlen)
-{
-	char tdir[PATH_MAX], kernel[PATH_MAX], initrd[PATH_MAX], qemu[PATH_MAX], img[PATH_MAX];
-	char run[PATH_MAX], sock[PATH_MAX], logp[PATH_MAX], append[512], mem[16], fatal[512] = "";
-	char o_con[PATH_MAX + 64], o_cfg[PATH_MAX + 96], o_ws[PATH_MAX + 96], o_ch[PATH_MAX + 96], o_ctl[PATH_MAX + 96],
-	    cfgtar[PATH_MAX];
-	const char *machine, *accel_name, *qemu_env = getenv("AIRLOCK_QEMU");
+/* The template's files (doc/VM.md, "The base template"). */
+struct vm_template {
+	char dir[PATH_MAX];
+	char kernel[PATH_MAX]; /* vmlinux */
+	char initrd[PATH_MAX]; /* initramfs.cpio */
+};
+
+/* The files of one start in the state directory, besides struct vm's. */
+struct vm_files {
+	char run[PATH_MAX];    /* run/: the sockets and qemu.pid */
+	char sock[PATH_MAX];   /* run/agent.sock: the channel */
+	char log[PATH_MAX];    /* qemu.log */
+	char cfgtar[PATH_MAX]; /* config.tar: the config drive */
+	char img[PATH_MAX];    /* workspace.img: the workspace disk */
+};
+
+/* One qemu command line: argv and the strings it points into. */
+struct qemu_cmd {
+	char prog[PATH_MAX];
+	const char *machine; /* "microvm" or "q35" */
+	bool microvm;
+	char append[512], mem[16];
+	char o_con[PATH_MAX + 64], o_cfg[PATH_MAX + 96], o_ws[PATH_MAX + 96], o_ch[PATH_MAX + 96], o_ctl[PATH_MAX + 96];
 	char *argv[ARGV_MAX];
-	struct vm *vm = NULL;
-	bool kvm, microvm;
-	int argc = 0, log_fd = -1, r;
-	int64_t deadline = 0, launched;
-	bool kvm_failed = false;
-	pid_t pid, stale;
-	struct stat st;
+};
 
-	if ((r = template_dir(cfg, tdir, sizeof(tdir))) < 0) {
-		snprintf(err, errlen, "no VM template directory: set XDG_CACHE_HOME or HOME, or give one");
+/* Where the boot is, across the fallback from KVM to software emulation. */
+struct vm_launch {
+	bool kvm;	 /* this attempt runs under KVM */
+	bool kvm_failed; /* an attempt under KVM could not run the guest */
+	int log_fd;	 /* qemu.log, until qemu has it; -1 after */
+	int64_t launched, deadline;
+};
+
+/* The template directory and its kernel and initramfs, (re)built first in
+ * a development build. */
+static int template_find(struct sandbox *sb, const struct sandbox_cfg *cfg, struct vm_template *t, char *err,
+			 size_t errlen)
+{
+	struct stat st;
+	int r;
+
+	if ((r = template_dir(cfg, t->dir, sizeof(t->dir))) < 0) {
+		errmsg_set(err, errlen, "no VM template directory: set XDG_CACHE_HOME or HOME, or give one");
 		return r;
 	}
-	if ((r = template_refresh(sb, tdir, err, errlen)) < 0)
+	if ((r = template_refresh(sb, t->dir, err, errlen)) < 0)
 		return r;
-	if (path_join(kernel, sizeof(kernel), tdir, "vmlinux") < 0 ||
-	    path_join(initrd, sizeof(initrd), tdir, "initramfs.cpio") < 0) {
-		snprintf(err, errlen, "%s: path too long", tdir);
+	if (path_join(t->kernel, sizeof(t->kernel), t->dir, "vmlinux") < 0 ||
+	    path_join(t->initrd, sizeof(t->initrd), t->dir, "initramfs.cpio") < 0) {
+		errmsg_set(err, errlen, "%s: path too long", t->dir);
 		return -ENAMETOOLONG;
 	}
-	if (stat(kernel, &st) < 0 || stat(initrd, &st) < 0) {
-		snprintf(err, errlen,
-			 "no VM template in %s (vmlinux, initramfs.cpio): build it with "
-			 "guest-agent/template/build.sh %s PATH/TO/STATIC/airlock-agent",
-			 tdir, tdir);
+	if (stat(t->kernel, &st) < 0 || stat(t->initrd, &st) < 0) {
+		errmsg_set(err, errlen,
+			   "no VM template in %s (vmlinux, initramfs.cpio): build it with "
+			   "guest-agent/template/build.sh %s PATH/TO/STATIC/airlock-agent",
+			   t->dir, t->dir);
 		return -ENOENT;
 	}
-	if (find_prog(qemu_env && *qemu_env ? qemu_env : "qemu-system-x86_64", qemu, sizeof(qemu)) < 0) {
-		if (qemu_env && *qemu_env)
-			snprintf(err, errlen, "AIRLOCK_QEMU=%s: no such executable", qemu_env);
+	return 0;
+}
+
+/* qemu: $AIRLOCK_QEMU, else qemu-system-x86_64 in $PATH. */
+static int qemu_find(char *out, size_t n, char *err, size_t errlen)
+{
+	const char *env = getenv("AIRLOCK_QEMU");
+
+	if (find_prog(env && *env ? env : "qemu-system-x86_64", out, n) < 0) {
+		if (env && *env)
+			errmsg_set(err, errlen, "AIRLOCK_QEMU=%s: no such executable", env);
 		else
-			snprintf(err, errlen, "qemu-system-x86_64 not found in PATH (apt-get install qemu-system-x86)");
+			errmsg_set(err, errlen,
+				   "qemu-system-x86_64 not found in PATH (apt-get install qemu-system-x86)");
 		return -ENOENT;
 	}
-	if (strchr(sb->dir, ',')) {
-		/* qemu's -drive and -chardev options are comma separated */
-		snprintf(err, errlen, "%s: a ',' in the sandbox directory cannot be passed to qemu", sb->dir);
-		return -EINVAL;
-	}
-	if (!(vm = mem_calloc(1, sizeof(*vm)))) {
-		snprintf(err, errlen, "out of memory");
-		return -ENOMEM;
-	}
-	if (path_join(run, sizeof(run), sb->dir, "run") < 0 || path_join(sock, sizeof(sock), run, "agent.sock") < 0 ||
-	    path_join(vm->ctl, sizeof(vm->ctl), run, "ctl.sock") < 0 ||
-	    path_join(vm->pidfile, sizeof(vm->pidfile), run, "qemu.pid") < 0 ||
+	return 0;
+}
+
+/* The paths of this start; the sockets' must fit a Unix socket address. */
+static int vm_files_init(const struct sandbox *sb, struct vm *vm, struct vm_files *f, char *err, size_t errlen)
+{
+	if (path_join(f->run, sizeof(f->run), sb->dir, "run") < 0 ||
+	    path_join(f->sock, sizeof(f->sock), f->run, "agent.sock") < 0 ||
+	    path_join(vm->ctl, sizeof(vm->ctl), f->run, "ctl.sock") < 0 ||
+	    path_join(vm->pidfile, sizeof(vm->pidfile), f->run, "qemu.pid") < 0 ||
 	    path_join(vm->console, sizeof(vm->console), sb->dir, "console.log") < 0 ||
-	    path_join(logp, sizeof(logp), sb->dir, "qemu.log") < 0 ||
-	    path_join(cfgtar, sizeof(cfgtar), sb->dir, "config.tar") < 0 ||
-	    strlen(vm->ctl) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
-		snprintf(err, errlen, "%s: path too long for the VM's sockets (at most %zu bytes)", sb->dir,
-			 sizeof(((struct sockaddr_un *)0)->sun_path) - 1 - strlen("/run/agent.sock"));
-		r = -ENAMETOOLONG;
-		goto fail;
+	    path_join(f->log, sizeof(f->log), sb->dir, "qemu.log") < 0 ||
+	    path_join(f->cfgtar, sizeof(f->cfgtar), sb->dir, "config.tar") < 0 || strlen(vm->ctl) >= SUN_PATH_MAX) {
+		errmsg_set(err, errlen, "%s: path too long for the VM's sockets (at most %zu bytes)", sb->dir,
+			   SUN_PATH_MAX - 1 - strlen("/run/agent.sock"));
+		return -ENAMETOOLONG;
 	}
-	if (mkdir(run, 0700) < 0 && errno != EEXIST) {
+	return 0;
+}
+
+/* run/ made, no qemu of an earlier start still on this directory, the old
+ * sockets gone, qemu.log truncated and open in *log_fd. */
+static int vm_state_prepare(const struct sandbox *sb, const struct vm *vm, const struct vm_files *f, int *log_fd,
+			    char *err, size_t errlen)
+{
+	pid_t stale;
+	int r;
+
+	if (mkdir(f->run, 0700) < 0 && errno != EEXIST) {
 		r = -errno;
-		snprintf(err, errlen, "%s: %s", run, strerror(errno));
-		goto fail;
+		errmsg_set(err, errlen, "%s: %s", f->run, strerror(errno));
+		return r;
 	}
 	if ((stale = stale_qemu(vm->pidfile, sb->dir)) > 0) {
-		snprintf(err, errlen, "a VM for this workspace is still running (qemu pid %ld): stop it first",
-			 (long)stale);
-		r = -EBUSY;
-		goto fail;
+		errmsg_set(err, errlen, "a VM for this workspace is still running (qemu pid %ld): stop it first",
+			   (long)stale);
+		return -EBUSY;
 	}
-	unlink(sock);
+	unlink(f->sock);
 	unlink(vm->ctl);
-	if ((log_fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0) {
+	if ((*log_fd = open(f->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0) {
 		r = -errno;
-		snprintf(err, errlen, "%s: %s", logp, strerror(errno));
-		goto fail;
+		errmsg_set(err, errlen, "%s: %s", f->log, strerror(errno));
+		return r;
 	}
-	if ((r = ensure_disk(sb, log_fd, img, sizeof(img), err, errlen)) < 0 ||
-	    (r = write_config(sb, cfg, err, errlen)) < 0)
-		goto fail;
+	return 0;
+}
 
-	kvm = kvm_works();
-launch:
-	argc = 0;
-	accel_name = kvm ? "kvm" : "software emulation (TCG)";
-	{
-		const char *m = getenv("AIRLOCK_VM_MACHINE");
-		microvm = m && *m ? strcmp(m, "q35") != 0 : qemu_has_microvm(qemu);
-	}
-	machine = microvm ? "microvm" : "q35";
+/* The kernel command line (doc/VM.md, "Launching": the timekeeping
+ * hints under TCG). */
+static void kernel_append(char *out, size_t n, const char *tdir, bool kvm)
+{
+	uint64_t khz;
+	unsigned hz;
+
 	if (kvm) {
-		snprintf(append, sizeof(append), "console=ttyS0 quiet panic=-1 rdinit=/init");
-	} else {
-		uint64_t khz = tsc_khz();
-		unsigned hz = template_hz(tdir);
-		if (khz > 0)
-			snprintf(append, sizeof(append),
-				 "console=ttyS0 quiet panic=-1 rdinit=/init tsc_early_khz=%llu lpj=%llu "
-				 "tsc=reliable no_timer_check",
-				 (unsigned long long)khz, (unsigned long long)(khz * 1000u / hz));
-		else
-			snprintf(append, sizeof(append), "console=ttyS0 quiet panic=-1 rdinit=/init");
+		snprintf(out, n, "console=ttyS0 quiet panic=-1 rdinit=/init");
+		return;
 	}
-	snprintf(mem, sizeof(mem), "%d", VM_MEM_MB_DEFAULT);
-	snprintf(o_con, sizeof(o_con), "file,id=con,path=%s", vm->console);
-	snprintf(o_cfg, sizeof(o_cfg), "id=cfg,file=%s,format=raw,if=none,readonly=on", cfgtar);
-	snprintf(o_ws, sizeof(o_ws), "id=ws,file=%s,format=raw,if=none,discard=unmap", img);
-	snprintf(o_ch, sizeof(o_ch), "socket,id=ch,path=%s,server=on,wait=off", sock);
-	snprintf(o_ctl, sizeof(o_ctl), "socket,id=ctl,path=%s,server=on,wait=off", vm->ctl);
+	khz = tsc_khz();
+	hz = template_hz(tdir);
+	if (khz > 0)
+		snprintf(out, n,
+			 "console=ttyS0 quiet panic=-1 rdinit=/init tsc_early_khz=%llu lpj=%llu "
+			 "tsc=reliable no_timer_check",
+			 (unsigned long long)khz, (unsigned long long)(khz * 1000u / hz));
+	else
+		snprintf(out, n, "console=ttyS0 quiet panic=-1 rdinit=/init");
+}
 
-#define ARG(x) (argv[argc++] = (char *)(x))
-	ARG(qemu);
+/* The machine, the kernel command line and the option strings of q. */
+static void qemu_options(struct qemu_cmd *q, const struct vm_template *t, const struct vm_files *f, const struct vm *vm,
+			 bool kvm)
+{
+	const char *m = getenv("AIRLOCK_VM_MACHINE");
+
+	q->microvm = m && *m ? strcmp(m, "q35") != 0 : qemu_has_microvm(q->prog);
+	q->machine = q->microvm ? "microvm" : "q35";
+	kernel_append(q->append, sizeof(q->append), t->dir, kvm);
+	snprintf(q->mem, sizeof(q->mem), "%d", VM_MEM_MB_DEFAULT);
+	snprintf(q->o_con, sizeof(q->o_con), "file,id=con,path=%s", vm->console);
+	snprintf(q->o_cfg, sizeof(q->o_cfg), "id=cfg,file=%s,format=raw,if=none,readonly=on", f->cfgtar);
+	snprintf(q->o_ws, sizeof(q->o_ws), "id=ws,file=%s,format=raw,if=none,discard=unmap", f->img);
+	snprintf(q->o_ch, sizeof(q->o_ch), "socket,id=ch,path=%s,server=on,wait=off", f->sock);
+	snprintf(q->o_ctl, sizeof(q->o_ctl), "socket,id=ctl,path=%s,server=on,wait=off", vm->ctl);
+}
+
+/* The qemu command line (doc/VM.md, "Launching"). */
+static void qemu_cmd_build(struct qemu_cmd *q, const struct vm_template *t, const struct vm_files *f,
+			   const struct vm *vm, bool kvm)
+{
+	int argc = 0;
+
+	qemu_options(q, t, f, vm, kvm);
+#define ARG(x) (q->argv[argc++] = (char *)(x))
+	ARG(q->prog);
 	ARG("-M");
-	ARG(machine);
+	ARG(q->machine);
 	if (kvm) {
 		ARG("-enable-kvm");
 		ARG("-cpu");
@@ -713,7 +775,7 @@ launch:
 		ARG("max");
 	}
 	ARG("-m");
-	ARG(mem);
+	ARG(q->mem);
 	ARG("-smp");
 	ARG("1");
 	ARG("-nodefaults");
@@ -723,32 +785,32 @@ launch:
 	ARG("none");
 	ARG("-no-reboot");
 	ARG("-kernel");
-	ARG(kernel);
+	ARG(t->kernel);
 	ARG("-initrd");
-	ARG(initrd);
+	ARG(t->initrd);
 	ARG("-append");
-	ARG(append);
+	ARG(q->append);
 	ARG("-chardev");
-	ARG(o_con);
+	ARG(q->o_con);
 	ARG("-serial");
 	ARG("chardev:con");
 	ARG("-drive");
-	ARG(o_cfg);
+	ARG(q->o_cfg);
 	ARG("-device");
-	ARG(microvm ? "virtio-blk-device,drive=cfg,serial=airlock-config"
-		    : "virtio-blk-pci,drive=cfg,serial=airlock-config");
+	ARG(q->microvm ? "virtio-blk-device,drive=cfg,serial=airlock-config"
+		       : "virtio-blk-pci,drive=cfg,serial=airlock-config");
 	ARG("-drive");
-	ARG(o_ws);
+	ARG(q->o_ws);
 	ARG("-device");
-	ARG(microvm ? "virtio-blk-device,drive=ws,serial=airlock-ws" : "virtio-blk-pci,drive=ws,serial=airlock-ws");
+	ARG(q->microvm ? "virtio-blk-device,drive=ws,serial=airlock-ws" : "virtio-blk-pci,drive=ws,serial=airlock-ws");
 	ARG("-device");
-	ARG(microvm ? "virtio-serial-device,id=vs" : "virtio-serial-pci,id=vs");
+	ARG(q->microvm ? "virtio-serial-device,id=vs" : "virtio-serial-pci,id=vs");
 	ARG("-chardev");
-	ARG(o_ch);
+	ARG(q->o_ch);
 	ARG("-device");
 	ARG("virtserialport,chardev=ch,name=airlock");
 	ARG("-chardev");
-	ARG(o_ctl);
+	ARG(q->o_ctl);
 	ARG("-device");
 	ARG("virtserialport,chardev=ctl,name=airlock.ctl");
 	ARG("-monitor");
@@ -756,14 +818,21 @@ launch:
 	ARG(NULL);
 #undef ARG
 	_Static_assert(ARGV_MAX >= 48, "argv room");
+}
 
-	unlink(vm->console);
-	if ((pid = fork()) < 0) {
+/* Fork and exec qemu, its output to log_fd; the pid in *pid and in the
+ * pidfile (which only serves to find a stale qemu later). */
+static int qemu_spawn(const struct qemu_cmd *q, int log_fd, const char *pidfile, pid_t *pid, char *err, size_t errlen)
+{
+	char pbuf[32];
+	int fd, r;
+
+	if ((*pid = fork()) < 0) {
 		r = -errno;
-		snprintf(err, errlen, "fork: %s", strerror(errno));
-		goto fail;
+		errmsg_set(err, errlen, "fork: %s", strerror(errno));
+		return r;
 	}
-	if (pid == 0) {
+	if (*pid == 0) {
 		int null = open("/dev/null", O_RDWR);
 		/* Its own session: a ^C at the host's terminal is for the host
 		 * daemon, which stops the VM in order. The VM dies with the
@@ -775,92 +844,147 @@ launch:
 		dup2(log_fd, 1);
 		dup2(log_fd, 2);
 		close_range(3, ~0u, 0); /* nothing of the host daemon's reaches qemu */
-		execv(qemu, argv);
-		dprintf(2, "exec %s: %s\n", qemu, strerror(errno));
+		execv(q->prog, q->argv);
+		dprintf(2, "exec %s: %s\n", q->prog, strerror(errno));
 		_exit(127);
 	}
-	close(log_fd);
-	log_fd = -1;
-	{
-		char pbuf[32];
-		int fd = open(vm->pidfile, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-		if (fd >= 0) {
-			int n = snprintf(pbuf, sizeof(pbuf), "%ld\n", (long)pid);
-			if (write(fd, pbuf, (size_t)n) != n) {
-				/* only used to find a stale qemu later */
-			}
-			close(fd);
+	if ((fd = open(pidfile, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) >= 0) {
+		int n = snprintf(pbuf, sizeof(pbuf), "%ld\n", (long)*pid);
+		if (write(fd, pbuf, (size_t)n) != n) {
+			/* only used to find a stale qemu later */
 		}
+		close(fd);
 	}
-	sb->pid = pid;
-	sb->impl = vm;
+	return 0;
+}
 
-	launched = now_ms();
-	if (!deadline)
-		deadline = launched + SANDBOX_VM_START_MS;
+/* KVM that passed the probe but cannot run this guest (nested
+ * virtualisation missing a feature): qemu reports an internal error and
+ * stops, or the kernel never gets to init. */
+static bool kvm_cannot_run(const struct vm *vm, const char *log, const struct vm_launch *l)
+{
+	return l->kvm && (file_has(log, "KVM internal error") ||
+			  (now_ms() - l->launched > VM_KVM_GRACE_MS && !file_has(vm->console, "airlock-init:")));
+}
+
+/* Until the console shows the agent's ready line (0). VM_TRY_TCG when KVM
+ * cannot run the guest (qemu killed and reaped, sb->pid 0); else -errno
+ * and the message in err (sb->pid 0 when qemu exited by itself). */
+static int vm_wait_ready(struct sandbox *sb, const struct vm *vm, const char *log, const struct vm_launch *l, char *err,
+			 size_t errlen)
+{
+	char fatal[512] = "";
+	int wst, r;
+
 	for (;;) {
-		int wst;
-
-		r = console_state(vm->console, fatal, sizeof(fatal));
-		if (r == 0)
-			break;
+		if ((r = console_state(vm->console, fatal, sizeof(fatal))) == 0)
+			return 0;
 		if (r == -EIO) {
-			snprintf(err, errlen, "the VM did not start: %s (console: %s)", fatal, vm->console);
-			goto fail_running;
+			errmsg_set(err, errlen, "the VM did not start: %s (console: %s)", fatal, vm->console);
+			return r;
 		}
-		if (waitpid(pid, &wst, WNOHANG) == pid) {
+		if (waitpid(sb->pid, &wst, WNOHANG) == sb->pid) {
 			char last[400];
 			sb->pid = 0;
-			last_line(logp, last, sizeof(last));
-			snprintf(err, errlen, "qemu exited before the agent was ready: %s (log: %s)",
-				 *last ? last : "no message", logp);
-			unlink(vm->pidfile);
-			r = -EIO;
-			goto fail;
+			last_line(log, last, sizeof(last));
+			errmsg_set(err, errlen, "qemu exited before the agent was ready: %s (log: %s)",
+				   *last ? last : "no message", log);
+			return -EIO;
 		}
-		/* KVM that passed the probe but cannot run this guest (nested
-		 * virtualisation missing a feature): qemu reports an internal
-		 * error and stops, or the kernel never gets to init. Fall back
-		 * to software emulation, once. */
-		if (kvm && (file_has(logp, "KVM internal error") ||
-			    (now_ms() - launched > VM_KVM_GRACE_MS && !file_has(vm->console, "airlock-init:")))) {
-			kill(pid, SIGKILL);
-			while (waitpid(pid, &wst, 0) < 0 && errno == EINTR) {
+		if (kvm_cannot_run(vm, log, l)) {
+			kill(sb->pid, SIGKILL);
+			while (waitpid(sb->pid, &wst, 0) < 0 && errno == EINTR) {
 			}
 			sb->pid = 0;
-			kvm = false;
-			kvm_failed = true;
-			if ((log_fd = open(logp, O_WRONLY | O_APPEND | O_CLOEXEC)) < 0) {
-				r = -errno;
-				snprintf(err, errlen, "%s: %s", logp, strerror(errno));
-				goto fail;
-			}
-			dprintf(log_fd, "airlock: KVM cannot run this guest here; software emulation (TCG) instead\n");
-			goto launch;
+			return VM_TRY_TCG;
 		}
-		if (now_ms() > deadline) {
-			snprintf(err, errlen, "the VM's agent was not ready within %u s (console: %s)",
-				 SANDBOX_VM_START_MS / 1000, vm->console);
-			r = -ETIMEDOUT;
-			goto fail_running;
+		if (now_ms() > l->deadline) {
+			errmsg_set(err, errlen, "the VM's agent was not ready within %u s (console: %s)",
+				   SANDBOX_VM_START_MS / 1000, vm->console);
+			return -ETIMEDOUT;
 		}
 		usleep(20000);
 	}
-	snprintf(sb->addr, sizeof(sb->addr), "unix:%s", sock);
+}
+
+/* Boot qemu until the agent is ready, under KVM when it works here, and
+ * once more under software emulation when KVM cannot run the guest. From
+ * the first spawn on, sb->impl is vm (NULL again while none runs). */
+static int vm_boot(struct sandbox *sb, struct vm *vm, struct qemu_cmd *q, const struct vm_template *t,
+		   const struct vm_files *f, struct vm_launch *l, char *err, size_t errlen)
+{
+	int r;
+
+	l->kvm = kvm_works();
+	for (;;) {
+		qemu_cmd_build(q, t, f, vm, l->kvm);
+		unlink(vm->console);
+		if ((r = qemu_spawn(q, l->log_fd, vm->pidfile, &sb->pid, err, errlen)) < 0) {
+			sb->pid = 0;
+			return r;
+		}
+		close(l->log_fd);
+		l->log_fd = -1;
+		sb->impl = vm;
+		l->launched = now_ms();
+		if (!l->deadline)
+			l->deadline = l->launched + SANDBOX_VM_START_MS;
+		if ((r = vm_wait_ready(sb, vm, f->log, l, err, errlen)) != VM_TRY_TCG)
+			return r;
+		sb->impl = NULL;
+		l->kvm = false;
+		l->kvm_failed = true;
+		if ((l->log_fd = open(f->log, O_WRONLY | O_APPEND | O_CLOEXEC)) < 0) {
+			r = -errno;
+			errmsg_set(err, errlen, "%s: %s", f->log, strerror(errno));
+			return r;
+		}
+		dprintf(l->log_fd, "airlock: KVM cannot run this guest here; software emulation (TCG) instead\n");
+	}
+}
+
+int sandbox_vm_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *err, size_t errlen)
+{
+	struct vm_template t;
+	struct vm_files f;
+	struct qemu_cmd q;
+	struct vm_launch l = {.log_fd = -1};
+	struct vm *vm = NULL;
+	int r;
+
+	if ((r = template_find(sb, cfg, &t, err, errlen)) < 0 ||
+	    (r = qemu_find(q.prog, sizeof(q.prog), err, errlen)) < 0)
+		return r;
+	if (strchr(sb->dir, ',')) {
+		/* qemu's -drive and -chardev options are comma separated */
+		errmsg_set(err, errlen, "%s: a ',' in the sandbox directory cannot be passed to qemu", sb->dir);
+		return -EINVAL;
+	}
+	if (!(vm = mem_calloc(1, sizeof(*vm)))) {
+		errmsg_set(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	if ((r = vm_files_init(sb, vm, &f, err, errlen)) < 0 ||
+	    (r = vm_state_prepare(sb, vm, &f, &l.log_fd, err, errlen)) < 0 ||
+	    (r = ensure_disk(sb, l.log_fd, f.img, sizeof(f.img), err, errlen)) < 0 ||
+	    (r = write_config(sb, cfg, err, errlen)) < 0 || (r = vm_boot(sb, vm, &q, &t, &f, &l, err, errlen)) < 0)
+		goto fail;
+	snprintf(sb->addr, sizeof(sb->addr), "unix:%s", f.sock);
 	if ((size_t)snprintf(sb->describe, sizeof(sb->describe),
-			     "vm: qemu -M %s, %s%s, no network device (the channel is the only way out)", machine,
-			     accel_name, kvm_failed ? " (KVM could not run the guest)" : "") >= sizeof(sb->describe))
+			     "vm: qemu -M %s, %s%s, no network device (the channel is the only way out)", q.machine,
+			     l.kvm ? "kvm" : "software emulation (TCG)",
+			     l.kvm_failed ? " (KVM could not run the guest)" : "") >= sizeof(sb->describe))
 		sb->describe[sizeof(sb->describe) - 1] = 0;
 	return 0;
 
-fail_running:
-	sandbox_vm_stop(sb); /* frees vm */
-	return r < 0 ? r : -EIO;
 fail:
-	if (log_fd >= 0)
-		close(log_fd);
+	if (l.log_fd >= 0)
+		close(l.log_fd);
+	if (sb->impl == vm)
+		sandbox_vm_stop(sb); /* stops qemu, frees vm */
+	else
+		mem_free(vm);
 	sb->impl = NULL;
-	mem_free(vm);
 	return r;
 }
 
