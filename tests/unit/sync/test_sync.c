@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* sync / syncg unit tests: the sequence survives an agent restart (an old
  * batch replayed is refused), scope binding, state dir placement, the
- * generated .git/config, message reassembly limits. */
+ * generated .git/config, pushes over a real guest session. Message
+ * reassembly (syncmsg.h) is tested in content/test_syncmsg.c. */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +17,8 @@
 
 #include <cmocka.h>
 #include <sodium.h>
+
+#include "testutil.h"
 
 #include "airlock/content/delta.h"
 #include "airlock/content/syncmsg.h"
@@ -32,19 +34,10 @@
 static char dir[64];
 static uint8_t hpk[32], hsk[64], gpub[32];
 
-static int rm_cb(const char *p, const struct stat *st, int flag, struct FTW *f)
-{
-	(void)st;
-	(void)flag;
-	(void)f;
-	return remove(p);
-}
-
 static int setup(void **state)
 {
 	(void)state;
-	strcpy(dir, "/tmp/airlock-test-sync.XXXXXX");
-	assert_non_null(mkdtemp(dir));
+	tu_tmpdir(dir, sizeof(dir), "test-sync");
 	crypto_sign_keypair(hpk, hsk);
 	randombytes_buf(gpub, sizeof(gpub));
 	return 0;
@@ -53,7 +46,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	(void)state;
-	nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+	tu_rm_rf(dir);
 	return 0;
 }
 
@@ -164,32 +157,6 @@ static void test_git_config(void **state)
 	assert_null(strstr(g, "bare = true"));
 	buf_clear(&out);
 	close(dfd);
-}
-
-static void test_inbox_limits(void **state)
-{
-	(void)state;
-	struct syncmsg_inbox in;
-	uint8_t frag[100] = {WIRE_SYNC_MORE};
-
-	syncmsg_inbox_init(&in);
-	assert_int_equal(syncmsg_inbox_add(&in, WIRE_SYNC_BATCH, frag, 0), -EBADMSG);
-	assert_int_equal(syncmsg_inbox_add(&in, WIRE_SYNC_BATCH, frag, sizeof(frag)), 0);
-	/* another type inside a message */
-	assert_int_equal(syncmsg_inbox_add(&in, WIRE_SYNC_BEGIN, frag, sizeof(frag)), -EBADMSG);
-	frag[0] = 0x80; /* unknown flag bits */
-	assert_int_equal(syncmsg_inbox_add(&in, WIRE_SYNC_BATCH, frag, sizeof(frag)), -EBADMSG);
-	frag[0] = 0;
-	assert_int_equal(syncmsg_inbox_add(&in, WIRE_SYNC_BATCH, frag, sizeof(frag)), 1);
-	assert_int_equal(buf_len(&in.b), 198);
-	syncmsg_inbox_done(&in);
-	/* the size cap is checked before growing */
-	in.b.len = WIRE_SYNC_MSG_MAX - 10; /* pretend, without allocating */
-	in.b.off = 0;
-	in.type = WIRE_SYNC_BATCH;
-	assert_int_equal(syncmsg_inbox_add(&in, WIRE_SYNC_BATCH, frag, 50), -EMSGSIZE);
-	in.b.len = 0;
-	syncmsg_inbox_clear(&in);
 }
 
 /* ---- the host engine against a real guest session over a chan pair ---- */
@@ -530,18 +497,8 @@ static void e_push_hinted(struct eng *e, const char *const *paths, const struct 
 static uint8_t *slurp(const char *root, const char *rel, size_t *n)
 {
 	char p[512];
-	struct stat st;
 	snprintf(p, sizeof(p), "%s/%s", root, rel);
-	int fd = open(p, O_RDONLY);
-	if (fd < 0)
-		return NULL;
-	assert_int_equal(fstat(fd, &st), 0);
-	uint8_t *d = malloc((size_t)st.st_size + 1);
-	assert_non_null(d);
-	assert_int_equal(pread(fd, d, (size_t)st.st_size, 0), st.st_size);
-	close(fd);
-	*n = (size_t)st.st_size;
-	return d;
+	return (uint8_t *)tu_read_file(AT_FDCWD, p, n);
 }
 
 static bool same_file(const char *a, const char *b, const char *rel)
@@ -724,9 +681,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_seq_persisted), cmocka_unit_test(test_state_inside_root_refused),
-	    cmocka_unit_test(test_git_config),	  cmocka_unit_test(test_inbox_limits),
-	    cmocka_unit_test(test_push_targeted), cmocka_unit_test(test_push_ranged),
-	    cmocka_unit_test(test_too_large),
+	    cmocka_unit_test(test_git_config),	  cmocka_unit_test(test_push_targeted),
+	    cmocka_unit_test(test_push_ranged),	  cmocka_unit_test(test_too_large),
 	};
 	if (sodium_init() < 0)
 		return 1;
