@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* sync / syncg unit tests: the sequence survives an agent restart (an old
- * batch replayed is refused), scope binding, state dir placement, the
- * generated .git/config, pushes over a real guest session. Message
- * reassembly (syncmsg.h) is tested in content/test_syncmsg.c. */
+/* sync: the host's engine. The generated .git/config, and pushes (whole,
+ * targeted, ranged, too large) against the guest's engine over a real
+ * session. The guest's state alone is tested in guest/test_syncg.c,
+ * message reassembly (syncmsg.h) in content/test_syncmsg.c. */
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -20,8 +20,6 @@
 
 #include "testutil.h"
 
-#include "airlock/content/delta.h"
-#include "airlock/content/syncmsg.h"
 #include "airlock/core/chan.h"
 #include "airlock/core/loop.h"
 #include "airlock/core/mem.h"
@@ -48,75 +46,6 @@ static int teardown(void **state)
 	(void)state;
 	tu_rm_rf(dir);
 	return 0;
-}
-
-static void batch(uint64_t seq, const uint8_t *guest, const char *name, uint8_t **out, size_t *n)
-{
-	uint8_t scope[DELTA_SCOPE_LEN];
-	struct delta_builder *b;
-	syncmsg_scope(guest, hpk, scope);
-	assert_int_equal(delta_builder_new(seq, scope, NULL, &syncmsg_delta_caps, &b), 0);
-	assert_int_equal(delta_add_mkdir(b, name, 0755), 0);
-	assert_int_equal(delta_builder_finish(b, hsk, out, n), 0);
-	delta_builder_free(b);
-}
-
-static void test_seq_persisted(void **state)
-{
-	(void)state;
-	char root[128], err[512];
-	struct syncg *g;
-	uint8_t *b1, *b2, *bx;
-	size_t n1, n2, nx;
-
-	snprintf(root, sizeof(root), "%s/root", dir);
-	assert_int_equal(mkdir(root, 0755), 0);
-	assert_int_equal(syncg_open(root, NULL, NULL, gpub, &g, err, sizeof(err)), 0);
-	assert_int_equal(syncg_last_seq(g), 0);
-	batch(1, gpub, "a", &b1, &n1);
-	batch(2, gpub, "b", &b2, &n2);
-	assert_int_equal(syncg_apply_batch(g, b1, n1, hpk, NULL, err, sizeof(err)), 0);
-	assert_int_equal(syncg_apply_batch(g, b2, n2, hpk, NULL, err, sizeof(err)), 0);
-	assert_int_equal(syncg_last_seq(g), 2);
-	syncg_free(g);
-
-	/* "restart": a new handle reads the persisted sequence */
-	assert_int_equal(syncg_open(root, NULL, NULL, gpub, &g, err, sizeof(err)), 0);
-	assert_int_equal(syncg_last_seq(g), 2);
-	assert_int_equal(syncg_apply_batch(g, b1, n1, hpk, NULL, err, sizeof(err)), -ESTALE);
-	assert_int_equal(syncg_apply_batch(g, b2, n2, hpk, NULL, err, sizeof(err)), -ESTALE);
-	assert_non_null(strstr(err, "refused"));
-
-	/* a batch scoped for another guest is refused, and writes nothing */
-	uint8_t other[32];
-	randombytes_buf(other, sizeof(other));
-	batch(3, other, "c", &bx, &nx);
-	assert_int_equal(syncg_apply_batch(g, bx, nx, hpk, NULL, err, sizeof(err)), -EPERM);
-	char p[160];
-	snprintf(p, sizeof(p), "%s/c", root);
-	assert_int_equal(access(p, F_OK), -1);
-	/* a signature by another key is refused */
-	uint8_t opk[32], osk[64];
-	crypto_sign_keypair(opk, osk);
-	assert_int_equal(syncg_apply_batch(g, b2, n2, opk, NULL, err, sizeof(err)), -EPERM);
-	syncg_free(g);
-	mem_free(b1);
-	mem_free(b2);
-	mem_free(bx);
-}
-
-static void test_state_inside_root_refused(void **state)
-{
-	(void)state;
-	char root[128], st[160], err[512];
-	struct syncg *g = NULL;
-
-	snprintf(root, sizeof(root), "%s/r2", dir);
-	snprintf(st, sizeof(st), "%s/r2/state", dir);
-	assert_int_equal(mkdir(root, 0755), 0);
-	assert_int_equal(syncg_open(root, st, NULL, gpub, &g, err, sizeof(err)), -EINVAL);
-	assert_null(g);
-	assert_non_null(strstr(err, "inside --root"));
 }
 
 static void test_git_config(void **state)
@@ -680,9 +609,10 @@ static void test_too_large(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_seq_persisted), cmocka_unit_test(test_state_inside_root_refused),
-	    cmocka_unit_test(test_git_config),	  cmocka_unit_test(test_push_targeted),
-	    cmocka_unit_test(test_push_ranged),	  cmocka_unit_test(test_too_large),
+	    cmocka_unit_test(test_git_config),
+	    cmocka_unit_test(test_push_targeted),
+	    cmocka_unit_test(test_push_ranged),
+	    cmocka_unit_test(test_too_large),
 	};
 	if (sodium_init() < 0)
 		return 1;
