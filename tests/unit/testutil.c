@@ -19,6 +19,7 @@
 
 #include "airlock/core/chan.h"
 #include "airlock/core/loop.h"
+#include "airlock/core/tunnel.h"
 
 void tu_tmpdir(char *out, size_t n, const char *name)
 {
@@ -166,4 +167,68 @@ void tu_chans_free(struct tu_chans *t)
 	chan_peers_free(t->peers);
 	loop_free(t->l);
 	memset(t, 0, sizeof(*t));
+}
+
+void tu_chan_close_fails(struct chan *c, int err, const char *why, void *ud)
+{
+	(void)c;
+	(void)ud;
+	fail_msg("chan closed: %d %s", err, why ? why : "");
+}
+
+static void tunnel_done(struct tunnel *tun, void *ud)
+{
+	struct tu_tunnel *t = ud;
+	struct tunnel_stats st;
+
+	tunnel_get_stats(tun, &st);
+	t->close_sent = st.close_sent;
+	t->close_rcvd = st.close_rcvd;
+	t->done = true;
+	tunnel_free(tun);
+	t->t = NULL;
+}
+
+const struct tunnel_ops tu_tunnel_ops = {.on_done = tunnel_done};
+
+static void end_readable(struct loop *l, int fd, uint32_t events, void *ud)
+{
+	struct tu_end *e = ud;
+	ssize_t n = recv(fd, e->in + e->nin, sizeof(e->in) - 1 - e->nin, MSG_DONTWAIT);
+	(void)events;
+
+	if (n > 0) {
+		e->nin += (size_t)n;
+		e->in[e->nin] = '\0';
+		return;
+	}
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return;
+	e->eof = true;
+	e->reset = n < 0;
+	if (e->shut_on_eof)
+		shutdown(fd, SHUT_WR);
+	loop_del_fd(l, fd);
+	e->reg = false;
+}
+
+void tu_end_watch(struct loop *l, struct tu_end *e, int fd)
+{
+	memset(e, 0, sizeof(*e));
+	e->l = l;
+	e->fd = fd;
+	assert_int_equal(loop_add_fd(l, fd, EPOLLIN, end_readable, e), 0);
+	e->reg = true;
+}
+
+void tu_end_close(struct tu_end *e)
+{
+	if (!e->l || e->fd < 0)
+		return;
+	if (e->reg)
+		loop_del_fd(e->l, e->fd);
+	e->reg = false;
+	if (e->fd >= 0)
+		close(e->fd);
+	e->fd = -1;
 }

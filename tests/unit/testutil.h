@@ -20,6 +20,8 @@ struct chan;
 struct chan_ops;
 struct chan_peers;
 struct loop;
+struct tunnel;
+struct tunnel_ops;
 
 /* ---- files ---- */
 
@@ -73,5 +75,37 @@ void tu_chans_new(struct tu_chans *t, uint32_t window, const struct chan_ops *ho
 		  const struct chan_ops *gops, void *gud);
 /* Free the chans still set, the peers and the loop. */
 void tu_chans_free(struct tu_chans *t);
+
+/* A chan on_close that fails the test: for chans that must stay up. */
+void tu_chan_close_fails(struct chan *c, int err, const char *why, void *ud);
+
+/* ---- the two ends of a tunnel (tunnel.h) ---- */
+
+/* A tunnel the test made: tu_tunnel_ops' on_done (ud: this struct)
+ * records the CLOSE codes and frees it. */
+struct tu_tunnel {
+	struct tunnel *t; /* NULL once done */
+	bool done;
+	uint8_t close_sent, close_rcvd;
+};
+extern const struct tunnel_ops tu_tunnel_ops;
+
+/* The test's end of a socket (the command's connection, or the proxy's
+ * side), read by the loop into in[] (NUL-terminated) until EOF or an
+ * error (then reset is set). */
+struct tu_end {
+	struct loop *l;
+	int fd;		  /* -1 once closed */
+	bool reg;	  /* registered with the loop */
+	bool eof, reset;  /* the peer's EOF came; it was an error (a reset) */
+	bool shut_on_eof; /* answer the peer's EOF with ours at once */
+	char in[8192];
+	size_t nin;
+};
+/* Start reading fd (owned by e from now on). */
+void tu_end_watch(struct loop *l, struct tu_end *e, int fd);
+/* Stop reading and close (a no-op when closed or never watched: a
+ * zeroed struct). */
+void tu_end_close(struct tu_end *e);
 
 #endif

@@ -69,13 +69,9 @@ struct t {
 	struct gstream gs[NSTREAMS];
 	size_t ngs;
 
-	/* one guest tunnel, its app end read by the loop */
-	struct tunnel *gt;
-	int app;
-	bool app_reg, app_eof, gt_done;
-	uint8_t close_sent, close_rcvd;
-	char reply[8192];
-	size_t nreply;
+	/* one guest tunnel, and the command's end of its connection */
+	struct tu_tunnel gt;
+	struct tu_end app;
 };
 
 static int token; /* what find_cmd returns: only egress_link's relay_cmd_output would look inside */
@@ -130,8 +126,8 @@ static void g_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t
 	struct t *t = ud;
 	struct gstream *g;
 
-	if (t->gt && tunnel_stream(t->gt) == stream) {
-		assert_int_equal(tunnel_frame(t->gt, type, p, n), 0);
+	if (t->gt.t && tunnel_stream(t->gt.t) == stream) {
+		assert_int_equal(tunnel_frame(t->gt.t, type, p, n), 0);
 		return;
 	}
 	if (!(g = gs_find(t, stream)))
@@ -151,55 +147,14 @@ static void g_writable(struct chan *c, void *ud)
 {
 	struct t *t = ud;
 	(void)c;
-	if (t->gt)
-		tunnel_writable(t->gt);
+	if (t->gt.t)
+		tunnel_writable(t->gt.t);
 }
 
-static void x_close(struct chan *c, int err, const char *why, void *ud)
-{
-	(void)c;
-	(void)ud;
-	fail_msg("chan closed: %d %s", err, why ? why : "");
-}
-
-static const struct chan_ops hops = {.on_frame = h_frame, .on_writable = h_writable, .on_close = x_close};
-static const struct chan_ops gops = {.on_frame = g_frame, .on_writable = g_writable, .on_close = x_close};
+static const struct chan_ops hops = {.on_frame = h_frame, .on_writable = h_writable, .on_close = tu_chan_close_fails};
+static const struct chan_ops gops = {.on_frame = g_frame, .on_writable = g_writable, .on_close = tu_chan_close_fails};
 
 /* ---- the guest's tunnel ---- */
-
-static void gt_done(struct tunnel *tun, void *ud)
-{
-	struct t *t = ud;
-	struct tunnel_stats st;
-
-	tunnel_get_stats(tun, &st);
-	t->close_sent = st.close_sent;
-	t->close_rcvd = st.close_rcvd;
-	t->gt_done = true;
-	tunnel_free(tun);
-	t->gt = NULL;
-}
-
-static const struct tunnel_ops gtops = {.on_done = gt_done};
-
-static void on_app(struct loop *l, int fd, uint32_t events, void *ud)
-{
-	struct t *t = ud;
-	ssize_t n;
-	(void)events;
-
-	n = read(fd, t->reply + t->nreply, sizeof(t->reply) - 1 - t->nreply);
-	if (n > 0) {
-		t->nreply += (size_t)n;
-		t->reply[t->nreply] = '\0';
-	} else if (n == 0 || errno != EAGAIN) {
-		/* the command got the whole reply and closes its side too */
-		t->app_eof = true;
-		shutdown(fd, SHUT_WR);
-		loop_del_fd(l, fd);
-		t->app_reg = false;
-	}
-}
 
 /* A guest tunnel for the command on exec_stream; t->app is the command's
  * end of its connection. */
@@ -211,21 +166,11 @@ static void gt_open(struct t *t, uint32_t exec_stream)
 	int sv[2];
 
 	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
-	t->app = sv[0];
-	t->nreply = 0;
-	t->app_eof = t->gt_done = false;
-	assert_int_equal(loop_add_fd(t->c.l, t->app, EPOLLIN, on_app, t), 0);
-	t->app_reg = true;
-	assert_int_equal(tunnel_new(t->c.l, t->c.g, stream, sv[1], open, sizeof(open), &gtops, t, &t->gt), 0);
-}
-
-static void gt_close_app(struct t *t)
-{
-	if (t->app_reg)
-		loop_del_fd(t->c.l, t->app);
-	t->app_reg = false;
-	close(t->app);
-	t->app = -1;
+	tu_end_watch(t->c.l, &t->app, sv[0]);
+	t->app.shut_on_eof = true; /* the command got the whole reply and closes its side too */
+	memset(&t->gt, 0, sizeof(t->gt));
+	assert_int_equal(
+	    tunnel_new(t->c.l, t->c.g, stream, sv[1], open, sizeof(open), &tu_tunnel_ops, &t->gt, &t->gt.t), 0);
 }
 
 /* ---- raw guest streams ---- */
@@ -268,7 +213,6 @@ static int setup(void **state)
 	struct t *t = calloc(1, sizeof(*t));
 
 	assert_non_null(t);
-	t->app = -1;
 	tu_tmpdir(t->base, sizeof(t->base), "egress-link");
 	snprintf(t->ws, sizeof(t->ws), "%s/ws", t->base);
 	snprintf(t->state, sizeof(t->state), "%s/state", t->base);
@@ -284,10 +228,10 @@ static int setup(void **state)
 
 static void stop_link(struct t *t)
 {
-	if (t->gt) {
-		tunnel_detach(t->gt);
-		tunnel_free(t->gt);
-		t->gt = NULL;
+	if (t->gt.t) {
+		tunnel_detach(t->gt.t);
+		tunnel_free(t->gt.t);
+		t->gt.t = NULL;
 	}
 	egress_link_detach(t->k);
 	egress_link_free(t->k);
@@ -300,8 +244,7 @@ static int teardown(void **state)
 
 	if (t->k)
 		stop_link(t);
-	if (t->app >= 0)
-		gt_close_app(t);
+	tu_end_close(&t->app);
 	assert_int_equal(t->proto_err, 0);
 	tu_chans_free(&t->c);
 	policy_free(t->pol);
@@ -342,7 +285,7 @@ static const char *str_at(json_t *o, const char *key)
 static bool app_done(void *ud)
 {
 	struct t *t = ud;
-	return t->app_eof && t->gt_done;
+	return t->app.eof && t->gt.done;
 }
 
 static bool first_closed(void *ud)
@@ -450,14 +393,14 @@ static void test_denied_roundtrip(void **state)
 	assert_true(t->changes >= 1);
 	t->nrunning = 0; /* the command ends before the proxy decides: the line goes to the daemon's log */
 	path = capture_stderr_begin(t, &saved);
-	assert_int_equal(write(t->app, req, sizeof(req) - 1), (ssize_t)(sizeof(req) - 1));
+	assert_int_equal(write(t->app.fd, req, sizeof(req) - 1), (ssize_t)(sizeof(req) - 1));
 	bool done = tu_run_until(t->c.l, app_done, t, RUN_MS);
 	err = capture_stderr_end(path, saved);
-	if (!done || !strstr(t->reply, "HTTP/1.1 403"))
-		fail_msg("done %d, reply: %s", done, t->reply);
-	assert_non_null(strstr(t->reply, "airlock egress: denied CONNECT evil.test:443"));
-	assert_int_equal(t->close_rcvd, WIRE_PROXY_C_DONE);
-	assert_int_equal(t->close_sent, WIRE_PROXY_C_DONE);
+	if (!done || !strstr(t->app.in, "HTTP/1.1 403"))
+		fail_msg("done %d, reply: %s", done, t->app.in);
+	assert_non_null(strstr(t->app.in, "airlock egress: denied CONNECT evil.test:443"));
+	assert_int_equal(t->gt.close_rcvd, WIRE_PROXY_C_DONE);
+	assert_int_equal(t->gt.close_sent, WIRE_PROXY_C_DONE);
 	assert_string_equal(err, "airlock: egress denied CONNECT evil.test:443 (not-allowed: host not on "
 				 "egress.allow in (built-in default))\n");
 	free(err);
@@ -483,7 +426,7 @@ static void test_denied_roundtrip(void **state)
 	assert_int_equal(strlen(when), 24); /* 2026-12-01T19:44:52.123Z */
 	assert_int_equal(when[23], 'Z');
 	json_decref(j);
-	gt_close_app(t);
+	tu_end_close(&t->app);
 }
 
 /* Two denials in a row: the second waits for EGRESS_LINK_WRITE_MS and is
@@ -498,16 +441,16 @@ static void test_denial_write_timer(void **state)
 	for (int i = 0; i < 2; i++) {
 		gt_open_accepted(t, CMD_A, (uint64_t)i + 1);
 		char *path = capture_stderr_begin(t, &saved);
-		assert_int_equal(write(t->app, req, sizeof(req) - 1), (ssize_t)(sizeof(req) - 1));
+		assert_int_equal(write(t->app.fd, req, sizeof(req) - 1), (ssize_t)(sizeof(req) - 1));
 		t->nrunning = 0;
 		bool done = tu_run_until(t->c.l, app_done, t, RUN_MS);
 		char *err = capture_stderr_end(path, saved);
 		t->nrunning = 2;
-		if (!done || !strstr(t->reply, "HTTP/1.1 403"))
-			fail_msg("done %d, reply: %s; stderr: %s", done, t->reply, err);
+		if (!done || !strstr(t->app.in, "HTTP/1.1 403"))
+			fail_msg("done %d, reply: %s; stderr: %s", done, t->app.in, err);
 		assert_non_null(strstr(err, "airlock: egress denied GET evil.test:80 (not-allowed: "));
 		free(err);
-		gt_close_app(t);
+		tu_end_close(&t->app);
 	}
 	tu_run_until(t->c.l, NULL, NULL, EGRESS_LINK_WRITE_MS * 3);
 	assert_non_null(j = read_egress_json(t));
@@ -539,12 +482,12 @@ static void test_denials_kept(void **state)
 
 	gt_open_accepted(t, CMD_B, 1);
 	char *path = capture_stderr_begin(t, &saved);
-	assert_int_equal(write(t->app, req, sizeof(req) - 1), (ssize_t)(sizeof(req) - 1));
+	assert_int_equal(write(t->app.fd, req, sizeof(req) - 1), (ssize_t)(sizeof(req) - 1));
 	t->nrunning = 0;
 	bool done = tu_run_until(t->c.l, app_done, t, RUN_MS);
 	free(capture_stderr_end(path, saved));
 	assert_true(done);
-	gt_close_app(t);
+	tu_end_close(&t->app);
 	stop_link(t); /* writes what is pending */
 
 	assert_non_null(j = read_egress_json(t));
@@ -573,10 +516,10 @@ static void test_no_cmd(void **state)
 	/* the same for a tunnel: its command gets EOF at once */
 	gt_open(t, 78);
 	assert_true(tu_run_until(t->c.l, app_done, t, RUN_MS));
-	assert_int_equal(t->close_rcvd, WIRE_PROXY_C_NO_CMD);
-	assert_int_equal(t->nreply, 0);
+	assert_int_equal(t->gt.close_rcvd, WIRE_PROXY_C_NO_CMD);
+	assert_int_equal(t->app.nin, 0);
 	wait_stats(t, 0, 0, 2);
-	gt_close_app(t);
+	tu_end_close(&t->app);
 }
 
 /* WIRE_PROXY_PER_CMD streams for one command, the next is refused with

@@ -40,26 +40,12 @@
 #define CMD_A	 5u
 #define CMD_B	 7u
 #define MAX_TUNS (WIRE_PROXY_PER_SESSION + 8)
-#define IN_MAX	 256
-
-/* One end the test reads: a command's connection, or the host's side of
- * a tunnel. */
-struct end {
-	int fd;
-	bool reg, eof, reset;
-	bool shut_on_eof; /* answer EOF with our own (shutdown) at once */
-	char in[IN_MAX];
-	size_t nin;
-};
 
 /* The host's side of one guest-opened stream. */
 struct htun {
-	struct t *t;
-	struct tunnel *tun;
+	struct tu_tunnel tun;
 	uint32_t stream, exec_stream;
-	struct end app;
-	bool done;
-	uint8_t close_rcvd, close_sent;
+	struct tu_end app;
 };
 
 struct t {
@@ -72,64 +58,7 @@ struct t {
 	size_t nh;
 };
 
-/* ---- ends read by the loop ---- */
-
-static void on_end(struct loop *l, int fd, uint32_t events, void *ud)
-{
-	struct end *e = ud;
-	ssize_t n;
-	(void)events;
-
-	n = recv(fd, e->in + e->nin, sizeof(e->in) - 1 - e->nin, MSG_DONTWAIT);
-	if (n > 0) {
-		e->nin += (size_t)n;
-		e->in[e->nin] = '\0';
-		return;
-	}
-	if (n < 0 && (errno == EAGAIN || errno == EINTR))
-		return;
-	e->eof = true;
-	e->reset = n < 0;
-	if (e->shut_on_eof)
-		shutdown(fd, SHUT_WR);
-	loop_del_fd(l, fd);
-	e->reg = false;
-}
-
-static void end_watch(struct t *t, struct end *e, int fd)
-{
-	memset(e, 0, sizeof(*e));
-	e->fd = fd;
-	assert_int_equal(loop_add_fd(t->c.l, fd, EPOLLIN, on_end, e), 0);
-	e->reg = true;
-}
-
-static void end_close(struct t *t, struct end *e)
-{
-	if (e->reg)
-		loop_del_fd(t->c.l, e->fd);
-	e->reg = false;
-	if (e->fd >= 0)
-		close(e->fd);
-	e->fd = -1;
-}
-
 /* ---- the host ---- */
-
-static void h_done(struct tunnel *tun, void *ud)
-{
-	struct htun *h = ud;
-	struct tunnel_stats st;
-
-	tunnel_get_stats(tun, &st);
-	h->close_rcvd = st.close_rcvd;
-	h->close_sent = st.close_sent;
-	h->done = true;
-	tunnel_free(tun);
-	h->tun = NULL;
-}
-
-static const struct tunnel_ops htops = {.on_done = h_done};
 
 static void host_open(struct t *t, uint32_t stream, const uint8_t *p, size_t n)
 {
@@ -140,26 +69,25 @@ static void host_open(struct t *t, uint32_t stream, const uint8_t *p, size_t n)
 	assert_int_equal(stream % 2, 0);
 	assert_true(t->nh < MAX_TUNS);
 	h = &t->h[t->nh++];
-	h->t = t;
 	h->stream = stream;
 	h->exec_stream = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-	h->app.fd = -1;
 	chan_consume(t->c.h, stream, n);
 	if (t->refuse != 0xff) {
-		assert_int_equal(tunnel_new(t->c.l, t->c.h, stream, -1, NULL, 0, &htops, h, &h->tun), 0);
-		tunnel_abort(h->tun, t->refuse);
+		assert_int_equal(tunnel_new(t->c.l, t->c.h, stream, -1, NULL, 0, &tu_tunnel_ops, &h->tun, &h->tun.t),
+				 0);
+		tunnel_abort(h->tun.t, t->refuse);
 		return;
 	}
 	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
-	end_watch(t, &h->app, sv[0]);
+	tu_end_watch(t->c.l, &h->app, sv[0]);
 	h->app.shut_on_eof = !t->host_holds;
-	assert_int_equal(tunnel_new(t->c.l, t->c.h, stream, sv[1], NULL, 0, &htops, h, &h->tun), 0);
+	assert_int_equal(tunnel_new(t->c.l, t->c.h, stream, sv[1], NULL, 0, &tu_tunnel_ops, &h->tun, &h->tun.t), 0);
 }
 
 static struct htun *htun_find(struct t *t, uint32_t stream)
 {
 	for (size_t i = 0; i < t->nh; i++)
-		if (t->h[i].stream == stream && t->h[i].tun)
+		if (t->h[i].stream == stream && t->h[i].tun.t)
 			return &t->h[i];
 	return NULL;
 }
@@ -178,7 +106,7 @@ static void h_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t
 		fail_msg("frame %u on stream %u the host does not know", type, stream);
 		return;
 	}
-	if (tunnel_frame(h->tun, type, p, n) < 0)
+	if (tunnel_frame(h->tun.t, type, p, n) < 0)
 		t->proto_err++;
 }
 
@@ -188,8 +116,8 @@ static void h_writable(struct chan *c, void *ud)
 	(void)c;
 
 	for (size_t i = 0; i < t->nh; i++)
-		if (t->h[i].tun)
-			tunnel_writable(t->h[i].tun);
+		if (t->h[i].tun.t)
+			tunnel_writable(t->h[i].tun.t);
 }
 
 /* ---- the guest ---- */
@@ -209,15 +137,8 @@ static void g_writable(struct chan *c, void *ud)
 	proxy_writable(((struct t *)ud)->p);
 }
 
-static void x_close(struct chan *c, int err, const char *why, void *ud)
-{
-	(void)c;
-	(void)ud;
-	fail_msg("chan closed: %d %s", err, why ? why : "");
-}
-
-static const struct chan_ops hops = {.on_frame = h_frame, .on_writable = h_writable, .on_close = x_close};
-static const struct chan_ops gops = {.on_frame = g_frame, .on_writable = g_writable, .on_close = x_close};
+static const struct chan_ops hops = {.on_frame = h_frame, .on_writable = h_writable, .on_close = tu_chan_close_fails};
+static const struct chan_ops gops = {.on_frame = g_frame, .on_writable = g_writable, .on_close = tu_chan_close_fails};
 
 static int setup(void **state)
 {
@@ -237,11 +158,11 @@ static int teardown(void **state)
 
 	proxy_free(t->p);
 	for (size_t i = 0; i < t->nh; i++) {
-		if (t->h[i].tun) {
-			tunnel_detach(t->h[i].tun);
-			tunnel_free(t->h[i].tun);
+		if (t->h[i].tun.t) {
+			tunnel_detach(t->h[i].tun.t);
+			tunnel_free(t->h[i].tun.t);
 		}
-		end_close(t, &t->h[i].app);
+		tu_end_close(&t->h[i].app);
 	}
 	assert_int_equal(t->proto_err, 0);
 	tu_chans_free(&t->c);
@@ -270,7 +191,7 @@ static int connect_to(const char *addr, uint16_t port)
 /* ---- predicates ---- */
 
 static size_t g_n; /* what the predicates below wait for */
-static struct end *g_end;
+static struct tu_end *g_end;
 
 static bool nh_reached(void *ud)
 {
@@ -308,7 +229,7 @@ static void wait_tunnels(struct t *t, size_t n)
 		fail_msg("%zu tunnels open, want %zu", proxy_tunnels(t->p), n);
 }
 
-static void wait_bytes(struct t *t, struct end *e, size_t n)
+static void wait_bytes(struct t *t, struct tu_end *e, size_t n)
 {
 	g_n = n;
 	g_end = e;
@@ -316,7 +237,7 @@ static void wait_bytes(struct t *t, struct end *e, size_t n)
 		fail_msg("%zu bytes arrived, want %zu", e->nin, n);
 }
 
-static void wait_eof(struct t *t, struct end *e)
+static void wait_eof(struct t *t, struct tu_end *e)
 {
 	g_end = e;
 	assert_true(tu_run_until(t->c.l, end_eof, t, RUN_MS));
@@ -329,7 +250,7 @@ static void wait_eof(struct t *t, struct end *e)
 static void test_roundtrip_half_close(void **state)
 {
 	struct t *t = *state;
-	struct end cl;
+	struct tu_end cl;
 	uint16_t port = 0;
 	int fd;
 
@@ -337,7 +258,7 @@ static void test_roundtrip_half_close(void **state)
 	assert_int_equal(proxy_cmd_start(t->p, CMD_A, &port), 0);
 	assert_true(port != 0);
 	assert_true((fd = connect_to("127.0.0.1", port)) >= 0);
-	end_watch(t, &cl, fd);
+	tu_end_watch(t->c.l, &cl, fd);
 	wait_opens(t, 1);
 	assert_int_equal(t->h[0].exec_stream, CMD_A);
 	assert_int_equal(proxy_tunnels(t->p), 1);
@@ -357,10 +278,10 @@ static void test_roundtrip_half_close(void **state)
 	wait_eof(t, &cl);
 	assert_false(cl.reset);
 	wait_tunnels(t, 0);
-	assert_true(t->h[0].done);
-	assert_int_equal(t->h[0].close_rcvd, WIRE_PROXY_C_DONE);
-	assert_int_equal(t->h[0].close_sent, WIRE_PROXY_C_DONE);
-	end_close(t, &cl);
+	assert_true(t->h[0].tun.done);
+	assert_int_equal(t->h[0].tun.close_rcvd, WIRE_PROXY_C_DONE);
+	assert_int_equal(t->h[0].tun.close_sent, WIRE_PROXY_C_DONE);
+	tu_end_close(&cl);
 }
 
 /* The listener is on 127.0.0.1 only, one per command: -EEXIST for the
@@ -398,38 +319,38 @@ static void test_listeners(void **state)
 static void test_host_refuses(void **state)
 {
 	struct t *t = *state;
-	struct end cl;
+	struct tu_end cl;
 	uint16_t port;
 	int fd;
 
 	t->refuse = WIRE_PROXY_C_NO_CMD;
 	assert_int_equal(proxy_cmd_start(t->p, CMD_A, &port), 0);
 	assert_true((fd = connect_to("127.0.0.1", port)) >= 0);
-	end_watch(t, &cl, fd);
+	tu_end_watch(t->c.l, &cl, fd);
 	wait_opens(t, 1);
 	wait_eof(t, &cl);
 	assert_int_equal(cl.nin, 0);
 	wait_tunnels(t, 0);
-	assert_true(t->h[0].done);
-	assert_int_equal(t->h[0].close_sent, WIRE_PROXY_C_NO_CMD);
-	assert_int_equal(t->h[0].close_rcvd, WIRE_PROXY_C_RESET);
-	end_close(t, &cl);
+	assert_true(t->h[0].tun.done);
+	assert_int_equal(t->h[0].tun.close_sent, WIRE_PROXY_C_NO_CMD);
+	assert_int_equal(t->h[0].tun.close_rcvd, WIRE_PROXY_C_RESET);
+	tu_end_close(&cl);
 }
 
 /* The connection over a limit is reset by the guest itself: no
  * PROXY_OPEN reaches the host for it. */
 static void expect_reset_locally(struct t *t, uint16_t port, size_t opens)
 {
-	struct end cl;
+	struct tu_end cl;
 	int fd;
 
 	assert_true((fd = connect_to("127.0.0.1", port)) >= 0);
-	end_watch(t, &cl, fd);
+	tu_end_watch(t->c.l, &cl, fd);
 	wait_eof(t, &cl);
 	assert_true(cl.reset);
 	tu_run_until(t->c.l, NULL, NULL, 20);
 	assert_int_equal(t->nh, opens);
-	end_close(t, &cl);
+	tu_end_close(&cl);
 }
 
 static void test_limit_per_cmd(void **state)
@@ -486,13 +407,13 @@ static void test_limit_per_session(void **state)
 static void test_cmd_end_linger(void **state)
 {
 	struct t *t = *state;
-	struct end cl;
+	struct tu_end cl;
 	uint16_t port, again;
 	int fd;
 
 	assert_int_equal(proxy_cmd_start(t->p, CMD_A, &port), 0);
 	assert_true((fd = connect_to("127.0.0.1", port)) >= 0);
-	end_watch(t, &cl, fd);
+	tu_end_watch(t->c.l, &cl, fd);
 	wait_opens(t, 1);
 	uint64_t t0 = loop_now_ms();
 	proxy_cmd_end(t->p, CMD_A);
@@ -510,9 +431,9 @@ static void test_cmd_end_linger(void **state)
 	assert_true(loop_now_ms() - t0 >= PROXY_LINGER_MS - 50);
 	assert_true(cl.reset);
 	wait_tunnels(t, 0);
-	assert_true(t->h[0].done);
-	assert_int_equal(t->h[0].close_rcvd, WIRE_PROXY_C_RESET);
-	end_close(t, &cl);
+	assert_true(t->h[0].tun.done);
+	assert_int_equal(t->h[0].tun.close_rcvd, WIRE_PROXY_C_RESET);
+	tu_end_close(&cl);
 }
 
 /* proxy_free with a tunnel open sends nothing and closes the command's
@@ -520,21 +441,21 @@ static void test_cmd_end_linger(void **state)
 static void test_free_open(void **state)
 {
 	struct t *t = *state;
-	struct end cl;
+	struct tu_end cl;
 	uint16_t port;
 	int fd;
 
 	assert_int_equal(proxy_cmd_start(t->p, CMD_A, &port), 0);
 	assert_true((fd = connect_to("127.0.0.1", port)) >= 0);
-	end_watch(t, &cl, fd);
+	tu_end_watch(t->c.l, &cl, fd);
 	wait_opens(t, 1);
 	proxy_free(t->p);
 	t->p = NULL;
 	wait_eof(t, &cl);
 	tu_run_until(t->c.l, NULL, NULL, 20);
-	assert_false(t->h[0].done); /* no CLOSE came */
+	assert_false(t->h[0].tun.done); /* no CLOSE came */
 	assert_int_equal(connect_to("127.0.0.1", port), -ECONNREFUSED);
-	end_close(t, &cl);
+	tu_end_close(&cl);
 	proxy_free(NULL);
 }
 

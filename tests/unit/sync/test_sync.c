@@ -91,15 +91,15 @@ static void test_git_config(void **state)
 /* ---- the host engine against a real guest session over a chan pair ---- */
 
 struct eng {
-	struct loop *l;
-	struct chan *hc, *gc;
+	struct tu_chans c;
+	struct loop *l;	      /* c.l */
+	struct chan *hc, *gc; /* c.h, c.g */
 	struct sync *s;
 	struct syncg *g;
 	struct syncg_session *ss;
 	bool hready, gready, done;
 	int err;
 	char why[512];
-	struct chan_peers *peers;
 	struct policy *pol;
 	int dfd;
 };
@@ -143,14 +143,8 @@ static void g_writable(struct chan *c, void *ud)
 	if (e->ss)
 		syncg_session_writable(e->ss);
 }
-static void x_close(struct chan *c, int err, const char *why, void *ud)
-{
-	(void)c;
-	(void)ud;
-	fail_msg("chan closed: %d %s", err, why);
-}
-static const struct chan_ops h_ops = {h_ready, h_frame, h_writable, x_close};
-static const struct chan_ops g_ops = {g_ready, g_frame, g_writable, x_close};
+static const struct chan_ops h_ops = {h_ready, h_frame, h_writable, tu_chan_close_fails};
+static const struct chan_ops g_ops = {g_ready, g_frame, g_writable, tu_chan_close_fails};
 
 static void e_done(int err, const char *why, void *ud)
 {
@@ -185,24 +179,13 @@ static void e_run(struct eng *e)
  * on one loop, handshake done; max_batch as in sync_cfg. */
 static void eng_start(struct eng *e, const char *host, const char *guest, size_t max_batch)
 {
-	struct noise_keypair hk, gk;
 	char err[256];
-	int sv[2];
 
-	assert_non_null(e->peers = chan_peers_new());
-	randombytes_buf(hk.priv, sizeof(hk.priv));
-	randombytes_buf(gk.priv, sizeof(gk.priv));
-	assert_int_equal(noise_pubkey(hk.pub, hk.priv), 0);
-	assert_int_equal(noise_pubkey(gk.pub, gk.priv), 0);
-	assert_int_equal(chan_peers_allow(e->peers, hk.pub), 0);
-	assert_non_null(e->l = loop_new());
-	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
-	struct chan_cfg hc = {.role = NOISE_INITIATOR, .self = &hk, .peer = gk.pub};
-	struct chan_cfg gc = {.role = NOISE_RESPONDER, .self = &gk, .peers = e->peers};
-	assert_non_null(e->hc = chan_new(e->l, sv[0], &hc, &h_ops, e));
-	assert_non_null(e->gc = chan_new(e->l, sv[1], &gc, &g_ops, e));
+	tu_chans_new(&e->c, 0, &h_ops, e, &g_ops, e);
+	e->l = e->c.l;
+	e->hc = e->c.h;
+	e->gc = e->c.g;
 	chan_set_default_stream_flags(e->gc, CHAN_STREAM_AUTO); /* as the agent does */
-	e_run(e);
 	assert_true(e->hready && e->gready);
 	assert_int_equal(syncg_open(guest, NULL, NULL, gpub, &e->g, err, sizeof(err)), 0);
 	assert_int_equal(policy_default(&e->pol), 0);
@@ -223,10 +206,7 @@ static void eng_stop(struct eng *e)
 	sync_free(e->s);
 	syncg_session_free(e->ss);
 	syncg_free(e->g);
-	chan_free(e->hc);
-	chan_free(e->gc);
-	chan_peers_free(e->peers);
-	loop_free(e->l);
+	tu_chans_free(&e->c);
 	policy_free(e->pol);
 	close(e->dfd);
 }
