@@ -5,7 +5,6 @@
  * fallbacks (component walk, named temporaries). */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -19,6 +18,8 @@
 
 #include <cmocka.h>
 #include <sodium.h>
+
+#include "testutil.h"
 
 #include "airlock/content/apply.h"
 #include "airlock/content/chunk.h"
@@ -44,50 +45,11 @@ struct env {
 
 /* ---- helpers ---- */
 
-/* Directories the tests made read-only must be writable to be emptied
- * when the tests run unprivileged. */
-static int unlock_cb(const char *p, const struct stat *st, int flag, struct FTW *f)
-{
-	(void)f;
-	if (flag == FTW_D && !S_ISLNK(st->st_mode))
-		chmod(p, 0700);
-	return 0;
-}
-
-static int rm_cb(const char *p, const struct stat *st, int flag, struct FTW *f)
-{
-	(void)st;
-	(void)flag;
-	(void)f;
-	return remove(p);
-}
-
-static void fill(uint8_t *p, size_t n, uint32_t seed)
-{
-	uint32_t x = seed | 1;
-	for (size_t i = 0; i < n; i++) {
-		x ^= x << 13;
-		x ^= x >> 17;
-		x ^= x << 5;
-		p[i] = (uint8_t)x;
-	}
-}
-
-static void put_file(int dfd, const char *path, const void *data, size_t n, mode_t mode)
-{
-	int fd = openat(dfd, path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
-	assert_true(fd >= 0);
-	assert_int_equal(write(fd, data, n), (ssize_t)n);
-	assert_int_equal(fchmod(fd, mode), 0);
-	close(fd);
-}
-
 static int setup(void **state)
 {
 	struct env *e = calloc(1, sizeof(*e));
 	e->opts = *state ? *state : &mode_default;
-	snprintf(e->base, sizeof(e->base), "/tmp/airlock-apply-XXXXXX");
-	assert_non_null(mkdtemp(e->base));
+	tu_tmpdir(e->base, sizeof(e->base), "apply");
 	snprintf(e->host, sizeof(e->host), "%s/host", e->base);
 	snprintf(e->guest, sizeof(e->guest), "%s/guest", e->base);
 	snprintf(e->outside, sizeof(e->outside), "%s/outside", e->base);
@@ -97,7 +59,7 @@ static int setup(void **state)
 	e->hfd = open(e->host, O_RDONLY | O_DIRECTORY);
 	e->gfd = open(e->guest, O_RDONLY | O_DIRECTORY);
 	e->ofd = open(e->outside, O_RDONLY | O_DIRECTORY);
-	put_file(e->ofd, "x", "outside", 7, 0644);
+	tu_put_file(e->ofd, "x", "outside", 7, 0644);
 	assert_int_equal(apply_open(e->guest, e->opts, &e->a), 0);
 	*state = e;
 	return 0;
@@ -110,8 +72,7 @@ static int teardown(void **state)
 	close(e->hfd);
 	close(e->gfd);
 	close(e->ofd);
-	nftw(e->base, unlock_cb, 32, FTW_PHYS);
-	nftw(e->base, rm_cb, 32, FTW_DEPTH | FTW_PHYS);
+	tu_rm_rf(e->base);
 	free(e);
 	return 0;
 }
@@ -228,18 +189,18 @@ static size_t sync_and_check(struct env *e, struct apply_stats *st)
 static void build_host_tree(int h)
 {
 	uint8_t big[50000], mid[3000];
-	fill(big, sizeof(big), 1);
-	fill(mid, sizeof(mid), 2);
+	tu_fill(big, sizeof(big), 1);
+	tu_fill(mid, sizeof(mid), 2);
 	assert_int_equal(mkdirat(h, "src", 0755), 0);
 	assert_int_equal(mkdirat(h, "src/lib", 0750), 0);
 	assert_int_equal(mkdirat(h, "empty", 0700), 0);
 	assert_int_equal(mkdirat(h, "ro", 0755), 0);
-	put_file(h, "src/main.c", "int main(void) { return 0; }\n", 29, 0644);
-	put_file(h, "src/lib/big.bin", big, sizeof(big), 0644);
-	put_file(h, "src/lib/mid.bin", mid, sizeof(mid), 0600);
-	put_file(h, "run.sh", "#!/bin/sh\necho hi\n", 18, 0755);
-	put_file(h, "zero", "", 0, 0444);
-	put_file(h, "ro/inside", "x", 1, 0644);
+	tu_put_file(h, "src/main.c", "int main(void) { return 0; }\n", 29, 0644);
+	tu_put_file(h, "src/lib/big.bin", big, sizeof(big), 0644);
+	tu_put_file(h, "src/lib/mid.bin", mid, sizeof(mid), 0600);
+	tu_put_file(h, "run.sh", "#!/bin/sh\necho hi\n", 18, 0755);
+	tu_put_file(h, "zero", "", 0, 0444);
+	tu_put_file(h, "ro/inside", "x", 1, 0644);
 	assert_int_equal(fchmodat(h, "ro", 0555, 0), 0); /* filled, then made read-only */
 	assert_int_equal(symlinkat("src/main.c", h, "rel-link"), 0);
 	assert_int_equal(symlinkat("/etc/hostname", h, "abs-link"), 0);
@@ -287,11 +248,11 @@ static void test_full_and_incremental_sync(void **state)
 	/* type changes both ways, a retargeted link, a mode change, removals */
 	assert_int_equal(unlinkat(e->hfd, "run.sh", 0), 0);
 	assert_int_equal(mkdirat(e->hfd, "run.sh", 0755), 0); /* file -> dir */
-	put_file(e->hfd, "run.sh/now-a-dir", "d", 1, 0644);
+	tu_put_file(e->hfd, "run.sh/now-a-dir", "d", 1, 0644);
 	assert_int_equal(unlinkat(e->hfd, "src/lib/mid.bin", 0), 0);
 	assert_int_equal(unlinkat(e->hfd, "src/lib/big.bin", 0), 0);
 	assert_int_equal(unlinkat(e->hfd, "src/lib", AT_REMOVEDIR), 0);
-	put_file(e->hfd, "src/lib", "now a file", 10, 0644); /* dir -> file */
+	tu_put_file(e->hfd, "src/lib", "now a file", 10, 0644); /* dir -> file */
 	assert_int_equal(unlinkat(e->hfd, "rel-link", 0), 0);
 	assert_int_equal(symlinkat("zero", e->hfd, "rel-link"), 0);
 	assert_int_equal(fchmodat(e->hfd, "src/main.c", 0600, 0), 0);
@@ -306,18 +267,18 @@ static void test_unmanaged_paths_survive(void **state)
 	struct env *e = *state;
 	struct apply_stats st;
 	assert_int_equal(mkdirat(e->hfd, "pkg", 0755), 0);
-	put_file(e->hfd, "pkg/index.js", "x", 1, 0644);
-	put_file(e->hfd, "top.txt", "t", 1, 0644);
+	tu_put_file(e->hfd, "pkg/index.js", "x", 1, 0644);
+	tu_put_file(e->hfd, "top.txt", "t", 1, 0644);
 	sync_and_check(e, &st);
 	/* the guest installs things the host does not manage */
 	assert_int_equal(mkdirat(e->gfd, "node_modules", 0755), 0);
-	put_file(e->gfd, "node_modules/dep.js", "dep", 3, 0644);
+	tu_put_file(e->gfd, "node_modules/dep.js", "dep", 3, 0644);
 	assert_int_equal(mkdirat(e->gfd, "pkg/node_modules", 0755), 0);
-	put_file(e->gfd, "pkg/node_modules/inner.js", "in", 2, 0644);
+	tu_put_file(e->gfd, "pkg/node_modules/inner.js", "in", 2, 0644);
 	/* the host removes pkg and changes top.txt */
 	assert_int_equal(unlinkat(e->hfd, "pkg/index.js", 0), 0);
 	assert_int_equal(unlinkat(e->hfd, "pkg", AT_REMOVEDIR), 0);
-	put_file(e->hfd, "top.txt", "t2", 2, 0644);
+	tu_put_file(e->hfd, "top.txt", "t2", 2, 0644);
 	sync_only(e, &st);
 	assert_int_equal(st.kept_dirs, 1); /* pkg stays for its node_modules */
 	struct stat s;
@@ -325,7 +286,7 @@ static void test_unmanaged_paths_survive(void **state)
 	assert_int_equal(fstatat(e->gfd, "pkg/node_modules/inner.js", &s, 0), 0);
 	assert_int_equal(fstatat(e->gfd, "pkg/index.js", &s, 0), -1);
 	/* ... but a managed directory replaced by a file takes them along */
-	put_file(e->hfd, "pkg", "file now", 8, 0644);
+	tu_put_file(e->hfd, "pkg", "file now", 8, 0644);
 	sync_and_check(e, &st);
 	assert_int_equal(fstatat(e->gfd, "pkg", &s, AT_SYMLINK_NOFOLLOW), 0);
 	assert_true(S_ISREG(s.st_mode));
@@ -337,8 +298,8 @@ static void test_move_by_reference_and_seq(void **state)
 	struct env *e = *state;
 	struct apply_stats st;
 	uint8_t data[20000];
-	fill(data, sizeof(data), 5);
-	put_file(e->hfd, "orig", data, sizeof(data), 0644);
+	tu_fill(data, sizeof(data), 5);
+	tu_put_file(e->hfd, "orig", data, sizeof(data), 0644);
 	sync_and_check(e, &st);
 
 	/* a move: every chunk referenced from the old name, then deleted */
@@ -388,8 +349,8 @@ static void test_inplace_edit_cloned(void **state)
 	const size_t size = 600000;
 	uint8_t *data = malloc(size);
 	assert_non_null(data);
-	fill(data, size, 9);
-	put_file(e->hfd, "db.bin", data, size, 0644);
+	tu_fill(data, size, 9);
+	tu_put_file(e->hfd, "db.bin", data, size, 0644);
 	sync_and_check(e, &st);
 
 	/* the host rewrites 100 bytes in the middle: REFs at their own offsets */
@@ -466,9 +427,9 @@ static void test_crash_leftovers_cleaned(void **state)
 {
 	struct env *e = *state;
 	assert_int_equal(mkdirat(e->gfd, ".airlock-tmp-0123456789abcdef", 0700), 0);
-	put_file(e->gfd, ".airlock-tmp-0123456789abcdef/half", "x", 1, 0600);
+	tu_put_file(e->gfd, ".airlock-tmp-0123456789abcdef/half", "x", 1, 0600);
 	assert_int_equal(mkdirat(e->gfd, "d", 0755), 0);
-	put_file(e->gfd, "d/.airlock-tmp-fedcba9876543210", "y", 1, 0600);
+	tu_put_file(e->gfd, "d/.airlock-tmp-fedcba9876543210", "y", 1, 0600);
 	apply_free(e->a);
 	assert_int_equal(apply_open(e->guest, e->opts, &e->a), 0);
 	assert_int_equal(faccessat(e->gfd, ".airlock-tmp-0123456789abcdef", F_OK, 0), -1);
@@ -486,19 +447,19 @@ static void test_tree_delete_never_follows(void **state)
 	struct env *e = *state;
 	struct apply_stats st;
 	assert_int_equal(mkdirat(e->hfd, "t", 0755), 0);
-	put_file(e->hfd, "t/managed", "m", 1, 0644);
+	tu_put_file(e->hfd, "t/managed", "m", 1, 0644);
 	sync_and_check(e, &st);
 	/* the guest adds unmanaged things, including links out of the root */
 	assert_int_equal(mkdirat(e->gfd, "t/node_modules", 0755), 0);
 	assert_int_equal(symlinkat(e->outside, e->gfd, "t/node_modules/out"), 0);
 	assert_int_equal(symlinkat(e->outside, e->gfd, "t/out2"), 0);
 	assert_int_equal(mkdirat(e->gfd, "t/node_modules/deep", 0755), 0);
-	put_file(e->gfd, "t/node_modules/deep/f", "f", 1, 0644);
+	tu_put_file(e->gfd, "t/node_modules/deep/f", "f", 1, 0644);
 	struct buf o0, o1;
 	snapshot(e->ofd, &o0);
 	assert_int_equal(unlinkat(e->hfd, "t/managed", 0), 0);
 	assert_int_equal(unlinkat(e->hfd, "t", AT_REMOVEDIR), 0);
-	put_file(e->hfd, "t", "file", 4, 0644);
+	tu_put_file(e->hfd, "t", "file", 4, 0644);
 	sync_and_check(e, &st);
 	snapshot(e->ofd, &o1);
 	assert_same(&o0, &o1);
@@ -805,9 +766,9 @@ static void test_crafted_refused(void **state)
 	longpath[4097] = '\0';
 
 	/* the guest: a few files, a directory, links pointing outside */
-	put_file(e->gfd, "keep.txt", "keep", 4, 0644);
+	tu_put_file(e->gfd, "keep.txt", "keep", 4, 0644);
 	assert_int_equal(mkdirat(e->gfd, "dir", 0755), 0);
-	put_file(e->gfd, "dir/f", "f", 1, 0644);
+	tu_put_file(e->gfd, "dir/f", "f", 1, 0644);
 	char target[200];
 	snprintf(target, sizeof(target), "%s", e->outside);
 	assert_int_equal(symlinkat(target, e->gfd, "link"), 0);
@@ -873,7 +834,7 @@ static void test_staging_dir(void **state)
 {
 	struct env *e = *state;
 	struct apply_stats st;
-	put_file(e->gfd, "a", "was a file", 10, 0644);
+	tu_put_file(e->gfd, "a", "was a file", 10, 0644);
 	struct raw r;
 	raw_begin(&r, 1);
 	raw_path(&r, DELTA_DELETE, "a", 1);

@@ -15,6 +15,8 @@
 
 #include <cmocka.h>
 
+#include "testutil.h"
+
 #include "airlock/content/hcache.h"
 #include "airlock/content/manifest.h"
 
@@ -29,10 +31,8 @@ static int setup(void **state)
 	struct env *e = calloc(1, sizeof(*e));
 	if (!e)
 		abort();
-	strcpy(e->dir, "/tmp/hcache-tree.XXXXXX");
-	strcpy(e->state, "/tmp/hcache-state.XXXXXX");
-	assert_non_null(mkdtemp(e->dir));
-	assert_non_null(mkdtemp(e->state));
+	tu_tmpdir(e->dir, sizeof(e->dir), "hcache-tree");
+	tu_tmpdir(e->state, sizeof(e->state), "hcache-state");
 	e->dfd = open(e->dir, O_RDONLY | O_DIRECTORY);
 	e->sfd = open(e->state, O_RDONLY | O_DIRECTORY);
 	assert_true(e->dfd >= 0 && e->sfd >= 0);
@@ -43,11 +43,10 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	struct env *e = *state;
-	char cmd[200];
 	close(e->dfd);
 	close(e->sfd);
-	snprintf(cmd, sizeof(cmd), "rm -rf %s %s", e->dir, e->state);
-	assert_int_equal(system(cmd), 0);
+	tu_rm_rf(e->dir);
+	tu_rm_rf(e->state);
 	free(e);
 	return 0;
 }

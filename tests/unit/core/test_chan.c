@@ -20,6 +20,8 @@
 #include <cmocka.h>
 #include <sodium.h>
 
+#include "testutil.h"
+
 #include "airlock/core/chan.h"
 #include "airlock/core/loop.h"
 #include "airlock/core/mem.h"
@@ -197,34 +199,21 @@ static void t_connect(struct test *t, const struct chan_cfg *ca, const struct ch
 	assert_non_null(t->b.c);
 }
 
-static void pred_check(struct loop *l, void *ud)
+static bool pred_holds(void *ud)
 {
 	struct test *t = ud;
-	if (t->pred && t->pred(t))
-		loop_stop(l);
-}
-
-static void run_timeout(struct loop *l, void *ud)
-{
-	bool *fired = ud;
-	*fired = true;
-	loop_stop(l);
+	return t->pred(t);
 }
 
 /* Run the loop until pred holds (checked before each sleep) or ms pass. */
 static bool run_until(struct test *t, bool (*pred)(struct test *t), unsigned ms)
 {
-	bool fired = false;
-	uint64_t id = loop_add_timer(t->l, ms, run_timeout, &fired);
+	bool r;
 
 	t->pred = pred;
-	loop_set_before_sleep(t->l, pred_check, t);
-	if (!pred(t))
-		assert_int_equal(loop_run(t->l), 0);
-	loop_set_before_sleep(t->l, NULL, NULL);
-	loop_del_timer(t->l, id);
+	r = tu_run_until(t->l, pred ? pred_holds : NULL, t, ms);
 	t->pred = NULL;
-	return pred(t);
+	return r;
 }
 
 static bool both_ready(struct test *t)

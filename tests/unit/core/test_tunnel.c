@@ -22,6 +22,8 @@
 #include <cmocka.h>
 #include <sodium.h>
 
+#include "testutil.h"
+
 #include "airlock/core/chan.h"
 #include "airlock/core/loop.h"
 #include "airlock/core/mem.h"
@@ -207,31 +209,21 @@ static void app_update(struct side *s)
 	}
 }
 
-static void stop_timer(struct loop *l, void *ud)
-{
-	(void)ud;
-	loop_stop(l);
-}
-
-static void pred_check(struct loop *l, void *ud)
+static bool pred_holds(void *ud)
 {
 	struct t *t = ud;
-	if (t->pred && t->pred(t))
-		loop_stop(l);
+	return t->pred(t);
 }
 
+/* Run the loop until pred holds (checked before each sleep) or ms pass. */
 static bool run_until(struct t *t, bool (*pred)(struct t *t), unsigned ms)
 {
-	uint64_t id = loop_add_timer(t->l, ms, stop_timer, NULL);
+	bool r;
 
 	t->pred = pred;
-	loop_set_before_sleep(t->l, pred_check, t);
-	if (!pred || !pred(t))
-		assert_int_equal(loop_run(t->l), 0);
-	loop_set_before_sleep(t->l, NULL, NULL);
-	loop_del_timer(t->l, id);
+	r = tu_run_until(t->l, pred ? pred_holds : NULL, t, ms);
 	t->pred = NULL;
-	return pred ? pred(t) : true;
+	return r;
 }
 
 static bool both_ready(struct t *t)

@@ -7,7 +7,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -21,6 +20,8 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+
+#include "testutil.h"
 
 #include "airlock/core/loop.h"
 #include "airlock/core/mem.h"
@@ -1073,14 +1074,6 @@ static void test_bad_requests(void **state)
 
 /* ---- setup ---- */
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
-
 static int group_setup(void **state)
 {
 	(void)state;
@@ -1107,7 +1100,7 @@ static int group_teardown(void **state)
 	exec_sys_free(g_sys);
 	exec_env_free(g_env);
 	close(g_root);
-	nftw(g_rootpath, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+	tu_rm_rf(g_rootpath);
 	return 0;
 }
 

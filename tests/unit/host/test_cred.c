@@ -2,8 +2,8 @@
 /*
  * cred: the user's credentials.json (every error names the file and key),
  * resolution through real source processes (a shell script that counts its
- * runs), the ttl cache under a fake clock, failing/oversized/slow sources,
- * and the route's prefix matching and git hardening (route.h).
+ * runs), the ttl cache under a fake clock and failing/oversized/slow
+ * sources.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -21,10 +21,11 @@
 
 #include <cmocka.h>
 
+#include "testutil.h"
+
 #include "airlock/core/loop.h"
 #include "airlock/core/mem.h"
 #include "airlock/host/cred.h"
-#include "airlock/host/route.h"
 #include "airlock/policy/policy.h"
 
 static char g_dir[256];	  /* private temp dir */
@@ -48,8 +49,7 @@ static int setup(void **state)
 {
 	char d[320];
 	(void)state;
-	snprintf(g_dir, sizeof(g_dir), "/tmp/airlock-cred.XXXXXX");
-	assert_non_null(mkdtemp(g_dir));
+	tu_tmpdir(g_dir, sizeof(g_dir), "cred");
 	snprintf(d, sizeof(d), "%s/airlock", g_dir);
 	assert_int_equal(mkdir(d, 0700), 0);
 	snprintf(g_cfg, sizeof(g_cfg), "%s/airlock/credentials.json", g_dir);
@@ -76,10 +76,9 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-	char cmd[400];
 	(void)state;
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_dir);
-	return system(cmd) == 0 ? 0 : -1;
+	tu_rm_rf(g_dir);
+	return 0;
 }
 
 static unsigned runs(void)
@@ -445,146 +444,14 @@ static void test_missing_source(void **state)
 	fixture_free(&f);
 }
 
-/* ---- route: prefixes and git hardening ---- */
-
-static void test_match_local(void **state)
-{
-	static const char *const pre[] = {"git status", "  make   test ", ""};
-	static const struct {
-		const char *argv[4];
-		size_t argc;
-		bool want;
-	} t[] = {
-	    {{"git", "status"}, 2, true}, {{"git", "status", "--short"}, 3, true}, {{"git", "statusx"}, 2, false},
-	    {{"git"}, 1, false},	  {{"/usr/bin/git", "status"}, 2, false},  {{"make", "test", "-j4"}, 3, true},
-	    {{"make"}, 1, false},	  {{"sh", "-c", "git status"}, 3, false},
-	};
-	(void)state;
-	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
-		if (route_match_local(pre, 3, t[i].argv, t[i].argc) != t[i].want)
-			fail_msg("case %zu: want %d", i, t[i].want);
-	assert_false(route_match_local(pre, 0, t[0].argv, 2));
-}
-
-static void test_local_check(void **state)
-{
-	static const struct {
-		const char *argv[4];
-		size_t argc;
-		const char *env[2];
-		size_t nenv;
-		const char *why; /* NULL = allowed */
-	} t[] = {
-	    {{"git", "status"}, 2, {"LANG=C", "LC_ALL=C"}, 2, NULL},
-	    {{"git", "commit", "-m", "x"}, 4, {"GIT_AUTHOR_NAME=a", "TERM=dumb"}, 2, NULL},
-	    {{"git", "--no-pager", "log"}, 3, {0}, 0, NULL},
-	    {{"git", "--version"}, 2, {0}, 0, NULL},
-	    {{"make", "-C", "x"}, 3, {0}, 0, NULL}, /* only git's own options are vetted */
-	    {{"git", "status"}, 2, {"LD_PRELOAD=/w/evil.so"}, 1, "env LD_PRELOAD is not allowed"},
-	    {{"git", "status"}, 2, {"PATH=/w/bin"}, 1, "env PATH is not allowed"},
-	    {{"git", "status"}, 2, {"GIT_EXEC_PATH=/w"}, 1, "env GIT_EXEC_PATH is not allowed"},
-	    {{"git", "status"}, 2, {"HOME=/w"}, 1, "env HOME is not allowed"},
-	    {{"git", "status"}, 2, {"LC_=x"}, 1, "env LC_ is not allowed"},
-	    {{"git", "-c", "core.hooksPath=h", "commit"}, 4, {0}, 0, "git option '-c' before the subcommand"},
-	    {{"/usr/bin/git", "--exec-path=/w", "status"}, 3, {0}, 0, "git option '--exec-path=/w'"},
-	    {{"git", "-C", "/", "status"}, 4, {0}, 0, "git option '-C'"},
-	    {{"git", "--config-env=core.pager=X", "log"}, 3, {0}, 0, "git option '--config-env"},
-	};
-	char why[512];
-	(void)state;
-	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
-		why[0] = '\0';
-		int r = route_local_check(t[i].argv, t[i].argc, t[i].env, t[i].nenv, why, sizeof(why));
-		if (t[i].why ? (r != -EPERM || !strstr(why, t[i].why)) : r != 0)
-			fail_msg("case %zu: got %d '%s'", i, r, why);
-	}
-}
-
-static const char *env_get(char **v, size_t n, const char *name)
-{
-	size_t l = strlen(name);
-	for (size_t i = 0; i < n; i++)
-		if (!strncmp(v[i], name, l) && v[i][l] == '=')
-			return v[i] + l + 1;
-	return NULL;
-}
-
-/* The value git would see for a config key: the last GIT_CONFIG_KEY_i. */
-static const char *cfg_get(char **v, size_t n, const char *key)
-{
-	const char *cnt = env_get(v, n, "GIT_CONFIG_COUNT"), *val = NULL;
-	char k[64];
-	assert_non_null(cnt);
-	for (long i = 0; i < atol(cnt); i++) {
-		snprintf(k, sizeof(k), "GIT_CONFIG_KEY_%ld", i);
-		const char *ki = env_get(v, n, k);
-		assert_non_null(ki);
-		if (!strcmp(ki, key)) {
-			snprintf(k, sizeof(k), "GIT_CONFIG_VALUE_%ld", i);
-			val = env_get(v, n, k);
-			assert_non_null(val);
-		}
-	}
-	return val;
-}
-
-static void test_git_env(void **state)
-{
-	static const char probe[] = "core.hookspath\nhooks2\0"
-				    "filter.Lfs.clean\ngit-lfs clean\0"
-				    "filter.Lfs.required\ntrue\0"
-				    "diff.tc.textconv\nx\0"
-				    "diff.cmd.command\ny\0"
-				    "merge.m.driver\nz\0"
-				    "credential.https://h.helper\n!x\0"
-				    "alias.st\nstatus\0"
-				    "alias.evil\n!touch x\0"
-				    "pager.log\ntouch x\0"
-				    "remote.origin.uploadpack\nx\0"
-				    "submodule.s.update\n!x\0"
-				    "user.name\n\0"
-				    "core.bare\0"
-				    "truncated.entry\nno-nul";
-	char **v = NULL;
-	size_t n = 0;
-	(void)state;
-	assert_int_equal(route_git_env(probe, sizeof(probe) - 1, &v, &n), 0);
-	assert_string_equal(env_get(v, n, "GIT_CONFIG_GLOBAL"), "/dev/null");
-	assert_string_equal(env_get(v, n, "GIT_CONFIG_NOSYSTEM"), "1");
-	assert_string_equal(env_get(v, n, "GIT_PAGER"), "cat");
-	assert_string_equal(cfg_get(v, n, "core.hooksPath"), "/dev/null");
-	assert_string_equal(cfg_get(v, n, "core.fsmonitor"), "false");
-	assert_string_equal(cfg_get(v, n, "credential.helper"), "");
-	assert_string_equal(cfg_get(v, n, "filter.Lfs.clean"), "");
-	assert_null(cfg_get(v, n, "filter.Lfs.required")); /* a required filter then fails loudly */
-	assert_string_equal(cfg_get(v, n, "diff.tc.textconv"), "cat");
-	assert_non_null(strstr(cfg_get(v, n, "diff.cmd.command"), "diff -u"));
-	assert_non_null(strstr(cfg_get(v, n, "merge.m.driver"), "git merge-file"));
-	assert_string_equal(cfg_get(v, n, "credential.https://h.helper"), "");
-	assert_null(cfg_get(v, n, "alias.st"));
-	assert_string_equal(cfg_get(v, n, "alias.evil"), "");
-	assert_string_equal(cfg_get(v, n, "pager.log"), "false");
-	assert_string_equal(cfg_get(v, n, "remote.origin.uploadpack"), "git-upload-pack");
-	assert_string_equal(cfg_get(v, n, "submodule.s.update"), "checkout");
-	assert_null(cfg_get(v, n, "user.name"));
-	assert_null(cfg_get(v, n, "truncated.entry"));
-	route_git_env_free(v, n);
-	/* without a probe: the fixed part only */
-	assert_int_equal(route_git_env(NULL, 0, &v, &n), 0);
-	assert_string_equal(cfg_get(v, n, "core.hooksPath"), "/dev/null");
-	route_git_env_free(v, n);
-}
-
 /* Every allocation failure becomes -ENOMEM, never a crash or a leak (the
  * sanitizer build checks the leaks). */
 static void test_alloc_failures(void **state)
 {
-	static const char probe[] = "filter.f.clean\nx\0diff.d.textconv\ny\0alias.a\n!z\0";
 	struct cred_config *cfg = NULL;
 	struct fixture f;
 	struct cred_env *e = NULL;
-	char err[512], **v = NULL;
-	size_t n = 0;
+	char err[512];
 	unsigned long used, c0;
 	int r;
 	(void)state;
@@ -603,18 +470,6 @@ static void test_alloc_failures(void **state)
 			cred_config_free(cfg);
 		else if (r != -ENOMEM)
 			fail_msg("allocation %lu: %d %s", k, r, err);
-	}
-	c0 = mem_count();
-	assert_int_equal(route_git_env(probe, sizeof(probe) - 1, &v, &n), 0);
-	used = mem_count() - c0;
-	route_git_env_free(v, n);
-	for (unsigned long k = 1; k <= used; k++) {
-		mem_fail_at(k, 0);
-		r = route_git_env(probe, sizeof(probe) - 1, &v, &n);
-		mem_fail_at(0, 0);
-		assert_true(r == 0 || r == -ENOMEM);
-		if (r == 0)
-			route_git_env_free(v, n);
 	}
 	/* cred_new and cred_env (the values themselves are sodium_malloc'd) */
 	fixture_new(&f, "ok", 60, 5);
@@ -642,10 +497,7 @@ int main(void)
 	    cmocka_unit_test(test_source_failures),
 	    cmocka_unit_test(test_source_env_and_newline),
 	    cmocka_unit_test(test_missing_source),
-	    cmocka_unit_test(test_match_local),
-	    cmocka_unit_test(test_local_check),
 	    cmocka_unit_test(test_alloc_failures),
-	    cmocka_unit_test(test_git_env),
 	};
 	signal(SIGPIPE, SIG_IGN);
 	return cmocka_run_group_tests(tests, setup, teardown);
