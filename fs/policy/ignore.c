@@ -2,7 +2,7 @@
 /*
  * gitignore pattern matching. Written from the documented semantics
  * (gitignore(5), git's wildmatch behaviour) and checked against
- * `git check-ignore` by tests/unit/policy/test_policy_oracle.c.
+ * `git check-ignore` by tests/unit/policy/test_ignore_oracle.c.
  */
 #include "airlock/policy/ignore.h"
 

@@ -3,7 +3,7 @@
  * ignore: the glob matcher (a table, a differential test against a
  * reference matcher, pathological patterns and their step bound), glob
  * checks and .gitignore parsing (ignore.h). The agreement with git itself
- * is tested by test_policy_oracle.c.
+ * is tested by test_ignore_oracle.c.
  */
 #include <errno.h>
 #include <setjmp.h>

@@ -2,7 +2,7 @@
 /*
  * Unit tests for the policy module: the policy file, decisions, the
  * secret list and the per-directory rule files. The ignore matcher is
- * tested in test_ignore.c, its agreement with git in test_policy_oracle.c.
+ * tested in test_ignore.c, its agreement with git in test_ignore_oracle.c.
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -42,7 +42,7 @@ __attribute__((format(printf, 1, 2), noreturn)) static void die(const char *fmt,
 	va_list ap;
 
 	va_start(ap, fmt);
-	fprintf(stderr, "policy_oracle: ");
+	fprintf(stderr, "ignore_oracle: ");
 	vfprintf(stderr, fmt, ap);
 	fprintf(stderr, " (temp dir kept: %s)\n", tmp);
 	va_end(ap);
@@ -694,7 +694,7 @@ int main(void)
 	int rootfd;
 
 	if (run("/", (char *[]){"git", "--version", NULL}, NULL, "/dev/null") != 0) {
-		fprintf(stderr, "policy_oracle: git not found, skipping\n");
+		fprintf(stderr, "ignore_oracle: git not found, skipping\n");
 		return 77;
 	}
 	snprintf(tmp, sizeof(tmp), "%s/airlock-oracle-XXXXXX", base && *base ? base : "/tmp");
@@ -730,7 +730,7 @@ int main(void)
 		if (rootfd < 0 || policy_ctx_new(p, rootfd, &ctx) != 0)
 			die("ctx");
 		check_repo("fixed", repo, p, ctx, &t);
-		fprintf(stderr, "policy_oracle: fixed: %zu paths\n", t.n);
+		fprintf(stderr, "ignore_oracle: fixed: %zu paths\n", t.n);
 		tree_free(&t);
 		policy_ctx_free(ctx);
 		close(rootfd);
@@ -784,7 +784,7 @@ int main(void)
 		policy_ctx_note_change(ctx, ".git/info/exclude");
 		snprintf(label, sizeof(label), "rand%u (after edits)", seed);
 		check_repo(label, repo, p, ctx, &t);
-		fprintf(stderr, "policy_oracle: rand%u: %zu paths, %zu after edits\n", seed, first, t.n);
+		fprintf(stderr, "ignore_oracle: rand%u: %zu paths, %zu after edits\n", seed, first, t.n);
 		tree_free(&t);
 		tree_free(&dirs);
 		policy_ctx_free(ctx);
@@ -793,7 +793,7 @@ int main(void)
 	}
 	policy_free(p);
 
-	printf("policy_oracle: %u repositories, %lu path checks against git check-ignore (%lu ignored, %lu kept by a "
+	printf("ignore_oracle: %u repositories, %lu path checks against git check-ignore (%lu ignored, %lu kept by a "
 	       "negation), %lu mismatches\n",
 	       repos, total_checks, total_ignored, total_negated, total_mismatches);
 	if (total_mismatches)
