@@ -11,7 +11,7 @@ int cmd_pubkey(int argc, char **argv);
 int cmd_ping(int argc, char **argv);
 int cmd_sync(int argc, char **argv);
 int cmd_audit(int argc, char **argv);
-int cmd_up(int argc, char **argv); /* cmd_up.c: up, down, status, sync-wait */
+int cmd_up(int argc, char **argv); /* up.c; down: up_state.c; status, sync-wait: up_status.c */
 int cmd_down(int argc, char **argv);
 int cmd_status(int argc, char **argv);
 int cmd_sync_wait(int argc, char **argv);

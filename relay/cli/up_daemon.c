@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "airlock/core/buf.h"
-#include "airlock/core/errmsg.h"
 #include "airlock/core/chan.h"
+#include "airlock/core/errmsg.h"
 #include "airlock/core/keys.h"
 #include "airlock/core/loop.h"
 #include "airlock/core/mem.h"
@@ -28,6 +28,8 @@
 #include "airlock/sync/sync.h"
 #include "cmd_i.h"
 #include "up_i.h"
+
+/* ---- the loop: its hooks, signals, shutdown ---- */
 
 void up_on_journal_notify(void *ud)
 {
@@ -112,6 +114,49 @@ static void on_wake(struct loop *l, void *ud)
 	(void)l;
 	(void)ud; /* the work happens in before_sleep */
 }
+
+static void on_signal(struct loop *l, int fd, uint32_t events, void *ud)
+{
+	struct up *u = ud;
+	struct signalfd_siginfo si;
+	(void)l;
+	(void)events;
+
+	while (read(fd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+		if (si.ssi_signo == SIGUSR1) /* sync-wait asks for a fresh status */
+			up_status_write(u);
+		else
+			begin_shutdown(u, si.ssi_signo == SIGINT   ? "SIGINT"
+					  : si.ssi_signo == SIGHUP ? "SIGHUP"
+								   : "SIGTERM");
+	}
+}
+
+int up_loop_init(struct up *u)
+{
+	struct journal_opts jo = {.notify = up_on_journal_notify, .notify_ud = u};
+	sigset_t set;
+
+	/* every thread started from here on (FUSE workers) inherits the
+	 * blocked set: the signals arrive only through the signalfd */
+	signal(SIGPIPE, SIG_IGN);
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGHUP);
+	sigaddset(&set, SIGUSR1);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	if ((u->sigfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK)) < 0 || !(u->loop = loop_new()) ||
+	    !(u->journal = journal_new(&jo)) || loop_add_fd(u->loop, u->sigfd, EPOLLIN, on_signal, u) < 0) {
+		cmd_err("up: out of memory or descriptors");
+		return -1;
+	}
+	loop_set_before_sleep(u->loop, before_sleep, u);
+	loop_set_wake(u->loop, on_wake, u);
+	return 0;
+}
+
+/* ---- frames from the guest ---- */
 
 typedef void frame_fn(struct up *u, uint32_t stream, struct buf *in);
 
@@ -215,6 +260,47 @@ static void on_writable(struct chan *c, void *ud)
 	egress_link_writable(u->exec.egress);
 }
 
+/* ---- the connection: reconnect with backoff ---- */
+
+/* The first reconcile of a connection is done. Going live is news for
+ * `airlock status` now, not after the throttle: a status read right after
+ * "in sync" must say so. */
+void up_conn_live(struct up *u)
+{
+	u->conn.state = UP_LIVE;
+	u->conn.backoff_ms = BACKOFF_MIN_MS;
+	u->conn.last_error[0] = '\0';
+	up_status_write(u);
+	if (u->conn.announced) {
+		fprintf(stderr, "airlock: reconnected to %s, guest in sync\n", u->conn.guest);
+		return;
+	}
+	u->conn.announced = true;
+	if (u->ready_fd < 0) {
+		printf("airlock: relay socket %s\n", u->exec.sock);
+		printf("airlock: %s in sync with %s\n", u->dir, u->conn.guest);
+		fflush(stdout);
+		return;
+	}
+	/* -d: tell the parent, then log to the state dir */
+	char log[PATH_MAX + 32];
+	int fd;
+	dprintf(u->ready_fd, "airlock: relay socket %s\n", u->exec.sock);
+	dprintf(u->ready_fd, "airlock: %s in sync with %s\n", u->dir, u->conn.guest);
+	close(u->ready_fd);
+	u->ready_fd = -1;
+	snprintf(log, sizeof(log), "%s/%s", u->state_dir, UP_LOG_FILE);
+	if ((fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600)) >= 0) {
+		dup2(fd, STDOUT_FILENO);
+		dup2(fd, STDERR_FILENO);
+		close(fd);
+	}
+	if ((fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0) {
+		dup2(fd, STDIN_FILENO);
+		close(fd);
+	}
+}
+
 static void on_retry(struct loop *l, void *ud)
 {
 	struct up *u = ud;
@@ -241,7 +327,7 @@ static void on_close(struct chan *c, int err, const char *why, void *ud)
 	u->conn.bytes_closed += st.bytes_out;
 	if (err < 0 && !u->stopping) {
 		snprintf(u->conn.last_error, sizeof(u->conn.last_error), "%s", why ? why : strerror(-err));
-		fprintf(stderr, "airlock: connection to %s lost: %s\n", u->conn.guest, u->conn.last_error);
+		cmd_err("connection to %s lost: %s", u->conn.guest, u->conn.last_error);
 	} else if (!u->stopping && !u->sandbox.idle_stopped) {
 		fprintf(stderr, "airlock: guest %s closed the session\n", u->conn.guest);
 	}
@@ -263,8 +349,7 @@ static void on_close(struct chan *c, int err, const char *why, void *ud)
 		loop_stop(u->loop);
 		return;
 	}
-	if (u->sandbox.idle_stopped) { /* the idle TTL closed it: stop the sandbox, no retry
-					*/
+	if (u->sandbox.idle_stopped) { /* the idle TTL closed it: stop the sandbox, no retry */
 		sandbox_stop(u->sandbox.sb);
 		u->sandbox.sb = NULL;
 		up_status_write(u);
@@ -280,7 +365,51 @@ static const struct chan_ops up_chan_ops = {
     .on_close = on_close,
 };
 
-/* ~10 ms for local */
+void up_connect(struct up *u)
+{
+	char err[512];
+	int fd;
+
+	if (u->stopping || u->sandbox.idle_stopped)
+		return;
+	if (u->sandbox.use && (!u->sandbox.sb || !sandbox_alive(u->sandbox.sb))) {
+		if (u->sandbox.sb)
+			fprintf(stderr, "airlock: the sandbox's agent is gone; starting it again\n");
+		sandbox_stop(u->sandbox.sb);
+		u->sandbox.sb = NULL;
+		if (up_sandbox_begin(u, err, sizeof(err)) < 0) {
+			if (strcmp(u->conn.last_error, err)) {
+				snprintf(u->conn.last_error, sizeof(u->conn.last_error), "%s", err);
+				cmd_err("%s (retrying)", err);
+			}
+			up_exec_fail_some(u, 2, "guest_disconnected", u->conn.last_error);
+			up_mark_dirty(u);
+			schedule_retry(u);
+			return;
+		}
+	}
+	if ((fd = transport_connect(&u->conn.g.addr, CONNECT_MS, err, sizeof(err))) < 0) {
+		if (strcmp(u->conn.last_error, err)) {
+			snprintf(u->conn.last_error, sizeof(u->conn.last_error), "%s", err);
+			cmd_err("%s (retrying)", err);
+		}
+		up_exec_fail_some(u, 2, "guest_disconnected", u->conn.last_error); /* queued for this attempt */
+		up_mark_dirty(u);
+		schedule_retry(u);
+		return;
+	}
+	struct chan_cfg cfg = guest_opts_chan_cfg(&u->conn.g);
+	if (!(u->conn.chan = chan_new(u->loop, fd, &cfg, &up_chan_ops, u))) {
+		snprintf(u->conn.last_error, sizeof(u->conn.last_error), "out of memory");
+		schedule_retry(u);
+		return;
+	}
+	u->conn.state = UP_HANDSHAKE;
+	up_mark_dirty(u);
+}
+
+/* ---- the embedded sandbox: start, idle stop, wake (doc/SANDBOX.md) ---- */
+
 int up_sandbox_begin(struct up *u, char *err, size_t errlen)
 {
 	int r;
@@ -360,131 +489,8 @@ static void on_idle_timer(struct loop *l, void *ud)
 	}
 }
 
-void up_connect(struct up *u)
-{
-	char err[512];
-	int fd;
-
-	if (u->stopping || u->sandbox.idle_stopped)
-		return;
-	if (u->sandbox.use && (!u->sandbox.sb || !sandbox_alive(u->sandbox.sb))) {
-		if (u->sandbox.sb)
-			fprintf(stderr, "airlock: the sandbox's agent is gone; starting it again\n");
-		sandbox_stop(u->sandbox.sb);
-		u->sandbox.sb = NULL;
-		if (up_sandbox_begin(u, err, sizeof(err)) < 0) {
-			if (strcmp(u->conn.last_error, err)) {
-				snprintf(u->conn.last_error, sizeof(u->conn.last_error), "%s", err);
-				fprintf(stderr, "airlock: %s (retrying)\n", err);
-			}
-			up_exec_fail_some(u, 2, "guest_disconnected", u->conn.last_error);
-			up_mark_dirty(u);
-			schedule_retry(u);
-			return;
-		}
-	}
-	if ((fd = transport_connect(&u->conn.g.addr, CONNECT_MS, err, sizeof(err))) < 0) {
-		if (strcmp(u->conn.last_error, err)) {
-			snprintf(u->conn.last_error, sizeof(u->conn.last_error), "%s", err);
-			fprintf(stderr, "airlock: %s (retrying)\n", err);
-		}
-		up_exec_fail_some(u, 2, "guest_disconnected", u->conn.last_error); /* queued for this attempt */
-		up_mark_dirty(u);
-		schedule_retry(u);
-		return;
-	}
-	struct chan_cfg cfg = guest_opts_chan_cfg(&u->conn.g);
-	if (!(u->conn.chan = chan_new(u->loop, fd, &cfg, &up_chan_ops, u))) {
-		snprintf(u->conn.last_error, sizeof(u->conn.last_error), "out of memory");
-		schedule_retry(u);
-		return;
-	}
-	u->conn.state = UP_HANDSHAKE;
-	up_mark_dirty(u);
-}
-
-static void on_signal(struct loop *l, int fd, uint32_t events, void *ud)
-{
-	struct up *u = ud;
-	struct signalfd_siginfo si;
-	(void)l;
-	(void)events;
-
-	while (read(fd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
-		if (si.ssi_signo == SIGUSR1) /* sync-wait asks for a fresh status */
-			up_status_write(u);
-		else
-			begin_shutdown(u, si.ssi_signo == SIGINT   ? "SIGINT"
-					  : si.ssi_signo == SIGHUP ? "SIGHUP"
-								   : "SIGTERM");
-	}
-}
-
 void up_sandbox_arm_idle(struct up *u)
 {
 	if (u->sandbox.use && u->sandbox.ttl_s > 0)
 		u->sandbox.idle_timer = loop_add_timer(u->loop, 1000, on_idle_timer, u);
-}
-
-/* The first reconcile of a connection is done. Going live is news for
- * `airlock status` now, not after the throttle: a status read right after
- * "in sync" must say so. */
-void up_conn_live(struct up *u)
-{
-	u->conn.state = UP_LIVE;
-	u->conn.backoff_ms = BACKOFF_MIN_MS;
-	u->conn.last_error[0] = '\0';
-	up_status_write(u);
-	if (u->conn.announced) {
-		fprintf(stderr, "airlock: reconnected to %s, guest in sync\n", u->conn.guest);
-		return;
-	}
-	u->conn.announced = true;
-	if (u->ready_fd < 0) {
-		printf("airlock: relay socket %s\n", u->exec.sock);
-		printf("airlock: %s in sync with %s\n", u->dir, u->conn.guest);
-		fflush(stdout);
-		return;
-	}
-	/* -d: tell the parent, then log to the state dir */
-	char log[PATH_MAX + 32];
-	int fd;
-	dprintf(u->ready_fd, "airlock: relay socket %s\n", u->exec.sock);
-	dprintf(u->ready_fd, "airlock: %s in sync with %s\n", u->dir, u->conn.guest);
-	close(u->ready_fd);
-	u->ready_fd = -1;
-	snprintf(log, sizeof(log), "%s/%s", u->state_dir, UP_LOG_FILE);
-	if ((fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600)) >= 0) {
-		dup2(fd, STDOUT_FILENO);
-		dup2(fd, STDERR_FILENO);
-		close(fd);
-	}
-	if ((fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0) {
-		dup2(fd, STDIN_FILENO);
-		close(fd);
-	}
-}
-
-int up_loop_init(struct up *u)
-{
-	struct journal_opts jo = {.notify = up_on_journal_notify, .notify_ud = u};
-	sigset_t set;
-
-	/* every thread started from here on (FUSE workers) inherits the
-	 * blocked set: the signals arrive only through the signalfd */
-	signal(SIGPIPE, SIG_IGN);
-	sigemptyset(&set);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGHUP);
-	sigaddset(&set, SIGUSR1);
-	pthread_sigmask(SIG_BLOCK, &set, NULL);
-	if ((u->sigfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK)) < 0 || !(u->loop = loop_new()) ||
-	    !(u->journal = journal_new(&jo)) || loop_add_fd(u->loop, u->sigfd, EPOLLIN, on_signal, u) < 0) {
-		cmd_err("up: out of memory or descriptors");
-		return -1;
-	}
-	loop_set_before_sleep(u->loop, before_sleep, u);
-	loop_set_wake(u->loop, on_wake, u);
-	return 0;
 }

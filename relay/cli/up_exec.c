@@ -1,8 +1,16 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The relay backend of airlock up: commands to the guest on exec streams,
- * sync_wait waiters, and which command an egress connection belongs to
- * (doc/UP.md "Exec").
+ * The relay backend of airlock up (relay_backend_ops over the channel):
+ * commands to the guest on exec streams, sync_wait waiters, and which
+ * command an egress connection belongs to (doc/UP.md "Exec").
+ *
+ * Each command gets its own host-opened stream. EXEC_START goes out only
+ * once applied_seq has reached the journal's barrier seq taken when the
+ * request arrived (doc/UP.md "Exec"): a command never sees a file older
+ * than the request. Output credit is returned as the relay takes the
+ * bytes, and held back while the relay pauses the command, so a slow
+ * client stalls that command in the guest and nothing else. Nothing ever
+ * runs on the host: without a guest the request fails.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -19,17 +27,6 @@
 #include "airlock/sync/sync.h"
 #include "cmd_i.h"
 #include "up_i.h"
-
-/*
- * The relay backend: relay_backend_ops over the channel.
- *
- * Each command gets its own host-opened stream. EXEC_START goes out only
- * once applied_seq has reached the journal's barrier seq taken when the
- * request arrived (doc/UP.md "Exec", doc/SYNC.md): a command never sees a file older
- * than the request. Output credit is returned as the relay takes the bytes,
- * and held back while the relay pauses the command, so a slow client
- * stalls that command in the guest and nothing else. Nothing ever runs on
- * the host: without a guest the request fails. */
 
 static void xcmd_free(struct up *u, struct xcmd *x)
 {

@@ -262,6 +262,55 @@ static int fresh_status(const char *sdir, pid_t pid, unsigned wait_ms, json_t **
 	return read_status(sdir, out) == 0 ? 0 : -1;
 }
 
+/* `airlock status` for people: one line per concern. */
+static void print_status(json_t *st, pid_t pid)
+{
+	json_t *lat = json_object_get(st, "latency_ms");
+	const char *note = json_string_value(json_object_get(st, "policy_note"));
+	const char *lerr = json_string_value(json_object_get(st, "last_error"));
+	printf("workspace   %s (airlock up, pid %d)\n", json_string_value(json_object_get(st, "dir")), (int)pid);
+	printf("guest       %s: %s\n", json_string_value(json_object_get(st, "guest")),
+	       json_string_value(json_object_get(st, "state")));
+	printf("journal     seq %" JSON_INTEGER_FORMAT ", applied %" JSON_INTEGER_FORMAT ", %" JSON_INTEGER_FORMAT
+	       " pending\n",
+	       json_integer_value(json_object_get(st, "journal_seq")),
+	       json_integer_value(json_object_get(st, "applied_seq")),
+	       json_integer_value(json_object_get(st, "pending")));
+	printf("latency     edit to apply p50 %.2f ms, p99 %.2f ms (last "
+	       "%" JSON_INTEGER_FORMAT " pushes)\n",
+	       json_real_value(json_object_get(lat, "p50")), json_real_value(json_object_get(lat, "p99")),
+	       json_integer_value(json_object_get(lat, "samples")));
+	printf("sent        %.2f MiB, %" JSON_INTEGER_FORMAT " withheld, %" JSON_INTEGER_FORMAT " reconnects\n",
+	       (double)json_integer_value(json_object_get(st, "bytes_sent")) / 1048576.0,
+	       json_integer_value(json_object_get(st, "withheld")),
+	       json_integer_value(json_object_get(st, "reconnects")));
+	printf("policy      %s%s%s\n", json_string_value(json_object_get(st, "policy")), note && *note ? ": " : "",
+	       note ? note : "");
+	printf("relay       %s\n", json_string_value(json_object_get(st, "socket"))
+				       ? json_string_value(json_object_get(st, "socket"))
+				       : "-");
+	if (json_object_get(st, "sandbox")) {
+		long long ttl = (long long)json_integer_value(json_object_get(st, "ttl_seconds"));
+		printf("sandbox     %s, %s (%s)\n", json_string_value(json_object_get(st, "sandbox")),
+		       json_string_value(json_object_get(st, "sandbox_state")),
+		       json_string_value(json_object_get(st, "sandbox_describe")));
+		if (ttl > 0)
+			printf("idle ttl    %lld s (idle for %.1f s)\n", ttl,
+			       (double)json_integer_value(json_object_get(st, "idle_ms")) / 1000.0);
+		else
+			printf("idle ttl    none (workspace.ttl_seconds unset)\n");
+	}
+	json_t *eg = json_object_get(st, "egress");
+	if (eg)
+		printf("egress      %" JSON_INTEGER_FORMAT " proxy connections open, %" JSON_INTEGER_FORMAT
+		       " made, %" JSON_INTEGER_FORMAT " denied (airlock audit)\n",
+		       json_integer_value(json_object_get(eg, "streams")),
+		       json_integer_value(json_object_get(eg, "opened")),
+		       json_integer_value(json_object_get(eg, "denials")));
+	if (lerr && *lerr)
+		printf("last error  %s\n", lerr);
+}
+
 int cmd_status(int argc, char **argv)
 {
 	const char *dir;
@@ -290,51 +339,7 @@ int cmd_status(int argc, char **argv)
 		json_dumpf(st, stdout, JSON_COMPACT);
 		fputc('\n', stdout);
 	} else {
-		json_t *lat = json_object_get(st, "latency_ms");
-		const char *note = json_string_value(json_object_get(st, "policy_note"));
-		const char *lerr = json_string_value(json_object_get(st, "last_error"));
-		printf("workspace   %s (airlock up, pid %d)\n", json_string_value(json_object_get(st, "dir")),
-		       (int)pid);
-		printf("guest       %s: %s\n", json_string_value(json_object_get(st, "guest")),
-		       json_string_value(json_object_get(st, "state")));
-		printf("journal     seq %" JSON_INTEGER_FORMAT ", applied %" JSON_INTEGER_FORMAT
-		       ", %" JSON_INTEGER_FORMAT " pending\n",
-		       json_integer_value(json_object_get(st, "journal_seq")),
-		       json_integer_value(json_object_get(st, "applied_seq")),
-		       json_integer_value(json_object_get(st, "pending")));
-		printf("latency     edit to apply p50 %.2f ms, p99 %.2f ms (last "
-		       "%" JSON_INTEGER_FORMAT " pushes)\n",
-		       json_real_value(json_object_get(lat, "p50")), json_real_value(json_object_get(lat, "p99")),
-		       json_integer_value(json_object_get(lat, "samples")));
-		printf("sent        %.2f MiB, %" JSON_INTEGER_FORMAT " withheld, %" JSON_INTEGER_FORMAT " reconnects\n",
-		       (double)json_integer_value(json_object_get(st, "bytes_sent")) / 1048576.0,
-		       json_integer_value(json_object_get(st, "withheld")),
-		       json_integer_value(json_object_get(st, "reconnects")));
-		printf("policy      %s%s%s\n", json_string_value(json_object_get(st, "policy")),
-		       note && *note ? ": " : "", note ? note : "");
-		printf("relay       %s\n", json_string_value(json_object_get(st, "socket"))
-					       ? json_string_value(json_object_get(st, "socket"))
-					       : "-");
-		if (json_object_get(st, "sandbox")) {
-			long long ttl = (long long)json_integer_value(json_object_get(st, "ttl_seconds"));
-			printf("sandbox     %s, %s (%s)\n", json_string_value(json_object_get(st, "sandbox")),
-			       json_string_value(json_object_get(st, "sandbox_state")),
-			       json_string_value(json_object_get(st, "sandbox_describe")));
-			if (ttl > 0)
-				printf("idle ttl    %lld s (idle for %.1f s)\n", ttl,
-				       (double)json_integer_value(json_object_get(st, "idle_ms")) / 1000.0);
-			else
-				printf("idle ttl    none (workspace.ttl_seconds unset)\n");
-		}
-		json_t *eg = json_object_get(st, "egress");
-		if (eg)
-			printf("egress      %" JSON_INTEGER_FORMAT " proxy connections open, %" JSON_INTEGER_FORMAT
-			       " made, %" JSON_INTEGER_FORMAT " denied (airlock audit)\n",
-			       json_integer_value(json_object_get(eg, "streams")),
-			       json_integer_value(json_object_get(eg, "opened")),
-			       json_integer_value(json_object_get(eg, "denials")));
-		if (lerr && *lerr)
-			printf("last error  %s\n", lerr);
+		print_status(st, pid);
 	}
 	json_decref(st);
 	return 0;

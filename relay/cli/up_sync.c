@@ -111,12 +111,12 @@ static void pathset_clear(struct pathset *ps)
 	*ps = (struct pathset){0};
 }
 
-static void lat_add(struct up *u, uint64_t ns)
+static void lat_add(struct up_latency *lat, uint64_t ns)
 {
-	u->lat.ns[u->lat.next] = ns;
-	u->lat.next = (u->lat.next + 1) % LAT_WINDOW;
-	if (u->lat.n < LAT_WINDOW)
-		u->lat.n++;
+	lat->ns[lat->next] = ns;
+	lat->next = (lat->next + 1) % LAT_WINDOW;
+	if (lat->n < LAT_WINDOW)
+		lat->n++;
 }
 
 static void save_withheld(struct up *u)
@@ -147,7 +147,7 @@ static void on_sync_done(int err, const char *why, void *ud)
 		u->sync.applied_seq = u->sync.op_upto;
 
 	if (u->sync.op_t0_ns && now > u->sync.op_t0_ns)
-		lat_add(u, now - u->sync.op_t0_ns);
+		lat_add(&u->lat, now - u->sync.op_t0_ns);
 	u->sync.withheld = sync_get_stats(u->sync.engine)->withheld;
 	/* the audit record follows the host tree: after a reconcile, and
 	 * when a push changed what is withheld */
@@ -174,6 +174,30 @@ static uint64_t take_notify_time(struct up *u)
 	return atomic_exchange(&u->first_notify_ns, 0);
 }
 
+/* One journal record into the pending set; past PENDING_MAX paths (or a
+ * root rescan, or without memory) the set gives way to a full reconcile. */
+static void pending_note(struct up_sync *sy, const struct journal_rec *r)
+{
+	struct sync_hint *h1, *h2 = NULL;
+
+	if (sy->pending_full)
+		return;
+	if (r->op == JOURNAL_RESCAN && !r->path[0])
+		sy->pending_full = true;
+	else if (!(h1 = pathset_add(&sy->pending, r->path)) ||
+		 (r->path2 && !(h2 = pathset_add(&sy->pending, r->path2))))
+		sy->pending_full = true;
+	else if (sy->pending.n > PENDING_MAX)
+		sy->pending_full = true;
+	else {
+		hint_note(h1, r);
+		if (h2)
+			hint_note(h2, r);
+	}
+	if (sy->pending_full)
+		pathset_clear(&sy->pending);
+}
+
 /* Move everything journaled into the pending set. */
 static void drain_journal(struct up *u)
 {
@@ -184,25 +208,8 @@ static void drain_journal(struct up *u)
 	do {
 		n = journal_drain(u->journal, recs, DRAIN_BATCH, &upto);
 		for (size_t i = 0; i < n; i++) {
-			struct journal_rec *r = &recs[i];
-			if (!u->sync.pending_full) {
-				struct sync_hint *h1, *h2 = NULL;
-				if (r->op == JOURNAL_RESCAN && !r->path[0])
-					u->sync.pending_full = true;
-				else if (!(h1 = pathset_add(&u->sync.pending, r->path)) ||
-					 (r->path2 && !(h2 = pathset_add(&u->sync.pending, r->path2))))
-					u->sync.pending_full = true;
-				else if (u->sync.pending.n > PENDING_MAX)
-					u->sync.pending_full = true;
-				else {
-					hint_note(h1, r);
-					if (h2)
-						hint_note(h2, r);
-				}
-				if (u->sync.pending_full)
-					pathset_clear(&u->sync.pending);
-			}
-			journal_rec_clear(r);
+			pending_note(&u->sync, &recs[i]);
+			journal_rec_clear(&recs[i]);
 		}
 		total += n;
 	} while (n == DRAIN_BATCH);
