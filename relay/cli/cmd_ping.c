@@ -493,14 +493,7 @@ static int report_json(const struct ping *p, const char *guest, const struct pin
 				    json_pack("{s:I, s:f, s:f}", "bytes", (json_int_t)p->bulk_total, "seconds",
 					      res->bulk_s, "mib_per_s",
 					      (double)p->bulk_total / 1048576.0 / res->bulk_s));
-	if (!o || json_dumpf(o, stdout, JSON_COMPACT) < 0) {
-		json_decref(o);
-		cmd_err("out of memory");
-		return -1;
-	}
-	json_decref(o);
-	fputc('\n', stdout);
-	return 0;
+	return cmd_print_json(o);
 }
 
 static void report_text(const struct ping *p, const char *guest, const struct ping_result *res)

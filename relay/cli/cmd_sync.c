@@ -393,14 +393,7 @@ static int report_json(const struct synccmd *x, const char *dir, double secs)
 	    "guest_levels", (json_int_t)st->levels, "kept_dirs", (json_int_t)st->kept_dirs, "guest_seq",
 	    (json_int_t)st->guest_seq);
 
-	if (!o || json_dumpf(o, stdout, JSON_COMPACT) < 0) {
-		json_decref(o);
-		cmd_err("out of memory");
-		return -1;
-	}
-	json_decref(o);
-	fputc('\n', stdout);
-	return 0;
+	return cmd_print_json(o);
 }
 
 static void report_text(const struct synccmd *x, const char *dir, double secs)
