@@ -410,10 +410,11 @@ static int parse_args(struct ping *p, struct guest_opts *g, bool *json, int argc
 {
 	static const struct option opts[] = {
 	    GUEST_OPTS_LONG,
-	    GUEST_OPTS_TIMEOUT_LONG,
 	    {"size", required_argument, NULL, 's'},
 	    {"window", required_argument, NULL, 'w'},
 	    {"bulk", required_argument, NULL, 'b'},
+	    GUEST_OPTS_PSK_LONG,
+	    GUEST_OPTS_TIMEOUT_LONG,
 	    {"json", no_argument, NULL, 'j'},
 	    {"concurrent", no_argument, NULL, 'c'},
 	    {NULL, 0, NULL, 0},

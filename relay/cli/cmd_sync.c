@@ -272,11 +272,8 @@ static int parse_args(struct guest_opts *g, const char **policy_file, const char
 		      char **argv)
 {
 	static const struct option opts[] = {
-	    GUEST_OPTS_LONG,
-	    GUEST_OPTS_TIMEOUT_LONG,
-	    {"policy", required_argument, NULL, 'P'},
-	    {"json", no_argument, NULL, 'j'},
-	    {NULL, 0, NULL, 0},
+	    GUEST_OPTS_LONG,	     {"policy", required_argument, NULL, 'P'}, GUEST_OPTS_PSK_LONG,
+	    GUEST_OPTS_TIMEOUT_LONG, {"json", no_argument, NULL, 'j'},	       {NULL, 0, NULL, 0},
 	};
 	int c, r;
 

@@ -84,7 +84,7 @@ bool guest_opts_complete(const struct guest_opts *g)
 
 int guest_opts_load_peer(struct guest_opts *g)
 {
-	char err[512];
+	char err[1024];
 
 	if (transport_parse(g->guest, &g->addr, err, sizeof(err)) < 0) {
 		cmd_err("--guest: %s", err);

@@ -5,8 +5,8 @@
 /*
  * Private to the airlock CLI: the options that name a guest and the keys to
  * reach it, shared by `airlock ping`, `sync` and `up`. A command splices
- * GUEST_OPTS_LONG (and GUEST_OPTS_TIMEOUT_LONG if it takes --timeout) into
- * its getopt_long table, hands every option to guest_opts_parse first, and
+ * GUEST_OPTS_LONG and GUEST_OPTS_PSK_LONG (and GUEST_OPTS_TIMEOUT_LONG if it
+ * takes --timeout) into its getopt_long table, hands every option to guest_opts_parse first, and
  * after parsing calls guest_opts_load (or its two halves, where the command
  * does other checks between them). Messages and exit statuses are the ones
  * each command always had.
@@ -28,9 +28,14 @@ enum {
 	GUEST_OPT_TIMEOUT,
 };
 
+/* The getopt_long entries, each command placing them where its table
+ * always had them (the order shows in getopt's "ambiguous" message). */
 #define GUEST_OPTS_LONG                                                                                                \
 	{"guest", required_argument, NULL, GUEST_OPT_GUEST}, {"key", required_argument, NULL, GUEST_OPT_KEY},          \
-	    {"guest-key", required_argument, NULL, GUEST_OPT_GUEST_KEY},                                               \
+	{                                                                                                              \
+		"guest-key", required_argument, NULL, GUEST_OPT_GUEST_KEY                                              \
+	}
+#define GUEST_OPTS_PSK_LONG                                                                                            \
 	{                                                                                                              \
 		"psk-file", required_argument, NULL, GUEST_OPT_PSK_FILE                                                \
 	}

@@ -85,6 +85,7 @@ static int parse_args(struct up *u, struct up_args *a, int argc, char **argv)
 	static const struct option opts[] = {
 	    GUEST_OPTS_LONG,
 	    {"policy", required_argument, NULL, 'P'},
+	    GUEST_OPTS_PSK_LONG,
 	    {"daemon", no_argument, NULL, 'd'},
 	    {"sandbox", required_argument, NULL, 's'},
 	    {NULL, 0, NULL, 0},
