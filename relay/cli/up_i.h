@@ -208,7 +208,8 @@ void up_drop_conn(struct up *u, int err, const char *why);
 /* The first reconcile of a connection finished: the guest is live. */
 void up_conn_live(struct up *u);
 /* Start the sandbox; its keys and address become the guest's (u->conn.g).
- * Blocks the loop for the start (bounded by SANDBOX_START_MS). */
+ * Blocks the loop for the start (bounded by SANDBOX_START_MS; ~10 ms for
+ * local). */
 int up_sandbox_begin(struct up *u, char *err, size_t errlen);
 /* Start the idle TTL's timer (a sandbox with workspace.ttl_seconds). */
 void up_sandbox_arm_idle(struct up *u);
