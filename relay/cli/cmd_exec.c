@@ -419,39 +419,37 @@ static bool stdin_is_null(void)
 	       a.st_rdev == b.st_rdev;
 }
 
-/* Run one command through the relay and return the exit status to use. */
-static int run_remote(const struct run_opts *o)
+/* The workspace of o->dir (real, rel: o->dir's path below it) and a
+ * connection to its relay socket in x->fd. 0, or -1 after saying why. */
+static int connect_workspace(const struct run_opts *o, struct xc *x, char real[PATH_MAX], const char **rel)
 {
-	static struct xc x;
-	char real[PATH_MAX], sock[PATH_MAX];
-	const char *rel = "";
-	int r, sfd = -1;
-	unsigned rows, cols;
-	bool winch = false; /* a resize to send once the command has started */
-	sigset_t set;
-	json_t *req = NULL, *av;
+	char sock[PATH_MAX];
+	int r;
 
-	memset(&x, 0, sizeof(x));
-	x.fd = -1;
-	x.backoff_ms = 1;
-	x.want_stdin =
-	    o->stdin_mode == 1 || (o->stdin_mode == -1 && (o->tty || (!isatty(STDIN_FILENO) && !stdin_is_null())));
 	if (!realpath(o->dir, real)) {
 		cmd_err("%s: workspace %s: %s", o->who, o->dir, strerror(errno));
-		return EXEC_FAILED;
+		return -1;
 	}
-	find_workspace(real, &rel);
+	find_workspace(real, rel);
 	if ((r = relay_default_path(real, sock, sizeof(sock))) < 0) {
 		cmd_err("%s: relay socket for %s: %s", o->who, real, strerror(-r));
-		return EXEC_FAILED;
+		return -1;
 	}
-	if ((x.fd = connect_relay(sock)) < 0) {
+	if ((x->fd = connect_relay(sock)) < 0) {
 		cmd_err("%s: cannot reach the relay at %s: %s (is 'airlock up %s' running?)", o->who, sock,
-			strerror(-x.fd), real);
-		return EXEC_FAILED;
+			strerror(-x->fd), real);
+		return -1;
 	}
-	snprintf(x.id, sizeof(x.id), "airlock-%s-%d-%08x", o->who, (int)getpid(), randombytes_random());
-	buf_init(&x.in, IN_MAX);
+	return 0;
+}
+
+/* INT, TERM, HUP, QUIT (forwarded) and WINCH (a resize) arrive through a
+ * signalfd from here on. The fd, or -1 after saying why. */
+static int take_signals(const struct run_opts *o)
+{
+	sigset_t set;
+	int sfd;
+
 	signal(SIGPIPE, SIG_IGN);
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
@@ -460,22 +458,29 @@ static int run_remote(const struct run_opts *o)
 	sigaddset(&set, SIGQUIT);
 	sigaddset(&set, SIGWINCH);
 	sigprocmask(SIG_BLOCK, &set, NULL);
-	if ((sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK)) < 0) {
+	if ((sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK)) < 0)
 		cmd_err("%s: signalfd: %s", o->who, strerror(errno));
-		x.status = EXEC_FAILED;
-		goto out;
-	}
-	if (!(req = json_pack("{s:s, s:s, s:[], s:b, s:s}", "id", x.id, "op", "exec", "argv", "stdin", x.want_stdin,
+	return sfd;
+}
+
+/* The exec request (doc/RELAY.md) in *out. 0, -ENOMEM, or -EILSEQ when an
+ * argument is not valid UTF-8. */
+static int exec_request(const struct run_opts *o, const struct xc *x, const char *rel, json_t **out)
+{
+	unsigned rows, cols;
+	json_t *req, *av;
+
+	*out = NULL;
+	if (!(req = json_pack("{s:s, s:s, s:[], s:b, s:s}", "id", x->id, "op", "exec", "argv", "stdin", x->want_stdin,
 			      "encoding", "base64")))
-		goto nomem;
+		return -ENOMEM;
 	av = json_object_get(req, "argv");
 	for (int i = 0; i < o->argc; i++)
 		if (json_array_append_new(av, json_string(o->argv[i])) < 0)
 			goto nomem;
 	if (json_array_size(av) != (size_t)o->argc) {
-		cmd_err("%s: arguments must be valid UTF-8", o->who);
-		x.status = EXEC_FAILED;
-		goto out;
+		json_decref(req);
+		return -EILSEQ;
 	}
 	if (*rel && json_object_set_new(req, "cwd", json_string(rel)) < 0)
 		goto nomem;
@@ -486,122 +491,182 @@ static int run_remote(const struct run_opts *o)
 		if (json_object_set_new(req, "tty", json_pack("{s:i, s:i}", "rows", (int)rows, "cols", (int)cols)) < 0)
 			goto nomem;
 	}
-	r = send_req(&x, req);
-	req = NULL;
-	if (r < 0) {
-		cmd_err("%s: sending the request: %s", o->who, strerror(-r));
-		x.status = EXEC_FAILED;
+	*out = req;
+	return 0;
+nomem:
+	json_decref(req);
+	return -ENOMEM;
+}
+
+/* Signals that arrived: a resize to send later, a cancel before the
+ * command started (it may still wait for its barrier), else a signal. */
+static void on_signals(const struct run_opts *o, struct xc *x, int sfd, bool *winch)
+{
+	struct signalfd_siginfo si;
+
+	while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+		if (si.ssi_signo == SIGWINCH) {
+			*winch = o->tty;
+		} else if (!x->started) {
+			x->cancel_sig = (int)si.ssi_signo;
+			send_req(x, json_pack("{s:s, s:s}", "id", x->id, "op", "cancel"));
+		} else {
+			send_req(x, json_pack("{s:s, s:s, s:s}", "id", x->id, "op", "signal", "signal",
+					      sig_name(si.ssi_signo)));
+		}
+	}
+}
+
+/* Read one chunk of our stdin and send it. 0, 1 when the read was
+ * interrupted, or -errno from sending. */
+static int read_stdin(struct xc *x)
+{
+	ssize_t n = read(STDIN_FILENO, x->chunk, sizeof(x->chunk));
+
+	if (n < 0 && (errno == EINTR || errno == EAGAIN))
+		return 1;
+	x->chunk_n = n > 0 ? (size_t)n : 0;
+	x->chunk_eof = n <= 0;
+	return send_chunk(x);
+}
+
+/* Read from the relay and handle every whole event line. 0 to go on, or
+ * -1 when the run is over (x->status says how). */
+static int read_relay(const struct run_opts *o, struct xc *x)
+{
+	uint8_t *p;
+	ssize_t n;
+
+	if (buf_reserve(&x->in, 64 * 1024, &p) < 0) {
+		cmd_err("%s: an event line from the relay is longer than %zu bytes", o->who, IN_MAX);
+		x->status = EXEC_FAILED;
+		return -1;
+	}
+	n = read(x->fd, p, 64 * 1024);
+	if (n < 0 && (errno == EINTR || errno == EAGAIN))
+		return 0;
+	if (n <= 0) {
+		term_restore();
+		cmd_err("%s: the relay closed the connection before the command ended", o->who);
+		x->status = EXEC_FAILED;
+		return -1;
+	}
+	buf_commit(&x->in, (size_t)n);
+	while (!x->done) {
+		const uint8_t *s = buf_ptr(&x->in), *nl = memchr(s, '\n', buf_len(&x->in));
+		json_t *ev;
+		if (!nl)
+			break;
+		/* output may hold NUL bytes ("\u0000" in valid UTF-8 text) */
+		if (fast_output(x, (const char *)s, (size_t)(nl - s))) {
+			/* handled */
+		} else if ((ev = json_loadb((const char *)s, (size_t)(nl - s), JSON_ALLOW_NUL, NULL))) {
+			on_event(x, ev);
+			json_decref(ev);
+		} else {
+			cmd_err("%s: the relay sent a line that is not JSON; ignored", o->who);
+		}
+		buf_consume(&x->in, (size_t)(nl - s) + 1);
+	}
+	return 0;
+}
+
+/* One turn of the client's loop: send what is due, wait, handle what came.
+ * 0 to go on, 1 when the run is over (x->status says how), or -errno when
+ * writing to the relay failed. */
+static int run_once(const struct run_opts *o, struct xc *x, int sfd, bool *winch)
+{
+	struct pollfd pf[3] = {
+	    {.fd = x->fd, .events = POLLIN},
+	    {.fd = sfd, .events = POLLIN},
+	    {.fd = -1, .events = POLLIN},
+	};
+	int wait_ms = -1, r;
+	unsigned rows, cols;
+	bool can_read_stdin = x->want_stdin && x->started && !x->stdin_eof_sent && !x->in_flight;
+
+	if (*winch && x->started) {
+		*winch = false;
+		term_size(&rows, &cols);
+		if ((r = send_req(x, json_pack("{s:s, s:s, s:i, s:i}", "id", x->id, "op", "resize", "rows", (int)rows,
+					       "cols", (int)cols))) < 0)
+			return r;
+	}
+	if (can_read_stdin && x->chunk_busy) { /* resend after the backoff */
+		uint64_t t = now_ms();
+		if (t >= x->retry_at_ms) {
+			if ((r = send_chunk(x)) < 0)
+				return r;
+		} else {
+			wait_ms = (int)(x->retry_at_ms - t);
+		}
+	} else if (can_read_stdin && !x->chunk_eof) {
+		pf[2].fd = STDIN_FILENO;
+	}
+	if (poll(pf, 3, wait_ms) < 0) {
+		if (errno == EINTR)
+			return 0;
+		cmd_err("%s: poll: %s", o->who, strerror(errno));
+		x->status = EXEC_FAILED;
+		return 1;
+	}
+	if (pf[1].revents & POLLIN)
+		on_signals(o, x, sfd, winch);
+	if (pf[2].fd >= 0 && (pf[2].revents & (POLLIN | POLLHUP | POLLERR))) {
+		if ((r = read_stdin(x)) != 0)
+			return r < 0 ? r : 0; /* interrupted: round again */
+	}
+	if (pf[0].revents & (POLLIN | POLLHUP | POLLERR))
+		return read_relay(o, x) < 0 ? 1 : 0;
+	return 0;
+}
+
+/* Run one command through the relay and return the exit status to use. */
+static int run_remote(const struct run_opts *o)
+{
+	static struct xc x;
+	char real[PATH_MAX];
+	const char *rel = "";
+	int r, sfd = -1;
+	bool winch = false; /* a resize to send once the command has started */
+	json_t *req = NULL;
+
+	memset(&x, 0, sizeof(x));
+	x.fd = -1;
+	x.backoff_ms = 1;
+	x.want_stdin =
+	    o->stdin_mode == 1 || (o->stdin_mode == -1 && (o->tty || (!isatty(STDIN_FILENO) && !stdin_is_null())));
+	if (connect_workspace(o, &x, real, &rel) < 0)
+		return EXEC_FAILED;
+	snprintf(x.id, sizeof(x.id), "airlock-%s-%d-%08x", o->who, (int)getpid(), randombytes_random());
+	buf_init(&x.in, IN_MAX);
+	x.status = EXEC_FAILED;
+	if ((sfd = take_signals(o)) < 0)
+		goto out;
+	if ((r = exec_request(o, &x, rel, &req)) < 0) {
+		if (r == -EILSEQ)
+			cmd_err("%s: arguments must be valid UTF-8", o->who);
+		else
+			cmd_err("%s: out of memory", o->who);
 		goto out;
 	}
+	r = send_req(&x, req);
+	if (r < 0) {
+		cmd_err("%s: sending the request: %s", o->who, strerror(-r));
+		goto out;
+	}
+	x.status = 0;
 	if (o->tty)
 		term_raw(STDIN_FILENO); /* keys (^C, ^Z, ^D) go to the guest's terminal as bytes */
-	while (!x.done) {
-		struct pollfd pf[3] = {
-		    {.fd = x.fd, .events = POLLIN},
-		    {.fd = sfd, .events = POLLIN},
-		    {.fd = -1, .events = POLLIN},
-		};
-		int wait_ms = -1;
-		bool can_read_stdin = x.want_stdin && x.started && !x.stdin_eof_sent && !x.in_flight;
-
-		if (winch && x.started) {
-			winch = false;
-			term_size(&rows, &cols);
-			if ((r = send_req(&x, json_pack("{s:s, s:s, s:i, s:i}", "id", x.id, "op", "resize", "rows",
-							(int)rows, "cols", (int)cols))) < 0)
-				goto sendfail;
-		}
-		if (can_read_stdin && x.chunk_busy) { /* resend after the backoff */
-			uint64_t t = now_ms();
-			if (t >= x.retry_at_ms) {
-				if ((r = send_chunk(&x)) < 0)
-					goto sendfail;
-			} else {
-				wait_ms = (int)(x.retry_at_ms - t);
-			}
-		} else if (can_read_stdin && !x.chunk_eof) {
-			pf[2].fd = STDIN_FILENO;
-		}
-		if (poll(pf, 3, wait_ms) < 0) {
-			if (errno == EINTR)
-				continue;
-			cmd_err("%s: poll: %s", o->who, strerror(errno));
-			x.status = EXEC_FAILED;
-			break;
-		}
-		if (pf[1].revents & POLLIN) {
-			struct signalfd_siginfo si;
-			while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
-				if (si.ssi_signo == SIGWINCH) {
-					winch = o->tty;
-				} else if (!x.started) { /* it may still wait for its barrier: cancel it */
-					x.cancel_sig = (int)si.ssi_signo;
-					send_req(&x, json_pack("{s:s, s:s}", "id", x.id, "op", "cancel"));
-				} else {
-					send_req(&x, json_pack("{s:s, s:s, s:s}", "id", x.id, "op", "signal", "signal",
-							       sig_name(si.ssi_signo)));
-				}
-			}
-		}
-		if (pf[2].fd >= 0 && (pf[2].revents & (POLLIN | POLLHUP | POLLERR))) {
-			ssize_t n = read(STDIN_FILENO, x.chunk, sizeof(x.chunk));
-			if (n < 0 && (errno == EINTR || errno == EAGAIN))
-				continue;
-			x.chunk_n = n > 0 ? (size_t)n : 0;
-			x.chunk_eof = n <= 0;
-			if ((r = send_chunk(&x)) < 0)
-				goto sendfail;
-		}
-		if (pf[0].revents & (POLLIN | POLLHUP | POLLERR)) {
-			uint8_t *p;
-			ssize_t n;
-			if ((r = buf_reserve(&x.in, 64 * 1024, &p)) < 0) {
-				cmd_err("%s: an event line from the relay is longer than %zu bytes", o->who, IN_MAX);
-				x.status = EXEC_FAILED;
-				break;
-			}
-			n = read(x.fd, p, 64 * 1024);
-			if (n < 0 && (errno == EINTR || errno == EAGAIN))
-				continue;
-			if (n <= 0) {
-				term_restore();
-				cmd_err("%s: the relay closed the connection before the command ended", o->who);
-				x.status = EXEC_FAILED;
-				break;
-			}
-			buf_commit(&x.in, (size_t)n);
-			for (;;) {
-				const uint8_t *s = buf_ptr(&x.in), *nl = memchr(s, '\n', buf_len(&x.in));
-				json_t *ev;
-				if (!nl)
-					break;
-				/* output may hold NUL bytes ("\u0000" in valid UTF-8 text) */
-				if (fast_output(&x, (const char *)s, (size_t)(nl - s))) {
-					/* handled */
-				} else if ((ev = json_loadb((const char *)s, (size_t)(nl - s), JSON_ALLOW_NUL, NULL))) {
-					on_event(&x, ev);
-					json_decref(ev);
-				} else {
-					cmd_err("%s: the relay sent a line that is not JSON; ignored", o->who);
-				}
-				buf_consume(&x.in, (size_t)(nl - s) + 1);
-				if (x.done)
-					break;
-			}
-		}
+	while (!x.done && (r = run_once(o, &x, sfd, &winch)) == 0)
+		;
+	if (r < 0) {
+		term_restore();
+		cmd_err("%s: writing to the relay: %s", o->who, strerror(-r));
+		x.status = EXEC_FAILED;
 	}
-	goto out;
-sendfail:
-	term_restore();
-	cmd_err("%s: writing to the relay: %s", o->who, strerror(-r));
-	x.status = EXEC_FAILED;
-	goto out;
-nomem:
-	cmd_err("%s: out of memory", o->who);
-	x.status = EXEC_FAILED;
 out:
 	term_restore();
-	json_decref(req);
 	buf_clear(&x.in);
 	if (x.fd >= 0)
 		close(x.fd);

@@ -2,6 +2,8 @@
 #ifndef AIRLOCK_CMD_I_H
 #define AIRLOCK_CMD_I_H
 
+#include <jansson.h>
+
 /* Private to the airlock CLI: one function per subcommand. Each gets argv
  * with argv[0] = the subcommand name and returns the process exit status
  * (0 ok, 1 runtime failure, 2 usage or bad input). */
@@ -11,12 +13,17 @@ int cmd_pubkey(int argc, char **argv);
 int cmd_ping(int argc, char **argv);
 int cmd_sync(int argc, char **argv);
 int cmd_audit(int argc, char **argv);
-int cmd_up(int argc, char **argv); /* cmd_up.c: up, down, status, sync-wait */
+int cmd_up(int argc, char **argv); /* up.c; down: up_state.c; status, sync-wait: up_status.c */
 int cmd_down(int argc, char **argv);
 int cmd_status(int argc, char **argv);
 int cmd_sync_wait(int argc, char **argv);
 int cmd_exec(int argc, char **argv);  /* cmd_exec.c: a relay client */
 int cmd_shell(int argc, char **argv); /* cmd_exec.c: the same client, a shell in the guest */
+
+/* Print o as one line of compact JSON to stdout and drop the reference
+ * (NULL: the json_pack that made it failed). 0, or -1 after saying "out
+ * of memory". */
+int cmd_print_json(json_t *o);
 
 /* Print "airlock: " + message to stderr. */
 void cmd_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

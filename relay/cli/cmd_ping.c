@@ -21,12 +21,12 @@
 
 #include "airlock/core/buf.h"
 #include "airlock/core/chan.h"
-#include "airlock/core/keys.h"
 #include "airlock/core/loop.h"
 #include "airlock/core/mem.h"
 #include "airlock/core/transport.h"
 #include "airlock/core/wire.h"
 #include "cmd_i.h"
+#include "guestopt_i.h"
 
 #define PING_MAX_N 10000000u
 #define BULK_CHUNK WIRE_PAYLOAD_MAX
@@ -34,8 +34,7 @@
 struct ping {
 	struct loop *loop;
 	struct chan *chan;
-	struct noise_keypair key;
-	uint8_t sync_sk[64], sync_pk[32];
+	const uint8_t *sync_pk; /* the HELLO's signing key (guest_opts) */
 	/* round trips */
 	uint32_t n, window, size;
 	uint32_t sent, received;
@@ -53,7 +52,7 @@ struct ping {
 	bool hello_ok, done;
 	int err;
 	char why[512];
-	uint64_t t_connect_ns, t_ready_ns, t_start_ns;
+	uint64_t t0_ns, t_connect_ns, t_ready_ns, t_start_ns;
 	uint64_t timer;
 };
 
@@ -361,205 +360,184 @@ static void usage(void)
 	      stderr);
 }
 
-static int parse_u64(const char *s, uint64_t *v)
+/* One of ping's own options. 0, or -1 after saying why (exit 2). */
+static int parse_ping_opt(struct ping *p, int c, const char *arg, bool *json)
 {
-	char *end;
-	errno = 0;
-	unsigned long long x = strtoull(s, &end, 10);
-	if (errno || end == s)
-		return -EINVAL;
-	switch (*end) {
-	case 'k':
-	case 'K':
-		x <<= 10;
-		end++;
-		break;
-	case 'm':
-	case 'M':
-		x <<= 20;
-		end++;
-		break;
-	case 'g':
-	case 'G':
-		x <<= 30;
-		end++;
-		break;
+	uint64_t v;
+
+	switch (c) {
+	case 'j':
+		*json = true;
+		return 0;
+	case 'c':
+		p->concurrent = true;
+		return 0;
+	case 'n':
+		if (cmd_parse_u64(arg, &v) < 0 || v > PING_MAX_N) {
+			cmd_err("ping: -n must be 0..%u", PING_MAX_N);
+			return -1;
+		}
+		p->n = (uint32_t)v;
+		return 0;
+	case 's':
+		if (cmd_parse_u64(arg, &v) < 0 || v > WIRE_PAYLOAD_MAX - 16) {
+			cmd_err("ping: --size must be 0..%u", WIRE_PAYLOAD_MAX - 16);
+			return -1;
+		}
+		p->size = (uint32_t)v;
+		return 0;
+	case 'w':
+		if (cmd_parse_u64(arg, &v) < 0 || v == 0 || v > 1024) {
+			cmd_err("ping: --window must be 1..1024");
+			return -1;
+		}
+		p->window = (uint32_t)v;
+		return 0;
+	case 'b':
+		if (cmd_parse_u64(arg, &p->bulk_total) < 0) {
+			cmd_err("ping: --bulk takes a byte count (suffix k, M or G allowed)");
+			return -1;
+		}
+		return 0;
 	default:
-		break;
+		usage();
+		return -1;
 	}
-	if (*end)
-		return -EINVAL;
-	*v = x;
-	return 0;
 }
 
-int cmd_ping(int argc, char **argv)
+/* The command line into p and g. 0, or -1 (exit 2). */
+static int parse_args(struct ping *p, struct guest_opts *g, bool *json, int argc, char **argv)
 {
 	static const struct option opts[] = {
-	    {"guest", required_argument, NULL, 'g'},
-	    {"key", required_argument, NULL, 'k'},
-	    {"guest-key", required_argument, NULL, 'G'},
+	    GUEST_OPTS_LONG,
 	    {"size", required_argument, NULL, 's'},
 	    {"window", required_argument, NULL, 'w'},
 	    {"bulk", required_argument, NULL, 'b'},
-	    {"psk-file", required_argument, NULL, 'p'},
-	    {"timeout", required_argument, NULL, 't'},
+	    GUEST_OPTS_PSK_LONG,
+	    GUEST_OPTS_TIMEOUT_LONG,
 	    {"json", no_argument, NULL, 'j'},
 	    {"concurrent", no_argument, NULL, 'c'},
 	    {NULL, 0, NULL, 0},
 	};
-	struct ping p = {.n = 10, .window = 1, .size = 0};
-	const char *guest = NULL, *keyfile = NULL, *guest_key = NULL, *psk_file = NULL;
-	uint8_t peer[32], psk[32];
-	bool have_psk = false, json = false;
-	uint64_t v, timeout_s = 30;
-	struct transport_addr addr;
-	char err[512];
-	int c, fd, status = 1;
+	int c, r;
 
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "n:", opts, NULL)) != -1) {
-		switch (c) {
-		case 'g':
-			guest = optarg;
-			break;
-		case 'k':
-			keyfile = optarg;
-			break;
-		case 'G':
-			guest_key = optarg;
-			break;
-		case 'p':
-			psk_file = optarg;
-			break;
-		case 'j':
-			json = true;
-			break;
-		case 'c':
-			p.concurrent = true;
-			break;
-		case 'n':
-			if (parse_u64(optarg, &v) < 0 || v > PING_MAX_N) {
-				cmd_err("ping: -n must be 0..%u", PING_MAX_N);
-				return 2;
-			}
-			p.n = (uint32_t)v;
-			break;
-		case 's':
-			if (parse_u64(optarg, &v) < 0 || v > WIRE_PAYLOAD_MAX - 16) {
-				cmd_err("ping: --size must be 0..%u", WIRE_PAYLOAD_MAX - 16);
-				return 2;
-			}
-			p.size = (uint32_t)v;
-			break;
-		case 'w':
-			if (parse_u64(optarg, &v) < 0 || v == 0 || v > 1024) {
-				cmd_err("ping: --window must be 1..1024");
-				return 2;
-			}
-			p.window = (uint32_t)v;
-			break;
-		case 'b':
-			if (parse_u64(optarg, &p.bulk_total) < 0) {
-				cmd_err("ping: --bulk takes a byte count (suffix k, M or G allowed)");
-				return 2;
-			}
-			break;
-		case 't':
-			if (parse_u64(optarg, &timeout_s) < 0 || timeout_s == 0) {
-				cmd_err("ping: --timeout takes seconds > 0");
-				return 2;
-			}
-			break;
-		default:
-			usage();
-			return 2;
-		}
+		if ((r = guest_opts_parse(g, c, optarg)) < 0)
+			return -1;
+		if (r == 0 && parse_ping_opt(p, c, optarg, json) < 0)
+			return -1;
 	}
-	if (!guest || !keyfile || !guest_key || optind != argc) {
+	if (!guest_opts_complete(g) || optind != argc) {
 		usage();
-		return 2;
+		return -1;
 	}
-	if (transport_parse(guest, &addr, err, sizeof(err)) < 0) {
-		cmd_err("--guest: %s", err);
-		return 2;
-	}
-	if (keys_pub_parse(guest_key, peer) < 0) {
-		cmd_err("--guest-key '%s' is not a public key (44 characters of base64)", guest_key);
-		return 2;
-	}
-	if (keys_load(keyfile, &p.key, err, sizeof(err)) < 0) {
+	return 0;
+}
+
+/* Connect and run the exchange. 0, or -1 after saying why. */
+static int run_ping(struct ping *p, const struct guest_opts *g)
+{
+	char err[512];
+	int fd;
+
+	signal(SIGPIPE, SIG_IGN);
+	p->t0_ns = loop_now_ns();
+	if ((fd = transport_connect(&g->addr, (int)(g->timeout_s * 1000), err, sizeof(err))) < 0) {
 		cmd_err("%s", err);
+		return -1;
+	}
+	p->t_connect_ns = loop_now_ns();
+	struct chan_cfg cfg = guest_opts_chan_cfg(g);
+	if (!(p->chan = chan_new(p->loop, fd, &cfg, &ping_ops, p))) {
+		cmd_err("out of memory");
+		return -1;
+	}
+	p->timer = loop_add_timer(p->loop, g->timeout_s * 1000, on_timeout, p);
+	loop_run(p->loop);
+	if (p->err) {
+		cmd_err("ping %s: %s", g->guest, p->why);
+		return -1;
+	}
+	return 0;
+}
+
+/* What a run measured, in milliseconds (connect, handshake), microseconds
+ * (round trips) and seconds (bulk). */
+struct ping_result {
+	double conn_ms, hs_ms, p50, p99, mn, mx, bulk_s;
+};
+
+static void measure(struct ping *p, struct ping_result *res)
+{
+	qsort(p->rtt_ns, p->received, sizeof(uint64_t), cmp_u64);
+	res->hs_ms = (double)(p->t_ready_ns - p->t_connect_ns) / 1e6;
+	res->conn_ms = (double)(p->t_connect_ns - p->t0_ns) / 1e6;
+	res->p50 = pct(p->rtt_ns, p->received, 0.50) / 1e3;
+	res->p99 = pct(p->rtt_ns, p->received, 0.99) / 1e3;
+	res->mn = p->received ? (double)p->rtt_ns[0] / 1e3 : 0;
+	res->mx = p->received ? (double)p->rtt_ns[p->received - 1] / 1e3 : 0;
+	res->bulk_s = p->bulk_total ? (double)(p->bulk_end_ns - p->bulk_start_ns) / 1e9 : 0;
+}
+
+static int report_json(const struct ping *p, const char *guest, const struct ping_result *res)
+{
+	json_t *o = json_pack("{s:s, s:f, s:f, s:{s:I, s:I, s:f, s:f, s:f, s:f}}", "guest", guest, "connect_ms",
+			      res->conn_ms, "handshake_ms", res->hs_ms, "rtt_us", "n", (json_int_t)p->received, "size",
+			      (json_int_t)p->size, "p50", res->p50, "p99", res->p99, "min", res->mn, "max", res->mx);
+	struct rusage ru;
+
+	if (o && getrusage(RUSAGE_SELF, &ru) == 0)
+		json_object_set_new(o, "max_rss_kb", json_integer(ru.ru_maxrss));
+	if (o && p->bulk_total)
+		json_object_set_new(o, "bulk",
+				    json_pack("{s:I, s:f, s:f}", "bytes", (json_int_t)p->bulk_total, "seconds",
+					      res->bulk_s, "mib_per_s",
+					      (double)p->bulk_total / 1048576.0 / res->bulk_s));
+	return cmd_print_json(o);
+}
+
+static void report_text(const struct ping *p, const char *guest, const struct ping_result *res)
+{
+	printf("handshake with %s: %.3f ms (connect %.3f ms)\n", guest, res->hs_ms, res->conn_ms);
+	if (p->received)
+		printf("rtt over %u round trips (%u-byte payload%s): p50 %.1f us, p99 %.1f us, min %.1f us, "
+		       "max %.1f us\n",
+		       p->received, p->size + 12, p->concurrent && p->bulk_total ? ", during bulk" : "", res->p50,
+		       res->p99, res->mn, res->mx);
+	if (p->bulk_total)
+		printf("bulk %" PRIu64 " bytes in %.3f s: %.1f MiB/s\n", p->bulk_total, res->bulk_s,
+		       (double)p->bulk_total / 1048576.0 / res->bulk_s);
+}
+
+int cmd_ping(int argc, char **argv)
+{
+	struct ping p = {.n = 10, .window = 1, .size = 0};
+	struct guest_opts g;
+	struct ping_result res;
+	bool json = false;
+	int status = 1;
+
+	guest_opts_init(&g, "ping", 30);
+	g.psk_status = 1; /* ping has always exited 1 for an unreadable --psk-file */
+	if (parse_args(&p, &g, &json, argc, argv) < 0)
 		return 2;
-	}
-	if (psk_file) {
-		if (keys_load_psk(psk_file, psk, err, sizeof(err)) < 0) {
-			cmd_err("%s", err);
-			goto out;
-		}
-		have_psk = true;
-	}
-	if (keys_signing_key(&p.key, p.sync_sk, p.sync_pk) < 0 || !(p.loop = loop_new()) ||
-	    !(p.sent_ns = mem_calloc(p.n ? p.n : 1, sizeof(uint64_t))) ||
+	if ((status = guest_opts_load(&g)) != 0)
+		goto out;
+	status = 1;
+	if (!(p.loop = loop_new()) || !(p.sent_ns = mem_calloc(p.n ? p.n : 1, sizeof(uint64_t))) ||
 	    !(p.rtt_ns = mem_calloc(p.n ? p.n : 1, sizeof(uint64_t))) || !(p.pad = mem_alloc(p.size + 1))) {
 		cmd_err("out of memory");
 		goto out;
 	}
-	signal(SIGPIPE, SIG_IGN);
-
-	uint64_t t0 = loop_now_ns();
-	if ((fd = transport_connect(&addr, (int)(timeout_s * 1000), err, sizeof(err))) < 0) {
-		cmd_err("%s", err);
+	p.sync_pk = g.sync_pk;
+	if (run_ping(&p, &g) < 0)
 		goto out;
-	}
-	p.t_connect_ns = loop_now_ns();
-	struct chan_cfg cfg = {.role = NOISE_INITIATOR, .self = &p.key, .peer = peer, .psk = have_psk ? psk : NULL};
-	if (!(p.chan = chan_new(p.loop, fd, &cfg, &ping_ops, &p))) {
-		cmd_err("out of memory");
+	measure(&p, &res);
+	if (json && report_json(&p, g.guest, &res) < 0)
 		goto out;
-	}
-	p.timer = loop_add_timer(p.loop, timeout_s * 1000, on_timeout, &p);
-	loop_run(p.loop);
-	if (p.err) {
-		cmd_err("ping %s: %s", guest, p.why);
-		goto out;
-	}
-	qsort(p.rtt_ns, p.received, sizeof(uint64_t), cmp_u64);
-	double hs_ms = (double)(p.t_ready_ns - p.t_connect_ns) / 1e6;
-	double conn_ms = (double)(p.t_connect_ns - t0) / 1e6;
-	double p50 = pct(p.rtt_ns, p.received, 0.50) / 1e3, p99 = pct(p.rtt_ns, p.received, 0.99) / 1e3;
-	double mn = p.received ? (double)p.rtt_ns[0] / 1e3 : 0,
-	       mx = p.received ? (double)p.rtt_ns[p.received - 1] / 1e3 : 0;
-	double bulk_s = p.bulk_total ? (double)(p.bulk_end_ns - p.bulk_start_ns) / 1e9 : 0;
-	if (json) {
-		json_t *o = json_pack("{s:s, s:f, s:f, s:{s:I, s:I, s:f, s:f, s:f, s:f}}", "guest", guest, "connect_ms",
-				      conn_ms, "handshake_ms", hs_ms, "rtt_us", "n", (json_int_t)p.received, "size",
-				      (json_int_t)p.size, "p50", p50, "p99", p99, "min", mn, "max", mx);
-		struct rusage ru;
-		if (o && getrusage(RUSAGE_SELF, &ru) == 0)
-			json_object_set_new(o, "max_rss_kb", json_integer(ru.ru_maxrss));
-		if (o && p.bulk_total)
-			json_object_set_new(o, "bulk",
-					    json_pack("{s:I, s:f, s:f}", "bytes", (json_int_t)p.bulk_total, "seconds",
-						      bulk_s, "mib_per_s", (double)p.bulk_total / 1048576.0 / bulk_s));
-		if (!o || json_dumpf(o, stdout, JSON_COMPACT) < 0) {
-			json_decref(o);
-			cmd_err("out of memory");
-			goto out;
-		}
-		json_decref(o);
-		fputc('\n', stdout);
-	} else {
-		printf("handshake with %s: %.3f ms (connect %.3f ms)\n", guest, hs_ms, conn_ms);
-		if (p.received)
-			printf("rtt over %u round trips (%u-byte payload%s): p50 %.1f us, p99 %.1f us, min %.1f us, "
-			       "max %.1f us\n",
-			       p.received, p.size + 12, p.concurrent && p.bulk_total ? ", during bulk" : "", p50, p99,
-			       mn, mx);
-		if (p.bulk_total)
-			printf("bulk %" PRIu64 " bytes in %.3f s: %.1f MiB/s\n", p.bulk_total, bulk_s,
-			       (double)p.bulk_total / 1048576.0 / bulk_s);
-	}
+	if (!json)
+		report_text(&p, g.guest, &res);
 	status = 0;
 out:
 	if (p.chan)
@@ -571,8 +549,6 @@ out:
 	mem_free(p.rtt_ns);
 	mem_free(p.pad);
 	mem_free(p.bulk_buf);
-	sodium_memzero(&p.key, sizeof(p.key));
-	sodium_memzero(p.sync_sk, sizeof(p.sync_sk));
-	sodium_memzero(psk, sizeof(psk));
+	guest_opts_clear(&g);
 	return status;
 }

@@ -22,7 +22,6 @@
 
 #include "airlock/core/buf.h"
 #include "airlock/core/chan.h"
-#include "airlock/core/keys.h"
 #include "airlock/core/loop.h"
 #include "airlock/core/mem.h"
 #include "airlock/core/transport.h"
@@ -31,6 +30,7 @@
 #include "airlock/sync/audit.h"
 #include "airlock/sync/sync.h"
 #include "cmd_i.h"
+#include "guestopt_i.h"
 
 #define PROGRESS_MS 100u /* at most 10 updates a second */
 
@@ -38,8 +38,7 @@ struct synccmd {
 	struct loop *loop;
 	struct chan *chan;
 	struct sync *sync;
-	struct noise_keypair key;
-	uint8_t sync_sk[64], sync_pk[32], guest_pub[32];
+	const uint8_t *sync_sk, *sync_pk, *guest_pub; /* the loaded keys (guest_opts) */
 	const struct policy *policy;
 	int dirfd;
 	const char *guest;
@@ -268,184 +267,182 @@ static void usage(void)
 	      stderr);
 }
 
-int cmd_sync(int argc, char **argv)
+/* The command line into g, *policy_file, *dir and *json. 0, or -1 (exit 2). */
+static int parse_args(struct guest_opts *g, const char **policy_file, const char **dir, bool *json, int argc,
+		      char **argv)
 {
 	static const struct option opts[] = {
-	    {"guest", required_argument, NULL, 'g'},
-	    {"key", required_argument, NULL, 'k'},
-	    {"guest-key", required_argument, NULL, 'G'},
-	    {"policy", required_argument, NULL, 'P'},
-	    {"psk-file", required_argument, NULL, 'p'},
-	    {"timeout", required_argument, NULL, 't'},
-	    {"json", no_argument, NULL, 'j'},
-	    {NULL, 0, NULL, 0},
+	    GUEST_OPTS_LONG,	     {"policy", required_argument, NULL, 'P'}, GUEST_OPTS_PSK_LONG,
+	    GUEST_OPTS_TIMEOUT_LONG, {"json", no_argument, NULL, 'j'},	       {NULL, 0, NULL, 0},
 	};
-	struct synccmd x = {.dirfd = -1};
-	struct policy *policy = NULL;
-	const char *keyfile = NULL, *guest_key = NULL, *psk_file = NULL, *policy_file = NULL, *dir;
-	uint8_t psk[32];
-	bool have_psk = false, json = false;
-	unsigned long timeout_s = 3600;
-	struct transport_addr addr;
-	char err[1024];
-	int c, fd, status = 1;
+	int c, r;
 
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		switch (c) {
-		case 'g':
-			x.guest = optarg;
-			break;
-		case 'k':
-			keyfile = optarg;
-			break;
-		case 'G':
-			guest_key = optarg;
-			break;
-		case 'P':
-			policy_file = optarg;
-			break;
-		case 'p':
-			psk_file = optarg;
-			break;
-		case 'j':
-			json = true;
-			break;
-		case 't': {
-			char *end;
-			timeout_s = strtoul(optarg, &end, 10);
-			if (*end || !timeout_s) {
-				cmd_err("sync: --timeout takes seconds > 0");
-				return 2;
-			}
-			break;
-		}
-		default:
+		if ((r = guest_opts_parse(g, c, optarg)) < 0)
+			return -1;
+		if (r > 0)
+			continue;
+		if (c == 'P') {
+			*policy_file = optarg;
+		} else if (c == 'j') {
+			*json = true;
+		} else {
 			usage();
-			return 2;
+			return -1;
 		}
 	}
-	if (!x.guest || !keyfile || !guest_key || optind != argc - 1) {
+	if (!guest_opts_complete(g) || optind != argc - 1) {
 		usage();
-		return 2;
+		return -1;
 	}
-	dir = argv[optind];
-	if ((x.dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+	*dir = argv[optind];
+	return 0;
+}
+
+/* The workspace: its directory, its policy, the hash cache's directory.
+ * 0, or -1 after saying why (exit 2). */
+static int open_workspace(struct synccmd *x, const char *dir, const char *policy_file, struct policy **policy)
+{
+	char err[1024];
+
+	if ((x->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
 		cmd_err("sync: workspace %s: %s", dir, strerror(errno));
-		return 2;
+		return -1;
 	}
-	if (policy_load_for_workspace(dir, policy_file, &policy, err, sizeof(err)) < 0) {
+	if (policy_load_for_workspace(dir, policy_file, policy, err, sizeof(err)) < 0) {
 		cmd_err("policy: %s", err);
-		close(x.dirfd);
-		return 2;
+		return -1;
 	}
-	x.policy = policy;
+	x->policy = *policy;
 	/* hash cache beside the audit record; without one every file is hashed */
-	if (audit_dir(dir, 1, x.state_dir, sizeof(x.state_dir), err, sizeof(err)) < 0)
-		x.state_dir[0] = '\0';
-	if (transport_parse(x.guest, &addr, err, sizeof(err)) < 0) {
-		cmd_err("--guest: %s", err);
-		status = 2;
-		goto out;
-	}
-	if (keys_pub_parse(guest_key, x.guest_pub) < 0) {
-		cmd_err("--guest-key '%s' is not a public key (44 characters of base64)", guest_key);
-		status = 2;
-		goto out;
-	}
-	if (keys_load(keyfile, &x.key, err, sizeof(err)) < 0) {
-		cmd_err("%s", err);
-		status = 2;
-		goto out;
-	}
-	if (psk_file) {
-		if (keys_load_psk(psk_file, psk, err, sizeof(err)) < 0) {
-			cmd_err("%s", err);
-			status = 2;
-			goto out;
-		}
-		have_psk = true;
-	}
-	if (keys_signing_key(&x.key, x.sync_sk, x.sync_pk) < 0 || !(x.loop = loop_new())) {
+	if (audit_dir(dir, 1, x->state_dir, sizeof(x->state_dir), err, sizeof(err)) < 0)
+		x->state_dir[0] = '\0';
+	return 0;
+}
+
+/* Connect and run the sync until the guest confirms it or it fails
+ * (x->err). 0, or -1 when it could not start (said why). */
+static int run_sync(struct synccmd *x, const struct guest_opts *g)
+{
+	char err[512];
+	int fd;
+
+	if (!(x->loop = loop_new())) {
 		cmd_err("out of memory");
-		goto out;
+		return -1;
 	}
 	signal(SIGPIPE, SIG_IGN);
-	x.tty = isatty(STDERR_FILENO);
-	x.t0_ns = loop_now_ns();
-	if ((fd = transport_connect(&addr, 30000, err, sizeof(err))) < 0) {
+	x->tty = isatty(STDERR_FILENO);
+	x->t0_ns = loop_now_ns();
+	if ((fd = transport_connect(&g->addr, 30000, err, sizeof(err))) < 0) {
 		cmd_err("sync: %s", err);
-		goto out;
+		return -1;
 	}
-	struct chan_cfg cfg = {
-	    .role = NOISE_INITIATOR, .self = &x.key, .peer = x.guest_pub, .psk = have_psk ? psk : NULL};
-	if (!(x.chan = chan_new(x.loop, fd, &cfg, &sync_chan_ops, &x))) {
+	struct chan_cfg cfg = guest_opts_chan_cfg(g);
+	if (!(x->chan = chan_new(x->loop, fd, &cfg, &sync_chan_ops, x))) {
 		cmd_err("out of memory");
+		return -1;
+	}
+	x->timer = loop_add_timer(x->loop, g->timeout_s * 1000, on_timeout, x);
+	if (x->tty)
+		x->ptimer = loop_add_timer(x->loop, PROGRESS_MS, on_ptimer, x);
+	loop_run(x->loop);
+	if (x->tty)
+		show_progress(x, true);
+	return 0;
+}
+
+/* The audit record is written whenever the host tree was scanned, also
+ * when the guest then failed: what was withheld is a fact of the host
+ * tree. */
+static void save_audit(const struct synccmd *x, const char *dir, const struct policy *policy)
+{
+	size_t nw, ns;
+	uint64_t tw, ts;
+	char err[1024];
+	const struct sync_record *w = sync_withheld(x->sync, &nw, &tw), *s = sync_skipped(x->sync, &ns, &ts);
+
+	if (sync_get_stats(x->sync)->host_entries &&
+	    audit_save_withheld(dir, policy_source(policy), w, nw, tw, s, ns, ts, err, sizeof(err)) < 0)
+		cmd_err("audit record: %s", err);
+	for (size_t i = 0; i < ns && i < 20; i++)
+		cmd_err("skipped %s: %s", s[i].path, s[i].rule);
+	if (ns > 20)
+		cmd_err("... and %" PRIu64 " more skipped (airlock audit -C %s)", ts - 20, dir);
+}
+
+static int report_json(const struct synccmd *x, const char *dir, double secs)
+{
+	const struct sync_stats *st = sync_get_stats(x->sync);
+	uint64_t wire = x->last.bytes_out + x->last.bytes_in;
+	json_t *o = json_pack(
+	    "{s:s, s:s, s:b, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
+	    "s:I, "
+	    "s:I, s:I, s:I, s:I, s:I}",
+	    "workspace", dir, "guest", x->guest, "ok", 1, "seconds", secs, "files_sent", (json_int_t)st->files,
+	    "symlinks_sent", (json_int_t)st->symlinks, "dirs_made", (json_int_t)st->dirs, "chmods",
+	    (json_int_t)st->chmods, "deleted", (json_int_t)st->deleted, "changes", (json_int_t)st->changes,
+	    "content_bytes", (json_int_t)st->content_bytes, "batch_bytes", (json_int_t)st->batch_bytes, "batches",
+	    (json_int_t)st->batches, "wire_bytes", (json_int_t)wire, "wire_bytes_out", (json_int_t)x->last.bytes_out,
+	    "wire_bytes_in", (json_int_t)x->last.bytes_in, "withheld", (json_int_t)st->withheld, "skipped",
+	    (json_int_t)st->skipped, "vanished", (json_int_t)st->vanished, "host_entries", (json_int_t)st->host_entries,
+	    "guest_levels", (json_int_t)st->levels, "kept_dirs", (json_int_t)st->kept_dirs, "guest_seq",
+	    (json_int_t)st->guest_seq);
+
+	return cmd_print_json(o);
+}
+
+static void report_text(const struct synccmd *x, const char *dir, double secs)
+{
+	const struct sync_stats *st = sync_get_stats(x->sync);
+	uint64_t wire = x->last.bytes_out + x->last.bytes_in;
+
+	printf("synced %s to %s: %" PRIu64 " files sent (%.1f MiB), %" PRIu64 " deleted, %.1f MiB on the "
+	       "wire, %" PRIu64 " withheld, %" PRIu64 " skipped, %.2f s\n",
+	       dir, x->guest, st->files + st->symlinks, (double)st->content_bytes / 1048576.0, st->deleted,
+	       (double)wire / 1048576.0, st->withheld, st->skipped, secs);
+}
+
+int cmd_sync(int argc, char **argv)
+{
+	struct synccmd x = {.dirfd = -1};
+	struct guest_opts g;
+	struct policy *policy = NULL;
+	const char *policy_file = NULL, *dir;
+	bool json = false;
+	int status = 1;
+
+	guest_opts_init(&g, "sync", 3600);
+	if (parse_args(&g, &policy_file, &dir, &json, argc, argv) < 0)
+		return 2;
+	x.guest = g.guest;
+	if (open_workspace(&x, dir, policy_file, &policy) < 0) {
+		status = 2;
 		goto out;
 	}
-	x.timer = loop_add_timer(x.loop, (uint64_t)timeout_s * 1000, on_timeout, &x);
-	if (x.tty)
-		x.ptimer = loop_add_timer(x.loop, PROGRESS_MS, on_ptimer, &x);
-	loop_run(x.loop);
-	if (x.tty)
-		show_progress(&x, true);
-
-	/* The audit record is written whenever the host tree was scanned,
-	 * also when the guest then failed: what was withheld is a fact of
-	 * the host tree. */
-	if (x.sync) {
-		size_t nw, ns;
-		uint64_t tw, ts;
-		const struct sync_record *w = sync_withheld(x.sync, &nw, &tw), *s = sync_skipped(x.sync, &ns, &ts);
-		if (sync_get_stats(x.sync)->host_entries &&
-		    audit_save_withheld(dir, policy_source(policy), w, nw, tw, s, ns, ts, err, sizeof(err)) < 0)
-			cmd_err("audit record: %s", err);
-		for (size_t i = 0; i < ns && i < 20; i++)
-			cmd_err("skipped %s: %s", s[i].path, s[i].rule);
-		if (ns > 20)
-			cmd_err("... and %" PRIu64 " more skipped (airlock audit -C %s)", ts - 20, dir);
-	}
+	if ((status = guest_opts_load(&g)) != 0)
+		goto out;
+	status = 1;
+	x.sync_sk = g.sync_sk;
+	x.sync_pk = g.sync_pk;
+	x.guest_pub = g.guest_pub;
+	if (run_sync(&x, &g) < 0)
+		goto out;
+	if (x.sync)
+		save_audit(&x, dir, policy);
 	if (x.err) {
 		cmd_err("sync %s to %s: %s", dir, x.guest, x.why);
 		goto out;
 	}
-	{
-		const struct sync_stats *st = sync_get_stats(x.sync);
-		double secs = (double)(loop_now_ns() - x.t0_ns) / 1e9;
-		uint64_t wire = x.last.bytes_out + x.last.bytes_in;
-		if (json) {
-			json_t *o = json_pack(
-			    "{s:s, s:s, s:b, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
-			    "s:I, "
-			    "s:I, s:I, s:I, s:I, s:I}",
-			    "workspace", dir, "guest", x.guest, "ok", 1, "seconds", secs, "files_sent",
-			    (json_int_t)st->files, "symlinks_sent", (json_int_t)st->symlinks, "dirs_made",
-			    (json_int_t)st->dirs, "chmods", (json_int_t)st->chmods, "deleted", (json_int_t)st->deleted,
-			    "changes", (json_int_t)st->changes, "content_bytes", (json_int_t)st->content_bytes,
-			    "batch_bytes", (json_int_t)st->batch_bytes, "batches", (json_int_t)st->batches,
-			    "wire_bytes", (json_int_t)wire, "wire_bytes_out", (json_int_t)x.last.bytes_out,
-			    "wire_bytes_in", (json_int_t)x.last.bytes_in, "withheld", (json_int_t)st->withheld,
-			    "skipped", (json_int_t)st->skipped, "vanished", (json_int_t)st->vanished, "host_entries",
-			    (json_int_t)st->host_entries, "guest_levels", (json_int_t)st->levels, "kept_dirs",
-			    (json_int_t)st->kept_dirs, "guest_seq", (json_int_t)st->guest_seq);
-			if (!o || json_dumpf(o, stdout, JSON_COMPACT) < 0) {
-				json_decref(o);
-				cmd_err("out of memory");
-				goto out;
-			}
-			json_decref(o);
-			fputc('\n', stdout);
-		} else {
-			printf("synced %s to %s: %" PRIu64 " files sent (%.1f MiB), %" PRIu64
-			       " deleted, %.1f MiB on the "
-			       "wire, %" PRIu64 " withheld, %" PRIu64 " skipped, %.2f s\n",
-			       dir, x.guest, st->files + st->symlinks, (double)st->content_bytes / 1048576.0,
-			       st->deleted, (double)wire / 1048576.0, st->withheld, st->skipped, secs);
-		}
-		if (st->vanished)
-			cmd_err("%" PRIu64 " files changed or vanished while being sent; run the sync again",
-				st->vanished);
-	}
+	double secs = (double)(loop_now_ns() - x.t0_ns) / 1e9;
+	if (json && report_json(&x, dir, secs) < 0)
+		goto out;
+	if (!json)
+		report_text(&x, dir, secs);
+	if (sync_get_stats(x.sync)->vanished)
+		cmd_err("%" PRIu64 " files changed or vanished while being sent; run the sync again",
+			sync_get_stats(x.sync)->vanished);
 	status = 0;
 out:
 	if (x.chan)
@@ -459,8 +456,6 @@ out:
 	policy_free(policy);
 	if (x.dirfd >= 0)
 		close(x.dirfd);
-	sodium_memzero(&x.key, sizeof(x.key));
-	sodium_memzero(x.sync_sk, sizeof(x.sync_sk));
-	sodium_memzero(psk, sizeof(psk));
+	guest_opts_clear(&g);
 	return status;
 }

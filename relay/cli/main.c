@@ -42,6 +42,18 @@ void cmd_err(const char *fmt, ...)
 	fputc('\n', stderr);
 }
 
+int cmd_print_json(json_t *o)
+{
+	if (!o || json_dumpf(o, stdout, JSON_COMPACT) < 0) {
+		json_decref(o);
+		cmd_err("out of memory");
+		return -1;
+	}
+	json_decref(o);
+	fputc('\n', stdout);
+	return 0;
+}
+
 static void usage(FILE *f)
 {
 	fputs("usage: airlock COMMAND [ARGS]\n\ncommands:\n", f);

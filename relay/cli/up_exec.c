@@ -1,0 +1,430 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The relay backend of airlock up (relay_backend_ops over the channel):
+ * commands to the guest on exec streams, sync_wait waiters, and which
+ * command an egress connection belongs to (doc/UP.md "Exec").
+ *
+ * Each command gets its own host-opened stream. EXEC_START goes out only
+ * once applied_seq has reached the journal's barrier seq taken when the
+ * request arrived (doc/UP.md "Exec"): a command never sees a file older
+ * than the request. Output credit is returned as the relay takes the
+ * bytes, and held back while the relay pauses the command, so a slow
+ * client stalls that command in the guest and nothing else. Nothing ever
+ * runs on the host: without a guest the request fails.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "airlock/core/buf.h"
+#include "airlock/core/chan.h"
+#include "airlock/core/mem.h"
+#include "airlock/core/wire.h"
+#include "airlock/egress/egress_link.h"
+#include "airlock/host/route.h"
+#include "airlock/mount/journal.h"
+#include "airlock/server/relay.h"
+#include "airlock/sync/sync.h"
+#include "cmd_i.h"
+#include "up_i.h"
+
+static void xcmd_free(struct up *u, struct xcmd *x)
+{
+	for (struct xcmd **pp = &u->exec.xcmds; *pp; pp = &(*pp)->next) {
+		if (*pp == x) {
+			*pp = x->next;
+			break;
+		}
+	}
+	if (x->stream && u->conn.chan)
+		chan_stream_close(u->conn.chan, x->stream);
+	buf_clear(&x->start);
+	mem_free(x);
+}
+
+/* The scan restarts after each one: the relay's callbacks may change the
+ * list. */
+void up_exec_fail_some(struct up *u, int which, const char *code, const char *msg)
+{
+	struct xcmd *x = u->exec.xcmds;
+
+	while (x) {
+		struct relay_cmd *cmd = x->cmd;
+		if ((which == 1 && !x->stream) || (which == 2 && x->stream)) {
+			x = x->next;
+			continue;
+		}
+		x->stream = 0; /* the chan is gone or going */
+		xcmd_free(u, x);
+		if (cmd)
+			relay_cmd_error(cmd, code, msg);
+		x = u->exec.xcmds;
+	}
+}
+
+static bool guest_usable(const struct up *u)
+{
+	return u->conn.chan && !u->stopping && (u->conn.state == UP_LIVE || u->conn.state == UP_RECONCILING);
+}
+
+void up_exec_kick(struct up *u)
+{
+	struct xcmd *x, *next;
+
+	for (struct syncw **pp = &u->exec.syncws; *pp;) {
+		struct syncw *w = *pp;
+		if (u->sync.applied_seq >= w->barrier) {
+			*pp = w->next;
+			relay_sync_done(u->exec.relay, w->token);
+			mem_free(w);
+		} else {
+			pp = &w->next;
+		}
+	}
+	if (u->conn.state != UP_LIVE || !u->conn.chan)
+		return;
+	for (x = u->exec.xcmds; x; x = next) {
+		int r;
+		next = x->next;
+		if (x->stream || u->sync.applied_seq < x->barrier)
+			continue;
+		if (!(x->stream = chan_stream_open(u->conn.chan, 0))) {
+			struct relay_cmd *cmd = x->cmd;
+			xcmd_free(u, x);
+			relay_cmd_error(cmd, "busy", "too many streams to the guest");
+			continue;
+		}
+		r = chan_send(u->conn.chan, WIRE_EXEC_START, x->stream, buf_ptr(&x->start), buf_len(&x->start));
+		if (r == -EAGAIN) { /* no room now: before_sleep tries again */
+			chan_stream_close(u->conn.chan, x->stream);
+			x->stream = 0;
+			continue;
+		}
+		if (r < 0) {
+			struct relay_cmd *cmd = x->cmd;
+			char msg[128];
+			snprintf(msg, sizeof(msg), "sending the command to the guest failed: %s", strerror(-r));
+			xcmd_free(u, x);
+			relay_cmd_error(cmd, "backend_error", msg);
+			continue;
+		}
+		buf_clear(&x->start);
+	}
+}
+
+static int be_exec_start(void *ud, struct relay_cmd *cmd, const struct relay_exec_req *req)
+{
+	struct up *u = ud;
+	struct xcmd *x;
+	uint8_t flags = (uint8_t)((req->tty ? WIRE_EXEC_F_TTY : 0) | (req->stdin_open ? WIRE_EXEC_F_STDIN : 0) |
+				  (u->exec.egress ? WIRE_EXEC_F_PROXY : 0) | (req->nforwarded ? WIRE_EXEC_F_FWD : 0));
+	int r;
+
+	up_touch(u);
+	/* with the embedded sandbox a command waits for a (re)connection in
+	 * progress or scheduled, e.g. after an idle stop; it fails if that
+	 * connection attempt does */
+	if (!guest_usable(u) && !(u->sandbox.use && (u->conn.chan || u->conn.retry_timer) && !u->stopping)) {
+		relay_cmd_error(cmd, "guest_disconnected",
+				"the guest is not connected (see airlock status); nothing was run");
+		return 0;
+	}
+	if (!(x = mem_calloc(1, sizeof(*x))))
+		return -ENOMEM;
+	x->u = u;
+	x->cmd = cmd;
+	egress_link_describe(relay_cmd_name(cmd), req->argv, req->argc, x->desc, sizeof(x->desc));
+	buf_init(&x->start, WIRE_PAYLOAD_MAX);
+	if ((r = buf_put_u8(&x->start, flags)) < 0 || (r = buf_put_u64(&x->start, req->timeout_ms)) < 0 ||
+	    (r = buf_put_u16(&x->start, req->rows)) < 0 || (r = buf_put_u16(&x->start, req->cols)) < 0 ||
+	    (r = buf_put_str(&x->start, req->cwd ? req->cwd : "")) < 0 ||
+	    (r = buf_put_u32(&x->start, (uint32_t)req->argc)) < 0)
+		goto fail;
+	for (size_t i = 0; i < req->argc; i++)
+		if ((r = buf_put_str(&x->start, req->argv[i])) < 0)
+			goto fail;
+	if ((r = buf_put_u32(&x->start, (uint32_t)req->nenv)) < 0)
+		goto fail;
+	for (size_t i = 0; i < req->nenv; i++)
+		if ((r = buf_put_str(&x->start, req->env[i])) < 0)
+			goto fail;
+	if (req->nforwarded && (r = route_put_forwarded(&x->start, req)) < 0) /* credentials: wiped with x->start */
+		goto fail;
+	if (req->argc == 0 || req->argc > WIRE_EXEC_ARGS_MAX || req->nenv > WIRE_EXEC_ARGS_MAX) {
+		r = -E2BIG;
+		goto fail;
+	}
+	x->barrier = journal_barrier_seq(u->journal);
+	x->next = u->exec.xcmds;
+	u->exec.xcmds = x;
+	relay_cmd_set_data(cmd, x);
+	up_exec_kick(u);
+	return 0;
+fail:
+	buf_clear(&x->start);
+	mem_free(x);
+	return r == -ENOBUFS ? -E2BIG : r; /* argv + env must fit one frame (64 KiB) */
+}
+
+static int be_stdin_write(void *ud, struct relay_cmd *cmd, const void *data, size_t n, bool eof)
+{
+	struct up *u = ud;
+	struct xcmd *x = relay_cmd_data(cmd);
+	const uint8_t *p = data;
+	uint8_t frame[WIRE_PAYLOAD_MAX];
+	size_t nframes = n / (WIRE_PAYLOAD_MAX - 1) + 1;
+	int r;
+
+	if (!x || !u->conn.chan)
+		return -ENOTCONN;
+	if (!x->stream || x->stdin_inflight + n > WIRE_EXEC_STDIN_WINDOW ||
+	    chan_send_space(u->conn.chan, x->stream) < n + nframes)
+		return -EAGAIN;
+	do {
+		size_t k = n > WIRE_PAYLOAD_MAX - 1 ? WIRE_PAYLOAD_MAX - 1 : n;
+		frame[0] = eof && k == n;
+		memcpy(frame + 1, p, k);
+		if ((r = chan_send(u->conn.chan, WIRE_EXEC_STDIN, x->stream, frame, k + 1)) < 0)
+			return r;
+		x->stdin_inflight += k;
+		p += k;
+		n -= k;
+	} while (n > 0);
+	return 0;
+}
+
+static int be_send_small(struct up *u, struct relay_cmd *cmd, uint8_t type, const void *p, size_t n)
+{
+	struct xcmd *x = relay_cmd_data(cmd);
+
+	if (!x || !u->conn.chan)
+		return -ENOTCONN;
+	if (!x->stream)
+		return -EAGAIN; /* still waiting for its barrier */
+	return chan_send(u->conn.chan, type, x->stream, p, n);
+}
+
+static int be_signal(void *ud, struct relay_cmd *cmd, int signo)
+{
+	uint8_t p[4] = {0, 0, 0, (uint8_t)signo};
+
+	if (signo < 1 || signo > 64)
+		return -EINVAL;
+	return be_send_small(ud, cmd, WIRE_EXEC_SIGNAL, p, sizeof(p));
+}
+
+static int be_resize(void *ud, struct relay_cmd *cmd, uint16_t rows, uint16_t cols)
+{
+	uint8_t p[4] = {(uint8_t)(rows >> 8), (uint8_t)rows, (uint8_t)(cols >> 8), (uint8_t)cols};
+
+	return be_send_small(ud, cmd, WIRE_EXEC_RESIZE, p, sizeof(p));
+}
+
+static int be_cancel(void *ud, struct relay_cmd *cmd)
+{
+	struct up *u = ud;
+	struct xcmd *x = relay_cmd_data(cmd);
+
+	if (x && !x->stream) { /* never reached the guest */
+		xcmd_free(u, x);
+		relay_cmd_error(cmd, "canceled", "canceled before it started in the guest");
+		return 0;
+	}
+	return be_send_small(u, cmd, WIRE_EXEC_CANCEL, NULL, 0);
+}
+
+static void be_pause(void *ud, struct relay_cmd *cmd, bool paused)
+{
+	struct up *u = ud;
+	struct xcmd *x = relay_cmd_data(cmd);
+
+	if (!x)
+		return;
+	x->paused = paused;
+	if (!paused && x->owed && x->stream && u->conn.chan) {
+		chan_consume(u->conn.chan, x->stream, x->owed);
+		x->owed = 0;
+	}
+}
+
+static int be_sync_wait(void *ud, uint64_t token)
+{
+	struct up *u = ud;
+	struct syncw *w;
+
+	up_touch(u);
+	if (!(w = mem_calloc(1, sizeof(*w))))
+		return -ENOMEM;
+	w->token = token;
+	w->barrier = journal_barrier_seq(u->journal);
+	w->next = u->exec.syncws;
+	u->exec.syncws = w;
+	up_exec_kick(u);
+	return 0;
+}
+
+static void be_release(void *ud, struct relay_cmd *cmd)
+{
+	struct up *u = ud;
+	struct xcmd *x = relay_cmd_data(cmd);
+
+	if (!x)
+		return;
+	if (x->stream && u->conn.chan)
+		chan_send(u->conn.chan, WIRE_EXEC_CANCEL, x->stream, NULL,
+			  0); /* the guest also kills it when the session ends */
+	xcmd_free(u, x);
+}
+
+bool up_guest_ready(void *ud)
+{
+	return guest_usable(ud);
+}
+
+const struct relay_backend_ops up_backend_ops = {
+    .exec_start = be_exec_start,
+    .stdin_write = be_stdin_write,
+    .signal = be_signal,
+    .resize = be_resize,
+    .cancel = be_cancel,
+    .pause = be_pause,
+    .sync_wait = be_sync_wait,
+    .release = be_release,
+};
+
+static struct xcmd *xcmd_by_stream(struct up *u, uint32_t stream)
+{
+	for (struct xcmd *x = u->exec.xcmds; x; x = x->next)
+		if (x->stream && x->stream == stream)
+			return x;
+	return NULL;
+}
+
+/* egress_link: which command a proxy connection belongs to */
+static struct relay_cmd *link_find_cmd(void *ud, uint32_t exec_stream, const char **desc)
+{
+	struct xcmd *x = xcmd_by_stream(ud, exec_stream);
+
+	if (!x)
+		return NULL;
+	*desc = x->desc;
+	return x->cmd;
+}
+
+static void link_changed(void *ud)
+{
+	up_mark_dirty(ud); /* egress figures in the status file */
+}
+
+const struct egress_link_ops up_link_ops = {
+    .find_cmd = link_find_cmd,
+    .on_change = link_changed,
+};
+
+void up_exec_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t *data, size_t n)
+{
+	struct xcmd *x = xcmd_by_stream(u, stream);
+	struct relay_cmd *cmd;
+	struct buf in;
+	char why[160];
+
+	if (!x) { /* released meanwhile: return the credit, forget the stream at its
+		     end */
+		if (u->conn.chan && (type == WIRE_EXEC_STDOUT || type == WIRE_EXEC_STDERR))
+			chan_consume(u->conn.chan, stream, n);
+		if (u->conn.chan && (type == WIRE_EXEC_EXIT || type == WIRE_EXEC_ERROR))
+			chan_stream_close(u->conn.chan, stream);
+		return;
+	}
+	cmd = x->cmd;
+	buf_view(&in, data, n);
+	switch (type) {
+	case WIRE_EXEC_STARTED: {
+		uint64_t pid;
+		if (buf_get_u64(&in, &pid) < 0 || pid > INT32_MAX)
+			goto bad;
+		relay_cmd_started(cmd, (int64_t)pid);
+		chan_consume(u->conn.chan, stream, n); /* every frame on the stream counts against its window */
+		return;
+	}
+	case WIRE_EXEC_STDOUT:
+	case WIRE_EXEC_STDERR:
+		relay_cmd_output(cmd, type == WIRE_EXEC_STDOUT ? RELAY_STDOUT : RELAY_STDERR, data, n);
+		if (x->paused)
+			x->owed += n;
+		else
+			chan_consume(u->conn.chan, stream, n);
+		return;
+	case WIRE_EXEC_STDIN_ACK: {
+		uint32_t k;
+		if (buf_get_u32(&in, &k) < 0 || k > x->stdin_inflight)
+			goto bad;
+		x->stdin_inflight -= k;
+		chan_consume(u->conn.chan, stream, n);
+		return;
+	}
+	case WIRE_EXEC_EXIT: {
+		uint32_t code, sig;
+		uint8_t fl;
+		uint64_t dur, nout, nerr;
+		if (buf_get_u32(&in, &code) < 0 || buf_get_u32(&in, &sig) < 0 || buf_get_u8(&in, &fl) < 0 ||
+		    buf_get_u64(&in, &dur) < 0 || buf_get_u64(&in, &nout) < 0 || buf_get_u64(&in, &nerr) < 0 ||
+		    code > 255 || sig > 64)
+			goto bad;
+		struct relay_exit ex = {
+		    .code = sig ? -1 : (int)code,
+		    .signal = (int)sig,
+		    .timed_out = fl & WIRE_EXEC_X_TIMED_OUT,
+		    .duration_ms = dur,
+		};
+		xcmd_free(u, x);
+		relay_cmd_exit(cmd, &ex);
+		return;
+	}
+	case WIRE_EXEC_ERROR: {
+		uint32_t err;
+		char *msg = NULL;
+		if (buf_get_u32(&in, &err) < 0 || buf_get_str(&in, &msg, 1024) < 0) {
+			mem_free(msg);
+			goto bad;
+		}
+		xcmd_free(u, x);
+		relay_cmd_error(
+		    cmd, err == EXDEV || err == ENOENT || err == ENOTDIR || err == EACCES ? "bad_cwd" : "spawn_failed",
+		    msg);
+		mem_free(msg);
+		return;
+	}
+	default:
+		break;
+	}
+bad:
+	snprintf(why, sizeof(why), "malformed %s (%u) from the guest on stream %u", wire_type_name(type), type, stream);
+	up_drop_conn(u, -EPROTO, why);
+}
+
+bool up_exec_refused(struct up *u, uint32_t stream, const char *msg)
+{
+	struct xcmd *x = xcmd_by_stream(u, stream);
+	struct relay_cmd *cmd;
+	char why[400];
+
+	if (!x)
+		return false;
+	cmd = x->cmd;
+	snprintf(why, sizeof(why), "the guest refused the command: %.200s", msg);
+	xcmd_free(u, x);
+	relay_cmd_error(cmd, "backend_error", why);
+	return true;
+}
+
+void up_exec_clear(struct up *u)
+{
+	while (u->exec.xcmds) /* relay_free released them all; nothing of the relay may be used now */
+		xcmd_free(u, u->exec.xcmds);
+	while (u->exec.syncws) {
+		struct syncw *w = u->exec.syncws;
+		u->exec.syncws = w->next;
+		mem_free(w);
+	}
+}

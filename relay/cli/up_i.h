@@ -1,0 +1,278 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef AIRLOCK_UP_I_H
+#define AIRLOCK_UP_I_H
+
+/*
+ * Private to `airlock up` and its companions down, status and sync-wait
+ * (doc/UP.md). The daemon is one struct up, one sub-struct per concern,
+ * and one file per concern:
+ *
+ *   up.c         cmd_up: parse, set up each service, run, tear down
+ *   up_daemon.c  the loop's hooks, signals, the guest connection and its
+ *                reconnect backoff, the embedded sandbox and its idle TTL
+ *   up_sync.c    journal -> pending set -> sync engine operations, the
+ *                applied barrier, the latency window, the audit record
+ *   up_exec.c    the relay backend: commands to the guest on exec streams
+ *                (struct xcmd), sync_wait waiters, egress lookups
+ *   up_status.c  the status file; `airlock status` and `sync-wait`
+ *   up_state.c   the state directory, pid file and lock; `airlock down`
+ *
+ * Threads: the loop thread owns everything below except first_notify_ns
+ * and mount_gone, which FUSE threads set (atomics). FUSE threads only
+ * append to the journal and loop_wake(); the loop never waits for FUSE
+ * except inside mount_stop() at shutdown.
+ */
+
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include "airlock/core/buf.h"
+#include "airlock/egress/egress_link.h"
+#include "airlock/sandbox/sandbox.h"
+#include "airlock/sync/sync.h"
+#include "guestopt_i.h"
+
+#define UP_PID_FILE    "up.pid"	     /* pid, flock'ed by the daemon while it runs */
+#define UP_STATUS_FILE "status.json" /* written by the daemon, read by status/sync-wait */
+#define UP_LOG_FILE    "up.log"	     /* the daemon's stderr after -d */
+#define STATUS_MIN_MS  100u	     /* status file rewritten at most this often */
+#define BACKOFF_MIN_MS 100u
+#define BACKOFF_MAX_MS 5000u
+#define CONNECT_MS     2000    /* one connect attempt (blocks the loop: see doc/UP.md) */
+#define LAT_WINDOW     1000u   /* pushes kept for the latency percentiles */
+#define PENDING_MAX    100000u /* more distinct dirty paths than this: full reconcile */
+#define DRAIN_BATCH    256u
+#define DOWN_WAIT_MS   10000u
+#define POLICY_NOTE    "policy is read once at start: edits to it apply after restart"
+
+struct loop;
+struct journal;
+struct mount;
+struct chan;
+struct relay;
+struct relay_cmd;
+struct route;
+struct relay_backend_ops;
+struct egress_link_ops;
+
+/* A set of dirty paths (open addressing, owned strings), up_sync.c. */
+struct pathset {
+	char **slot;		/* cap entries, NULL = empty */
+	struct sync_hint *hint; /* what the journal said about slot[i]'s content */
+	size_t cap, n;
+};
+
+/* One command forwarded to the guest on its own stream (doc/UP.md "Exec"). */
+struct xcmd {
+	struct up *u;
+	struct relay_cmd *cmd;
+	struct xcmd *next;
+	struct buf start; /* EXEC_START payload, until sent */
+	uint64_t barrier; /* journal seq the guest must have applied first */
+	uint32_t stream;  /* 0 until EXEC_START went out */
+	bool paused;	  /* the relay holds output back: credit is owed, not returned */
+	size_t owed;
+	size_t stdin_inflight;		 /* stdin bytes sent, not yet acknowledged
+					    (WIRE_EXEC_STDIN_WINDOW) */
+	char desc[EGRESS_LINK_DESC_MAX]; /* "id argv..." for egress denial records */
+};
+
+/* A sync_wait waiting for its barrier. */
+struct syncw {
+	uint64_t token, barrier;
+	struct syncw *next;
+};
+
+enum up_state { UP_DOWN, UP_HANDSHAKE, UP_RECONCILING, UP_LIVE };
+
+/* The guest connection and its lifecycle (up_daemon.c): who the guest is,
+ * the channel, the reconnect backoff. */
+struct up_conn {
+	struct guest_opts g; /* --guest and its keys, or the sandbox's */
+	const char *guest;   /* what the guest is called in messages and status */
+	struct chan *chan;
+	enum up_state state;
+	uint64_t backoff_ms, retry_timer, stop_timer;
+	uint64_t reconnects;
+	uint64_t bytes_closed; /* bytes_out of chans already gone */
+	bool announced;	       /* the "in sync" line was printed */
+	char last_error[1024];
+};
+
+/* The sync engine, the operation it runs, and the dirty paths waiting for
+ * the next one (up_sync.c). */
+struct up_sync {
+	struct sync *engine, *dead; /* dead: freed in before_sleep, off the engine's stack */
+	bool busy, op_full;	    /* an operation runs; it is a reconcile */
+	uint64_t op_upto, op_t0_ns; /* journal seq it covers; first notify of its changes */
+	size_t op_npaths;
+	struct pathset pending; /* dirty paths not yet handed to the engine */
+	bool pending_full;	/* a root rescan: the next operation is a reconcile */
+	uint64_t pending_upto, pending_t0_ns;
+	uint64_t applied_seq; /* every journaled op <= this is on the guest */
+	uint64_t withheld, withheld_saved;
+};
+
+/* Edit-to-apply latency of the last LAT_WINDOW pushes (up_sync.c). */
+struct up_latency {
+	uint64_t ns[LAT_WINDOW];
+	size_t n, next;
+};
+
+/* The status file's throttle (up_status.c). */
+struct up_status {
+	uint64_t last_ms, timer;
+	bool dirty;
+};
+
+/* The policy, read once at start, and where its file is to notice edits. */
+struct up_policy {
+	struct policy *policy;
+	char rel[PATH_MAX]; /* policy file relative to dir ("" = outside: abs) */
+	char abs[PATH_MAX]; /* "" = built-in default */
+	struct timespec mtime;
+};
+
+/* The relay socket and what it runs through (up_exec.c). */
+struct up_exec {
+	struct relay *relay;
+	struct egress_link *egress; /* the sandbox's only way out: proxy streams -> egress proxy */
+	struct route *route;	    /* relay backend: local vs guest, credentials (route.h) */
+	char sock[PATH_MAX];	    /* relay socket path */
+	struct xcmd *xcmds;	    /* commands not yet ended */
+	struct syncw *syncws;	    /* sync_waits not yet satisfied */
+};
+
+/* The embedded sandbox (no --guest): doc/SANDBOX.md (up_daemon.c). */
+struct up_sandbox {
+	struct sandbox_cfg cfg;
+	struct sandbox *sb; /* NULL when none runs (idle-stopped, or --guest) */
+	bool use;
+	bool idle_stopped;	 /* stopped by the idle TTL; the next activity starts it */
+	int64_t ttl_s;		 /* workspace.ttl_seconds; <= 0: no idle stop */
+	uint64_t last_active_ms; /* last relay request or sync activity */
+	uint64_t idle_timer;
+	char describe[256];		/* kept while idle-stopped, for status */
+	char dir[PATH_MAX];		/* its state directory, likewise */
+	char guest_name[PATH_MAX + 32]; /* what conn.guest shows for a sandbox */
+};
+
+struct up {
+	struct loop *loop;
+	struct journal *journal;
+	struct mount *mount;
+	char dir[PATH_MAX];	  /* realpath of DIR */
+	char state_dir[PATH_MAX]; /* audit_dir(DIR) */
+	int dirfd, sigfd, lockfd, ready_fd;
+	bool stopping;
+
+	struct up_conn conn;
+	struct up_sync sync;
+	struct up_latency lat;
+	struct up_status status;
+	struct up_policy pol;
+	struct up_exec exec;
+	struct up_sandbox sandbox;
+
+	_Atomic uint64_t first_notify_ns; /* set by FUSE threads, taken by the loop */
+	atomic_bool mount_gone;
+};
+
+/* A change for the status file (written at most every STATUS_MIN_MS). */
+static inline void up_mark_dirty(struct up *u)
+{
+	u->status.dirty = true;
+}
+
+/* ---- up_daemon.c ---- */
+
+/* The loop, the journal and the signalfd (SIGTERM, SIGINT, SIGHUP stop;
+ * SIGUSR1 asks for a fresh status), with the loop's hooks. Blocks those
+ * signals first: every thread started later (FUSE workers) inherits that.
+ * 0, or -1 after saying why. */
+int up_loop_init(struct up *u);
+/* FUSE thread: the journal went from empty to non-empty. */
+void up_on_journal_notify(void *ud);
+/* FUSE thread: the session ended by itself (someone unmounted DIR). */
+void up_on_mount_exit(void *ud);
+/* Connect to the guest (starting the sandbox first if it is not running);
+ * on failure the retry is scheduled. */
+void up_connect(struct up *u);
+/* Drop the connection after an engine or protocol failure; on_close
+ * schedules the reconnect. why NULL: strerror(-err). */
+void up_drop_conn(struct up *u, int err, const char *why);
+/* The first reconcile of a connection finished: the guest is live. */
+void up_conn_live(struct up *u);
+/* Start the sandbox; its keys and address become the guest's (u->conn.g).
+ * Blocks the loop for the start (bounded by SANDBOX_START_MS; ~10 ms for
+ * local). */
+int up_sandbox_begin(struct up *u, char *err, size_t errlen);
+/* Start the idle TTL's timer (a sandbox with workspace.ttl_seconds). */
+void up_sandbox_arm_idle(struct up *u);
+/* Activity (a relay request, a journaled change): refresh the idle TTL and
+ * start an idle-stopped sandbox again. */
+void up_touch(struct up *u);
+
+/* ---- up_sync.c ---- */
+
+/* A sync engine on chan c for this connection. 0 or -errno. */
+int up_sync_attach(struct up *u, struct chan *c);
+/* A reconcile covering everything journaled so far. */
+void up_sync_reconcile(struct up *u);
+/* Live: move the journal into the pending set and push it (a push that
+ * finishes at once leaves room for the next); coalesce while busy. */
+void up_sync_pump(struct up *u);
+/* Live, nothing running, nothing pending or journaled. */
+bool up_sync_settled(struct up *u);
+/* Journaled changes not yet on the guest (approximate: what status shows). */
+size_t up_sync_pending(struct up *u);
+/* Free the engines and the pending set. */
+void up_sync_clear(struct up *u);
+
+/* ---- up_exec.c ---- */
+
+extern const struct relay_backend_ops up_backend_ops;
+extern const struct egress_link_ops up_link_ops;
+/* route.h: no credential is resolved for a command that cannot start. */
+bool up_guest_ready(void *ud);
+/* Send what has passed its barrier; answer satisfied sync_waits. */
+void up_exec_kick(struct up *u);
+/* End commands with an error (the connection is gone): all of them
+ * (which = 0), only those sent to the guest (1), or only those still
+ * waiting to be sent (2). */
+void up_exec_fail_some(struct up *u, int which, const char *code, const char *msg);
+/* Frames 80..111 from the guest. */
+void up_exec_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t *data, size_t n);
+/* An ERROR from the guest on a command's stream (e.g. an agent without
+ * exec): ends that command. false when stream is no command's. */
+bool up_exec_refused(struct up *u, uint32_t stream, const char *msg);
+/* Free what is left of the commands and waiters (after relay_free). */
+void up_exec_clear(struct up *u);
+
+/* ---- up_status.c ---- */
+
+/* Write the status file now. */
+void up_status_write(struct up *u);
+/* Write it if it changed: at once when settled (sync-wait and status wait
+ * for that), else at most every STATUS_MIN_MS. */
+void up_status_flush(struct up *u, bool settled);
+
+/* ---- up_state.c ---- */
+
+/* pid of the daemon holding state_dir's pid file, 0 when none runs. */
+pid_t up_daemon_pid(const char *state_dir);
+/* Take the pid file for this process. 0, or -EBUSY (*other = its pid). */
+int up_take_pid_file(struct up *u, pid_t *other);
+/* The status and pid files go (while still holding the lock). */
+void up_remove_state_files(struct up *u);
+/* State dir of dir; clears a stale mount that hides dir first if needed.
+ * 0, or -1 after saying why. */
+int up_state_dir_of(const char *dir, char *out, size_t n);
+/* Usage of down, status or sync-wait (cmd), to stderr. */
+void up_wait_usage(const char *cmd);
+
+#endif

@@ -1,0 +1,403 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The status file the daemon writes, and its readers: `airlock status`
+ * and `airlock sync-wait` (doc/UP.md).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "airlock/core/chan.h"
+#include "airlock/core/loop.h"
+#include "airlock/egress/egress_link.h"
+#include "airlock/mount/journal.h"
+#include "airlock/policy/policy.h"
+#include "airlock/sandbox/sandbox.h"
+#include "cmd_i.h"
+#include "up_i.h"
+
+static const char *const state_names[] = {"disconnected", "connecting", "reconciling", "live"};
+
+static void on_status_timer(struct loop *l, void *ud)
+{
+	struct up *u = ud;
+	(void)l;
+
+	u->status.timer = 0;
+	up_status_write(u);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static bool policy_changed(struct up *u)
+{
+	struct stat st;
+	int r;
+
+	if (!u->pol.abs[0])
+		return false;
+	/* through the backing directory: never stat through our own mount
+	 * from the loop thread */
+	r = u->pol.rel[0] ? fstatat(u->dirfd, u->pol.rel, &st, 0) : stat(u->pol.abs, &st);
+	if (r < 0)
+		return true; /* deleted or renamed away since start */
+	return st.st_mtim.tv_sec != u->pol.mtime.tv_sec || st.st_mtim.tv_nsec != u->pol.mtime.tv_nsec;
+}
+
+/* p50 and p99 of the latency window, in ms (0 without samples). */
+static void lat_percentiles(const struct up_latency *lat, double *p50, double *p99)
+{
+	uint64_t sorted[LAT_WINDOW];
+
+	*p50 = *p99 = 0;
+	if (!lat->n)
+		return;
+	memcpy(sorted, lat->ns, lat->n * sizeof(sorted[0]));
+	qsort(sorted, lat->n, sizeof(sorted[0]), cmp_u64);
+	*p50 = (double)sorted[(lat->n - 1) * 50 / 100] / 1e6;
+	*p99 = (double)sorted[(lat->n - 1) * 99 / 100] / 1e6;
+}
+
+/* The sandbox's part of the status (with the embedded sandbox only). */
+static json_t *sandbox_json(const struct up_sandbox *sb)
+{
+	return json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:f}", "sandbox", sandbox_kind_name(sb->cfg.kind),
+			 "sandbox_describe", sb->describe, "sandbox_dir", sb->dir, "sandbox_state",
+			 sb->sb		    ? "running"
+			 : sb->idle_stopped ? "idle-stopped"
+					    : "stopped",
+			 "ttl_seconds", (json_int_t)sb->ttl_s, "idle_ms",
+			 (json_int_t)(loop_now_ms() - sb->last_active_ms), "sandbox_start_ms",
+			 sb->sb ? sandbox_start_ms(sb->sb) : 0.0);
+}
+
+static json_t *egress_json(struct egress_link *egress)
+{
+	struct egress_link_stats es;
+
+	egress_link_get_stats(egress, &es);
+	return json_pack("{s:I, s:I, s:I, s:I}", "streams", (json_int_t)es.tunnels, "opened", (json_int_t)es.opened,
+			 "refused", (json_int_t)es.refused, "denials", (json_int_t)es.denials);
+}
+
+/* The status as of now (doc/UP.md lists the fields); NULL without memory. */
+static json_t *status_json(struct up *u)
+{
+	struct timespec now;
+	struct chan_stats cs = {0};
+	double p50, p99;
+	json_t *o;
+
+	lat_percentiles(&u->lat, &p50, &p99);
+	if (u->conn.chan)
+		chan_get_stats(u->conn.chan, &cs);
+	size_t pending = up_sync_pending(u);
+	clock_gettime(CLOCK_REALTIME, &now);
+	bool changed = policy_changed(u);
+	o = json_pack(
+	    "{s:i, s:I, s:s, s:s, s:b, s:s, s:I, s:I, s:I, s:{s:f, s:f, s:I}, s:I, "
+	    "s:I, s:I, s:s, s:s, s:s, "
+	    "s:I, s:s}",
+	    "version", 1, "pid", (json_int_t)getpid(), "dir", u->dir, "guest", u->conn.guest, "connected",
+	    u->conn.state == UP_LIVE || u->conn.state == UP_RECONCILING, "state", state_names[u->conn.state],
+	    "journal_seq", (json_int_t)journal_barrier_seq(u->journal), "applied_seq", (json_int_t)u->sync.applied_seq,
+	    "pending", (json_int_t)pending, "latency_ms", "p50", p50, "p99", p99, "samples", (json_int_t)u->lat.n,
+	    "bytes_sent", (json_int_t)(u->conn.bytes_closed + cs.bytes_out), "withheld", (json_int_t)u->sync.withheld,
+	    "reconnects", (json_int_t)u->conn.reconnects, "policy", policy_source(u->pol.policy), "policy_note",
+	    changed ? POLICY_NOTE : "", "last_error", u->conn.last_error, "updated_ns",
+	    (json_int_t)((uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec), "socket", u->exec.sock);
+	if (o && u->sandbox.use)
+		json_object_update_new(o, sandbox_json(&u->sandbox));
+	if (o && u->exec.egress)
+		json_object_set_new(o, "egress", egress_json(u->exec.egress));
+	return o;
+}
+
+/* Replace the status file with o: a temp file renamed over it. No fsync:
+ * the file describes a live process and means nothing after a crash. */
+static void status_save(const char *state_dir, json_t *o)
+{
+	char path[PATH_MAX + 32], tmp[PATH_MAX + 48];
+	FILE *f;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/%s", state_dir, UP_STATUS_FILE);
+	snprintf(tmp, sizeof(tmp), "%s/.%s.tmp", state_dir, UP_STATUS_FILE);
+	if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0)
+		return;
+	if (!(f = fdopen(fd, "w"))) {
+		close(fd);
+		return;
+	}
+	int bad = json_dumpf(o, f, JSON_COMPACT) < 0 || fputc('\n', f) == EOF;
+	if (fclose(f) == 0 && !bad)
+		rename(tmp, path);
+}
+
+void up_status_write(struct up *u)
+{
+	json_t *o;
+
+	u->status.dirty = false;
+	u->status.last_ms = loop_now_ms();
+	if (u->status.timer) {
+		loop_del_timer(u->loop, u->status.timer);
+		u->status.timer = 0;
+	}
+	if (!(o = status_json(u)))
+		return;
+	status_save(u->state_dir, o);
+	json_decref(o);
+}
+
+void up_status_flush(struct up *u, bool settled)
+{
+	if (u->status.dirty && settled) {
+		if (u->status.timer)
+			loop_del_timer(u->loop, u->status.timer);
+		u->status.timer = 0;
+		up_status_write(u);
+	} else if (u->status.dirty && !u->status.timer) {
+		uint64_t now = loop_now_ms(), due = u->status.last_ms + STATUS_MIN_MS;
+		if (now >= due)
+			up_status_write(u);
+		else
+			u->status.timer = loop_add_timer(u->loop, due - now, on_status_timer, u);
+	}
+}
+
+/* Read the status file: *out (json_decref) or NULL when there is none. */
+static int read_status(const char *sdir, json_t **out)
+{
+	char path[PATH_MAX + 32];
+
+	snprintf(path, sizeof(path), "%s/%s", sdir, UP_STATUS_FILE);
+	*out = json_load_file(path, 0, NULL);
+	return *out ? 0 : -ENOENT;
+}
+
+static int parse_dir_opts(const char *cmd, int argc, char **argv, const char **dir, bool *json, double *timeout)
+{
+	static const struct option opts[] = {
+	    {"json", no_argument, NULL, 'j'},
+	    {"timeout", required_argument, NULL, 't'},
+	    {NULL, 0, NULL, 0},
+	};
+	int c;
+
+	*dir = ".";
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "C:", opts, NULL)) != -1) {
+		switch (c) {
+		case 'C':
+			*dir = optarg;
+			break;
+		case 'j':
+			if (!json)
+				goto bad;
+			*json = true;
+			break;
+		case 't': {
+			char *end;
+			if (!timeout)
+				goto bad;
+			*timeout = strtod(optarg, &end);
+			if (*end || !(*timeout > 0))
+				goto bad;
+			break;
+		}
+		default:
+			goto bad;
+		}
+	}
+	if (optind != argc)
+		goto bad;
+	return 0;
+bad:
+	up_wait_usage(cmd);
+	return -1;
+}
+
+static uint64_t real_now_ns(void)
+{
+	struct timespec now;
+	clock_gettime(CLOCK_REALTIME, &now);
+	return (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+}
+
+/* The daemon's status as of now: ask for a fresh one (SIGUSR1) and wait
+ * up to wait_ms for a status written after the request; else the last one
+ * written (its updated_ns says how old it is). 0, or -1 without any. */
+static int fresh_status(const char *sdir, pid_t pid, unsigned wait_ms, json_t **out)
+{
+	uint64_t t0 = real_now_ns(), start = loop_now_ms();
+
+	*out = NULL;
+	if (kill(pid, SIGUSR1) == 0) {
+		while (loop_now_ms() - start < wait_ms) {
+			json_t *st = NULL;
+			if (read_status(sdir, &st) == 0 &&
+			    (uint64_t)json_integer_value(json_object_get(st, "updated_ns")) >= t0) {
+				*out = st;
+				return 0;
+			}
+			json_decref(st);
+			usleep(2000);
+		}
+	}
+	return read_status(sdir, out) == 0 ? 0 : -1;
+}
+
+/* `airlock status` for people: one line per concern. */
+static void print_status(json_t *st, pid_t pid)
+{
+	json_t *lat = json_object_get(st, "latency_ms");
+	const char *note = json_string_value(json_object_get(st, "policy_note"));
+	const char *lerr = json_string_value(json_object_get(st, "last_error"));
+	printf("workspace   %s (airlock up, pid %d)\n", json_string_value(json_object_get(st, "dir")), (int)pid);
+	printf("guest       %s: %s\n", json_string_value(json_object_get(st, "guest")),
+	       json_string_value(json_object_get(st, "state")));
+	printf("journal     seq %" JSON_INTEGER_FORMAT ", applied %" JSON_INTEGER_FORMAT ", %" JSON_INTEGER_FORMAT
+	       " pending\n",
+	       json_integer_value(json_object_get(st, "journal_seq")),
+	       json_integer_value(json_object_get(st, "applied_seq")),
+	       json_integer_value(json_object_get(st, "pending")));
+	printf("latency     edit to apply p50 %.2f ms, p99 %.2f ms (last "
+	       "%" JSON_INTEGER_FORMAT " pushes)\n",
+	       json_real_value(json_object_get(lat, "p50")), json_real_value(json_object_get(lat, "p99")),
+	       json_integer_value(json_object_get(lat, "samples")));
+	printf("sent        %.2f MiB, %" JSON_INTEGER_FORMAT " withheld, %" JSON_INTEGER_FORMAT " reconnects\n",
+	       (double)json_integer_value(json_object_get(st, "bytes_sent")) / 1048576.0,
+	       json_integer_value(json_object_get(st, "withheld")),
+	       json_integer_value(json_object_get(st, "reconnects")));
+	printf("policy      %s%s%s\n", json_string_value(json_object_get(st, "policy")), note && *note ? ": " : "",
+	       note ? note : "");
+	printf("relay       %s\n", json_string_value(json_object_get(st, "socket"))
+				       ? json_string_value(json_object_get(st, "socket"))
+				       : "-");
+	if (json_object_get(st, "sandbox")) {
+		long long ttl = (long long)json_integer_value(json_object_get(st, "ttl_seconds"));
+		printf("sandbox     %s, %s (%s)\n", json_string_value(json_object_get(st, "sandbox")),
+		       json_string_value(json_object_get(st, "sandbox_state")),
+		       json_string_value(json_object_get(st, "sandbox_describe")));
+		if (ttl > 0)
+			printf("idle ttl    %lld s (idle for %.1f s)\n", ttl,
+			       (double)json_integer_value(json_object_get(st, "idle_ms")) / 1000.0);
+		else
+			printf("idle ttl    none (workspace.ttl_seconds unset)\n");
+	}
+	json_t *eg = json_object_get(st, "egress");
+	if (eg)
+		printf("egress      %" JSON_INTEGER_FORMAT " proxy connections open, %" JSON_INTEGER_FORMAT
+		       " made, %" JSON_INTEGER_FORMAT " denied (airlock audit)\n",
+		       json_integer_value(json_object_get(eg, "streams")),
+		       json_integer_value(json_object_get(eg, "opened")),
+		       json_integer_value(json_object_get(eg, "denials")));
+	if (lerr && *lerr)
+		printf("last error  %s\n", lerr);
+}
+
+int cmd_status(int argc, char **argv)
+{
+	const char *dir;
+	bool json = false;
+	char sdir[PATH_MAX];
+	json_t *st = NULL;
+	pid_t pid;
+
+	if (parse_dir_opts("status", argc, argv, &dir, &json, NULL) < 0)
+		return 2;
+	if (up_state_dir_of(dir, sdir, sizeof(sdir)) < 0)
+		return 1;
+	pid = up_daemon_pid(sdir);
+	if (pid)
+		fresh_status(sdir, pid, 1000, &st);
+	if (!pid || !st || json_integer_value(json_object_get(st, "pid")) != pid) {
+		if (json)
+			printf("{\"running\":false,\"dir\":\"%s\"}\n", dir);
+		else
+			printf("airlock: no airlock up runs for %s\n", dir);
+		json_decref(st);
+		return 1;
+	}
+	json_object_set_new(st, "running", json_true());
+	if (json) {
+		json_dumpf(st, stdout, JSON_COMPACT);
+		fputc('\n', stdout);
+	} else {
+		print_status(st, pid);
+	}
+	json_decref(st);
+	return 0;
+}
+
+int cmd_sync_wait(int argc, char **argv)
+{
+	const char *dir;
+	double timeout = 60;
+	char sdir[PATH_MAX];
+	struct timespec now;
+	uint64_t t0_ms = loop_now_ms(), t0_real, barrier = 0, last_kick = 0;
+	bool have_barrier = false;
+	pid_t pid;
+
+	if (parse_dir_opts("sync-wait", argc, argv, &dir, NULL, &timeout) < 0)
+		return 2;
+	if (up_state_dir_of(dir, sdir, sizeof(sdir)) < 0)
+		return 1;
+	if (!(pid = up_daemon_pid(sdir))) {
+		cmd_err("sync-wait: no airlock up runs for %s", dir);
+		return 1;
+	}
+	clock_gettime(CLOCK_REALTIME, &now);
+	t0_real = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+	for (;;) {
+		uint64_t t = loop_now_ms();
+		json_t *st = NULL;
+
+		if ((double)(t - t0_ms) > timeout * 1000.0) {
+			cmd_err("sync-wait: %s not in sync after %.1f s (airlock status -C %s)", dir, timeout, dir);
+			return 1;
+		}
+		/* the barrier must come from a status written after we started,
+		 * so it covers every change made before: ask for one */
+		if (!have_barrier && t - last_kick >= 200) {
+			if (kill(pid, SIGUSR1) < 0) {
+				cmd_err("sync-wait: airlock up (pid %d) is gone", (int)pid);
+				return 1;
+			}
+			last_kick = t;
+		}
+		if (read_status(sdir, &st) == 0) {
+			uint64_t upd = (uint64_t)json_integer_value(json_object_get(st, "updated_ns"));
+			uint64_t applied = (uint64_t)json_integer_value(json_object_get(st, "applied_seq"));
+			uint64_t pending = (uint64_t)json_integer_value(json_object_get(st, "pending"));
+			if (!have_barrier && upd >= t0_real && json_integer_value(json_object_get(st, "pid")) == pid) {
+				barrier = (uint64_t)json_integer_value(json_object_get(st, "journal_seq"));
+				have_barrier = true;
+			}
+			json_decref(st);
+			if (have_barrier && applied >= barrier && pending == 0)
+				return 0;
+		}
+		if (t - t0_ms > 0 && (t - t0_ms) % 1000 < 5 && !up_daemon_pid(sdir)) {
+			cmd_err("sync-wait: airlock up for %s stopped", dir);
+			return 1;
+		}
+		usleep(5000);
+	}
+}

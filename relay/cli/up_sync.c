@@ -1,0 +1,338 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Journal -> pending set -> sync engine operations: the dirty-path set
+ * with its content hints, pushes and reconciles, the applied barrier, the
+ * latency window and the audit record (doc/UP.md, doc/SYNC.md).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "airlock/core/loop.h"
+#include "airlock/core/mem.h"
+#include "airlock/mount/journal.h"
+#include "airlock/policy/policy.h"
+#include "airlock/sync/audit.h"
+#include "airlock/sync/sync.h"
+#include "cmd_i.h"
+#include "up_i.h"
+
+static uint64_t path_hash(const char *s)
+{
+	uint64_t h = 1469598103934665603ull; /* FNV-1a */
+	for (; *s; s++)
+		h = (h ^ (uint8_t)*s) * 1099511628211ull;
+	return h;
+}
+
+static int pathset_grow(struct pathset *ps)
+{
+	size_t ncap = ps->cap ? ps->cap * 2 : 256;
+	char **ns = mem_calloc(ncap, sizeof(*ns));
+	struct sync_hint *nh = mem_calloc(ncap, sizeof(*nh));
+
+	if (!ns || !nh) {
+		mem_free(ns);
+		mem_free(nh);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < ps->cap; i++) {
+		if (!ps->slot[i])
+			continue;
+		size_t j = path_hash(ps->slot[i]) & (ncap - 1);
+		while (ns[j])
+			j = (j + 1) & (ncap - 1);
+		ns[j] = ps->slot[i];
+		nh[j] = ps->hint[i];
+	}
+	mem_free(ps->slot);
+	mem_free(ps->hint);
+	ps->slot = ns;
+	ps->hint = nh;
+	ps->cap = ncap;
+	return 0;
+}
+
+/* The path's hint (added with an empty valid one when new), or NULL
+ * without memory. */
+static struct sync_hint *pathset_add(struct pathset *ps, const char *path)
+{
+	if ((ps->n + 1) * 2 > ps->cap && pathset_grow(ps) < 0)
+		return NULL;
+	size_t j = path_hash(path) & (ps->cap - 1);
+	for (; ps->slot[j]; j = (j + 1) & (ps->cap - 1))
+		if (!strcmp(ps->slot[j], path))
+			return &ps->hint[j];
+	if (!(ps->slot[j] = mem_strdup(path)))
+		return NULL;
+	ps->hint[j] = (struct sync_hint){.lo = UINT64_MAX, .hi = 0, .valid = true};
+	ps->n++;
+	return &ps->hint[j];
+}
+
+/* Fold one journal record into the hint of its path: writes and truncates
+ * narrow what changed; anything that can change what the path names
+ * (create, rename, link, unlink, rescan) makes the hint useless. */
+static void hint_note(struct sync_hint *h, const struct journal_rec *r)
+{
+	switch (r->op) {
+	case JOURNAL_WRITE:
+		if (r->flags & JOURNAL_F_WHOLE) {
+			h->valid = false;
+			break;
+		}
+		for (uint32_t i = 0; i < r->nranges; i++) {
+			uint64_t end = r->ranges[i].off + r->ranges[i].len;
+			if (r->ranges[i].off < h->lo)
+				h->lo = r->ranges[i].off;
+			if (end > h->hi)
+				h->hi = end;
+		}
+		break;
+	case JOURNAL_TRUNCATE:
+		if (r->size < h->lo)
+			h->lo = r->size;
+		h->resized = true;
+		break;
+	case JOURNAL_SETATTR:
+	case JOURNAL_XATTR:
+		break;
+	default:
+		h->valid = false;
+	}
+}
+
+static void pathset_clear(struct pathset *ps)
+{
+	for (size_t i = 0; i < ps->cap; i++)
+		mem_free(ps->slot[i]);
+	mem_free(ps->slot);
+	mem_free(ps->hint);
+	*ps = (struct pathset){0};
+}
+
+static void lat_add(struct up_latency *lat, uint64_t ns)
+{
+	lat->ns[lat->next] = ns;
+	lat->next = (lat->next + 1) % LAT_WINDOW;
+	if (lat->n < LAT_WINDOW)
+		lat->n++;
+}
+
+static void save_withheld(struct up *u)
+{
+	size_t nw, ns;
+	uint64_t tw, ts;
+	char err[512];
+	const struct sync_record *w = sync_withheld(u->sync.engine, &nw, &tw),
+				 *s = sync_skipped(u->sync.engine, &ns, &ts);
+
+	if (audit_save_withheld(u->dir, policy_source(u->pol.policy), w, nw, tw, s, ns, ts, err, sizeof(err)) < 0)
+		cmd_err("audit record: %s", err);
+	u->sync.withheld_saved = tw;
+}
+
+static void on_sync_done(int err, const char *why, void *ud)
+{
+	struct up *u = ud;
+	uint64_t now = loop_now_ns();
+
+	u->sync.busy = false;
+	up_mark_dirty(u);
+	if (err < 0) {
+		up_drop_conn(u, err, why);
+		return;
+	}
+	if (u->sync.op_upto > u->sync.applied_seq)
+		u->sync.applied_seq = u->sync.op_upto;
+
+	if (u->sync.op_t0_ns && now > u->sync.op_t0_ns)
+		lat_add(&u->lat, now - u->sync.op_t0_ns);
+	u->sync.withheld = sync_get_stats(u->sync.engine)->withheld;
+	/* the audit record follows the host tree: after a reconcile, and
+	 * when a push changed what is withheld */
+	if (u->sync.op_full || u->sync.withheld != u->sync.withheld_saved)
+		save_withheld(u);
+	if (u->conn.state == UP_RECONCILING)
+		up_conn_live(u);
+}
+
+static void on_sync_progress(const struct sync_progress *p, void *ud)
+{
+	(void)p;
+	(void)ud;
+}
+
+static const struct sync_ops engine_ops = {
+    .on_progress = on_sync_progress,
+    .on_done = on_sync_done,
+};
+
+/* Take the time of the first notify since the last take. */
+static uint64_t take_notify_time(struct up *u)
+{
+	return atomic_exchange(&u->first_notify_ns, 0);
+}
+
+/* One journal record into the pending set; past PENDING_MAX paths (or a
+ * root rescan, or without memory) the set gives way to a full reconcile. */
+static void pending_note(struct up_sync *sy, const struct journal_rec *r)
+{
+	struct sync_hint *h1, *h2 = NULL;
+
+	if (sy->pending_full)
+		return;
+	if (r->op == JOURNAL_RESCAN && !r->path[0])
+		sy->pending_full = true;
+	else if (!(h1 = pathset_add(&sy->pending, r->path)) ||
+		 (r->path2 && !(h2 = pathset_add(&sy->pending, r->path2))))
+		sy->pending_full = true;
+	else if (sy->pending.n > PENDING_MAX)
+		sy->pending_full = true;
+	else {
+		hint_note(h1, r);
+		if (h2)
+			hint_note(h2, r);
+	}
+	if (sy->pending_full)
+		pathset_clear(&sy->pending);
+}
+
+/* Move everything journaled into the pending set. */
+static void drain_journal(struct up *u)
+{
+	struct journal_rec recs[DRAIN_BATCH];
+	uint64_t t = take_notify_time(u), upto = 0;
+	size_t n, total = 0;
+
+	do {
+		n = journal_drain(u->journal, recs, DRAIN_BATCH, &upto);
+		for (size_t i = 0; i < n; i++) {
+			pending_note(&u->sync, &recs[i]);
+			journal_rec_clear(&recs[i]);
+		}
+		total += n;
+	} while (n == DRAIN_BATCH);
+	if (!total)
+		return;
+	up_touch(u);
+	if (upto > u->sync.pending_upto)
+		u->sync.pending_upto = upto;
+	if (!u->sync.pending_t0_ns)
+		u->sync.pending_t0_ns = t ? t : loop_now_ns();
+	up_mark_dirty(u);
+}
+
+void up_sync_reconcile(struct up *u)
+{
+	int r;
+
+	/* a reconcile covers everything journaled so far */
+	drain_journal(u);
+	pathset_clear(&u->sync.pending);
+	u->sync.pending_full = false;
+	u->sync.op_upto = u->sync.pending_upto > journal_barrier_seq(u->journal) ? u->sync.pending_upto
+										 : journal_barrier_seq(u->journal);
+	u->sync.op_t0_ns =
+	    u->conn.state == UP_LIVE ? u->sync.pending_t0_ns : 0; /* only live rescans count as latency */
+	u->sync.pending_t0_ns = 0;
+	u->sync.op_full = true;
+	u->sync.op_npaths = 1;
+	u->sync.busy = true;
+	up_mark_dirty(u);
+	if ((r = sync_reconcile(u->sync.engine)) < 0) {
+		u->sync.busy = false;
+		up_drop_conn(u, r, "starting the reconcile failed");
+	}
+}
+
+static void start_push(struct up *u)
+{
+	const char **paths;
+	struct sync_hint *hints;
+	size_t n = 0;
+	int r;
+
+	if (u->sync.pending_full) {
+		up_sync_reconcile(u);
+		return;
+	}
+	paths = mem_calloc(u->sync.pending.n ? u->sync.pending.n : 1, sizeof(*paths));
+	hints = mem_calloc(u->sync.pending.n ? u->sync.pending.n : 1, sizeof(*hints));
+	if (!paths || !hints) {
+		mem_free(paths);
+		mem_free(hints);
+		u->sync.pending_full = true;
+		pathset_clear(&u->sync.pending);
+		return;
+	}
+	for (size_t i = 0; i < u->sync.pending.cap; i++)
+		if (u->sync.pending.slot[i]) {
+			hints[n] = u->sync.pending.hint[i];
+			paths[n++] = u->sync.pending.slot[i];
+		}
+	u->sync.op_upto = u->sync.pending_upto;
+	u->sync.op_t0_ns = u->sync.pending_t0_ns;
+	u->sync.op_full = false;
+	u->sync.op_npaths = n;
+	u->sync.pending_t0_ns = 0;
+	u->sync.busy = true;
+	up_mark_dirty(u);
+	r = sync_push_hinted(u->sync.engine, paths, hints, n); /* may finish (on_done) before it returns */
+	mem_free(paths);
+	mem_free(hints);
+	pathset_clear(&u->sync.pending);
+	if (r < 0) {
+		u->sync.busy = false;
+		up_drop_conn(u, r, "starting a push failed");
+	}
+}
+
+int up_sync_attach(struct up *u, struct chan *c)
+{
+	struct sync_cfg cfg = {
+	    .dirfd = u->dirfd,
+	    .policy = u->pol.policy,
+	    .sign_sk = u->conn.g.sync_sk,
+	    .sign_pk = u->conn.g.sync_pk,
+	    .guest_pub = u->conn.g.guest_pub,
+	    .ops = &engine_ops,
+	    .ud = u,
+	    .state_dir = u->state_dir,
+	};
+
+	return sync_new(c, &cfg, &u->sync.engine);
+}
+
+void up_sync_pump(struct up *u)
+{
+	/* a push that finishes at once leaves room for the next */
+	for (int i = 0; i < 4 && u->conn.state == UP_LIVE && !u->sync.busy; i++) {
+		drain_journal(u);
+		if (!u->sync.pending_full && !u->sync.pending.n)
+			break;
+		start_push(u);
+	}
+	if (u->conn.state == UP_LIVE && u->sync.busy)
+		drain_journal(u); /* coalesce into the next push */
+}
+
+bool up_sync_settled(struct up *u)
+{
+	return u->conn.state == UP_LIVE && !u->sync.busy && !u->sync.pending_full && !u->sync.pending.n &&
+	       journal_pending(u->journal) == 0;
+}
+
+size_t up_sync_pending(struct up *u)
+{
+	return journal_pending(u->journal) + u->sync.pending.n + (u->sync.pending_full ? 1 : 0) +
+	       (u->sync.busy ? u->sync.op_npaths + 1 : 0);
+}
+
+void up_sync_clear(struct up *u)
+{
+	sync_free(u->sync.engine);
+	sync_free(u->sync.dead);
+	u->sync.engine = u->sync.dead = NULL;
+	pathset_clear(&u->sync.pending);
+}
