@@ -197,6 +197,16 @@ int buf_poke_u32(struct buf *b, size_t at, uint32_t v)
 	return 0;
 }
 
+int buf_poke_u8(struct buf *b, size_t at, uint8_t v)
+{
+	if (b->view)
+		return -EROFS;
+	if (at >= buf_len(b))
+		return -EBADMSG;
+	b->data[b->off + at] = v;
+	return 0;
+}
+
 int buf_get_u32(struct buf *b, uint32_t *v)
 {
 	int r = buf_peek_u32(b, 0, v);

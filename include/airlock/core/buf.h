@@ -96,6 +96,8 @@ int buf_peek_u32(const struct buf *b, size_t at, uint32_t *v);
  * written once the rest is known); -EBADMSG when those 4 bytes are not
  * there, -EROFS for a view. */
 int buf_poke_u32(struct buf *b, size_t at, uint32_t v);
+/* Overwrite the byte at `at` past the readable start; errors as buf_poke_u32. */
+int buf_poke_u8(struct buf *b, size_t at, uint8_t v);
 /* Drop n bytes from the front. */
 int buf_consume(struct buf *b, size_t n);
 
