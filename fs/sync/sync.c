@@ -1648,14 +1648,138 @@ static int push_hash_file(struct sync *s, int fd, const struct stat *st, struct 
 /* Decide anchor `path` from the disk and add what is there (if managed) to
  * m. 0, -ESTALE when its parent is not the directory the confirmed state
  * says (full scan), -ENOMEM, -E2BIG. */
+/* push_scan_anchor for a directory: scan it and add it with what is
+ * beneath. */
+static int anchor_dir(struct sync *s, struct scan_ctx *x, const char *path, int pfd, const char *base,
+		      struct manifest *m)
+{
+	struct manifest_entry e = {0};
+	struct manifest *sub = NULL;
+	struct stat st;
+	int fd = -1, r = 0, v;
+
+	if ((v = scan_filter(path, true, x)) == MANIFEST_SKIP)
+		return 0;
+	if ((fd = openat(pfd, base, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 || fstat(fd, &st) < 0) {
+		push_skip(x, path, MANIFEST_SKIP_CHANGED, 0);
+		goto out;
+	}
+	struct push_scan ps = {.x = x, .prefix = path, .plen = strlen(path)};
+	unsigned depth = 1;
+	for (const char *c = path; *c; c++)
+		depth += *c == '/';
+	struct manifest_scan_opts o = {
+	    .filter = push_filter,
+	    .filter_ud = &ps,
+	    .skipped = push_skipped,
+	    .skipped_ud = &ps,
+	    .chunking = &s->params,
+	    .max_depth = depth < 128 ? 128 - depth : 1,
+	};
+	s->push.walked++;
+	if ((r = manifest_scan(fd, &o, &sub)) < 0) {
+		if (r == -ENOMEM || r == -E2BIG)
+			goto out;
+		push_skip(x, path, MANIFEST_SKIP_ERROR, -r);
+		r = 0;
+		goto out;
+	}
+	s->push.lstats += sub->n;
+	if (v == MANIFEST_DESCEND && sub->n == 0)
+		goto out;      /* kept only for what is beneath: nothing is */
+	e.path = (char *)path; /* the caller's */
+	e.type = MANIFEST_DIR;
+	e.mode = st.st_mode & MANIFEST_MODE_MASK;
+	if ((r = manifest_add(m, &e)) < 0)
+		goto out;
+	for (size_t i = 0; i < sub->n; i++) {
+		struct manifest_entry c = sub->e[i];
+		if (!push_join(&ps, sub->e[i].path))
+			continue; /* the filter left it out already */
+		c.path = ps.path;
+		if (c.type == MANIFEST_FILE)
+			s->push.hashed++, s->push.hashed_bytes += c.size;
+		if ((r = manifest_add(m, &c)) < 0)
+			goto out;
+	}
+out:
+	manifest_free(sub);
+	if (fd >= 0)
+		close(fd);
+	return r;
+}
+
+/* push_scan_anchor for a regular file: hash it (ranged when the journal
+ * allows) and add it. */
+static int anchor_file(struct sync *s, struct scan_ctx *x, const char *path, int pfd, const char *base,
+		       struct manifest *m)
+{
+	struct manifest_entry e = {0};
+	struct stat st;
+	int fd, r;
+
+	if ((fd = openat(pfd, base, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC)) < 0 ||
+	    fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		push_skip(x, path, MANIFEST_SKIP_CHANGED, 0);
+		r = 0;
+		goto out;
+	}
+	if (st.st_nlink > 1) {
+		/* A write through one name of a hard link changes the
+		 * others, which the journal does not name: let the full
+		 * scan see all of them (each is an independent file in
+		 * the guest). */
+		r = -ESTALE;
+		goto out;
+	}
+	if ((r = push_ranged(s, fd, &st, path, &e)) == 1) {
+		manifest_entry_clear(&e);
+		e = (struct manifest_entry){0};
+		if ((r = push_hash_file(s, fd, &st, &e)) == 0)
+			unranged_del(s, path);
+	}
+	if (r < 0) {
+		if (r == -ENOMEM)
+			goto out;
+		push_skip(x, path, r == -ESTALE ? MANIFEST_SKIP_CHANGED : MANIFEST_SKIP_ERROR, r == -ESTALE ? 0 : -r);
+		r = 0;
+		goto out;
+	}
+	e.path = (char *)path;
+	r = manifest_add(m, &e);
+	e.path = NULL; /* the caller's */
+out:
+	manifest_entry_clear(&e);
+	if (fd >= 0)
+		close(fd);
+	return r;
+}
+
+/* push_scan_anchor for a symlink: add it with its target. */
+static int anchor_symlink(struct scan_ctx *x, const char *path, int pfd, const char *base, struct manifest *m)
+{
+	char target[MANIFEST_TARGET_MAX + 1];
+	ssize_t k = readlinkat(pfd, base, target, sizeof(target));
+
+	if (k < 0) {
+		push_skip(x, path, MANIFEST_SKIP_CHANGED, 0);
+		return 0;
+	}
+	if (k == 0 || (size_t)k > MANIFEST_TARGET_MAX) {
+		push_skip(x, path, MANIFEST_SKIP_TARGET, 0);
+		return 0;
+	}
+	target[k] = '\0';
+	struct manifest_entry e = {.type = MANIFEST_SYMLINK, .target = target, .path = (char *)path};
+	return manifest_add(m, &e);
+}
+
 static int push_scan_anchor(struct sync *s, struct scan_ctx *x, const char *path, struct manifest *m)
 {
 	char parent[MANIFEST_PATH_MAX + 1];
 	const char *sl = strrchr(path, '/'), *base = sl ? sl + 1 : path;
-	struct manifest_entry e = {0};
-	struct manifest *sub = NULL;
 	struct stat st;
-	int pfd = s->cfg.dirfd, fd = -1, r = 0, v;
+	int pfd = s->cfg.dirfd, r = 0;
 
 	if (sl) {
 		memcpy(parent, path, (size_t)(sl - path));
@@ -1667,118 +1791,18 @@ static int push_scan_anchor(struct sync *s, struct scan_ctx *x, const char *path
 	if (fstatat(pfd, base, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 		if (errno != ENOENT)
 			push_skip(x, path, MANIFEST_SKIP_ERROR, errno);
-		goto out; /* gone: the diff deletes it */
-	}
-	if (S_ISDIR(st.st_mode)) {
-		if ((v = scan_filter(path, true, x)) == MANIFEST_SKIP)
-			goto out;
-		if ((fd = openat(pfd, base, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
-		    fstat(fd, &st) < 0) {
-			push_skip(x, path, MANIFEST_SKIP_CHANGED, 0);
-			goto out;
-		}
-		struct push_scan ps = {.x = x, .prefix = path, .plen = strlen(path)};
-		unsigned depth = 1;
-		for (const char *c = path; *c; c++)
-			depth += *c == '/';
-		struct manifest_scan_opts o = {
-		    .filter = push_filter,
-		    .filter_ud = &ps,
-		    .skipped = push_skipped,
-		    .skipped_ud = &ps,
-		    .chunking = &s->params,
-		    .max_depth = depth < 128 ? 128 - depth : 1,
-		};
-		s->push.walked++;
-		if ((r = manifest_scan(fd, &o, &sub)) < 0) {
-			if (r == -ENOMEM || r == -E2BIG)
-				goto out;
-			push_skip(x, path, MANIFEST_SKIP_ERROR, -r);
-			r = 0;
-			goto out;
-		}
-		s->push.lstats += sub->n;
-		if (v == MANIFEST_DESCEND && sub->n == 0)
-			goto out; /* kept only for what is beneath: nothing is */
-		e.path = (char *)path;
-		e.type = MANIFEST_DIR;
-		e.mode = st.st_mode & MANIFEST_MODE_MASK;
-		r = manifest_add(m, &e);
-		e.path = NULL; /* the caller's */
-		if (r < 0)
-			goto out;
-		for (size_t i = 0; i < sub->n; i++) {
-			struct manifest_entry c = sub->e[i];
-			if (!push_join(&ps, sub->e[i].path))
-				continue; /* the filter left it out already */
-			c.path = ps.path;
-			if (c.type == MANIFEST_FILE)
-				s->push.hashed++, s->push.hashed_bytes += c.size;
-			if ((r = manifest_add(m, &c)) < 0)
-				goto out;
-		}
-		goto out;
-	}
-	if (scan_filter(path, false, x) == MANIFEST_SKIP)
-		goto out; /* withheld: never opened */
-	if (S_ISREG(st.st_mode)) {
-		if ((fd = openat(pfd, base, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC)) < 0 ||
-		    fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-			push_skip(x, path, MANIFEST_SKIP_CHANGED, 0);
-			goto out;
-		}
-		if (st.st_nlink > 1) {
-			/* A write through one name of a hard link changes the
-			 * others, which the journal does not name: let the full
-			 * scan see all of them (each is an independent file in
-			 * the guest). */
-			r = -ESTALE;
-			goto out;
-		}
-		if ((r = push_ranged(s, fd, &st, path, &e)) == 1) {
-			manifest_entry_clear(&e);
-			e = (struct manifest_entry){0};
-			if ((r = push_hash_file(s, fd, &st, &e)) == 0)
-				unranged_del(s, path);
-		}
-		if (r < 0) {
-			if (r == -ENOMEM)
-				goto out;
-			push_skip(x, path, r == -ESTALE ? MANIFEST_SKIP_CHANGED : MANIFEST_SKIP_ERROR,
-				  r == -ESTALE ? 0 : -r);
-			r = 0;
-			goto out;
-		}
+		/* gone: the diff deletes it */
+	} else if (S_ISDIR(st.st_mode)) {
+		r = anchor_dir(s, x, path, pfd, base, m);
+	} else if (scan_filter(path, false, x) == MANIFEST_SKIP) {
+		/* withheld: never opened */
+	} else if (S_ISREG(st.st_mode)) {
+		r = anchor_file(s, x, path, pfd, base, m);
 	} else if (S_ISLNK(st.st_mode)) {
-		char target[MANIFEST_TARGET_MAX + 1];
-		ssize_t k = readlinkat(pfd, base, target, sizeof(target));
-		if (k < 0) {
-			push_skip(x, path, MANIFEST_SKIP_CHANGED, 0);
-			goto out;
-		}
-		if (k == 0 || (size_t)k > MANIFEST_TARGET_MAX) {
-			push_skip(x, path, MANIFEST_SKIP_TARGET, 0);
-			goto out;
-		}
-		target[k] = '\0';
-		e.type = MANIFEST_SYMLINK;
-		e.target = target;
-		e.path = (char *)path;
-		r = manifest_add(m, &e);
-		e = (struct manifest_entry){0};
-		goto out;
+		r = anchor_symlink(x, path, pfd, base, m);
 	} else {
 		push_skip(x, path, MANIFEST_SKIP_SPECIAL, 0);
-		goto out;
 	}
-	e.path = (char *)path;
-	r = manifest_add(m, &e);
-	e.path = NULL;
-out:
-	manifest_entry_clear(&e);
-	manifest_free(sub);
-	if (fd >= 0)
-		close(fd);
 	if (pfd != s->cfg.dirfd)
 		close(pfd);
 	return r;

@@ -195,14 +195,67 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 /* ---- seeds: one well-formed message per codec, made by its encoder ---- */
 
 static uint8_t seed_buf[4096];
+static const uint8_t bytes[] = {0, 1, 2, 3, 0xff, 0x80, 'x', 'y'};
+
+/* The exec and proxy groups' seeds. */
+static int seed_exec(union msg *m, uint8_t type)
+{
+	static char *argv[] = {"sh", "-c", "echo hi", NULL};
+	static char *env[] = {"TERM=xterm", "LANG=C", NULL};
+	static char *fwd[] = {"TOKEN=secret", NULL};
+
+	switch (type) {
+	case WIRE_EXEC_START:
+		m->exec_start = (struct wire_exec_start){.flags = WIRE_EXEC_F_TTY | WIRE_EXEC_F_FWD,
+							 .timeout_ms = 30000,
+							 .rows = 24,
+							 .cols = 80,
+							 .cwd = "src",
+							 .argc = 3,
+							 .nenv = 2,
+							 .nfwd = 1,
+							 .argv = argv,
+							 .env = env,
+							 .fwd = fwd};
+		break;
+	case WIRE_EXEC_STARTED:
+		m->exec_started.pid = 1234;
+		break;
+	case WIRE_EXEC_STDIN:
+		m->exec_stdin = (struct wire_exec_stdin){.eof = 1, .data = bytes, .len = sizeof(bytes)};
+		break;
+	case WIRE_EXEC_SIGNAL:
+		m->exec_signal.signo = 15;
+		break;
+	case WIRE_EXEC_RESIZE:
+		m->exec_resize = (struct wire_exec_resize){.rows = 50, .cols = 132};
+		break;
+	case WIRE_EXEC_EXIT:
+		m->exec_exit = (struct wire_exec_exit){.code = 130,
+						       .signo = 2,
+						       .flags = WIRE_EXEC_X_CANCELED,
+						       .duration_ms = 1500,
+						       .stdout_bytes = 10,
+						       .stderr_bytes = 20};
+		break;
+	case WIRE_EXEC_STDIN_ACK:
+		m->exec_stdin_ack.bytes = 4096;
+		break;
+	case WIRE_PROXY_OPEN:
+		m->proxy_open.exec_stream = 5;
+		break;
+	case WIRE_PROXY_CLOSE:
+		m->proxy_close.code = WIRE_PROXY_C_RESET;
+		break;
+	default:
+		return -1;
+	}
+	return 0;
+}
 
 static int seed_msg(unsigned i, union msg *m, uint8_t *type)
 {
 	static char *names[] = {"", "src", "src/lib/a.c", NULL};
-	static char *argv[] = {"sh", "-c", "echo hi", NULL};
-	static char *env[] = {"TERM=xterm", "LANG=C", NULL};
-	static char *fwd[] = {"TOKEN=secret", NULL};
-	static const uint8_t bytes[] = {0, 1, 2, 3, 0xff, 0x80, 'x', 'y'};
 
 	if (i >= NCODECS)
 		return -1;
@@ -255,50 +308,8 @@ static int seed_msg(unsigned i, union msg *m, uint8_t *type)
 	case WIRE_SYNC_NACK:
 		m->sync_nack = (struct wire_sync_nack){.seq = 8, .code = EIO, .partial = 1, .msg = "disk full"};
 		break;
-	case WIRE_EXEC_START:
-		m->exec_start = (struct wire_exec_start){.flags = WIRE_EXEC_F_TTY | WIRE_EXEC_F_FWD,
-							 .timeout_ms = 30000,
-							 .rows = 24,
-							 .cols = 80,
-							 .cwd = "src",
-							 .argc = 3,
-							 .nenv = 2,
-							 .nfwd = 1,
-							 .argv = argv,
-							 .env = env,
-							 .fwd = fwd};
-		break;
-	case WIRE_EXEC_STARTED:
-		m->exec_started.pid = 1234;
-		break;
-	case WIRE_EXEC_STDIN:
-		m->exec_stdin = (struct wire_exec_stdin){.eof = 1, .data = bytes, .len = sizeof(bytes)};
-		break;
-	case WIRE_EXEC_SIGNAL:
-		m->exec_signal.signo = 15;
-		break;
-	case WIRE_EXEC_RESIZE:
-		m->exec_resize = (struct wire_exec_resize){.rows = 50, .cols = 132};
-		break;
-	case WIRE_EXEC_EXIT:
-		m->exec_exit = (struct wire_exec_exit){.code = 130,
-						       .signo = 2,
-						       .flags = WIRE_EXEC_X_CANCELED,
-						       .duration_ms = 1500,
-						       .stdout_bytes = 10,
-						       .stderr_bytes = 20};
-		break;
-	case WIRE_EXEC_STDIN_ACK:
-		m->exec_stdin_ack.bytes = 4096;
-		break;
-	case WIRE_PROXY_OPEN:
-		m->proxy_open.exec_stream = 5;
-		break;
-	case WIRE_PROXY_CLOSE:
-		m->proxy_close.code = WIRE_PROXY_C_RESET;
-		break;
 	default:
-		return -1;
+		return seed_exec(m, *type);
 	}
 	return 0;
 }
