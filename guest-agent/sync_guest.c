@@ -369,24 +369,6 @@ static int answer_level(struct syncg_session *ss, const char *dir, struct buf *l
 	return r;
 }
 
-static int on_levels_req(struct syncg_session *ss, struct buf *in, char *err, size_t errlen)
-{
-	struct wire_sync_req q;
-	struct buf lvl, out;
-	int r;
-
-	if ((r = decode_req(ss, WIRE_SYNC_LEVELS_REQ, in, &q, err, errlen)) < 0)
-		return r;
-	buf_init(&lvl, WIRE_SYNC_MSG_MAX);
-	buf_init(&out, WIRE_SYNC_MSG_MAX);
-	for (uint32_t i = 0; i < q.n && r == 0; i++)
-		r = answer_level(ss, q.names[i], &lvl, &out, err, errlen);
-	buf_clear(&lvl);
-	buf_clear(&out);
-	wire_sync_req_clear(&q);
-	return r;
-}
-
 /* One SYNC_ENTRY: the path's manifest entry when the scan has it. */
 static int answer_entry(struct syncg_session *ss, const char *path, struct buf *ent, struct buf *out, char *err,
 			size_t errlen)
@@ -405,22 +387,37 @@ static int answer_entry(struct syncg_session *ss, const char *path, struct buf *
 	return r;
 }
 
-static int on_entries_req(struct syncg_session *ss, struct buf *in, char *err, size_t errlen)
+typedef int answer_fn(struct syncg_session *ss, const char *name, struct buf *scratch, struct buf *out, char *err,
+		      size_t errlen);
+
+/* A request of names: decode it whole, then answer each name in order. */
+static int answer_req(struct syncg_session *ss, uint8_t type, answer_fn *answer, struct buf *in, char *err,
+		      size_t errlen)
 {
 	struct wire_sync_req q;
-	struct buf ent, out;
+	struct buf scratch, out;
 	int r;
 
-	if ((r = decode_req(ss, WIRE_SYNC_ENTRIES_REQ, in, &q, err, errlen)) < 0)
+	if ((r = decode_req(ss, type, in, &q, err, errlen)) < 0)
 		return r;
-	buf_init(&ent, WIRE_SYNC_MSG_MAX);
+	buf_init(&scratch, WIRE_SYNC_MSG_MAX);
 	buf_init(&out, WIRE_SYNC_MSG_MAX);
 	for (uint32_t i = 0; i < q.n && r == 0; i++)
-		r = answer_entry(ss, q.names[i], &ent, &out, err, errlen);
-	buf_clear(&ent);
+		r = answer(ss, q.names[i], &scratch, &out, err, errlen);
+	buf_clear(&scratch);
 	buf_clear(&out);
 	wire_sync_req_clear(&q);
 	return r;
+}
+
+static int on_levels_req(struct syncg_session *ss, struct buf *in, char *err, size_t errlen)
+{
+	return answer_req(ss, WIRE_SYNC_LEVELS_REQ, answer_level, in, err, errlen);
+}
+
+static int on_entries_req(struct syncg_session *ss, struct buf *in, char *err, size_t errlen)
+{
+	return answer_req(ss, WIRE_SYNC_ENTRIES_REQ, answer_entry, in, err, errlen);
 }
 
 static int on_batch(struct syncg_session *ss, struct buf *in, char *err, size_t errlen)

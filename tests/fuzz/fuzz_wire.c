@@ -13,88 +13,16 @@
 #include "airlock/core/buf.h"
 #include "airlock/core/wire.h"
 #include "fuzz.h"
-
-/* Room for any decoded message: every codec's struct fits. */
-union msg {
-	struct wire_window window;
-	struct wire_hello hello;
-	struct wire_hello_ok hello_ok;
-	struct wire_ping ping;
-	struct wire_error error;
-	struct wire_bulk bulk;
-	struct wire_sync_begin sync_begin;
-	struct wire_sync_state sync_state;
-	struct wire_sync_req sync_req;
-	struct wire_sync_level sync_level;
-	struct wire_sync_entry sync_entry;
-	struct wire_sync_ack sync_ack;
-	struct wire_sync_nack sync_nack;
-	struct wire_exec_start exec_start;
-	struct wire_exec_started exec_started;
-	struct wire_exec_stdin exec_stdin;
-	struct wire_exec_signal exec_signal;
-	struct wire_exec_resize exec_resize;
-	struct wire_exec_exit exec_exit;
-	struct wire_exec_stdin_ack exec_stdin_ack;
-	struct wire_proxy_open proxy_open;
-	struct wire_proxy_close proxy_close;
-};
+#include "wire_msgs.h"
 
 struct codec {
 	uint8_t type;
-	int (*decode)(struct buf *in, union msg *m);
-	int (*encode)(struct buf *b, const union msg *m);
-	void (*clear)(union msg *m);
+	int (*decode)(struct buf *in, union wire_msg *m);
+	int (*encode)(struct buf *b, const union wire_msg *m);
+	void (*clear)(union wire_msg *m);
 	size_t size;
 	bool empty_on_error; /* decoders that own pointers zero m on failure */
 };
-
-/* Typed adaptors: the codecs take their own struct, the table a union. */
-#define CODEC(name)                                                                                                    \
-	static int dec_##name(struct buf *in, union msg *m)                                                            \
-	{                                                                                                              \
-		return wire_##name##_decode(in, &m->name);                                                             \
-	}                                                                                                              \
-	static int enc_##name(struct buf *b, const union msg *m)                                                       \
-	{                                                                                                              \
-		return wire_##name##_encode(b, &m->name);                                                              \
-	}
-#define CLEAR(name)                                                                                                    \
-	static void clr_##name(union msg *m)                                                                           \
-	{                                                                                                              \
-		wire_##name##_clear(&m->name);                                                                         \
-	}
-
-CODEC(window)
-CODEC(hello)
-CLEAR(hello)
-CODEC(hello_ok)
-CLEAR(hello_ok)
-CODEC(ping)
-CODEC(error)
-CLEAR(error)
-CODEC(bulk)
-CODEC(sync_begin)
-CODEC(sync_state)
-CODEC(sync_req)
-CLEAR(sync_req)
-CODEC(sync_level)
-CLEAR(sync_level)
-CODEC(sync_entry)
-CLEAR(sync_entry)
-CODEC(sync_ack)
-CODEC(sync_nack)
-CLEAR(sync_nack)
-CODEC(exec_start)
-CLEAR(exec_start)
-CODEC(exec_started)
-CODEC(exec_stdin)
-CODEC(exec_signal)
-CODEC(exec_resize)
-CODEC(exec_exit)
-CODEC(exec_stdin_ack)
-CODEC(proxy_open)
-CODEC(proxy_close)
 
 #define PLAIN(t, name)                                                                                                 \
 	{                                                                                                              \
@@ -147,20 +75,10 @@ static const struct codec *codec_for(uint8_t type)
 	return &codecs[type % NCODECS];
 }
 
-static bool all_zero(const void *p, size_t n)
-{
-	const uint8_t *b = p;
-
-	for (size_t i = 0; i < n; i++)
-		if (b[i])
-			return false;
-	return true;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	const struct codec *c;
-	union msg m;
+	union wire_msg m;
 	struct buf in, out;
 	int r;
 
@@ -173,7 +91,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (r < 0) {
 		FUZZ_ASSERT(r == -EBADMSG || r == -EPROTO || r == -ENOMEM);
 		if (c->empty_on_error)
-			FUZZ_ASSERT(all_zero(&m, c->size));
+			FUZZ_ASSERT(wire_msg_zeroed(&m, c->size));
 		if (c->clear)
 			c->clear(&m); /* safe after a failure */
 		return 0;
@@ -186,7 +104,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	buf_clear(&out);
 	if (c->clear) {
 		c->clear(&m);
-		FUZZ_ASSERT(all_zero(&m, c->size));
+		FUZZ_ASSERT(wire_msg_zeroed(&m, c->size));
 		c->clear(&m); /* twice is fine */
 	}
 	return 0;
@@ -198,7 +116,7 @@ static uint8_t seed_buf[4096];
 static const uint8_t bytes[] = {0, 1, 2, 3, 0xff, 0x80, 'x', 'y'};
 
 /* The exec and proxy groups' seeds. */
-static int seed_exec(union msg *m, uint8_t type)
+static int seed_exec(union wire_msg *m, uint8_t type)
 {
 	static char *argv[] = {"sh", "-c", "echo hi", NULL};
 	static char *env[] = {"TERM=xterm", "LANG=C", NULL};
@@ -253,7 +171,7 @@ static int seed_exec(union msg *m, uint8_t type)
 	return 0;
 }
 
-static int seed_msg(unsigned i, union msg *m, uint8_t *type)
+static int seed_msg(unsigned i, union wire_msg *m, uint8_t *type)
 {
 	static char *names[] = {"", "src", "src/lib/a.c", NULL};
 
@@ -316,7 +234,7 @@ static int seed_msg(unsigned i, union msg *m, uint8_t *type)
 
 size_t fuzz_seed(unsigned n, const uint8_t **out)
 {
-	union msg m;
+	union wire_msg m;
 	uint8_t type;
 	struct buf b;
 	size_t len;
@@ -330,7 +248,7 @@ size_t fuzz_seed(unsigned n, const uint8_t **out)
 	buf_clear(&b);
 	/* a seed is a message its decoder takes */
 	const struct codec *c = codec_for(type);
-	union msg d;
+	union wire_msg d;
 	buf_view(&b, seed_buf + 1, len - 1);
 	FUZZ_ASSERT(c->decode(&b, &d) == 0);
 	if (c->clear)

@@ -18,77 +18,8 @@
 #include "airlock/core/buf.h"
 #include "airlock/core/mem.h"
 #include "airlock/core/wire.h"
-
-union msg {
-	struct wire_window window;
-	struct wire_hello hello;
-	struct wire_hello_ok hello_ok;
-	struct wire_ping ping;
-	struct wire_error error;
-	struct wire_bulk bulk;
-	struct wire_sync_begin sync_begin;
-	struct wire_sync_state sync_state;
-	struct wire_sync_req sync_req;
-	struct wire_sync_level sync_level;
-	struct wire_sync_entry sync_entry;
-	struct wire_sync_ack sync_ack;
-	struct wire_sync_nack sync_nack;
-	struct wire_exec_start exec_start;
-	struct wire_exec_started exec_started;
-	struct wire_exec_stdin exec_stdin;
-	struct wire_exec_signal exec_signal;
-	struct wire_exec_resize exec_resize;
-	struct wire_exec_exit exec_exit;
-	struct wire_exec_stdin_ack exec_stdin_ack;
-	struct wire_proxy_open proxy_open;
-	struct wire_proxy_close proxy_close;
-};
-
-#define CODEC(name)                                                                                                    \
-	static int dec_##name(struct buf *in, union msg *m)                                                            \
-	{                                                                                                              \
-		return wire_##name##_decode(in, &m->name);                                                             \
-	}                                                                                                              \
-	static int enc_##name(struct buf *b, const union msg *m)                                                       \
-	{                                                                                                              \
-		return wire_##name##_encode(b, &m->name);                                                              \
-	}
-#define CLEAR(name)                                                                                                    \
-	static void clr_##name(union msg *m)                                                                           \
-	{                                                                                                              \
-		wire_##name##_clear(&m->name);                                                                         \
-	}
-
-CODEC(window)
-CODEC(hello)
-CLEAR(hello)
-CODEC(hello_ok)
-CLEAR(hello_ok)
-CODEC(ping)
-CODEC(error)
-CLEAR(error)
-CODEC(bulk)
-CODEC(sync_begin)
-CODEC(sync_state)
-CODEC(sync_req)
-CLEAR(sync_req)
-CODEC(sync_level)
-CLEAR(sync_level)
-CODEC(sync_entry)
-CLEAR(sync_entry)
-CODEC(sync_ack)
-CODEC(sync_nack)
-CLEAR(sync_nack)
-CODEC(exec_start)
-CLEAR(exec_start)
-CODEC(exec_started)
-CODEC(exec_stdin)
-CODEC(exec_signal)
-CODEC(exec_resize)
-CODEC(exec_exit)
-CODEC(exec_stdin_ack)
-CODEC(proxy_open)
-CODEC(proxy_close)
+/* the codecs behind one signature, shared with the fuzz harness */
+#include "../../fuzz/wire_msgs.h"
 
 static bool str_eq(const char *a, const char *b)
 {
@@ -110,42 +41,42 @@ static bool bytes_eq(const uint8_t *a, size_t an, const uint8_t *b, size_t bn)
 
 /* Field-by-field equality of two messages of one kind (pointers compared
  * by what they point at). */
-static bool eq_hello(const union msg *a, const union msg *b)
+static bool eq_hello(const union wire_msg *a, const union wire_msg *b)
 {
 	return !memcmp(a->hello.sign_pk, b->hello.sign_pk, 32) && str_eq(a->hello.client, b->hello.client);
 }
-static bool eq_hello_ok(const union msg *a, const union msg *b)
+static bool eq_hello_ok(const union wire_msg *a, const union wire_msg *b)
 {
 	return str_eq(a->hello_ok.agent, b->hello_ok.agent) && str_eq(a->hello_ok.root, b->hello_ok.root);
 }
-static bool eq_ping(const union msg *a, const union msg *b)
+static bool eq_ping(const union wire_msg *a, const union wire_msg *b)
 {
 	return a->ping.nonce == b->ping.nonce && bytes_eq(a->ping.pad, a->ping.pad_len, b->ping.pad, b->ping.pad_len);
 }
-static bool eq_error(const union msg *a, const union msg *b)
+static bool eq_error(const union wire_msg *a, const union wire_msg *b)
 {
 	return a->error.code == b->error.code && str_eq(a->error.msg, b->error.msg);
 }
-static bool eq_sync_req(const union msg *a, const union msg *b)
+static bool eq_sync_req(const union wire_msg *a, const union wire_msg *b)
 {
 	return a->sync_req.n == b->sync_req.n && strv_eq(a->sync_req.names, b->sync_req.names, a->sync_req.n);
 }
-static bool eq_sync_level(const union msg *a, const union msg *b)
+static bool eq_sync_level(const union wire_msg *a, const union wire_msg *b)
 {
 	return str_eq(a->sync_level.dir, b->sync_level.dir) &&
 	       bytes_eq(a->sync_level.level, a->sync_level.level_len, b->sync_level.level, b->sync_level.level_len);
 }
-static bool eq_sync_entry(const union msg *a, const union msg *b)
+static bool eq_sync_entry(const union wire_msg *a, const union wire_msg *b)
 {
 	return str_eq(a->sync_entry.path, b->sync_entry.path) && a->sync_entry.found == b->sync_entry.found &&
 	       bytes_eq(a->sync_entry.entry, a->sync_entry.entry_len, b->sync_entry.entry, b->sync_entry.entry_len);
 }
-static bool eq_sync_nack(const union msg *a, const union msg *b)
+static bool eq_sync_nack(const union wire_msg *a, const union wire_msg *b)
 {
 	return a->sync_nack.seq == b->sync_nack.seq && a->sync_nack.code == b->sync_nack.code &&
 	       a->sync_nack.partial == b->sync_nack.partial && str_eq(a->sync_nack.msg, b->sync_nack.msg);
 }
-static bool eq_exec_start(const union msg *a, const union msg *b)
+static bool eq_exec_start(const union wire_msg *a, const union wire_msg *b)
 {
 	const struct wire_exec_start *x = &a->exec_start, *y = &b->exec_start;
 	return x->flags == y->flags && x->timeout_ms == y->timeout_ms && x->rows == y->rows && x->cols == y->cols &&
@@ -153,7 +84,7 @@ static bool eq_exec_start(const union msg *a, const union msg *b)
 	       strv_eq(x->argv, y->argv, x->argc) && strv_eq(x->env, y->env, x->nenv) &&
 	       strv_eq(x->fwd, y->fwd, x->nfwd);
 }
-static bool eq_exec_stdin(const union msg *a, const union msg *b)
+static bool eq_exec_stdin(const union wire_msg *a, const union wire_msg *b)
 {
 	return a->exec_stdin.eof == b->exec_stdin.eof &&
 	       bytes_eq(a->exec_stdin.data, a->exec_stdin.len, b->exec_stdin.data, b->exec_stdin.len);
@@ -169,13 +100,13 @@ static const uint8_t blob[] = {0, 1, 0xff};
 
 struct row {
 	const char *name;
-	int (*dec)(struct buf *in, union msg *m);
-	int (*enc)(struct buf *b, const union msg *m);
-	void (*clr)(union msg *m);
-	bool (*eq)(const union msg *a, const union msg *b); /* NULL: memcmp of the struct */
+	int (*dec)(struct buf *in, union wire_msg *m);
+	int (*enc)(struct buf *b, const union wire_msg *m);
+	void (*clr)(union wire_msg *m);
+	bool (*eq)(const union wire_msg *a, const union wire_msg *b); /* NULL: memcmp of the struct */
 	size_t size;
 	bool tail; /* the last field is "the rest of the payload": a longer payload is not an error */
-	union msg m;
+	union wire_msg m;
 	const uint8_t *bytes;
 	size_t nbytes;
 };
@@ -240,7 +171,7 @@ static const struct row rows[] = {
 };
 #define NROWS (sizeof(rows) / sizeof(rows[0]))
 
-static bool msg_eq(const struct row *r, const union msg *a, const union msg *b)
+static bool msg_eq(const struct row *r, const union wire_msg *a, const union wire_msg *b)
 {
 	return r->eq ? r->eq(a, b) : !memcmp(a, b, r->size);
 }
@@ -251,7 +182,7 @@ static void test_roundtrip(void **state)
 	for (size_t i = 0; i < NROWS; i++) {
 		const struct row *r = &rows[i];
 		struct buf a, b, c, in;
-		union msg d;
+		union wire_msg d;
 
 		print_message("%s\n", r->name);
 		buf_init(&a, WIRE_PAYLOAD_MAX);
@@ -289,7 +220,7 @@ static void test_truncated_and_trailing(void **state)
 	for (size_t i = 0; i < NROWS; i++) {
 		const struct row *r = &rows[i];
 		struct buf a, in;
-		union msg d;
+		union wire_msg d;
 
 		buf_init(&a, WIRE_PAYLOAD_MAX);
 		assert_int_equal(r->enc(&a, &r->m), 0);
@@ -511,8 +442,8 @@ static void lim_level_dir(struct buf *b)
 
 static const struct limit {
 	const char *what;
-	int (*dec)(struct buf *in, union msg *m);
-	void (*clr)(union msg *m);
+	int (*dec)(struct buf *in, union wire_msg *m);
+	void (*clr)(union wire_msg *m);
 	void (*build)(struct buf *b);
 	int want;    /* 0: accepted (the limit itself) */
 	size_t size; /* of the message struct */
@@ -563,22 +494,13 @@ static const struct limit {
     {"WINDOW for stream 0", dec_window, NULL, lim_window_stream0, -EBADMSG, sizeof(struct wire_window)},
 };
 
-static bool zeroed(const void *p, size_t n)
-{
-	const uint8_t *b = p;
-	for (size_t i = 0; i < n; i++)
-		if (b[i])
-			return false;
-	return true;
-}
-
 static void test_limits(void **state)
 {
 	(void)state;
 	for (size_t i = 0; i < sizeof(limits) / sizeof(limits[0]); i++) {
 		const struct limit *l = &limits[i];
 		struct buf b, in;
-		union msg m;
+		union wire_msg m;
 
 		print_message("%s\n", l->what);
 		buf_init(&b, 4u << 20);
@@ -587,7 +509,7 @@ static void test_limits(void **state)
 		memset(&m, 0x5a, sizeof(m));
 		assert_int_equal(l->dec(&in, &m), l->want);
 		if (l->want < 0 && l->clr) /* nothing allocated, no view left */
-			assert_true(zeroed(&m, l->size));
+			assert_true(wire_msg_zeroed(&m, l->size));
 		if (l->clr)
 			l->clr(&m);
 		buf_clear(&b);
@@ -601,7 +523,7 @@ static void test_alloc_failure(void **state)
 	for (size_t i = 0; i < NROWS; i++) {
 		const struct row *r = &rows[i];
 		struct buf a, in;
-		union msg d;
+		union wire_msg d;
 
 		if (!r->clr)
 			continue;
@@ -617,7 +539,7 @@ static void test_alloc_failure(void **state)
 				break;
 			}
 			assert_int_equal(e, -ENOMEM);
-			assert_true(zeroed(&d, r->size));
+			assert_true(wire_msg_zeroed(&d, r->size));
 		}
 		buf_clear(&a);
 	}
