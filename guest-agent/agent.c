@@ -102,7 +102,7 @@ static void logmsg(const char *fmt, ...)
 
 /* ---- session protocol: one handler per frame type ---- */
 
-typedef int frame_fn(struct session *s, uint32_t stream, struct buf *in);
+typedef int frame_fn(struct session *s, uint8_t type, uint32_t stream, struct buf *in);
 
 static int send_error(struct session *s, uint32_t stream, int code, const char *msg)
 {
@@ -110,76 +110,69 @@ static int send_error(struct session *s, uint32_t stream, int code, const char *
 	int r;
 
 	buf_init(&out, WIRE_PAYLOAD_MAX);
-	if ((r = buf_put_u32(&out, (uint32_t)code)) < 0 || (r = buf_put_str(&out, msg)) < 0)
-		goto out;
-	r = chan_send(s->chan, WIRE_ERROR, stream, buf_ptr(&out), buf_len(&out));
-out:
+	if ((r = wire_error_encode(&out, &(struct wire_error){.code = (uint32_t)code, .msg = (char *)msg})) == 0)
+		r = chan_send(s->chan, WIRE_ERROR, stream, buf_ptr(&out), buf_len(&out));
 	buf_clear(&out);
 	return r;
 }
 
-static int handle_hello(struct session *s, uint32_t stream, struct buf *in)
+static int handle_hello(struct session *s, uint8_t type, uint32_t stream, struct buf *in)
 {
-	uint32_t version;
-	const uint8_t *pk;
-	size_t pklen;
-	char *client = NULL;
+	struct wire_hello m;
+	struct wire_hello_ok ok = {.agent = "airlock-agent " AIRLOCK_VERSION, .root = (char *)s->agent->root};
 	struct buf out;
 	int r;
+	(void)type;
 
-	buf_init(&out, WIRE_PAYLOAD_MAX);
-	if ((r = buf_get_u32(in, &version)) < 0 || (r = buf_get_bytes(in, &pk, &pklen, 32)) < 0 ||
-	    (r = buf_get_str(in, &client, 256)) < 0)
-		goto out;
-	if (version != WIRE_VERSION || pklen != 32) {
-		r = -EPROTO;
-		goto out;
-	}
-	memcpy(s->sync_pk, pk, 32);
+	if ((r = wire_hello_decode(in, &m)) < 0)
+		return r;
+	memcpy(s->sync_pk, m.sign_pk, 32);
 	s->hello = true;
-	logmsg("session %u: hello from %s (%s)", s->id, s->peer, client);
-	if ((r = buf_put_u32(&out, WIRE_VERSION)) < 0 ||
-	    (r = buf_put_str(&out, "airlock-agent " AIRLOCK_VERSION)) < 0 ||
-	    (r = buf_put_str(&out, s->agent->root)) < 0)
-		goto out;
-	r = chan_send(s->chan, WIRE_HELLO_OK, stream, buf_ptr(&out), buf_len(&out));
-out:
-	mem_free(client);
+	logmsg("session %u: hello from %s (%s)", s->id, s->peer, m.client);
+	buf_init(&out, WIRE_PAYLOAD_MAX);
+	if ((r = wire_hello_ok_encode(&out, &ok)) == 0)
+		r = chan_send(s->chan, WIRE_HELLO_OK, stream, buf_ptr(&out), buf_len(&out));
+	wire_hello_clear(&m);
 	buf_clear(&out);
 	return r;
 }
 
-static int handle_ping(struct session *s, uint32_t stream, struct buf *in)
+static int handle_ping(struct session *s, uint8_t type, uint32_t stream, struct buf *in)
 {
-	/* Echo the payload byte for byte: the client checks it. */
+	/* Echo the payload byte for byte (wire_ping is its layout): the
+	 * client checks it, so the agent does not parse it. */
+	(void)type;
 	return chan_send(s->chan, WIRE_PONG, stream, buf_ptr(in), buf_len(in));
 }
 
-static int handle_bulk_data(struct session *s, uint32_t stream, struct buf *in)
+static int handle_bulk_data(struct session *s, uint8_t type, uint32_t stream, struct buf *in)
 {
-	(void)stream;
+	(void)type, (void)stream;
 	s->bulk_bytes += buf_len(in);
 	return 0;
 }
 
-static int handle_bulk_end(struct session *s, uint32_t stream, struct buf *in)
+static int handle_bulk_end(struct session *s, uint8_t type, uint32_t stream, struct buf *in)
 {
-	uint64_t sent;
-	uint8_t ack[8];
+	struct wire_bulk sent, ack = {.bytes = s->bulk_bytes};
+	struct buf out;
 	int r;
+	(void)type;
 
-	if ((r = buf_get_u64(in, &sent)) < 0)
+	if ((r = wire_bulk_decode(in, &sent)) < 0)
 		return r;
-	for (int i = 0; i < 8; i++)
-		ack[i] = (uint8_t)(s->bulk_bytes >> (56 - 8 * i));
 	s->bulk_bytes = 0;
-	return chan_send(s->chan, WIRE_BULK_ACK, stream, ack, sizeof(ack));
+	buf_init(&out, 16);
+	if ((r = wire_bulk_encode(&out, &ack)) == 0)
+		r = chan_send(s->chan, WIRE_BULK_ACK, stream, buf_ptr(&out), buf_len(&out));
+	buf_clear(&out);
+	return r;
 }
 
 /* Every sync message (syncg.h): fragments are reassembled and parsed
  * there. A batch that fails verification or apply is answered with
  * SYNC_NACK and the session goes on; a protocol violation drops it. */
-static int handle_sync(struct session *s, uint32_t stream, struct buf *in, uint8_t type)
+static int handle_sync(struct session *s, uint8_t type, uint32_t stream, struct buf *in)
 {
 	char err[1024];
 	int r;
@@ -190,26 +183,6 @@ static int handle_sync(struct session *s, uint32_t stream, struct buf *in, uint8
 	if (r < 0 || err[0])
 		logmsg("session %u: sync: %s", s->id, err[0] ? err : strerror(-r));
 	return r;
-}
-
-static int handle_sync_begin(struct session *s, uint32_t stream, struct buf *in)
-{
-	return handle_sync(s, stream, in, WIRE_SYNC_BEGIN);
-}
-
-static int handle_sync_levels_req(struct session *s, uint32_t stream, struct buf *in)
-{
-	return handle_sync(s, stream, in, WIRE_SYNC_LEVELS_REQ);
-}
-
-static int handle_sync_entries_req(struct session *s, uint32_t stream, struct buf *in)
-{
-	return handle_sync(s, stream, in, WIRE_SYNC_ENTRIES_REQ);
-}
-
-static int handle_sync_batch(struct session *s, uint32_t stream, struct buf *in)
-{
-	return handle_sync(s, stream, in, WIRE_SYNC_BATCH);
 }
 
 /* ---- exec: commands on host-opened streams (doc/PROTOCOL.md "Exec") ---- */
@@ -293,13 +266,10 @@ static void gx_flush(struct gexec *g)
 			 * over the bytes just sent. */
 			size_t space = chan_send_space(s->chan, g->stream);
 			if (space > 0 && space < n && (r = chan_send(s->chan, type, g->stream, p, space)) == 0) {
-				uint8_t *rest = g->outq.data + g->outq.off + space;
-				size_t left = n - space;
-				rest[0] = type;
-				rest[1] = (uint8_t)(left >> 24);
-				rest[2] = (uint8_t)(left >> 16);
-				rest[3] = (uint8_t)(left >> 8);
-				rest[4] = (uint8_t)left;
+				/* the new entry's 5-byte header lies within
+				 * the old header and the bytes just sent */
+				(void)buf_poke_u8(&g->outq, space, type);
+				(void)buf_poke_u32(&g->outq, space + 1, (uint32_t)(n - space));
 				buf_consume(&g->outq, space);
 				continue;
 			}
@@ -336,7 +306,7 @@ static void gx_fail(struct gexec *g, int err, const char *what)
 
 	logmsg("session %u: exec stream %u: %s", g->s->id, g->stream, what);
 	buf_init(&b, WIRE_PAYLOAD_MAX);
-	if (buf_put_u32(&b, (uint32_t)err) < 0 || buf_put_str(&b, what) < 0 ||
+	if (wire_error_encode(&b, &(struct wire_error){.code = (uint32_t)err, .msg = (char *)what}) < 0 ||
 	    gx_queue(g, WIRE_EXEC_ERROR, buf_ptr(&b), buf_len(&b)) < 0) {
 		chan_close(g->s->chan);
 	}
@@ -365,16 +335,19 @@ static void sweep_strays(struct agent *a);
 static void gx_on_exit(struct exec *e, const struct exec_result *x, void *ud)
 {
 	struct gexec *g = ud;
-	uint8_t flags = (uint8_t)((x->timed_out ? WIRE_EXEC_X_TIMED_OUT : 0) |
-				  (x->canceled ? WIRE_EXEC_X_CANCELED : 0) | (x->core_dumped ? WIRE_EXEC_X_CORE : 0));
+	struct wire_exec_exit m = {
+	    .code = (uint32_t)x->exit_code,
+	    .signo = (uint32_t)x->signal,
+	    .flags = (uint8_t)((x->timed_out ? WIRE_EXEC_X_TIMED_OUT : 0) | (x->canceled ? WIRE_EXEC_X_CANCELED : 0) |
+			       (x->core_dumped ? WIRE_EXEC_X_CORE : 0)),
+	    .duration_ms = x->duration_ms,
+	    .stdout_bytes = x->stdout_bytes,
+	    .stderr_bytes = x->stderr_bytes,
+	};
 	struct buf b;
-	int r;
 
 	buf_init(&b, 64);
-	if ((r = buf_put_u32(&b, (uint32_t)x->exit_code)) < 0 || (r = buf_put_u32(&b, (uint32_t)x->signal)) < 0 ||
-	    (r = buf_put_u8(&b, flags)) < 0 || (r = buf_put_u64(&b, x->duration_ms)) < 0 ||
-	    (r = buf_put_u64(&b, x->stdout_bytes)) < 0 || (r = buf_put_u64(&b, x->stderr_bytes)) < 0 ||
-	    (r = gx_queue(g, WIRE_EXEC_EXIT, buf_ptr(&b), buf_len(&b))) < 0)
+	if (wire_exec_exit_encode(&b, &m) < 0 || gx_queue(g, WIRE_EXEC_EXIT, buf_ptr(&b), buf_len(&b)) < 0)
 		chan_close(g->s->chan);
 	buf_clear(&b);
 	if (g->s->agent->verbose)
@@ -395,7 +368,6 @@ static void gx_on_exit(struct exec *e, const struct exec_result *x, void *ud)
 static void gx_stdin_pump(struct gexec *g)
 {
 	uint64_t taken = 0;
-	uint8_t ack[4];
 
 	while (g->e && !g->stdin_closed && buf_len(&g->stdinq) > 0) {
 		ssize_t w = exec_write_stdin(g->e, buf_ptr(&g->stdinq), buf_len(&g->stdinq));
@@ -418,12 +390,12 @@ static void gx_stdin_pump(struct gexec *g)
 		g->stdin_closed = true;
 	}
 	if (taken && !g->done) {
-		ack[0] = (uint8_t)(taken >> 24);
-		ack[1] = (uint8_t)(taken >> 16);
-		ack[2] = (uint8_t)(taken >> 8);
-		ack[3] = (uint8_t)taken;
-		if (gx_queue(g, WIRE_EXEC_STDIN_ACK, ack, sizeof(ack)) == 0)
+		struct buf ack;
+		buf_init(&ack, 8);
+		if (wire_exec_stdin_ack_encode(&ack, &(struct wire_exec_stdin_ack){.bytes = (uint32_t)taken}) == 0 &&
+		    gx_queue(g, WIRE_EXEC_STDIN_ACK, buf_ptr(&ack), buf_len(&ack)) == 0)
 			gx_flush(g);
+		buf_clear(&ack);
 	}
 }
 
@@ -439,187 +411,160 @@ static const struct exec_ops gx_ops = {
     .on_stdin_writable = gx_on_stdin_writable,
 };
 
-static int handle_exec_start(struct session *s, uint32_t stream, struct buf *in)
+/* A new command's state on its stream, linked into the session. */
+static struct gexec *gx_new(struct session *s, uint32_t stream)
 {
-	struct agent *a = s->agent;
-	struct gexec *g = NULL;
-	uint8_t flags;
-	uint64_t timeout_ms;
-	uint16_t rows, cols;
-	uint32_t argc = 0, nenv = 0, nfwd = 0;
-	char *cwd = NULL, **argv = NULL, **env = NULL, **fwd = NULL, **envp = NULL, **penv = NULL;
-	const char **reqenv = NULL;
-	size_t nreq;
-	const char *bad = NULL;
-	/* the frame's plaintext: wiped at the end when it carried credentials */
-	uint8_t *frame = (uint8_t *)(uintptr_t)buf_ptr(in);
-	size_t frame_len = buf_len(in);
-	char msg[512];
-	int r;
+	struct gexec *g = mem_calloc(1, sizeof(*g));
 
-	/* host-opened streams are odd; one command per stream */
-	if (stream == WIRE_STREAM_CONTROL || !(stream & 1) || gx_find(s, stream))
-		return -EPROTO;
-	if ((r = buf_get_u8(in, &flags)) < 0 || (r = buf_get_u64(in, &timeout_ms)) < 0 ||
-	    (r = buf_get_u16(in, &rows)) < 0 || (r = buf_get_u16(in, &cols)) < 0 ||
-	    (r = buf_get_str(in, &cwd, WIRE_EXEC_STR_MAX)) < 0 || (r = buf_get_u32(in, &argc)) < 0)
-		goto out;
-	if (argc == 0 || argc > WIRE_EXEC_ARGS_MAX) {
-		r = -EBADMSG;
-		goto out;
-	}
-	if (!(argv = mem_calloc(argc + 1, sizeof(*argv)))) {
-		r = -ENOMEM;
-		goto out;
-	}
-	for (uint32_t i = 0; i < argc; i++)
-		if ((r = buf_get_str(in, &argv[i], WIRE_EXEC_STR_MAX)) < 0)
-			goto out;
-	if ((r = buf_get_u32(in, &nenv)) < 0)
-		goto out;
-	if (nenv > WIRE_EXEC_ARGS_MAX) {
-		r = -EBADMSG;
-		goto out;
-	}
-	if (!(env = mem_calloc(nenv + 1, sizeof(*env)))) {
-		r = -ENOMEM;
-		goto out;
-	}
-	for (uint32_t i = 0; i < nenv; i++)
-		if ((r = buf_get_str(in, &env[i], WIRE_EXEC_STR_MAX)) < 0)
-			goto out;
-	if (flags & WIRE_EXEC_F_FWD) { /* the forwarded layer: forward_env and credentials.inject */
-		if ((r = buf_get_u32(in, &nfwd)) < 0)
-			goto out;
-		if (nfwd > WIRE_EXEC_ARGS_MAX) {
-			r = -EBADMSG;
-			goto out;
-		}
-		if (!(fwd = mem_calloc(nfwd + 1, sizeof(*fwd)))) {
-			r = -ENOMEM;
-			goto out;
-		}
-		for (uint32_t i = 0; i < nfwd; i++)
-			if ((r = buf_get_str(in, &fwd[i], WIRE_EXEC_STR_MAX)) < 0)
-				goto out;
-	}
-	if (buf_len(in) != 0) {
-		r = -EBADMSG;
-		goto out;
-	}
-	if (!(g = mem_calloc(1, sizeof(*g)))) {
-		r = -ENOMEM;
-		goto out;
-	}
+	if (!g)
+		return NULL;
 	g->s = s;
 	g->stream = stream;
 	buf_init(&g->outq, GX_OUTQ_MAX);
 	buf_init(&g->stdinq, GX_STDINQ_MAX);
 	g->next = s->execs;
 	s->execs = g;
-	/* From here on a failure is the command's, not the session's: it is
-	 * answered with EXEC_ERROR on its stream. */
-	/* The request's variables, then the proxy's: a request cannot point a
-	 * command elsewhere by accident (nothing else is reachable anyway). */
-	nreq = nenv;
-	if (flags & WIRE_EXEC_F_PROXY) {
+	return g;
+}
+
+/* The command's environment (exec_env_build): the forwarded layer, then
+ * the request's variables, then the proxy's, so a request cannot point a
+ * command elsewhere by accident (nothing else is reachable anyway). On
+ * failure msg says why (names only: values may be credentials). */
+static int gx_env(struct gexec *g, const struct wire_exec_start *m, char ***envp, char *msg, size_t msglen)
+{
+	struct session *s = g->s;
+	char **penv = NULL;
+	const char **reqenv = NULL;
+	const char *bad = NULL;
+	size_t nreq = m->nenv;
+	int r;
+
+	if (m->flags & WIRE_EXEC_F_PROXY) {
 		uint16_t port = 0;
-		if ((!s->proxy && (r = proxy_new(a->loop, s->chan, &s->proxy)) < 0) ||
-		    (r = proxy_cmd_start(s->proxy, stream, &port)) < 0 || (r = proxy_env(port, &penv)) < 0) {
-			snprintf(msg, sizeof(msg), "could not open the egress proxy listener: %s", strerror(-r));
-			gx_fail(g, -r, msg);
-			r = 0;
+		if ((!s->proxy && (r = proxy_new(s->agent->loop, s->chan, &s->proxy)) < 0) ||
+		    (r = proxy_cmd_start(s->proxy, g->stream, &port)) < 0 || (r = proxy_env(port, &penv)) < 0) {
+			snprintf(msg, msglen, "could not open the egress proxy listener: %s", strerror(-r));
 			goto out;
 		}
 	}
-	if (!(reqenv = mem_calloc(nenv + PROXY_ENV_COUNT + 1, sizeof(*reqenv)))) {
-		gx_fail(g, ENOMEM, "out of memory");
-		r = 0;
+	if (!(reqenv = mem_calloc(m->nenv + PROXY_ENV_COUNT + 1, sizeof(*reqenv)))) {
+		snprintf(msg, msglen, "out of memory");
+		r = -ENOMEM;
 		goto out;
 	}
-	for (uint32_t i = 0; i < nenv; i++)
-		reqenv[i] = env[i];
+	for (uint32_t i = 0; i < m->nenv; i++)
+		reqenv[i] = m->env[i];
 	for (char **pe = penv; pe && *pe; pe++)
 		reqenv[nreq++] = *pe;
-	struct exec_env_in ein = {.home = a->home,
-				  .tty = flags & WIRE_EXEC_F_TTY,
-				  .forwarded = (const char *const *)fwd,
-				  .n_forwarded = nfwd,
+	struct exec_env_in ein = {.home = s->agent->home,
+				  .tty = m->flags & WIRE_EXEC_F_TTY,
+				  .forwarded = (const char *const *)m->fwd,
+				  .n_forwarded = m->nfwd,
 				  .request = reqenv,
 				  .n_request = nreq};
-	if ((r = exec_env_build(&ein, &envp, &bad)) < 0) {
+	if ((r = exec_env_build(&ein, envp, &bad)) < 0) {
 		/* the name only: the value may be a credential */
-		snprintf(msg, sizeof(msg), "environment entry '%.*s': %s",
+		snprintf(msg, msglen, "environment entry '%.*s': %s",
 			 bad ? (int)(strcspn(bad, "=") < 200 ? strcspn(bad, "=") : 200) : 1, bad ? bad : "?",
 			 r == -E2BIG ? "environment too large" : "not NAME=value with a valid name");
-		gx_fail(g, -r, msg);
-		r = 0;
-		goto out;
 	}
+out:
+	proxy_env_free(penv);
+	mem_free(reqenv);
+	return r;
+}
+
+/* Start the command; on failure msg says why. */
+static int gx_spawn(struct gexec *g, const struct wire_exec_start *m, char **envp, char *msg, size_t msglen)
+{
+	struct agent *a = g->s->agent;
 	struct exec_req q = {
-	    .argv = (const char *const *)argv,
+	    .argv = (const char *const *)m->argv,
 	    .root_fd = a->root_fd,
-	    .cwd = cwd,
+	    .cwd = m->cwd,
 	    .envp = (const char *const *)envp,
-	    .timeout_ms = timeout_ms,
-	    .tty = flags & WIRE_EXEC_F_TTY,
-	    .rows = rows,
-	    .cols = cols,
-	    .stdin_open = flags & WIRE_EXEC_F_STDIN,
+	    .timeout_ms = m->timeout_ms,
+	    .tty = m->flags & WIRE_EXEC_F_TTY,
+	    .rows = m->rows,
+	    .cols = m->cols,
+	    .stdin_open = m->flags & WIRE_EXEC_F_STDIN,
 	    .uid = a->run_uid,
 	    .gid = a->run_gid,
 	    .confine = a->confine,
 	};
+	int r;
+
 	if ((r = exec_start(a->loop, a->xsys, &q, &gx_ops, g, &g->e)) < 0) {
 		g->e = NULL;
 		if (r == -EXDEV)
-			snprintf(msg, sizeof(msg), "cwd '%.200s' leaves the workspace", cwd);
+			snprintf(msg, msglen, "cwd '%.200s' leaves the workspace", m->cwd);
 		else if (r == -ENOENT || r == -ENOTDIR || r == -EACCES)
-			snprintf(msg, sizeof(msg), "cwd '%.200s': %s", cwd, strerror(-r));
+			snprintf(msg, msglen, "cwd '%.200s': %s", m->cwd, strerror(-r));
 		else
-			snprintf(msg, sizeof(msg), "could not start '%.200s': %s", argv[0], strerror(-r));
+			snprintf(msg, msglen, "could not start '%.200s': %s", m->argv[0], strerror(-r));
+		return r;
+	}
+	if (a->verbose)
+		logmsg("session %u: exec stream %u: '%s' pid %d", g->s->id, g->stream, m->argv[0], (int)exec_pid(g->e));
+	return 0;
+}
+
+/* Queue EXEC_STARTED with the command's pid; a failure drops the session. */
+static int gx_started(struct gexec *g)
+{
+	struct wire_exec_started st = {.pid = (uint64_t)exec_pid(g->e)};
+	struct buf b;
+	int r;
+
+	buf_init(&b, 16);
+	if ((r = wire_exec_started_encode(&b, &st)) == 0 &&
+	    (r = gx_queue(g, WIRE_EXEC_STARTED, buf_ptr(&b), buf_len(&b))) == 0)
+		gx_flush(g);
+	buf_clear(&b);
+	return r;
+}
+
+static int handle_exec_start(struct session *s, uint8_t type, uint32_t stream, struct buf *in)
+{
+	struct wire_exec_start m;
+	struct gexec *g;
+	char **envp = NULL;
+	/* the frame's plaintext: wiped at the end when it carries credentials */
+	uint8_t *frame = (uint8_t *)(uintptr_t)buf_ptr(in);
+	size_t frame_len = buf_len(in);
+	bool secret = frame_len > 0 && (frame[0] & WIRE_EXEC_F_FWD);
+	char msg[512];
+	int r;
+	(void)type;
+
+	/* host-opened streams are odd; one command per stream */
+	if (stream == WIRE_STREAM_CONTROL || !(stream & 1) || gx_find(s, stream))
+		return -EPROTO;
+	if ((r = wire_exec_start_decode(in, &m)) < 0)
+		goto out;
+	if (!(g = gx_new(s, stream))) {
+		r = -ENOMEM;
+		goto out;
+	}
+	/* From here on a failure is the command's, not the session's: it is
+	 * answered with EXEC_ERROR on its stream. */
+	if ((r = gx_env(g, &m, &envp, msg, sizeof(msg))) < 0 || (r = gx_spawn(g, &m, envp, msg, sizeof(msg))) < 0) {
 		gx_fail(g, -r, msg);
 		r = 0;
 		goto out;
 	}
-	{
-		uint64_t pid = (uint64_t)exec_pid(g->e);
-		uint8_t p[8];
-		for (int i = 0; i < 8; i++)
-			p[i] = (uint8_t)(pid >> (56 - 8 * i));
-		if (a->verbose)
-			logmsg("session %u: exec stream %u: '%s' pid %d", s->id, stream, argv[0], (int)pid);
-		if ((r = gx_queue(g, WIRE_EXEC_STARTED, p, sizeof(p))) < 0)
-			goto out;
-		gx_flush(g);
-	}
-	r = 0;
+	r = gx_started(g);
 out:
-	for (uint32_t i = 0; argv && i < argc; i++)
-		mem_free(argv[i]);
 	/* Credentials live only for building the command's environment:
-	 * wipe every copy (the request's own env too, it may hold secrets). */
-	for (uint32_t i = 0; env && i < nenv; i++)
-		if (env[i]) {
-			sodium_memzero(env[i], strlen(env[i]));
-			mem_free(env[i]);
-		}
-	for (uint32_t i = 0; fwd && i < nfwd; i++)
-		if (fwd[i]) {
-			sodium_memzero(fwd[i], strlen(fwd[i]));
-			mem_free(fwd[i]);
-		}
+	 * wipe every copy (the request's own env too, it may hold secrets;
+	 * wire_exec_start_clear wipes the decoded strings). */
 	for (char **p = envp; p && *p; p++)
 		sodium_memzero(*p, strlen(*p));
-	if (flags & WIRE_EXEC_F_FWD)
+	if (secret)
 		sodium_memzero(frame, frame_len);
-	mem_free(argv);
-	mem_free(env);
-	mem_free(fwd);
-	mem_free(cwd);
 	exec_env_free(envp);
-	proxy_env_free(penv);
-	mem_free(reqenv);
+	wire_exec_start_clear(&m);
 	return r;
 }
 
@@ -631,13 +576,14 @@ static void gx_stale(struct session *s, uint32_t stream)
 		chan_stream_close(s->chan, stream);
 }
 
-static int handle_exec_stdin(struct session *s, uint32_t stream, struct buf *in)
+static int handle_exec_stdin(struct session *s, uint8_t type, uint32_t stream, struct buf *in)
 {
 	struct gexec *g = gx_find(s, stream);
-	uint8_t eof;
+	struct wire_exec_stdin m;
 	int r;
+	(void)type;
 
-	if ((r = buf_get_u8(in, &eof)) < 0)
+	if ((r = wire_exec_stdin_decode(in, &m)) < 0)
 		return r;
 	if (!g) {
 		gx_stale(s, stream);
@@ -645,50 +591,50 @@ static int handle_exec_stdin(struct session *s, uint32_t stream, struct buf *in)
 	}
 	if (!g->e || g->stdin_eof)
 		return 0; /* ending: the host forgets it on EXIT */
-	if (buf_len(in) && (r = buf_put(&g->stdinq, buf_ptr(in), buf_len(in))) < 0)
+	if (m.len && (r = buf_put(&g->stdinq, m.data, m.len)) < 0)
 		return -EPROTO; /* over the stdin window */
-	if (eof)
+	if (m.eof)
 		g->stdin_eof = true;
 	gx_stdin_pump(g);
 	return 0;
 }
 
-static int handle_exec_signal(struct session *s, uint32_t stream, struct buf *in)
+static int handle_exec_signal(struct session *s, uint8_t type, uint32_t stream, struct buf *in)
 {
 	struct gexec *g = gx_find(s, stream);
-	uint32_t sig;
+	struct wire_exec_signal m;
 	int r;
+	(void)type;
 
-	if ((r = buf_get_u32(in, &sig)) < 0)
-		return r;
-	if (sig < 1 || sig > 64)
-		return -EBADMSG;
-	if (!g)
-		gx_stale(s, stream);
-	else if (g->e)
-		exec_signal(g->e, (int)sig); /* -ESRCH: the group is gone, nothing to do */
-	return 0;
-}
-
-static int handle_exec_resize(struct session *s, uint32_t stream, struct buf *in)
-{
-	struct gexec *g = gx_find(s, stream);
-	uint16_t rows, cols;
-	int r;
-
-	if ((r = buf_get_u16(in, &rows)) < 0 || (r = buf_get_u16(in, &cols)) < 0)
+	if ((r = wire_exec_signal_decode(in, &m)) < 0)
 		return r;
 	if (!g)
 		gx_stale(s, stream);
 	else if (g->e)
-		exec_resize(g->e, rows, cols);
+		exec_signal(g->e, (int)m.signo); /* -ESRCH: the group is gone, nothing to do */
 	return 0;
 }
 
-static int handle_exec_cancel(struct session *s, uint32_t stream, struct buf *in)
+static int handle_exec_resize(struct session *s, uint8_t type, uint32_t stream, struct buf *in)
 {
 	struct gexec *g = gx_find(s, stream);
-	(void)in;
+	struct wire_exec_resize m;
+	int r;
+	(void)type;
+
+	if ((r = wire_exec_resize_decode(in, &m)) < 0)
+		return r;
+	if (!g)
+		gx_stale(s, stream);
+	else if (g->e)
+		exec_resize(g->e, m.rows, m.cols);
+	return 0;
+}
+
+static int handle_exec_cancel(struct session *s, uint8_t type, uint32_t stream, struct buf *in)
+{
+	struct gexec *g = gx_find(s, stream);
+	(void)type, (void)in;
 
 	if (!g)
 		gx_stale(s, stream);
@@ -699,29 +645,9 @@ static int handle_exec_cancel(struct session *s, uint32_t stream, struct buf *in
 
 /* ---- proxy: guest-opened streams to the host's egress proxy (proxy.h) ---- */
 
-static int handle_proxy(struct session *s, uint32_t stream, struct buf *in, uint8_t type)
+static int handle_proxy(struct session *s, uint8_t type, uint32_t stream, struct buf *in)
 {
 	return proxy_frame(s->proxy, type, stream, buf_ptr(in), buf_len(in));
-}
-
-static int handle_proxy_open(struct session *s, uint32_t stream, struct buf *in)
-{
-	return handle_proxy(s, stream, in, WIRE_PROXY_OPEN);
-}
-
-static int handle_proxy_data(struct session *s, uint32_t stream, struct buf *in)
-{
-	return handle_proxy(s, stream, in, WIRE_PROXY_DATA);
-}
-
-static int handle_proxy_eof(struct session *s, uint32_t stream, struct buf *in)
-{
-	return handle_proxy(s, stream, in, WIRE_PROXY_EOF);
-}
-
-static int handle_proxy_close(struct session *s, uint32_t stream, struct buf *in)
-{
-	return handle_proxy(s, stream, in, WIRE_PROXY_CLOSE);
 }
 
 static void exec_writable(struct session *s)
@@ -734,28 +660,28 @@ static void exec_writable(struct session *s)
 	}
 }
 
+/* The frames a host may send; names for logs are wire_type_name's. */
 static const struct {
 	frame_fn *fn;
-	const char *name;
 	bool before_hello; /* allowed before HELLO */
 } handlers[WIRE_TYPE_MAX + 1] = {
-    [WIRE_HELLO] = {handle_hello, "HELLO", true},
-    [WIRE_PING] = {handle_ping, "PING", true},
-    [WIRE_BULK_DATA] = {handle_bulk_data, "BULK_DATA", false},
-    [WIRE_BULK_END] = {handle_bulk_end, "BULK_END", false},
-    [WIRE_SYNC_BEGIN] = {handle_sync_begin, "SYNC_BEGIN", false},
-    [WIRE_SYNC_LEVELS_REQ] = {handle_sync_levels_req, "SYNC_LEVELS_REQ", false},
-    [WIRE_SYNC_ENTRIES_REQ] = {handle_sync_entries_req, "SYNC_ENTRIES_REQ", false},
-    [WIRE_SYNC_BATCH] = {handle_sync_batch, "SYNC_BATCH", false},
-    [WIRE_EXEC_START] = {handle_exec_start, "EXEC_START", false},
-    [WIRE_EXEC_STDIN] = {handle_exec_stdin, "EXEC_STDIN", false},
-    [WIRE_EXEC_SIGNAL] = {handle_exec_signal, "EXEC_SIGNAL", false},
-    [WIRE_EXEC_RESIZE] = {handle_exec_resize, "EXEC_RESIZE", false},
-    [WIRE_EXEC_CANCEL] = {handle_exec_cancel, "EXEC_CANCEL", false},
-    [WIRE_PROXY_OPEN] = {handle_proxy_open, "PROXY_OPEN", false},
-    [WIRE_PROXY_DATA] = {handle_proxy_data, "PROXY_DATA", false},
-    [WIRE_PROXY_EOF] = {handle_proxy_eof, "PROXY_EOF", false},
-    [WIRE_PROXY_CLOSE] = {handle_proxy_close, "PROXY_CLOSE", false},
+    [WIRE_HELLO] = {handle_hello, true},
+    [WIRE_PING] = {handle_ping, true},
+    [WIRE_BULK_DATA] = {handle_bulk_data, false},
+    [WIRE_BULK_END] = {handle_bulk_end, false},
+    [WIRE_SYNC_BEGIN] = {handle_sync, false},
+    [WIRE_SYNC_LEVELS_REQ] = {handle_sync, false},
+    [WIRE_SYNC_ENTRIES_REQ] = {handle_sync, false},
+    [WIRE_SYNC_BATCH] = {handle_sync, false},
+    [WIRE_EXEC_START] = {handle_exec_start, false},
+    [WIRE_EXEC_STDIN] = {handle_exec_stdin, false},
+    [WIRE_EXEC_SIGNAL] = {handle_exec_signal, false},
+    [WIRE_EXEC_RESIZE] = {handle_exec_resize, false},
+    [WIRE_EXEC_CANCEL] = {handle_exec_cancel, false},
+    [WIRE_PROXY_OPEN] = {handle_proxy, false},
+    [WIRE_PROXY_DATA] = {handle_proxy, false},
+    [WIRE_PROXY_EOF] = {handle_proxy, false},
+    [WIRE_PROXY_CLOSE] = {handle_proxy, false},
 };
 
 static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t *p, size_t n, void *ud)
@@ -774,8 +700,8 @@ static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_
 		send_error(s, stream, EPROTO, "HELLO first");
 		return;
 	}
-	if ((r = handlers[type].fn(s, stream, &in)) < 0 && r != -EAGAIN) {
-		logmsg("session %u: %s on stream %u: %s; closing", s->id, handlers[type].name, stream, strerror(-r));
+	if ((r = handlers[type].fn(s, type, stream, &in)) < 0 && r != -EAGAIN) {
+		logmsg("session %u: %s on stream %u: %s; closing", s->id, wire_type_name(type), stream, strerror(-r));
 		send_error(s, stream, -r, "bad request");
 		chan_close(c);
 	}
@@ -1181,7 +1107,46 @@ static int load_psk(struct agent *a, const char *path)
 	return 0;
 }
 
-int main(int argc, char **argv)
+struct agent_args {
+	const char *listen, *keyfile, *run_as;
+	bool confine;
+};
+
+static int parse_allow_file(struct agent *a, const char *path)
+{
+	uint8_t(*keys)[32] = NULL;
+	size_t n = 0;
+	char err[512];
+
+	if (keys_load_allow_file(path, &keys, &n, err, sizeof(err)) < 0) {
+		logmsg("%s", err);
+		return 2;
+	}
+	for (size_t i = 0; i < n; i++)
+		if (chan_peers_allow(a->peers, keys[i]) < 0)
+			break;
+	mem_free(keys);
+	return 0;
+}
+
+static int parse_fsync(struct agent *a, const char *v)
+{
+	if (!strcmp(v, "none"))
+		a->apply_opts.fsync = APPLY_FSYNC_NONE;
+	else if (!strcmp(v, "batch"))
+		a->apply_opts.fsync = APPLY_FSYNC_BATCH;
+	else if (!strcmp(v, "file"))
+		a->apply_opts.fsync = APPLY_FSYNC_FILE;
+	else {
+		logmsg("--fsync must be none, batch or file");
+		return 2;
+	}
+	return 0;
+}
+
+/* Command-line options into a; 0, or the exit status (2 for a usage
+ * error, -1 for --help (exit 0), 1 otherwise) when the agent must not run. */
+static int parse_options(struct agent *a, struct agent_args *o, int argc, char **argv)
 {
 	static const struct option opts[] = {
 	    {"listen", required_argument, NULL, 'l'},
@@ -1200,6 +1165,233 @@ int main(int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
+	int c, st;
+
+	while ((c = getopt_long(argc, argv, "v", opts, NULL)) != -1) {
+		switch (c) {
+		case 'l':
+			o->listen = optarg;
+			break;
+		case 'r':
+			a->root = optarg;
+			break;
+		case 'k':
+			o->keyfile = optarg;
+			break;
+		case 'a': {
+			uint8_t pk[32];
+			if (keys_pub_parse(optarg, pk) < 0) {
+				logmsg("--allow '%s': not a public key (44 characters of base64)", optarg);
+				return 2;
+			}
+			if (chan_peers_allow(a->peers, pk) < 0)
+				return 1;
+			break;
+		}
+		case 'A':
+			if ((st = parse_allow_file(a, optarg)) != 0)
+				return st;
+			break;
+		case 'p':
+			if (load_psk(a, optarg) < 0)
+				return 2;
+			break;
+		case 'm':
+			a->max_sessions = (unsigned)strtoul(optarg, NULL, 10);
+			if (a->max_sessions == 0 || a->max_sessions > 1024) {
+				logmsg("--max-sessions must be 1..1024");
+				return 2;
+			}
+			break;
+		case 'v':
+			a->verbose++;
+			break;
+		case 'S':
+			a->state_dir = optarg;
+			break;
+		case 'F':
+			if ((st = parse_fsync(a, optarg)) != 0)
+				return st;
+			break;
+		case 'U':
+			o->run_as = optarg;
+			break;
+		case 'H':
+			a->home = optarg;
+			break;
+		case 'C':
+			o->confine = true;
+			break;
+		case 'h':
+			usage(stdout);
+			return -1; /* exit 0 */
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (!o->listen || !a->root || !o->keyfile || chan_peers_count(a->peers) == 0) {
+		if (o->listen && a->root && o->keyfile)
+			logmsg("no host is allowed: give at least one --allow PUBKEY or --allow-file FILE");
+		usage(stderr);
+		return 2;
+	}
+	return 0;
+}
+
+/* Who runs commands. Commands never run as root: as --run-as, else as
+ * the owner of the workspace (so they can write it) when that is not root,
+ * else as nobody (the workspace is then read-only to them). A non-root
+ * agent runs them as itself. 0 or the exit status. */
+static int setup_run_as(struct agent *a, const char *run_as)
+{
+	struct stat rst;
+	int r;
+
+	if (geteuid() != 0)
+		return 0;
+	if (run_as) {
+		if ((r = parse_run_as(run_as, &a->run_uid, &a->run_gid)) < 0) {
+			logmsg("--run-as '%s': %s", run_as,
+			       r == -EINVAL ? "not USER or UID:GID" : "no such user in /etc/passwd");
+			return 2;
+		}
+	} else if (fstat(a->root_fd, &rst) == 0 && rst.st_uid != 0) {
+		a->run_uid = rst.st_uid;
+		a->run_gid = rst.st_gid;
+	} else {
+		a->run_uid = a->run_gid = 65534;
+	}
+	if (a->run_uid == 0)
+		logmsg("warning: --run-as root: commands run with the agent's full privileges");
+	return 0;
+}
+
+/* Keys, the workspace and its sync state, who runs commands and how.
+ * 0 or the exit status. */
+static int setup_workspace(struct agent *a, const struct agent_args *o)
+{
+	char err[512];
+	int r, st;
+
+	if (keys_load(o->keyfile, &a->key, err, sizeof(err)) < 0) {
+		logmsg("%s", err);
+		return 2;
+	}
+	/* Commands share our uid in the sandbox: non-dumpable, they can
+	 * neither ptrace us nor read our memory or environ in /proc. */
+	a->init = getpid() == 1;
+	if ((o->confine || a->init) && prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) {
+		logmsg("prctl(PR_SET_DUMPABLE): %s", strerror(errno));
+		return 1;
+	}
+	if (mkdir(a->root, 0755) < 0 && errno != EEXIST) {
+		logmsg("--root %s: %s", a->root, strerror(errno));
+		return 1;
+	}
+	if (syncg_open(a->root, a->state_dir, &a->apply_opts, a->key.pub, &a->sync, err, sizeof(err)) < 0) {
+		logmsg("%s", err);
+		return 1;
+	}
+	if ((a->root_fd = open(a->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+		logmsg("--root %s: %s", a->root, strerror(errno));
+		return 1;
+	}
+	if ((st = setup_run_as(a, o->run_as)) != 0)
+		return st;
+	if ((r = exec_sys_new(NULL, &a->xsys)) < 0) {
+		logmsg("exec: %s", strerror(-r));
+		return 1;
+	}
+	if (a->run_uid != EXEC_ID_KEEP)
+		logmsg("exec: commands run as uid %u gid %u; %s", a->run_uid, a->run_gid, exec_sys_describe(a->xsys));
+	else
+		logmsg("exec: commands run as the agent (uid %u); %s", (unsigned)geteuid(), exec_sys_describe(a->xsys));
+	logmsg("sync state in %s (last applied batch %llu)", syncg_state_dir(a->sync),
+	       (unsigned long long)syncg_last_seq(a->sync));
+	return 0;
+}
+
+/* The event loop and its signals (SIGINT, SIGTERM; SIGCHLD as PID 1). */
+static int setup_loop(struct agent *a)
+{
+	sigset_t mask;
+
+	if (!(a->loop = loop_new())) {
+		logmsg("out of memory");
+		return 1;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGINT);
+	sigaddset(&mask, SIGTERM);
+	if (a->init)
+		sigaddset(&mask, SIGCHLD); /* orphans to reap */
+	sigprocmask(SIG_BLOCK, &mask, NULL);
+	if ((a->sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC)) < 0 ||
+	    loop_add_fd(a->loop, a->sfd, EPOLLIN, on_signal, a) < 0) {
+		logmsg("signalfd: %s", strerror(errno));
+		return 1;
+	}
+	return 0;
+}
+
+/* Listen on the transport address and print the readiness line. */
+static int setup_listener(struct agent *a)
+{
+	char err[512], where[256], self[KEYS_B64_LEN];
+	int r;
+
+	if ((a->lfd = transport_listen(&a->addr, err, sizeof(err))) < 0) {
+		logmsg("%s", err);
+		return 1;
+	}
+	if ((a->addr.kind == TRANSPORT_TCP || a->addr.kind == TRANSPORT_VSOCK) && a->addr.port == 0) {
+		int port = transport_bound_port(a->lfd);
+		if (port > 0)
+			a->addr.port = (uint32_t)port;
+	}
+	transport_format(&a->addr, where, sizeof(where));
+	keys_pub_format(a->key.pub, self);
+	logmsg("listening on %s (key %s, %zu allowed host key%s)", where, self, chan_peers_count(a->peers),
+	       chan_peers_count(a->peers) == 1 ? "" : "s");
+	if (transport_is_stream_listener(&a->addr)) {
+		if ((r = loop_add_fd(a->loop, a->lfd, EPOLLIN, on_listen, a)) < 0) {
+			logmsg("epoll: %s", strerror(-r));
+			return 1;
+		}
+	} else {
+		serial_next(a);
+	}
+	/* Readiness line for scripts: printed after the socket exists. */
+	fprintf(stdout, "ready %s\n", where);
+	fflush(stdout);
+	return 0;
+}
+
+static void agent_teardown(struct agent *a)
+{
+	while (a->sessions)
+		session_drop(a->sessions);
+	if (a->lfd >= 0)
+		close(a->lfd);
+	if (a->sfd >= 0)
+		close(a->sfd);
+	if (a->addr.kind == TRANSPORT_UNIX && a->lfd >= 0)
+		unlink(a->addr.path);
+	exec_sys_free(a->xsys);
+	exec_confine_free(a->confine);
+	if (a->root_fd >= 0)
+		close(a->root_fd);
+	loop_free(a->loop);
+	syncg_free(a->sync);
+	chan_peers_free(a->peers);
+	sodium_memzero(&a->key, sizeof(a->key));
+	sodium_memzero(a->psk, sizeof(a->psk));
+}
+
+int main(int argc, char **argv)
+{
 	struct agent a = {.lfd = -1,
 			  .sfd = -1,
 			  .root_fd = -1,
@@ -1207,11 +1399,9 @@ int main(int argc, char **argv)
 			  .run_gid = EXEC_ID_KEEP,
 			  .max_sessions = 16,
 			  .apply_opts = {.fsync = APPLY_FSYNC_BATCH}};
-	const char *listen = NULL, *keyfile = NULL, *run_as = NULL;
-	bool confine = false;
+	struct agent_args o = {0};
 	char err[512];
-	int c, r, status = 1;
-	sigset_t mask;
+	int r, status;
 
 	if (sodium_init() < 0) {
 		logmsg("libsodium failed to initialise");
@@ -1222,230 +1412,28 @@ int main(int argc, char **argv)
 		logmsg("out of memory");
 		return 1;
 	}
-	while ((c = getopt_long(argc, argv, "v", opts, NULL)) != -1) {
-		switch (c) {
-		case 'l':
-			listen = optarg;
-			break;
-		case 'r':
-			a.root = optarg;
-			break;
-		case 'k':
-			keyfile = optarg;
-			break;
-		case 'a': {
-			uint8_t pk[32];
-			if (keys_pub_parse(optarg, pk) < 0) {
-				logmsg("--allow '%s': not a public key (44 characters of base64)", optarg);
-				status = 2;
-				goto out;
-			}
-			if (chan_peers_allow(a.peers, pk) < 0)
-				goto out;
-			break;
-		}
-		case 'A': {
-			uint8_t(*keys)[32] = NULL;
-			size_t n = 0;
-			if (keys_load_allow_file(optarg, &keys, &n, err, sizeof(err)) < 0) {
-				logmsg("%s", err);
-				status = 2;
-				goto out;
-			}
-			for (size_t i = 0; i < n; i++)
-				if (chan_peers_allow(a.peers, keys[i]) < 0)
-					break;
-			mem_free(keys);
-			break;
-		}
-		case 'p':
-			if (load_psk(&a, optarg) < 0) {
-				status = 2;
-				goto out;
-			}
-			break;
-		case 'm':
-			a.max_sessions = (unsigned)strtoul(optarg, NULL, 10);
-			if (a.max_sessions == 0 || a.max_sessions > 1024) {
-				logmsg("--max-sessions must be 1..1024");
-				status = 2;
-				goto out;
-			}
-			break;
-		case 'v':
-			a.verbose++;
-			break;
-		case 'S':
-			a.state_dir = optarg;
-			break;
-		case 'F':
-			if (!strcmp(optarg, "none"))
-				a.apply_opts.fsync = APPLY_FSYNC_NONE;
-			else if (!strcmp(optarg, "batch"))
-				a.apply_opts.fsync = APPLY_FSYNC_BATCH;
-			else if (!strcmp(optarg, "file"))
-				a.apply_opts.fsync = APPLY_FSYNC_FILE;
-			else {
-				logmsg("--fsync must be none, batch or file");
-				status = 2;
-				goto out;
-			}
-			break;
-		case 'U':
-			run_as = optarg;
-			break;
-		case 'H':
-			a.home = optarg;
-			break;
-		case 'C':
-			confine = true;
-			break;
-		case 'h':
-			usage(stdout);
-			status = 0;
-			goto out;
-		default:
-			usage(stderr);
-			status = 2;
-			goto out;
-		}
-	}
-	if (!listen || !a.root || !keyfile || chan_peers_count(a.peers) == 0) {
-		if (listen && a.root && keyfile)
-			logmsg("no host is allowed: give at least one --allow PUBKEY or --allow-file FILE");
-		usage(stderr);
-		status = 2;
+	if ((status = parse_options(&a, &o, argc, argv)) != 0 || (status = setup_workspace(&a, &o)) != 0)
 		goto out;
-	}
-	if (keys_load(keyfile, &a.key, err, sizeof(err)) < 0) {
-		logmsg("%s", err);
-		status = 2;
-		goto out;
-	}
-	/* Commands share our uid in the sandbox: non-dumpable, they can
-	 * neither ptrace us nor read our memory or environ in /proc. */
-	a.init = getpid() == 1;
-	if ((confine || a.init) && prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) {
-		logmsg("prctl(PR_SET_DUMPABLE): %s", strerror(errno));
-		goto out;
-	}
-	if (mkdir(a.root, 0755) < 0 && errno != EEXIST) {
-		logmsg("--root %s: %s", a.root, strerror(errno));
-		goto out;
-	}
-	if (syncg_open(a.root, a.state_dir, &a.apply_opts, a.key.pub, &a.sync, err, sizeof(err)) < 0) {
-		logmsg("%s", err);
-		goto out;
-	}
-	if ((a.root_fd = open(a.root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
-		logmsg("--root %s: %s", a.root, strerror(errno));
-		goto out;
-	}
-	/* Commands never run as root: as --run-as, else as the owner of the
-	 * workspace (so they can write it) when that is not root, else as
-	 * nobody (the workspace is then read-only to them). A non-root agent
-	 * runs them as itself. */
-	if (geteuid() == 0) {
-		struct stat rst;
-		if (run_as) {
-			if ((r = parse_run_as(run_as, &a.run_uid, &a.run_gid)) < 0) {
-				logmsg("--run-as '%s': %s", run_as,
-				       r == -EINVAL ? "not USER or UID:GID" : "no such user in /etc/passwd");
-				status = 2;
-				goto out;
-			}
-		} else if (fstat(a.root_fd, &rst) == 0 && rst.st_uid != 0) {
-			a.run_uid = rst.st_uid;
-			a.run_gid = rst.st_gid;
-		} else {
-			a.run_uid = a.run_gid = 65534;
-		}
-		if (a.run_uid == 0)
-			logmsg("warning: --run-as root: commands run with the agent's full privileges");
-	}
-	if ((r = exec_sys_new(NULL, &a.xsys)) < 0) {
-		logmsg("exec: %s", strerror(-r));
-		goto out;
-	}
-	if (a.run_uid != EXEC_ID_KEEP)
-		logmsg("exec: commands run as uid %u gid %u; %s", a.run_uid, a.run_gid, exec_sys_describe(a.xsys));
-	else
-		logmsg("exec: commands run as the agent (uid %u); %s", (unsigned)geteuid(), exec_sys_describe(a.xsys));
-	logmsg("sync state in %s (last applied batch %llu)", syncg_state_dir(a.sync),
-	       (unsigned long long)syncg_last_seq(a.sync));
-	if (transport_parse(listen, &a.addr, err, sizeof(err)) < 0) {
+	if (transport_parse(o.listen, &a.addr, err, sizeof(err)) < 0) {
 		logmsg("--listen: %s", err);
 		status = 2;
 		goto out;
 	}
-	if (!(a.loop = loop_new())) {
-		logmsg("out of memory");
+	if ((status = setup_loop(&a)) != 0)
 		goto out;
-	}
-	signal(SIGPIPE, SIG_IGN);
-	sigemptyset(&mask);
-	sigaddset(&mask, SIGINT);
-	sigaddset(&mask, SIGTERM);
-	if (a.init)
-		sigaddset(&mask, SIGCHLD); /* orphans to reap */
-	sigprocmask(SIG_BLOCK, &mask, NULL);
-	if ((a.sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC)) < 0 ||
-	    loop_add_fd(a.loop, a.sfd, EPOLLIN, on_signal, &a) < 0) {
-		logmsg("signalfd: %s", strerror(errno));
-		goto out;
-	}
-	if (confine && confine_setup(&a, keyfile) < 0) {
+	if (o.confine && confine_setup(&a, o.keyfile) < 0) {
 		status = 2;
 		goto out;
 	}
-	if ((a.lfd = transport_listen(&a.addr, err, sizeof(err))) < 0) {
-		logmsg("%s", err);
+	if ((status = setup_listener(&a)) != 0)
 		goto out;
-	}
-	if ((a.addr.kind == TRANSPORT_TCP || a.addr.kind == TRANSPORT_VSOCK) && a.addr.port == 0) {
-		int port = transport_bound_port(a.lfd);
-		if (port > 0)
-			a.addr.port = (uint32_t)port;
-	}
-	char where[256];
-	transport_format(&a.addr, where, sizeof(where));
-	char self[KEYS_B64_LEN];
-	keys_pub_format(a.key.pub, self);
-	logmsg("listening on %s (key %s, %zu allowed host key%s)", where, self, chan_peers_count(a.peers),
-	       chan_peers_count(a.peers) == 1 ? "" : "s");
-	if (transport_is_stream_listener(&a.addr)) {
-		if ((r = loop_add_fd(a.loop, a.lfd, EPOLLIN, on_listen, &a)) < 0) {
-			logmsg("epoll: %s", strerror(-r));
-			goto out;
-		}
-	} else {
-		serial_next(&a);
-	}
-	/* Readiness line for scripts: printed after the socket exists. */
-	fprintf(stdout, "ready %s\n", where);
-	fflush(stdout);
+	status = 1;
 	if ((r = loop_run(a.loop)) < 0) {
 		logmsg("event loop: %s", strerror(-r));
 		goto out;
 	}
 	status = 0;
 out:
-	while (a.sessions)
-		session_drop(a.sessions);
-	if (a.lfd >= 0)
-		close(a.lfd);
-	if (a.sfd >= 0)
-		close(a.sfd);
-	if (a.addr.kind == TRANSPORT_UNIX && a.lfd >= 0)
-		unlink(a.addr.path);
-	exec_sys_free(a.xsys);
-	exec_confine_free(a.confine);
-	if (a.root_fd >= 0)
-		close(a.root_fd);
-	loop_free(a.loop);
-	syncg_free(a.sync);
-	chan_peers_free(a.peers);
-	sodium_memzero(&a.key, sizeof(a.key));
-	sodium_memzero(a.psk, sizeof(a.psk));
-	return status;
+	agent_teardown(&a);
+	return status < 0 ? 0 : status;
 }

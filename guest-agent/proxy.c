@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "airlock/core/buf.h"
 #include "airlock/core/chan.h"
 #include "airlock/core/loop.h"
 #include "airlock/core/mem.h"
@@ -111,8 +112,8 @@ static void on_accept(struct loop *l, int lfd, uint32_t events, void *ud)
 	(void)events;
 
 	for (int i = 0; i < ACCEPTS_PER_WAKEUP; i++) {
-		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC), one = 1;
-		uint8_t open[4];
+		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC), one = 1, r;
+		struct buf open;
 		struct ptun *pt;
 		uint32_t stream;
 
@@ -128,10 +129,6 @@ static void on_accept(struct loop *l, int lfd, uint32_t events, void *ud)
 			reset_close(fd);
 			continue;
 		}
-		open[0] = (uint8_t)(c->exec_stream >> 24);
-		open[1] = (uint8_t)(c->exec_stream >> 16);
-		open[2] = (uint8_t)(c->exec_stream >> 8);
-		open[3] = (uint8_t)c->exec_stream;
 		pt->p = p;
 		pt->cmd = c;
 		pt->stream = stream;
@@ -139,8 +136,16 @@ static void on_accept(struct loop *l, int lfd, uint32_t events, void *ud)
 		p->tuns = pt;
 		p->ntun++;
 		c->ntun++;
-		/* c still listens, so ptun_unlink cannot free it here */
-		if (tunnel_new(p->loop, p->chan, stream, fd, open, sizeof(open), &tun_ops, pt, &pt->t) < 0) {
+		/* c still listens, so ptun_unlink cannot free it here;
+		 * tunnel_new copies the PROXY_OPEN payload */
+		buf_init(&open, 16);
+		if ((r = wire_proxy_open_encode(&open, &(struct wire_proxy_open){.exec_stream = c->exec_stream})) < 0)
+			reset_close(fd);
+		else
+			r = tunnel_new(p->loop, p->chan, stream, fd, buf_ptr(&open), buf_len(&open), &tun_ops, pt,
+				       &pt->t);
+		buf_clear(&open);
+		if (r < 0) {
 			chan_stream_close(p->chan, stream);
 			ptun_unlink(pt);
 			mem_free(pt);

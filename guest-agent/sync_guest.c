@@ -24,6 +24,13 @@
 #include "airlock/core/mem.h"
 #include "airlock/core/wire.h"
 
+_Static_assert(WIRE_PATH_MAX == MANIFEST_PATH_MAX, "wire.h path limit is the manifest's");
+_Static_assert(WIRE_SYNC_HASH_LEN == CHUNK_HASH_LEN, "wire.h SYNC_STATE digest is a chunk hash");
+
+/* where delta.h's header keeps the batch's u64 sequence number: after
+ * magic, version, flags, reserved and the scope */
+#define BATCH_SEQ_AT (4 + 1 + 1 + 2 + DELTA_SCOPE_LEN)
+
 struct syncg {
 	struct apply *apply;
 	char *root;
@@ -284,18 +291,18 @@ typedef int msg_fn(struct syncg_session *ss, struct buf *in, char *err, size_t e
 static int on_begin(struct syncg_session *ss, struct buf *in, char *err, size_t errlen)
 {
 	struct syncg *g = ss->g;
+	struct wire_sync_begin m = {0};
 	struct chunk_params p;
 	struct buf out;
-	uint32_t special = 0;
 	int r;
 
 	if (g->owner && g->owner != ss) {
 		errmsg_set(err, errlen, "another session is syncing this workspace");
 		return -EBUSY;
 	}
-	if ((r = buf_get_u32(in, &p.min)) < 0 || (r = buf_get_u32(in, &p.avg)) < 0 ||
-	    (r = buf_get_u32(in, &p.max)) < 0 || (r = buf_get_u32(in, &p.whole_max)) < 0 || buf_len(in) != 0 ||
-	    chunk_params_check(&p) < 0) {
+	r = wire_sync_begin_decode(in, &m);
+	p = (struct chunk_params){.min = m.min, .avg = m.avg, .max = m.max, .whole_max = m.whole_max};
+	if (r < 0 || chunk_params_check(&p) < 0) {
 		errmsg_set(err, errlen, "SYNC_BEGIN with malformed chunk parameters");
 		return -EBADMSG;
 	}
@@ -319,109 +326,98 @@ static int on_begin(struct syncg_session *ss, struct buf *in, char *err, size_t 
 	}
 	if (o.cache)
 		(void)hcache_save(g->cache, g->state_fd, HCACHE_FILE); /* best effort */
+	struct wire_sync_state st = {.seq = apply_last_seq(g->apply), .entries = ss->m->n, .special = 0};
+	memcpy(st.root, ss->m->root, CHUNK_HASH_LEN);
 	buf_init(&out, 64);
-	if ((r = buf_put_u64(&out, apply_last_seq(g->apply))) < 0 ||
-	    (r = buf_put(&out, ss->m->root, CHUNK_HASH_LEN)) < 0 || (r = buf_put_u64(&out, ss->m->n)) < 0 ||
-	    (r = buf_put_u32(&out, special)) < 0 || (r = reply(ss, WIRE_SYNC_STATE, &out)) < 0)
+	if ((r = wire_sync_state_encode(&out, &st)) < 0 || (r = reply(ss, WIRE_SYNC_STATE, &out)) < 0)
 		errmsg_set(err, errlen, "answering SYNC_BEGIN: %s", strerror(-r));
 	buf_clear(&out);
 	return r;
 }
 
-static int on_levels_req(struct syncg_session *ss, struct buf *in, char *err, size_t errlen)
+/* SYNC_LEVELS_REQ and SYNC_ENTRIES_REQ: the whole request is decoded
+ * (every limit checked) before the first answer is made. */
+static int decode_req(struct syncg_session *ss, uint8_t type, struct buf *in, struct wire_sync_req *q, char *err,
+		      size_t errlen)
 {
-	uint32_t n;
-	struct buf out;
-	int r;
-
 	if (!ss->m || ss->g->owner != ss) {
-		errmsg_set(err, errlen, "SYNC_LEVELS_REQ before SYNC_BEGIN");
+		errmsg_set(err, errlen, "%s before SYNC_BEGIN", wire_type_name(type));
 		return -EPROTO;
 	}
-	if ((r = buf_get_u32(in, &n)) < 0 || n > WIRE_SYNC_REQ_MAX || n > buf_len(in) / 4) {
-		errmsg_set(err, errlen, "SYNC_LEVELS_REQ: bad count");
+	if (wire_sync_req_decode(in, q) < 0) {
+		errmsg_set(err, errlen, "%s: bad count or malformed path", wire_type_name(type));
 		return -EBADMSG;
 	}
-	buf_init(&out, WIRE_SYNC_MSG_MAX);
-	for (uint32_t i = 0; i < n; i++) {
-		const uint8_t *d;
-		size_t dl;
-		char dir[MANIFEST_PATH_MAX + 1];
-		if ((r = buf_get_bytes(in, &d, &dl, MANIFEST_PATH_MAX)) < 0 || memchr(d, '\0', dl)) {
-			errmsg_set(err, errlen, "SYNC_LEVELS_REQ: malformed path %u", i);
-			r = -EBADMSG;
-			goto out;
-		}
-		memcpy(dir, d, dl);
-		dir[dl] = '\0';
-		buf_reset(&out);
-		if ((r = buf_put_str(&out, dir)) < 0)
-			goto out;
-		/* level body, length-prefixed */
-		size_t at = buf_len(&out);
-		if ((r = buf_put_u32(&out, 0)) < 0)
-			goto out;
-		if ((r = manifest_level_encode(ss->m, dir, &out)) < 0) {
-			errmsg_set(err, errlen, "SYNC_LEVELS_REQ: '%s' is not a directory here: %s", dir, strerror(-r));
-			goto out;
-		}
-		size_t ll = buf_len(&out) - at - 4;
-		uint8_t *p = out.data + out.off + at;
-		p[0] = (uint8_t)(ll >> 24);
-		p[1] = (uint8_t)(ll >> 16);
-		p[2] = (uint8_t)(ll >> 8);
-		p[3] = (uint8_t)ll;
-		if ((r = reply(ss, WIRE_SYNC_LEVEL, &out)) < 0) {
-			errmsg_set(err, errlen, "sending a level: %s", strerror(-r));
-			goto out;
-		}
+	return 0;
+}
+
+/* One SYNC_LEVEL: the directory's level (manifest_level_encode). */
+static int answer_level(struct syncg_session *ss, const char *dir, struct buf *lvl, struct buf *out, char *err,
+			size_t errlen)
+{
+	int r;
+
+	buf_reset(lvl);
+	buf_reset(out);
+	if ((r = manifest_level_encode(ss->m, dir, lvl)) < 0) {
+		errmsg_set(err, errlen, "SYNC_LEVELS_REQ: '%s' is not a directory here: %s", dir, strerror(-r));
+		return r;
 	}
-	if (buf_len(in) != 0) {
-		errmsg_set(err, errlen, "SYNC_LEVELS_REQ: trailing bytes");
-		r = -EBADMSG;
-	}
-out:
-	buf_clear(&out);
+	struct wire_sync_level m = {.dir = (char *)dir, .level = buf_ptr(lvl), .level_len = buf_len(lvl)};
+	if ((r = wire_sync_level_encode(out, &m)) < 0 || (r = reply(ss, WIRE_SYNC_LEVEL, out)) < 0)
+		errmsg_set(err, errlen, "sending a level: %s", strerror(-r));
 	return r;
+}
+
+/* One SYNC_ENTRY: the path's manifest entry when the scan has it. */
+static int answer_entry(struct syncg_session *ss, const char *path, struct buf *ent, struct buf *out, char *err,
+			size_t errlen)
+{
+	long idx = manifest_find(ss->m, path);
+	int r = 0;
+
+	buf_reset(ent);
+	buf_reset(out);
+	if (idx >= 0)
+		r = manifest_entry_encode(&ss->m->e[idx], ent);
+	struct wire_sync_entry m = {
+	    .path = (char *)path, .found = idx >= 0, .entry = buf_ptr(ent), .entry_len = buf_len(ent)};
+	if (r < 0 || (r = wire_sync_entry_encode(out, &m)) < 0 || (r = reply(ss, WIRE_SYNC_ENTRY, out)) < 0)
+		errmsg_set(err, errlen, "answering SYNC_ENTRIES_REQ: %s", strerror(-r));
+	return r;
+}
+
+typedef int answer_fn(struct syncg_session *ss, const char *name, struct buf *scratch, struct buf *out, char *err,
+		      size_t errlen);
+
+/* A request of names: decode it whole, then answer each name in order. */
+static int answer_req(struct syncg_session *ss, uint8_t type, answer_fn *answer, struct buf *in, char *err,
+		      size_t errlen)
+{
+	struct wire_sync_req q;
+	struct buf scratch, out;
+	int r;
+
+	if ((r = decode_req(ss, type, in, &q, err, errlen)) < 0)
+		return r;
+	buf_init(&scratch, WIRE_SYNC_MSG_MAX);
+	buf_init(&out, WIRE_SYNC_MSG_MAX);
+	for (uint32_t i = 0; i < q.n && r == 0; i++)
+		r = answer(ss, q.names[i], &scratch, &out, err, errlen);
+	buf_clear(&scratch);
+	buf_clear(&out);
+	wire_sync_req_clear(&q);
+	return r;
+}
+
+static int on_levels_req(struct syncg_session *ss, struct buf *in, char *err, size_t errlen)
+{
+	return answer_req(ss, WIRE_SYNC_LEVELS_REQ, answer_level, in, err, errlen);
 }
 
 static int on_entries_req(struct syncg_session *ss, struct buf *in, char *err, size_t errlen)
 {
-	uint32_t n;
-	struct buf out;
-	int r;
-
-	if (!ss->m || ss->g->owner != ss) {
-		errmsg_set(err, errlen, "SYNC_ENTRIES_REQ before SYNC_BEGIN");
-		return -EPROTO;
-	}
-	if ((r = buf_get_u32(in, &n)) < 0 || n > WIRE_SYNC_REQ_MAX || n > buf_len(in) / 4) {
-		errmsg_set(err, errlen, "SYNC_ENTRIES_REQ: bad count");
-		return -EBADMSG;
-	}
-	buf_init(&out, WIRE_SYNC_MSG_MAX);
-	for (uint32_t i = 0; i < n; i++) {
-		char *path = NULL;
-		if ((r = buf_get_str(in, &path, MANIFEST_PATH_MAX)) < 0) {
-			errmsg_set(err, errlen, "SYNC_ENTRIES_REQ: malformed path %u", i);
-			goto out;
-		}
-		long idx = manifest_find(ss->m, path);
-		buf_reset(&out);
-		r = buf_put_str(&out, path);
-		if (r == 0)
-			r = buf_put_u8(&out, idx >= 0);
-		if (r == 0 && idx >= 0)
-			r = manifest_entry_encode(&ss->m->e[idx], &out);
-		mem_free(path);
-		if (r < 0 || (r = reply(ss, WIRE_SYNC_ENTRY, &out)) < 0) {
-			errmsg_set(err, errlen, "answering SYNC_ENTRIES_REQ: %s", strerror(-r));
-			goto out;
-		}
-	}
-out:
-	buf_clear(&out);
-	return r;
+	return answer_req(ss, WIRE_SYNC_ENTRIES_REQ, answer_entry, in, err, errlen);
 }
 
 static int on_batch(struct syncg_session *ss, struct buf *in, char *err, size_t errlen)
@@ -442,32 +438,21 @@ static int on_batch(struct syncg_session *ss, struct buf *in, char *err, size_t 
 	ar = syncg_apply_batch(g, buf_ptr(in), buf_len(in), ss->host_pk, &st, why, sizeof(why));
 	buf_init(&out, 8192);
 	uint64_t seq = 0;
-	if (buf_len(in) >= 48) /* header: magic..scope, then u64 seq (for the reply only; unverified if refused) */
-		for (int i = 0; i < 8; i++)
-			seq = seq << 8 | buf_ptr(in)[40 + i];
+	/* header: magic..scope, then u64 seq (for the reply only; unverified if refused) */
+	if (buf_len(in) >= BATCH_SEQ_AT + 8)
+		seq = buf_load_be64(buf_ptr(in) + BATCH_SEQ_AT);
 	if (ar == 0) {
-		r = buf_put_u64(&out, seq);
-		if (r == 0)
-			r = buf_put_u64(&out, st.ops);
-		if (r == 0)
-			r = buf_put_u64(&out, st.files);
-		if (r == 0)
-			r = buf_put_u64(&out, st.bytes);
-		if (r == 0)
-			r = buf_put_u64(&out, st.deleted);
-		if (r == 0)
-			r = buf_put_u64(&out, st.kept_dirs);
-		if (r == 0)
+		struct wire_sync_ack m = {.seq = seq,
+					  .ops = st.ops,
+					  .files = st.files,
+					  .bytes = st.bytes,
+					  .deleted = st.deleted,
+					  .kept_dirs = st.kept_dirs};
+		if ((r = wire_sync_ack_encode(&out, &m)) == 0)
 			r = reply(ss, WIRE_SYNC_ACK, &out);
 	} else {
-		r = buf_put_u64(&out, seq);
-		if (r == 0)
-			r = buf_put_u32(&out, (uint32_t)-ar);
-		if (r == 0)
-			r = buf_put_u8(&out, st.partial);
-		if (r == 0)
-			r = buf_put_str(&out, why);
-		if (r == 0)
+		struct wire_sync_nack m = {.seq = seq, .code = (uint32_t)-ar, .partial = st.partial, .msg = why};
+		if ((r = wire_sync_nack_encode(&out, &m)) == 0)
 			r = reply(ss, WIRE_SYNC_NACK, &out);
 	}
 	buf_clear(&out);
@@ -478,14 +463,14 @@ static int on_batch(struct syncg_session *ss, struct buf *in, char *err, size_t 
 	return r;
 }
 
+/* The host's sync messages; names for logs are wire_type_name's. */
 static const struct {
 	msg_fn *fn;
-	const char *name;
 } guest_msgs[WIRE_TYPE_MAX + 1] = {
-    [WIRE_SYNC_BEGIN] = {on_begin, "SYNC_BEGIN"},
-    [WIRE_SYNC_LEVELS_REQ] = {on_levels_req, "SYNC_LEVELS_REQ"},
-    [WIRE_SYNC_ENTRIES_REQ] = {on_entries_req, "SYNC_ENTRIES_REQ"},
-    [WIRE_SYNC_BATCH] = {on_batch, "SYNC_BATCH"},
+    [WIRE_SYNC_BEGIN] = {on_begin},
+    [WIRE_SYNC_LEVELS_REQ] = {on_levels_req},
+    [WIRE_SYNC_ENTRIES_REQ] = {on_entries_req},
+    [WIRE_SYNC_BATCH] = {on_batch},
 };
 
 int syncg_session_frame(struct syncg_session *ss, uint8_t type, uint32_t stream, const uint8_t *p, size_t n, char *err,
@@ -512,7 +497,7 @@ int syncg_session_frame(struct syncg_session *ss, uint8_t type, uint32_t stream,
 	}
 	if ((r = syncmsg_inbox_add(&ss->in, type, p, n)) <= 0) {
 		if (r < 0)
-			errmsg_set(err, errlen, "%s: %s", guest_msgs[type].name,
+			errmsg_set(err, errlen, "%s: %s", wire_type_name(type),
 				   r == -EMSGSIZE ? "message over the size limit" : "malformed fragment");
 		return r;
 	}

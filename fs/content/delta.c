@@ -280,10 +280,7 @@ static int put_chunk_room(struct delta_builder *b, size_t len)
 static void put_chunk_hdr(uint8_t *d, uint8_t kind, uint32_t len, const uint8_t hash[CHUNK_HASH_LEN])
 {
 	d[0] = kind;
-	d[1] = (uint8_t)(len >> 24);
-	d[2] = (uint8_t)(len >> 16);
-	d[3] = (uint8_t)(len >> 8);
-	d[4] = (uint8_t)len;
+	buf_store_be32(d + 1, len);
 	memcpy(d + 5, hash, CHUNK_HASH_LEN);
 }
 
@@ -307,10 +304,7 @@ int delta_put_inline(struct delta_builder *b, const void *data, size_t len)
 		size_t cs = ZSTD_compressCCtx(b->cctx, d + CHUNK_HDR + 4, bound, data, len, b->level);
 		if (!ZSTD_isError(cs) && cs < len) {
 			put_chunk_hdr(d, DELTA_CHUNK_ZSTD, (uint32_t)len, hash);
-			d[CHUNK_HDR + 0] = (uint8_t)(cs >> 24);
-			d[CHUNK_HDR + 1] = (uint8_t)(cs >> 16);
-			d[CHUNK_HDR + 2] = (uint8_t)(cs >> 8);
-			d[CHUNK_HDR + 3] = (uint8_t)cs;
+			buf_store_be32(d + CHUNK_HDR, (uint32_t)cs);
 			buf_commit(&b->body, CHUNK_HDR + 4 + cs);
 			goto done;
 		}
@@ -345,8 +339,7 @@ int delta_put_ref(struct delta_builder *b, uint64_t off, uint32_t len, const uin
 		return r;
 	}
 	put_chunk_hdr(d, DELTA_CHUNK_REF, len, hash);
-	for (int i = 0; i < 8; i++)
-		d[CHUNK_HDR + i] = (uint8_t)(off >> (56 - 8 * i));
+	buf_store_be64(d + CHUNK_HDR, off);
 	buf_commit(&b->body, CHUNK_HDR + 8);
 	b->put_nchunks++;
 	b->nchunks++;
@@ -358,12 +351,11 @@ int delta_put_end(struct delta_builder *b, const uint8_t file_hash[CHUNK_HASH_LE
 {
 	if (!b->in_put)
 		return -EINVAL;
-	uint8_t *d = b->body.data + b->body.off;
-	for (int i = 0; i < 8; i++)
-		d[b->put_fix + i] = (uint8_t)(b->put_size >> (56 - 8 * i));
-	memcpy(d + b->put_fix + 8, file_hash, CHUNK_HASH_LEN);
-	for (int i = 0; i < 4; i++)
-		d[b->put_nch_off + i] = (uint8_t)(b->put_nchunks >> (24 - 8 * i));
+	/* the size, hash and chunk count delta_put_begin left room for */
+	if (buf_poke_u64(&b->body, b->put_fix, b->put_size) < 0 ||
+	    buf_poke(&b->body, b->put_fix + 8, file_hash, CHUNK_HASH_LEN) < 0 ||
+	    buf_poke_u32(&b->body, b->put_nch_off, (uint32_t)b->put_nchunks) < 0)
+		return -EINVAL; /* our own bug: the room is always there */
 	b->in_put = false;
 	b->nops++;
 	return 0;
@@ -618,10 +610,8 @@ int delta_builder_finish(struct delta_builder *b, const uint8_t sk[DELTA_SK_LEN]
 	d[5] = 0;
 	d[6] = d[7] = 0;
 	memcpy(d + 8, b->scope, DELTA_SCOPE_LEN);
-	for (int i = 0; i < 8; i++)
-		d[8 + DELTA_SCOPE_LEN + i] = (uint8_t)(b->seq >> (56 - 8 * i));
-	for (int i = 0; i < 4; i++)
-		d[16 + DELTA_SCOPE_LEN + i] = (uint8_t)(b->nops >> (24 - 8 * i));
+	buf_store_be64(d + 8 + DELTA_SCOPE_LEN, b->seq);
+	buf_store_be32(d + 16 + DELTA_SCOPE_LEN, (uint32_t)b->nops);
 	if (body)
 		memcpy(d + DELTA_HDR_LEN, buf_ptr(&b->body), body);
 	delta_sign(d, DELTA_HDR_LEN + body, sk, d + DELTA_HDR_LEN + body);

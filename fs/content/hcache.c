@@ -66,12 +66,9 @@ static bool key_eq(const struct key *a, const struct key *b)
 static uint64_t path_hash(const char *p, size_t n)
 {
 	uint8_t h[CHUNK_HASH_LEN];
-	uint64_t v = 0;
 
 	chunk_hash(p, n, h);
-	for (int i = 0; i < 8; i++)
-		v = v << 8 | h[i];
-	return v;
+	return buf_load_be64(h);
 }
 
 static void drop_loaded(struct hcache *c)
@@ -256,7 +253,7 @@ int hcache_get(struct hcache *c, const char *path, const struct stat *st, struct
 			for (uint32_t i = 0; i < x->nchunks; i++) {
 				const uint8_t *q = x->recs + (size_t)i * REC_LEN;
 				v[i].off = off;
-				v[i].len = (uint32_t)q[0] << 24 | (uint32_t)q[1] << 16 | (uint32_t)q[2] << 8 | q[3];
+				v[i].len = buf_load_be32(q);
 				memcpy(v[i].hash, q + 4, CHUNK_HASH_LEN);
 				off += v[i].len;
 			}
@@ -304,7 +301,7 @@ int hcache_put(struct hcache *c, const char *path, const struct stat *st, const 
 	c->nnext++;
 	return 0;
 fail:
-	c->next.len = c->next.off + mark; /* drop the partial entry */
+	buf_truncate(&c->next, mark); /* drop the partial entry */
 	return r == -ENOBUFS ? -E2BIG : r;
 }
 

@@ -261,17 +261,15 @@ static size_t record_put(uint8_t *d, const struct manifest_entry *e)
 	const char *name = base_name(e->path);
 	size_t nl = strlen(name), o = 0;
 
-	d[o++] = (uint8_t)(nl >> 24);
-	d[o++] = (uint8_t)(nl >> 16);
-	d[o++] = (uint8_t)(nl >> 8);
-	d[o++] = (uint8_t)nl;
+	buf_store_be32(d + o, (uint32_t)nl);
+	o += 4;
 	memcpy(d + o, name, nl);
 	o += nl;
 	d[o++] = e->type;
-	for (int i = 3; i >= 0; i--)
-		d[o++] = (uint8_t)(e->mode >> (8 * i));
-	for (int i = 7; i >= 0; i--)
-		d[o++] = (uint8_t)(e->size >> (8 * i));
+	buf_store_be32(d + o, e->mode);
+	o += 4;
+	buf_store_be64(d + o, e->size);
+	o += 8;
 	memcpy(d + o, e->hash, CHUNK_HASH_LEN);
 	return o + CHUNK_HASH_LEN;
 }
@@ -384,9 +382,11 @@ int manifest_entry_encode(const struct manifest_entry *e, struct buf *out)
 	return 0;
 }
 
-int manifest_entry_decode(struct buf *in, const struct chunk_params *p, struct manifest_entry *e)
+int manifest_entry_decode(struct buf *src, const struct chunk_params *p, struct manifest_entry *e)
 {
-	size_t save = in->off;
+	/* parse a view: src is consumed only when the whole entry decodes */
+	struct buf view, *in = &view;
+	buf_view(in, buf_ptr(src), buf_len(src));
 	const uint8_t *s;
 	size_t sl;
 	uint32_t nch;
@@ -451,12 +451,12 @@ int manifest_entry_decode(struct buf *in, const struct chunk_params *p, struct m
 		r = -EBADMSG;
 		goto bad;
 	}
+	buf_consume(src, buf_len(src) - buf_len(in));
 	return 0;
 bad:
 	r = -EBADMSG;
 fail:
 	manifest_entry_clear(e);
-	in->off = save;
 	return r;
 }
 

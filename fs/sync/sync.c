@@ -1154,8 +1154,6 @@ static void ask_entries(struct sync *s)
 		mem_free(s->asked[i]);
 	s->nasked = s->nanswered = 0;
 	buf_init(&b, WIRE_SYNC_MSG_MAX);
-	if ((r = buf_put_u32(&b, 0)) < 0)
-		goto out;
 	for (size_t i = 0; i < s->nchanges && n < WIRE_SYNC_REQ_MAX; i++) {
 		const struct manifest_change *c = &s->changes[i];
 		if (c->kind != MANIFEST_MODIFY || c->new->type != MANIFEST_FILE || c->old->type != MANIFEST_FILE ||
@@ -1173,8 +1171,6 @@ static void ask_entries(struct sync *s)
 		}
 		n++;
 		s->nasked = n;
-		if ((r = buf_put_str(&b, c->old->path)) < 0)
-			goto out;
 	}
 	if (n == 0) {
 		buf_clear(&b);
@@ -1182,10 +1178,8 @@ static void ask_entries(struct sync *s)
 			fail(s, r, "comparing with the guest: %s", strerror(-r));
 		return;
 	}
-	b.data[b.off] = (uint8_t)(n >> 24);
-	b.data[b.off + 1] = (uint8_t)(n >> 16);
-	b.data[b.off + 2] = (uint8_t)(n >> 8);
-	b.data[b.off + 3] = (uint8_t)n;
+	if ((r = wire_sync_req_encode(&b, &(struct wire_sync_req){.n = (uint32_t)n, .names = s->asked})) < 0)
+		goto out;
 	s->phase = PH_ENTRIES;
 	r = send_msg(s, WIRE_SYNC_ENTRIES_REQ, &b);
 out:
@@ -1233,14 +1227,13 @@ static void ask_round(struct sync *s)
 		return;
 	}
 	buf_init(&b, WIRE_SYNC_MSG_MAX);
-	r = buf_put_u32(&b, (uint32_t)n);
-	for (size_t i = 0; i < n && r == 0; i++) {
+	for (size_t i = 0; i < n; i++) {
 		s->asked[i] = s->queue[s->qhead++];
 		s->nasked++;
-		r = buf_put_str(&b, s->asked[i]);
 	}
 	if (s->qhead == s->nq)
 		s->qhead = s->nq = 0;
+	r = wire_sync_req_encode(&b, &(struct wire_sync_req){.n = (uint32_t)n, .names = s->asked});
 	if (r == 0)
 		r = send_msg(s, WIRE_SYNC_LEVELS_REQ, &b);
 	buf_clear(&b);
@@ -1276,19 +1269,18 @@ typedef int msg_fn(struct sync *s, struct buf *in);
 
 static int on_state(struct sync *s, struct buf *in)
 {
-	uint64_t seq, entries;
-	uint32_t special;
+	struct wire_sync_state m;
 	int r;
 
 	if (s->phase != PH_BEGIN)
 		return -EPROTO;
-	if ((r = buf_get_u64(in, &seq)) < 0 || (r = buf_get(in, s->guest_root, CHUNK_HASH_LEN)) < 0 ||
-	    (r = buf_get_u64(in, &entries)) < 0 || (r = buf_get_u32(in, &special)) < 0)
+	if ((r = wire_sync_state_decode(in, &m)) < 0)
 		return r;
-	if (seq == UINT64_MAX)
+	memcpy(s->guest_root, m.root, CHUNK_HASH_LEN);
+	if (m.seq == UINT64_MAX)
 		return -EOVERFLOW;
-	s->st.guest_seq = seq;
-	s->next_seq = seq + 1;
+	s->st.guest_seq = m.seq;
+	s->next_seq = m.seq + 1;
 	s->have_state = true;
 	/* the host scan runs while the guest scans; it may not be done yet */
 	if (s->hm)
@@ -1298,48 +1290,47 @@ static int on_state(struct sync *s, struct buf *in)
 
 static int on_level(struct sync *s, struct buf *in)
 {
-	char *dir = NULL;
-	const uint8_t *lvl;
-	size_t n;
+	struct wire_sync_level m;
 	int r;
 
 	if (s->phase != PH_LEVELS || s->nanswered >= s->nasked)
 		return -EPROTO;
-	if ((r = buf_get_str(in, &dir, MANIFEST_PATH_MAX)) < 0 ||
-	    (r = buf_get_bytes(in, &lvl, &n, WIRE_SYNC_MSG_MAX)) < 0)
-		goto out;
-	if (strcmp(dir, s->asked[s->nanswered]) != 0 || buf_len(in) != 0) {
+	if ((r = wire_sync_level_decode(in, &m)) < 0)
+		return r;
+	if (strcmp(m.dir, s->asked[s->nanswered]) != 0) {
 		r = -EPROTO;
 		goto out;
 	}
 	s->nanswered++;
-	if ((r = feed_level(s, dir, lvl, n)) < 0)
+	if ((r = feed_level(s, m.dir, m.level, m.level_len)) < 0)
 		goto out;
 	if (s->nanswered == s->nasked)
 		ask_round(s);
 out:
-	mem_free(dir);
+	wire_sync_level_clear(&m);
 	return r;
 }
 
 static int on_entry(struct sync *s, struct buf *in)
 {
-	char *path = NULL;
-	uint8_t found;
+	struct wire_sync_entry m;
 	struct manifest_entry e = {0};
+	struct buf ent;
 	int r;
 
 	if (s->phase != PH_ENTRIES || s->nanswered >= s->nasked)
 		return -EPROTO;
-	if ((r = buf_get_str(in, &path, MANIFEST_PATH_MAX)) < 0 || (r = buf_get_u8(in, &found)) < 0)
-		goto out;
+	if ((r = wire_sync_entry_decode(in, &m)) < 0)
+		return r;
+	const char *path = m.path;
 	if (strcmp(path, s->asked[s->nanswered]) != 0) {
 		r = -EPROTO;
 		goto out;
 	}
 	s->nanswered++;
-	if (found) {
-		if ((r = manifest_entry_decode(in, &s->params, &e)) < 0)
+	if (m.found) {
+		buf_view(&ent, m.entry, m.entry_len);
+		if ((r = manifest_entry_decode(&ent, &s->params, &e)) < 0)
 			goto out;
 		long idx = manifest_find(s->gm, path);
 		struct manifest_entry *g = idx >= 0 ? &s->gm->e[idx] : NULL;
@@ -1359,25 +1350,23 @@ static int on_entry(struct sync *s, struct buf *in)
 	r = 0;
 out:
 	manifest_entry_clear(&e);
-	mem_free(path);
+	wire_sync_entry_clear(&m);
 	return r;
 }
 
 static int on_ack(struct sync *s, struct buf *in)
 {
-	uint64_t seq, ops, files, bytes, deleted, kept;
+	struct wire_sync_ack m;
 	int r;
 
 	if (s->phase != PH_SEND || s->nfl == 0)
 		return -EPROTO;
-	if ((r = buf_get_u64(in, &seq)) < 0 || (r = buf_get_u64(in, &ops)) < 0 || (r = buf_get_u64(in, &files)) < 0 ||
-	    (r = buf_get_u64(in, &bytes)) < 0 || (r = buf_get_u64(in, &deleted)) < 0 ||
-	    (r = buf_get_u64(in, &kept)) < 0)
+	if ((r = wire_sync_ack_decode(in, &m)) < 0)
 		return r;
-	if (seq != s->fl[0].seq)
+	if (m.seq != s->fl[0].seq)
 		return -EPROTO;
-	s->st.guest_seq = seq;
-	s->st.kept_dirs += kept;
+	s->st.guest_seq = m.seq;
+	s->st.kept_dirs += m.kept_dirs;
 	s->prog.files_done += s->fl[0].files;
 	s->prog.bytes_done += s->fl[0].bytes;
 	memmove(&s->fl[0], &s->fl[1], (s->nfl - 1) * sizeof(s->fl[0]));
@@ -1389,28 +1378,24 @@ static int on_ack(struct sync *s, struct buf *in)
 
 static int on_nack(struct sync *s, struct buf *in)
 {
-	uint64_t seq;
-	uint32_t code;
-	uint8_t partial;
-	char *msg = NULL;
+	struct wire_sync_nack m;
 
-	if (buf_get_u64(in, &seq) < 0 || buf_get_u32(in, &code) < 0 || buf_get_u8(in, &partial) < 0 ||
-	    buf_get_str(in, &msg, 4096) < 0)
+	if (wire_sync_nack_decode(in, &m) < 0)
 		return -EBADMSG;
-	fail(s, code > 0 && code < 4096 ? -(int)code : -EPROTO, "the guest refused batch %llu: %s%s",
-	     (unsigned long long)seq, msg,
-	     partial ? " (part of the batch was applied; run the sync again to reconcile)" : " (nothing was applied)");
-	mem_free(msg);
+	fail(s, m.code > 0 && m.code < 4096 ? -(int)m.code : -EPROTO, "the guest refused batch %llu: %s%s",
+	     (unsigned long long)m.seq, m.msg,
+	     m.partial ? " (part of the batch was applied; run the sync again to reconcile)"
+		       : " (nothing was applied)");
+	wire_sync_nack_clear(&m);
 	return 0;
 }
 
+/* The guest's sync messages; names for logs are wire_type_name's. */
 static const struct {
 	msg_fn *fn;
-	const char *name;
 } host_msgs[WIRE_TYPE_MAX + 1] = {
-    [WIRE_SYNC_STATE] = {on_state, "SYNC_STATE"}, [WIRE_SYNC_LEVEL] = {on_level, "SYNC_LEVEL"},
-    [WIRE_SYNC_ENTRY] = {on_entry, "SYNC_ENTRY"}, [WIRE_SYNC_ACK] = {on_ack, "SYNC_ACK"},
-    [WIRE_SYNC_NACK] = {on_nack, "SYNC_NACK"},
+    [WIRE_SYNC_STATE] = {on_state}, [WIRE_SYNC_LEVEL] = {on_level}, [WIRE_SYNC_ENTRY] = {on_entry},
+    [WIRE_SYNC_ACK] = {on_ack},	    [WIRE_SYNC_NACK] = {on_nack},
 };
 
 void sync_on_frame(struct sync *s, uint8_t type, uint32_t stream, const uint8_t *p, size_t n)
@@ -1426,7 +1411,7 @@ void sync_on_frame(struct sync *s, uint8_t type, uint32_t stream, const uint8_t 
 	}
 	if ((r = syncmsg_inbox_add(&s->in, type, p, n)) <= 0) {
 		if (r < 0)
-			fail(s, r, "guest sent a malformed %s: %s", host_msgs[type].name, strerror(-r));
+			fail(s, r, "guest sent a malformed %s: %s", wire_type_name(type), strerror(-r));
 		return;
 	}
 	struct buf in;
@@ -1434,7 +1419,7 @@ void sync_on_frame(struct sync *s, uint8_t type, uint32_t stream, const uint8_t 
 	r = host_msgs[type].fn(s, &in);
 	syncmsg_inbox_done(&s->in);
 	if (r < 0)
-		fail(s, r, "guest sent a bad %s: %s", host_msgs[type].name, strerror(-r));
+		fail(s, r, "guest sent a bad %s: %s", wire_type_name(type), strerror(-r));
 }
 
 void sync_on_writable(struct sync *s)
@@ -1464,10 +1449,10 @@ int sync_reconcile(struct sync *s)
 	s->nfl = 0;
 	memset(&s->prog, 0, sizeof(s->prog));
 	/* BEGIN first, so the guest scans its copy while we scan ours */
+	struct wire_sync_begin m = {
+	    .min = s->params.min, .avg = s->params.avg, .max = s->params.max, .whole_max = s->params.whole_max};
 	buf_init(&b, 64);
-	if ((r = buf_put_u32(&b, s->params.min)) < 0 || (r = buf_put_u32(&b, s->params.avg)) < 0 ||
-	    (r = buf_put_u32(&b, s->params.max)) < 0 || (r = buf_put_u32(&b, s->params.whole_max)) < 0 ||
-	    (r = send_msg(s, WIRE_SYNC_BEGIN, &b)) < 0) {
+	if ((r = wire_sync_begin_encode(&b, &m)) < 0 || (r = send_msg(s, WIRE_SYNC_BEGIN, &b)) < 0) {
 		buf_clear(&b);
 		s->busy = false;
 		return r;
@@ -1663,14 +1648,138 @@ static int push_hash_file(struct sync *s, int fd, const struct stat *st, struct 
 /* Decide anchor `path` from the disk and add what is there (if managed) to
  * m. 0, -ESTALE when its parent is not the directory the confirmed state
  * says (full scan), -ENOMEM, -E2BIG. */
+/* push_scan_anchor for a directory: scan it and add it with what is
+ * beneath. */
+static int anchor_dir(struct sync *s, struct scan_ctx *x, const char *path, int pfd, const char *base,
+		      struct manifest *m)
+{
+	struct manifest_entry e = {0};
+	struct manifest *sub = NULL;
+	struct stat st;
+	int fd = -1, r = 0, v;
+
+	if ((v = scan_filter(path, true, x)) == MANIFEST_SKIP)
+		return 0;
+	if ((fd = openat(pfd, base, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 || fstat(fd, &st) < 0) {
+		push_skip(x, path, MANIFEST_SKIP_CHANGED, 0);
+		goto out;
+	}
+	struct push_scan ps = {.x = x, .prefix = path, .plen = strlen(path)};
+	unsigned depth = 1;
+	for (const char *c = path; *c; c++)
+		depth += *c == '/';
+	struct manifest_scan_opts o = {
+	    .filter = push_filter,
+	    .filter_ud = &ps,
+	    .skipped = push_skipped,
+	    .skipped_ud = &ps,
+	    .chunking = &s->params,
+	    .max_depth = depth < 128 ? 128 - depth : 1,
+	};
+	s->push.walked++;
+	if ((r = manifest_scan(fd, &o, &sub)) < 0) {
+		if (r == -ENOMEM || r == -E2BIG)
+			goto out;
+		push_skip(x, path, MANIFEST_SKIP_ERROR, -r);
+		r = 0;
+		goto out;
+	}
+	s->push.lstats += sub->n;
+	if (v == MANIFEST_DESCEND && sub->n == 0)
+		goto out;      /* kept only for what is beneath: nothing is */
+	e.path = (char *)path; /* the caller's */
+	e.type = MANIFEST_DIR;
+	e.mode = st.st_mode & MANIFEST_MODE_MASK;
+	if ((r = manifest_add(m, &e)) < 0)
+		goto out;
+	for (size_t i = 0; i < sub->n; i++) {
+		struct manifest_entry c = sub->e[i];
+		if (!push_join(&ps, sub->e[i].path))
+			continue; /* the filter left it out already */
+		c.path = ps.path;
+		if (c.type == MANIFEST_FILE)
+			s->push.hashed++, s->push.hashed_bytes += c.size;
+		if ((r = manifest_add(m, &c)) < 0)
+			goto out;
+	}
+out:
+	manifest_free(sub);
+	if (fd >= 0)
+		close(fd);
+	return r;
+}
+
+/* push_scan_anchor for a regular file: hash it (ranged when the journal
+ * allows) and add it. */
+static int anchor_file(struct sync *s, struct scan_ctx *x, const char *path, int pfd, const char *base,
+		       struct manifest *m)
+{
+	struct manifest_entry e = {0};
+	struct stat st;
+	int fd, r;
+
+	if ((fd = openat(pfd, base, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC)) < 0 ||
+	    fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		push_skip(x, path, MANIFEST_SKIP_CHANGED, 0);
+		r = 0;
+		goto out;
+	}
+	if (st.st_nlink > 1) {
+		/* A write through one name of a hard link changes the
+		 * others, which the journal does not name: let the full
+		 * scan see all of them (each is an independent file in
+		 * the guest). */
+		r = -ESTALE;
+		goto out;
+	}
+	if ((r = push_ranged(s, fd, &st, path, &e)) == 1) {
+		manifest_entry_clear(&e);
+		e = (struct manifest_entry){0};
+		if ((r = push_hash_file(s, fd, &st, &e)) == 0)
+			unranged_del(s, path);
+	}
+	if (r < 0) {
+		if (r == -ENOMEM)
+			goto out;
+		push_skip(x, path, r == -ESTALE ? MANIFEST_SKIP_CHANGED : MANIFEST_SKIP_ERROR, r == -ESTALE ? 0 : -r);
+		r = 0;
+		goto out;
+	}
+	e.path = (char *)path;
+	r = manifest_add(m, &e);
+	e.path = NULL; /* the caller's */
+out:
+	manifest_entry_clear(&e);
+	if (fd >= 0)
+		close(fd);
+	return r;
+}
+
+/* push_scan_anchor for a symlink: add it with its target. */
+static int anchor_symlink(struct scan_ctx *x, const char *path, int pfd, const char *base, struct manifest *m)
+{
+	char target[MANIFEST_TARGET_MAX + 1];
+	ssize_t k = readlinkat(pfd, base, target, sizeof(target));
+
+	if (k < 0) {
+		push_skip(x, path, MANIFEST_SKIP_CHANGED, 0);
+		return 0;
+	}
+	if (k == 0 || (size_t)k > MANIFEST_TARGET_MAX) {
+		push_skip(x, path, MANIFEST_SKIP_TARGET, 0);
+		return 0;
+	}
+	target[k] = '\0';
+	struct manifest_entry e = {.type = MANIFEST_SYMLINK, .target = target, .path = (char *)path};
+	return manifest_add(m, &e);
+}
+
 static int push_scan_anchor(struct sync *s, struct scan_ctx *x, const char *path, struct manifest *m)
 {
 	char parent[MANIFEST_PATH_MAX + 1];
 	const char *sl = strrchr(path, '/'), *base = sl ? sl + 1 : path;
-	struct manifest_entry e = {0};
-	struct manifest *sub = NULL;
 	struct stat st;
-	int pfd = s->cfg.dirfd, fd = -1, r = 0, v;
+	int pfd = s->cfg.dirfd, r = 0;
 
 	if (sl) {
 		memcpy(parent, path, (size_t)(sl - path));
@@ -1682,118 +1791,18 @@ static int push_scan_anchor(struct sync *s, struct scan_ctx *x, const char *path
 	if (fstatat(pfd, base, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 		if (errno != ENOENT)
 			push_skip(x, path, MANIFEST_SKIP_ERROR, errno);
-		goto out; /* gone: the diff deletes it */
-	}
-	if (S_ISDIR(st.st_mode)) {
-		if ((v = scan_filter(path, true, x)) == MANIFEST_SKIP)
-			goto out;
-		if ((fd = openat(pfd, base, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
-		    fstat(fd, &st) < 0) {
-			push_skip(x, path, MANIFEST_SKIP_CHANGED, 0);
-			goto out;
-		}
-		struct push_scan ps = {.x = x, .prefix = path, .plen = strlen(path)};
-		unsigned depth = 1;
-		for (const char *c = path; *c; c++)
-			depth += *c == '/';
-		struct manifest_scan_opts o = {
-		    .filter = push_filter,
-		    .filter_ud = &ps,
-		    .skipped = push_skipped,
-		    .skipped_ud = &ps,
-		    .chunking = &s->params,
-		    .max_depth = depth < 128 ? 128 - depth : 1,
-		};
-		s->push.walked++;
-		if ((r = manifest_scan(fd, &o, &sub)) < 0) {
-			if (r == -ENOMEM || r == -E2BIG)
-				goto out;
-			push_skip(x, path, MANIFEST_SKIP_ERROR, -r);
-			r = 0;
-			goto out;
-		}
-		s->push.lstats += sub->n;
-		if (v == MANIFEST_DESCEND && sub->n == 0)
-			goto out; /* kept only for what is beneath: nothing is */
-		e.path = (char *)path;
-		e.type = MANIFEST_DIR;
-		e.mode = st.st_mode & MANIFEST_MODE_MASK;
-		r = manifest_add(m, &e);
-		e.path = NULL; /* the caller's */
-		if (r < 0)
-			goto out;
-		for (size_t i = 0; i < sub->n; i++) {
-			struct manifest_entry c = sub->e[i];
-			if (!push_join(&ps, sub->e[i].path))
-				continue; /* the filter left it out already */
-			c.path = ps.path;
-			if (c.type == MANIFEST_FILE)
-				s->push.hashed++, s->push.hashed_bytes += c.size;
-			if ((r = manifest_add(m, &c)) < 0)
-				goto out;
-		}
-		goto out;
-	}
-	if (scan_filter(path, false, x) == MANIFEST_SKIP)
-		goto out; /* withheld: never opened */
-	if (S_ISREG(st.st_mode)) {
-		if ((fd = openat(pfd, base, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC)) < 0 ||
-		    fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-			push_skip(x, path, MANIFEST_SKIP_CHANGED, 0);
-			goto out;
-		}
-		if (st.st_nlink > 1) {
-			/* A write through one name of a hard link changes the
-			 * others, which the journal does not name: let the full
-			 * scan see all of them (each is an independent file in
-			 * the guest). */
-			r = -ESTALE;
-			goto out;
-		}
-		if ((r = push_ranged(s, fd, &st, path, &e)) == 1) {
-			manifest_entry_clear(&e);
-			e = (struct manifest_entry){0};
-			if ((r = push_hash_file(s, fd, &st, &e)) == 0)
-				unranged_del(s, path);
-		}
-		if (r < 0) {
-			if (r == -ENOMEM)
-				goto out;
-			push_skip(x, path, r == -ESTALE ? MANIFEST_SKIP_CHANGED : MANIFEST_SKIP_ERROR,
-				  r == -ESTALE ? 0 : -r);
-			r = 0;
-			goto out;
-		}
+		/* gone: the diff deletes it */
+	} else if (S_ISDIR(st.st_mode)) {
+		r = anchor_dir(s, x, path, pfd, base, m);
+	} else if (scan_filter(path, false, x) == MANIFEST_SKIP) {
+		/* withheld: never opened */
+	} else if (S_ISREG(st.st_mode)) {
+		r = anchor_file(s, x, path, pfd, base, m);
 	} else if (S_ISLNK(st.st_mode)) {
-		char target[MANIFEST_TARGET_MAX + 1];
-		ssize_t k = readlinkat(pfd, base, target, sizeof(target));
-		if (k < 0) {
-			push_skip(x, path, MANIFEST_SKIP_CHANGED, 0);
-			goto out;
-		}
-		if (k == 0 || (size_t)k > MANIFEST_TARGET_MAX) {
-			push_skip(x, path, MANIFEST_SKIP_TARGET, 0);
-			goto out;
-		}
-		target[k] = '\0';
-		e.type = MANIFEST_SYMLINK;
-		e.target = target;
-		e.path = (char *)path;
-		r = manifest_add(m, &e);
-		e = (struct manifest_entry){0};
-		goto out;
+		r = anchor_symlink(x, path, pfd, base, m);
 	} else {
 		push_skip(x, path, MANIFEST_SKIP_SPECIAL, 0);
-		goto out;
 	}
-	e.path = (char *)path;
-	r = manifest_add(m, &e);
-	e.path = NULL;
-out:
-	manifest_entry_clear(&e);
-	manifest_free(sub);
-	if (fd >= 0)
-		close(fd);
 	if (pfd != s->cfg.dirfd)
 		close(pfd);
 	return r;

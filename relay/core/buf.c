@@ -197,6 +197,41 @@ int buf_poke_u32(struct buf *b, size_t at, uint32_t v)
 	return 0;
 }
 
+int buf_poke(struct buf *b, size_t at, const void *p, size_t n)
+{
+	if (b->view)
+		return -EROFS;
+	if (buf_len(b) < n || at > buf_len(b) - n)
+		return -EBADMSG;
+	if (n)
+		memcpy(b->data + b->off + at, p, n);
+	return 0;
+}
+
+int buf_poke_u64(struct buf *b, size_t at, uint64_t v)
+{
+	uint8_t d[8];
+
+	buf_store_be64(d, v);
+	return buf_poke(b, at, d, sizeof(d));
+}
+
+void buf_truncate(struct buf *b, size_t n)
+{
+	if (n < buf_len(b))
+		b->len = b->off + n;
+}
+
+int buf_poke_u8(struct buf *b, size_t at, uint8_t v)
+{
+	if (b->view)
+		return -EROFS;
+	if (at >= buf_len(b))
+		return -EBADMSG;
+	b->data[b->off + at] = v;
+	return 0;
+}
+
 int buf_get_u32(struct buf *b, uint32_t *v)
 {
 	int r = buf_peek_u32(b, 0, v);

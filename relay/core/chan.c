@@ -157,14 +157,6 @@ static void after_io(struct chan *c);
 
 /* ---- small helpers ---- */
 
-static void put_be32(uint8_t *d, uint32_t v)
-{
-	d[0] = (uint8_t)(v >> 24);
-	d[1] = (uint8_t)(v >> 16);
-	d[2] = (uint8_t)(v >> 8);
-	d[3] = (uint8_t)v;
-}
-
 static bool stopped(const struct chan *c)
 {
 	return c->closed || c->freed;
@@ -320,7 +312,7 @@ static int queue_record(struct chan *c, const void *body, size_t n)
 
 	if ((r = buf_reserve(&c->out, WIRE_LEN_BYTES + n, &d)) < 0)
 		return r;
-	put_be32(d, wire_record_hdr((uint32_t)n));
+	buf_store_be32(d, wire_record_hdr((uint32_t)n));
 	memcpy(d + WIRE_LEN_BYTES, body, n);
 	buf_commit(&c->out, WIRE_LEN_BYTES + n);
 	return 0;
@@ -344,13 +336,13 @@ static int queue_frame(struct chan *c, uint8_t type, uint32_t stream, const void
 	if ((r = buf_reserve(&c->out, total, &d)) < 0)
 		return r;
 	c->tx_plain[0] = type;
-	put_be32(c->tx_plain + 1, stream);
+	buf_store_be32(c->tx_plain + 1, stream);
 	if (n)
 		memcpy(c->tx_plain + WIRE_FRAME_HDR, p, n);
 	if (tag == crypto_secretstream_xchacha20poly1305_TAG_MESSAGE && rekey_due(c))
 		tag = crypto_secretstream_xchacha20poly1305_TAG_REKEY;
 	crypto_secretstream_xchacha20poly1305_push(&c->tx, d + WIRE_LEN_BYTES, &clen, c->tx_plain, mlen, NULL, 0, tag);
-	put_be32(d, wire_record_hdr((uint32_t)clen));
+	buf_store_be32(d, wire_record_hdr((uint32_t)clen));
 	buf_commit(&c->out, total);
 	c->st.frames_out++;
 	c->since_rekey += mlen;
@@ -433,12 +425,15 @@ static uint32_t credit_threshold(const struct chan *c)
  * frame did not fit (kept for later). */
 static bool send_credit(struct chan *c, struct stream *s)
 {
-	uint8_t pl[8];
+	struct buf pl;
+	int r;
 
-	put_be32(pl, s->id);
-	put_be32(pl + 4, s->consumed);
-	if (queue_frame(c, WIRE_WINDOW, WIRE_STREAM_CONTROL, pl, sizeof(pl),
-			crypto_secretstream_xchacha20poly1305_TAG_MESSAGE) < 0) {
+	buf_init(&pl, 16);
+	if ((r = wire_window_encode(&pl, &(struct wire_window){.stream = s->id, .credit = s->consumed})) == 0)
+		r = queue_frame(c, WIRE_WINDOW, WIRE_STREAM_CONTROL, buf_ptr(&pl), buf_len(&pl),
+				crypto_secretstream_xchacha20poly1305_TAG_MESSAGE);
+	buf_clear(&pl);
+	if (r < 0) {
 		c->credit_pending = true;
 		return false;
 	}
@@ -693,16 +688,16 @@ typedef void frame_fn(struct chan *c, uint8_t type, uint32_t stream, const uint8
 /* WINDOW: stream 0, u32 stream, u32 credit increment. */
 static void rx_window(struct chan *c, uint8_t type, uint32_t stream, const uint8_t *p, size_t n)
 {
-	uint32_t sid, inc;
+	struct wire_window m;
 	struct buf b;
 	(void)type;
 
 	buf_view(&b, p, n);
-	if (stream != WIRE_STREAM_CONTROL || buf_get_u32(&b, &sid) < 0 || buf_get_u32(&b, &inc) < 0 ||
-	    buf_len(&b) != 0 || sid == WIRE_STREAM_CONTROL) {
+	if (stream != WIRE_STREAM_CONTROL || wire_window_decode(&b, &m) < 0) {
 		end(c, -EPROTO, "malformed WINDOW frame (stream %u, %zu bytes)", stream, n);
 		return;
 	}
+	uint32_t sid = m.stream, inc = m.credit;
 	struct stream *s = stream_find(c, sid);
 	if (!s)
 		return; /* we closed that stream; late credit is harmless */

@@ -125,6 +125,19 @@ static int send_frame(struct tunnel *t, uint8_t type, const void *p, size_t n)
 	return t->chan ? chan_send(t->chan, type, t->stream, p, n) : -EPIPE;
 }
 
+/* PROXY_CLOSE with code (wire_proxy_close). */
+static int send_close(struct tunnel *t, uint8_t code)
+{
+	struct buf b;
+	int r;
+
+	buf_init(&b, 8);
+	if ((r = wire_proxy_close_encode(&b, &(struct wire_proxy_close){.code = code})) == 0)
+		r = send_frame(t, WIRE_PROXY_CLOSE, buf_ptr(&b), buf_len(&b));
+	buf_clear(&b);
+	return r;
+}
+
 /* Read-ahead to the channel, as much as the window takes. */
 static int flush_tochan(struct tunnel *t)
 {
@@ -174,7 +187,7 @@ static bool step(struct tunnel *t)
 	}
 	if (t->chan && t->close_sent == NONE && t->want_close != NONE) {
 		uint8_t code = t->want_close;
-		if ((r = send_frame(t, WIRE_PROXY_CLOSE, &code, 1)) < 0)
+		if ((r = send_close(t, code)) < 0)
 			goto wait;
 		t->close_sent = code;
 		t->st.close_sent = code;
@@ -277,53 +290,77 @@ int tunnel_new(struct loop *l, struct chan *c, uint32_t stream, int fd, const vo
 	return 0;
 }
 
+typedef int rx_fn(struct tunnel *t, const uint8_t *p, size_t n);
+
+static int rx_data(struct tunnel *t, const uint8_t *p, size_t n)
+{
+	if (t->eof_rcvd || t->close_rcvd != NONE || n == 0)
+		return -EPROTO;
+	if (t->close_sent != NONE || t->want_close != NONE || t->fd < 0)
+		return 0; /* we gave up: dropped, the stream goes away with the CLOSEs */
+	if (buf_len(&t->tosock) == 0) {
+		/* the common case: straight to the socket */
+		ssize_t w = send(t->fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+			go_abort(t, WIRE_PROXY_C_RESET);
+			return 0;
+		}
+		if (w > 0) {
+			t->st.to_sock += (size_t)w;
+			if (t->chan)
+				chan_consume(t->chan, t->stream, (size_t)w);
+			p += w;
+			n -= (size_t)w;
+		}
+	}
+	/* chan holds the peer to the window, so this fits */
+	if (n && buf_put(&t->tosock, p, n) < 0)
+		return -EPROTO;
+	return 0;
+}
+
+static int rx_eof(struct tunnel *t, const uint8_t *p, size_t n)
+{
+	(void)p;
+	if (t->eof_rcvd || t->close_rcvd != NONE || n != 0)
+		return -EPROTO;
+	t->eof_rcvd = true;
+	return 0;
+}
+
+static int rx_close(struct tunnel *t, const uint8_t *p, size_t n)
+{
+	struct wire_proxy_close m;
+	struct buf in;
+
+	buf_view(&in, p, n);
+	if (t->close_rcvd != NONE || wire_proxy_close_decode(&in, &m) < 0)
+		return -EPROTO;
+	/* DONE means the peer has our EOF and sent its own */
+	if (m.code == WIRE_PROXY_C_DONE && (!t->eof_rcvd || !t->eof_sent))
+		return -EPROTO;
+	t->close_rcvd = m.code;
+	t->st.close_rcvd = m.code;
+	if (m.code != WIRE_PROXY_C_DONE)
+		go_abort(t, WIRE_PROXY_C_RESET);
+	return 0;
+}
+
+/* The frames a tunnel takes (PROXY_OPEN is its owner's). */
+static rx_fn *const rx_frames[WIRE_TYPE_MAX + 1] = {
+    [WIRE_PROXY_DATA] = rx_data,
+    [WIRE_PROXY_EOF] = rx_eof,
+    [WIRE_PROXY_CLOSE] = rx_close,
+};
+
 int tunnel_frame(struct tunnel *t, uint8_t type, const uint8_t *p, size_t n)
 {
-	switch (type) {
-	case WIRE_PROXY_DATA:
-		if (t->eof_rcvd || t->close_rcvd != NONE || n == 0)
-			return -EPROTO;
-		if (t->close_sent != NONE || t->want_close != NONE || t->fd < 0)
-			return 0; /* we gave up: dropped, the stream goes away with the CLOSEs */
-		if (buf_len(&t->tosock) == 0) {
-			/* the common case: straight to the socket */
-			ssize_t w = send(t->fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-			if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-				go_abort(t, WIRE_PROXY_C_RESET);
-				step(t);
-				return 0;
-			}
-			if (w > 0) {
-				t->st.to_sock += (size_t)w;
-				if (t->chan)
-					chan_consume(t->chan, t->stream, (size_t)w);
-				p += w;
-				n -= (size_t)w;
-			}
-		}
-		/* chan holds the peer to the window, so this fits */
-		if (n && buf_put(&t->tosock, p, n) < 0)
-			return -EPROTO;
-		break;
-	case WIRE_PROXY_EOF:
-		if (t->eof_rcvd || t->close_rcvd != NONE || n != 0)
-			return -EPROTO;
-		t->eof_rcvd = true;
-		break;
-	case WIRE_PROXY_CLOSE:
-		if (t->close_rcvd != NONE || n != 1 || p[0] > WIRE_PROXY_C_MAX)
-			return -EPROTO;
-		/* DONE means the peer has our EOF and sent its own */
-		if (p[0] == WIRE_PROXY_C_DONE && (!t->eof_rcvd || !t->eof_sent))
-			return -EPROTO;
-		t->close_rcvd = p[0];
-		t->st.close_rcvd = p[0];
-		if (p[0] != WIRE_PROXY_C_DONE)
-			go_abort(t, WIRE_PROXY_C_RESET);
-		break;
-	default:
+	int r;
+
+	if (!rx_frames[type])
 		return -EPROTO;
-	}
+	if ((r = rx_frames[type](t, p, n)) < 0)
+		return r;
 	step(t);
 	return 0;
 }

@@ -2,9 +2,15 @@
 #include "airlock/core/wire.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <sodium.h>
 
 #include "airlock/core/buf.h"
+#include "airlock/core/mem.h"
 
 static const char *const type_names[WIRE_TYPE_MAX + 1] = {
     [WIRE_WINDOW] = "WINDOW",
@@ -44,6 +50,23 @@ static const char *const type_names[WIRE_TYPE_MAX + 1] = {
     [WIRE_PROXY_CLOSE] = "PROXY_CLOSE",
 };
 
+enum wire_group wire_group_of(uint8_t type)
+{
+	if (type >= WIRE_CHAN_FIRST && type <= WIRE_CHAN_LAST)
+		return WIRE_GROUP_CHAN;
+	if (type >= WIRE_SESSION_FIRST && type <= WIRE_SESSION_LAST)
+		return WIRE_GROUP_SESSION;
+	if (type >= WIRE_BULK_FIRST && type <= WIRE_BULK_LAST)
+		return WIRE_GROUP_BULK;
+	if (type >= WIRE_SYNC_FIRST && type <= WIRE_SYNC_LAST)
+		return WIRE_GROUP_SYNC;
+	if (type >= WIRE_EXEC_FIRST && type <= WIRE_EXEC_LAST)
+		return WIRE_GROUP_EXEC;
+	if (type >= WIRE_PROXY_FIRST && type <= WIRE_PROXY_LAST)
+		return WIRE_GROUP_PROXY;
+	return WIRE_GROUP_NONE;
+}
+
 const char *wire_type_name(uint8_t type)
 {
 	const char *n = type_names[type];
@@ -70,14 +93,169 @@ const char *wire_refusal_str(uint8_t reason)
 	}
 }
 
-int wire_hello_put(struct buf *b, const uint8_t sign_pk[32], const char *client)
+/* ---- codec helpers ---- */
+
+/* The last step of every decoder: the payload is used up. */
+static int done(const struct buf *in)
+{
+	return buf_len(in) == 0 ? 0 : -EBADMSG;
+}
+
+static void free_strv(char **v, uint32_t n, bool wipe)
+{
+	for (uint32_t i = 0; v && i < n; i++) {
+		if (v[i] && wipe)
+			sodium_memzero(v[i], strlen(v[i]));
+		mem_free(v[i]);
+	}
+	mem_free(v);
+}
+
+/* u32 n (<= max, and at most one string per 4 readable bytes: each has a
+ * u32 length), then n strings of at most `limit` bytes into a new
+ * NULL-terminated array. Counts are checked before the array is
+ * allocated; on failure nothing stays allocated. */
+static int get_strv(struct buf *in, uint32_t max, size_t limit, bool wipe, uint32_t *n, char ***out)
+{
+	char **v;
+	int r;
+
+	*out = NULL;
+	if ((r = buf_get_u32(in, n)) < 0)
+		return r;
+	if (*n > max || *n > buf_len(in) / 4)
+		return -EBADMSG;
+	if (!(v = mem_calloc((size_t)*n + 1, sizeof(*v))))
+		return -ENOMEM;
+	for (uint32_t i = 0; i < *n; i++) {
+		if ((r = buf_get_str(in, &v[i], limit)) < 0) {
+			free_strv(v, i, wipe);
+			return r;
+		}
+	}
+	*out = v;
+	return 0;
+}
+
+static int put_strv(struct buf *b, char *const *v, uint32_t n)
 {
 	int r;
 
-	if ((r = buf_put_u32(b, WIRE_VERSION)) < 0 || (r = buf_put_bytes(b, sign_pk, 32)) < 0 ||
-	    (r = buf_put_str(b, client)) < 0)
+	if ((r = buf_put_u32(b, n)) < 0)
+		return r;
+	for (uint32_t i = 0; i < n; i++)
+		if ((r = buf_put_str(b, v[i])) < 0)
+			return r;
+	return 0;
+}
+
+/* ---- channel ---- */
+
+int wire_window_encode(struct buf *b, const struct wire_window *m)
+{
+	int r;
+
+	if (m->stream == WIRE_STREAM_CONTROL)
+		return -EINVAL;
+	if ((r = buf_put_u32(b, m->stream)) < 0 || (r = buf_put_u32(b, m->credit)) < 0)
 		return r;
 	return 0;
+}
+
+int wire_window_decode(struct buf *in, struct wire_window *m)
+{
+	int r;
+
+	if ((r = buf_get_u32(in, &m->stream)) < 0 || (r = buf_get_u32(in, &m->credit)) < 0 || (r = done(in)) < 0)
+		return r;
+	return m->stream == WIRE_STREAM_CONTROL ? -EBADMSG : 0;
+}
+
+/* ---- session ---- */
+
+int wire_hello_encode(struct buf *b, const struct wire_hello *m)
+{
+	int r;
+
+	if ((r = buf_put_u32(b, WIRE_VERSION)) < 0 || (r = buf_put_bytes(b, m->sign_pk, 32)) < 0 ||
+	    (r = buf_put_str(b, m->client)) < 0)
+		return r;
+	return 0;
+}
+
+int wire_hello_decode(struct buf *in, struct wire_hello *m)
+{
+	uint32_t version;
+	const uint8_t *pk;
+	size_t pklen;
+	int r;
+
+	memset(m, 0, sizeof(*m));
+	if ((r = buf_get_u32(in, &version)) < 0 || (r = buf_get_bytes(in, &pk, &pklen, 32)) < 0 ||
+	    (r = buf_get_str(in, &m->client, WIRE_NAME_MAX)) < 0)
+		goto fail;
+	/* the version first: a peer of another version may lay out the rest
+	 * differently */
+	if (version != WIRE_VERSION || pklen != 32) {
+		r = -EPROTO;
+		goto fail;
+	}
+	if ((r = done(in)) < 0)
+		goto fail;
+	memcpy(m->sign_pk, pk, 32);
+	return 0;
+fail:
+	wire_hello_clear(m);
+	return r;
+}
+
+void wire_hello_clear(struct wire_hello *m)
+{
+	mem_free(m->client);
+	memset(m, 0, sizeof(*m));
+}
+
+int wire_hello_ok_encode(struct buf *b, const struct wire_hello_ok *m)
+{
+	int r;
+
+	if ((r = buf_put_u32(b, WIRE_VERSION)) < 0 || (r = buf_put_str(b, m->agent)) < 0 ||
+	    (r = buf_put_str(b, m->root)) < 0)
+		return r;
+	return 0;
+}
+
+int wire_hello_ok_decode(struct buf *in, struct wire_hello_ok *m)
+{
+	uint32_t version;
+	int r;
+
+	memset(m, 0, sizeof(*m));
+	if ((r = buf_get_u32(in, &version)) < 0)
+		return r;
+	if (version != WIRE_VERSION)
+		return -EPROTO;
+	if ((r = buf_get_str(in, &m->agent, WIRE_NAME_MAX)) < 0 || (r = buf_get_str(in, &m->root, WIRE_PATH_MAX)) < 0 ||
+	    (r = done(in)) < 0) {
+		wire_hello_ok_clear(m);
+		return r;
+	}
+	return 0;
+}
+
+void wire_hello_ok_clear(struct wire_hello_ok *m)
+{
+	mem_free(m->agent);
+	mem_free(m->root);
+	memset(m, 0, sizeof(*m));
+}
+
+int wire_hello_put(struct buf *b, const uint8_t sign_pk[32], const char *client)
+{
+	struct wire_hello m = {.client = (char *)(uintptr_t)client};
+
+	memcpy(m.sign_pk, sign_pk, 32);
+	return wire_hello_encode(b, &m);
 }
 
 int wire_hello_ok_check(struct buf *in)
@@ -85,4 +263,454 @@ int wire_hello_ok_check(struct buf *in)
 	uint32_t version;
 
 	return buf_get_u32(in, &version) == 0 && version == WIRE_VERSION ? 0 : -EPROTO;
+}
+
+int wire_ping_encode(struct buf *b, const struct wire_ping *m)
+{
+	int r;
+
+	if ((r = buf_put_u64(b, m->nonce)) < 0 || (r = buf_put_bytes(b, m->pad, m->pad_len)) < 0)
+		return r;
+	return 0;
+}
+
+int wire_ping_decode(struct buf *in, struct wire_ping *m)
+{
+	int r;
+
+	memset(m, 0, sizeof(*m));
+	if ((r = buf_get_u64(in, &m->nonce)) < 0 ||
+	    (r = buf_get_bytes(in, &m->pad, &m->pad_len, WIRE_PAYLOAD_MAX)) < 0 || (r = done(in)) < 0) {
+		memset(m, 0, sizeof(*m));
+		return r;
+	}
+	return 0;
+}
+
+int wire_error_encode(struct buf *b, const struct wire_error *m)
+{
+	int r;
+
+	if ((r = buf_put_u32(b, m->code)) < 0 || (r = buf_put_str(b, m->msg)) < 0)
+		return r;
+	return 0;
+}
+
+int wire_error_decode(struct buf *in, struct wire_error *m)
+{
+	int r;
+
+	memset(m, 0, sizeof(*m));
+	if ((r = buf_get_u32(in, &m->code)) < 0 || (r = buf_get_str(in, &m->msg, WIRE_ERROR_MSG_MAX)) < 0 ||
+	    (r = done(in)) < 0) {
+		wire_error_clear(m);
+		return r;
+	}
+	return 0;
+}
+
+void wire_error_clear(struct wire_error *m)
+{
+	mem_free(m->msg);
+	memset(m, 0, sizeof(*m));
+}
+
+/* ---- bulk ---- */
+
+int wire_bulk_encode(struct buf *b, const struct wire_bulk *m)
+{
+	return buf_put_u64(b, m->bytes);
+}
+
+int wire_bulk_decode(struct buf *in, struct wire_bulk *m)
+{
+	int r;
+
+	if ((r = buf_get_u64(in, &m->bytes)) < 0 || (r = done(in)) < 0)
+		return r;
+	return 0;
+}
+
+/* ---- sync ---- */
+
+int wire_sync_begin_encode(struct buf *b, const struct wire_sync_begin *m)
+{
+	int r;
+
+	if ((r = buf_put_u32(b, m->min)) < 0 || (r = buf_put_u32(b, m->avg)) < 0 || (r = buf_put_u32(b, m->max)) < 0 ||
+	    (r = buf_put_u32(b, m->whole_max)) < 0)
+		return r;
+	return 0;
+}
+
+int wire_sync_begin_decode(struct buf *in, struct wire_sync_begin *m)
+{
+	int r;
+
+	if ((r = buf_get_u32(in, &m->min)) < 0 || (r = buf_get_u32(in, &m->avg)) < 0 ||
+	    (r = buf_get_u32(in, &m->max)) < 0 || (r = buf_get_u32(in, &m->whole_max)) < 0 || (r = done(in)) < 0)
+		return r;
+	return 0;
+}
+
+int wire_sync_state_encode(struct buf *b, const struct wire_sync_state *m)
+{
+	int r;
+
+	if ((r = buf_put_u64(b, m->seq)) < 0 || (r = buf_put(b, m->root, sizeof(m->root))) < 0 ||
+	    (r = buf_put_u64(b, m->entries)) < 0 || (r = buf_put_u32(b, m->special)) < 0)
+		return r;
+	return 0;
+}
+
+int wire_sync_state_decode(struct buf *in, struct wire_sync_state *m)
+{
+	int r;
+
+	if ((r = buf_get_u64(in, &m->seq)) < 0 || (r = buf_get(in, m->root, sizeof(m->root))) < 0 ||
+	    (r = buf_get_u64(in, &m->entries)) < 0 || (r = buf_get_u32(in, &m->special)) < 0 || (r = done(in)) < 0)
+		return r;
+	return 0;
+}
+
+int wire_sync_req_encode(struct buf *b, const struct wire_sync_req *m)
+{
+	if (m->n > WIRE_SYNC_REQ_MAX)
+		return -E2BIG;
+	for (uint32_t i = 0; i < m->n; i++)
+		if (strlen(m->names[i]) > WIRE_PATH_MAX)
+			return -E2BIG;
+	return put_strv(b, m->names, m->n);
+}
+
+int wire_sync_req_decode(struct buf *in, struct wire_sync_req *m)
+{
+	int r;
+
+	memset(m, 0, sizeof(*m));
+	if ((r = get_strv(in, WIRE_SYNC_REQ_MAX, WIRE_PATH_MAX, false, &m->n, &m->names)) < 0 || (r = done(in)) < 0) {
+		wire_sync_req_clear(m);
+		return r;
+	}
+	return 0;
+}
+
+void wire_sync_req_clear(struct wire_sync_req *m)
+{
+	free_strv(m->names, m->names ? m->n : 0, false);
+	memset(m, 0, sizeof(*m));
+}
+
+int wire_sync_level_encode(struct buf *b, const struct wire_sync_level *m)
+{
+	int r;
+
+	if ((r = buf_put_str(b, m->dir)) < 0 || (r = buf_put_bytes(b, m->level, m->level_len)) < 0)
+		return r;
+	return 0;
+}
+
+int wire_sync_level_decode(struct buf *in, struct wire_sync_level *m)
+{
+	int r;
+
+	memset(m, 0, sizeof(*m));
+	if ((r = buf_get_str(in, &m->dir, WIRE_PATH_MAX)) < 0 ||
+	    (r = buf_get_bytes(in, &m->level, &m->level_len, WIRE_SYNC_MSG_MAX)) < 0 || (r = done(in)) < 0) {
+		wire_sync_level_clear(m);
+		return r;
+	}
+	return 0;
+}
+
+void wire_sync_level_clear(struct wire_sync_level *m)
+{
+	mem_free(m->dir);
+	memset(m, 0, sizeof(*m));
+}
+
+int wire_sync_entry_encode(struct buf *b, const struct wire_sync_entry *m)
+{
+	int r;
+
+	if (!m->found && m->entry_len)
+		return -EINVAL;
+	if ((r = buf_put_str(b, m->path)) < 0 || (r = buf_put_u8(b, m->found)) < 0 ||
+	    (m->entry_len && (r = buf_put(b, m->entry, m->entry_len)) < 0))
+		return r;
+	return 0;
+}
+
+int wire_sync_entry_decode(struct buf *in, struct wire_sync_entry *m)
+{
+	int r;
+
+	memset(m, 0, sizeof(*m));
+	if ((r = buf_get_str(in, &m->path, WIRE_PATH_MAX)) < 0 || (r = buf_get_u8(in, &m->found)) < 0 ||
+	    (!m->found && (r = done(in)) < 0)) {
+		wire_sync_entry_clear(m);
+		return r;
+	}
+	m->entry = buf_ptr(in);
+	m->entry_len = buf_len(in);
+	buf_consume(in, m->entry_len);
+	return 0;
+}
+
+void wire_sync_entry_clear(struct wire_sync_entry *m)
+{
+	mem_free(m->path);
+	memset(m, 0, sizeof(*m));
+}
+
+int wire_sync_ack_encode(struct buf *b, const struct wire_sync_ack *m)
+{
+	int r;
+
+	if ((r = buf_put_u64(b, m->seq)) < 0 || (r = buf_put_u64(b, m->ops)) < 0 ||
+	    (r = buf_put_u64(b, m->files)) < 0 || (r = buf_put_u64(b, m->bytes)) < 0 ||
+	    (r = buf_put_u64(b, m->deleted)) < 0 || (r = buf_put_u64(b, m->kept_dirs)) < 0)
+		return r;
+	return 0;
+}
+
+int wire_sync_ack_decode(struct buf *in, struct wire_sync_ack *m)
+{
+	int r;
+
+	if ((r = buf_get_u64(in, &m->seq)) < 0 || (r = buf_get_u64(in, &m->ops)) < 0 ||
+	    (r = buf_get_u64(in, &m->files)) < 0 || (r = buf_get_u64(in, &m->bytes)) < 0 ||
+	    (r = buf_get_u64(in, &m->deleted)) < 0 || (r = buf_get_u64(in, &m->kept_dirs)) < 0 || (r = done(in)) < 0)
+		return r;
+	return 0;
+}
+
+int wire_sync_nack_encode(struct buf *b, const struct wire_sync_nack *m)
+{
+	int r;
+
+	if ((r = buf_put_u64(b, m->seq)) < 0 || (r = buf_put_u32(b, m->code)) < 0 ||
+	    (r = buf_put_u8(b, m->partial)) < 0 || (r = buf_put_str(b, m->msg)) < 0)
+		return r;
+	return 0;
+}
+
+int wire_sync_nack_decode(struct buf *in, struct wire_sync_nack *m)
+{
+	int r;
+
+	memset(m, 0, sizeof(*m));
+	if ((r = buf_get_u64(in, &m->seq)) < 0 || (r = buf_get_u32(in, &m->code)) < 0 ||
+	    (r = buf_get_u8(in, &m->partial)) < 0 || (r = buf_get_str(in, &m->msg, WIRE_NACK_MSG_MAX)) < 0 ||
+	    (r = done(in)) < 0) {
+		wire_sync_nack_clear(m);
+		return r;
+	}
+	return 0;
+}
+
+void wire_sync_nack_clear(struct wire_sync_nack *m)
+{
+	mem_free(m->msg);
+	memset(m, 0, sizeof(*m));
+}
+
+/* ---- exec ---- */
+
+int wire_exec_start_encode(struct buf *b, const struct wire_exec_start *m)
+{
+	bool fwd = m->flags & WIRE_EXEC_F_FWD;
+	int r;
+
+	if (m->argc == 0 || m->argc > WIRE_EXEC_ARGS_MAX || m->nenv > WIRE_EXEC_ARGS_MAX ||
+	    m->nfwd > WIRE_EXEC_ARGS_MAX || (!fwd && m->nfwd))
+		return -E2BIG;
+	if ((r = buf_put_u8(b, m->flags)) < 0 || (r = buf_put_u64(b, m->timeout_ms)) < 0 ||
+	    (r = buf_put_u16(b, m->rows)) < 0 || (r = buf_put_u16(b, m->cols)) < 0 ||
+	    (r = buf_put_str(b, m->cwd ? m->cwd : "")) < 0 || (r = put_strv(b, m->argv, m->argc)) < 0 ||
+	    (r = put_strv(b, m->env, m->nenv)) < 0 || (fwd && (r = put_strv(b, m->fwd, m->nfwd)) < 0))
+		return r;
+	return 0;
+}
+
+int wire_exec_start_decode(struct buf *in, struct wire_exec_start *m)
+{
+	int r;
+
+	memset(m, 0, sizeof(*m));
+	if ((r = buf_get_u8(in, &m->flags)) < 0 || (r = buf_get_u64(in, &m->timeout_ms)) < 0 ||
+	    (r = buf_get_u16(in, &m->rows)) < 0 || (r = buf_get_u16(in, &m->cols)) < 0 ||
+	    (r = buf_get_str(in, &m->cwd, WIRE_EXEC_STR_MAX)) < 0 ||
+	    (r = get_strv(in, WIRE_EXEC_ARGS_MAX, WIRE_EXEC_STR_MAX, false, &m->argc, &m->argv)) < 0)
+		goto fail;
+	if (m->argc == 0) {
+		r = -EBADMSG;
+		goto fail;
+	}
+	if ((r = get_strv(in, WIRE_EXEC_ARGS_MAX, WIRE_EXEC_STR_MAX, true, &m->nenv, &m->env)) < 0)
+		goto fail;
+	/* the forwarded layer: forward_env and credentials.inject */
+	if ((m->flags & WIRE_EXEC_F_FWD) &&
+	    (r = get_strv(in, WIRE_EXEC_ARGS_MAX, WIRE_EXEC_STR_MAX, true, &m->nfwd, &m->fwd)) < 0)
+		goto fail;
+	if ((r = done(in)) < 0)
+		goto fail;
+	return 0;
+fail:
+	wire_exec_start_clear(m);
+	return r;
+}
+
+void wire_exec_start_clear(struct wire_exec_start *m)
+{
+	mem_free(m->cwd);
+	free_strv(m->argv, m->argv ? m->argc : 0, false);
+	free_strv(m->env, m->env ? m->nenv : 0, true);
+	free_strv(m->fwd, m->fwd ? m->nfwd : 0, true);
+	memset(m, 0, sizeof(*m));
+}
+
+int wire_exec_started_encode(struct buf *b, const struct wire_exec_started *m)
+{
+	if (m->pid > INT32_MAX)
+		return -EINVAL;
+	return buf_put_u64(b, m->pid);
+}
+
+int wire_exec_started_decode(struct buf *in, struct wire_exec_started *m)
+{
+	int r;
+
+	if ((r = buf_get_u64(in, &m->pid)) < 0 || (r = done(in)) < 0)
+		return r;
+	return m->pid > INT32_MAX ? -EBADMSG : 0;
+}
+
+int wire_exec_stdin_encode(struct buf *b, const struct wire_exec_stdin *m)
+{
+	int r;
+
+	if ((r = buf_put_u8(b, m->eof)) < 0 || (m->len && (r = buf_put(b, m->data, m->len)) < 0))
+		return r;
+	return 0;
+}
+
+int wire_exec_stdin_decode(struct buf *in, struct wire_exec_stdin *m)
+{
+	int r;
+
+	memset(m, 0, sizeof(*m));
+	if ((r = buf_get_u8(in, &m->eof)) < 0)
+		return r;
+	m->data = buf_ptr(in);
+	m->len = buf_len(in);
+	buf_consume(in, m->len);
+	return 0;
+}
+
+int wire_exec_signal_encode(struct buf *b, const struct wire_exec_signal *m)
+{
+	if (m->signo < 1 || m->signo > 64)
+		return -EINVAL;
+	return buf_put_u32(b, m->signo);
+}
+
+int wire_exec_signal_decode(struct buf *in, struct wire_exec_signal *m)
+{
+	int r;
+
+	if ((r = buf_get_u32(in, &m->signo)) < 0)
+		return r;
+	if (m->signo < 1 || m->signo > 64)
+		return -EBADMSG;
+	return done(in);
+}
+
+int wire_exec_resize_encode(struct buf *b, const struct wire_exec_resize *m)
+{
+	int r;
+
+	if ((r = buf_put_u16(b, m->rows)) < 0 || (r = buf_put_u16(b, m->cols)) < 0)
+		return r;
+	return 0;
+}
+
+int wire_exec_resize_decode(struct buf *in, struct wire_exec_resize *m)
+{
+	int r;
+
+	if ((r = buf_get_u16(in, &m->rows)) < 0 || (r = buf_get_u16(in, &m->cols)) < 0 || (r = done(in)) < 0)
+		return r;
+	return 0;
+}
+
+int wire_exec_exit_encode(struct buf *b, const struct wire_exec_exit *m)
+{
+	int r;
+
+	if (m->code > 255 || m->signo > 64)
+		return -EINVAL;
+	if ((r = buf_put_u32(b, m->code)) < 0 || (r = buf_put_u32(b, m->signo)) < 0 ||
+	    (r = buf_put_u8(b, m->flags)) < 0 || (r = buf_put_u64(b, m->duration_ms)) < 0 ||
+	    (r = buf_put_u64(b, m->stdout_bytes)) < 0 || (r = buf_put_u64(b, m->stderr_bytes)) < 0)
+		return r;
+	return 0;
+}
+
+int wire_exec_exit_decode(struct buf *in, struct wire_exec_exit *m)
+{
+	int r;
+
+	if ((r = buf_get_u32(in, &m->code)) < 0 || (r = buf_get_u32(in, &m->signo)) < 0 ||
+	    (r = buf_get_u8(in, &m->flags)) < 0 || (r = buf_get_u64(in, &m->duration_ms)) < 0 ||
+	    (r = buf_get_u64(in, &m->stdout_bytes)) < 0 || (r = buf_get_u64(in, &m->stderr_bytes)) < 0 ||
+	    (r = done(in)) < 0)
+		return r;
+	return m->code > 255 || m->signo > 64 ? -EBADMSG : 0;
+}
+
+int wire_exec_stdin_ack_encode(struct buf *b, const struct wire_exec_stdin_ack *m)
+{
+	return buf_put_u32(b, m->bytes);
+}
+
+int wire_exec_stdin_ack_decode(struct buf *in, struct wire_exec_stdin_ack *m)
+{
+	int r;
+
+	if ((r = buf_get_u32(in, &m->bytes)) < 0 || (r = done(in)) < 0)
+		return r;
+	return 0;
+}
+
+/* ---- proxy ---- */
+
+int wire_proxy_open_encode(struct buf *b, const struct wire_proxy_open *m)
+{
+	return buf_put_u32(b, m->exec_stream);
+}
+
+int wire_proxy_open_decode(struct buf *in, struct wire_proxy_open *m)
+{
+	int r;
+
+	if ((r = buf_get_u32(in, &m->exec_stream)) < 0 || (r = done(in)) < 0)
+		return r;
+	return 0;
+}
+
+int wire_proxy_close_encode(struct buf *b, const struct wire_proxy_close *m)
+{
+	if (m->code > WIRE_PROXY_C_MAX)
+		return -EINVAL;
+	return buf_put_u8(b, m->code);
+}
+
+int wire_proxy_close_decode(struct buf *in, struct wire_proxy_close *m)
+{
+	int r;
+
+	if ((r = buf_get_u8(in, &m->code)) < 0 || (r = done(in)) < 0)
+		return r;
+	return m->code > WIRE_PROXY_C_MAX ? -EBADMSG : 0;
 }

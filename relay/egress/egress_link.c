@@ -213,6 +213,7 @@ static const struct tunnel_ops tun_ops = {.on_done = on_tunnel_done};
 
 static int proxy_open(struct egress_link *k, uint32_t stream, const uint8_t *p, size_t n)
 {
+	struct wire_proxy_open m;
 	uint32_t exec_stream;
 	uint8_t refuse = 0xff;
 	struct relay_cmd *cmd = NULL;
@@ -224,8 +225,9 @@ static int proxy_open(struct egress_link *k, uint32_t stream, const uint8_t *p, 
 	buf_view(&in, p, n);
 	/* guest-opened streams are even and new */
 	if (!k->chan || stream == WIRE_STREAM_CONTROL || (stream & 1) || tun_find(k, stream) ||
-	    buf_get_u32(&in, &exec_stream) < 0 || buf_len(&in) != 0)
+	    wire_proxy_open_decode(&in, &m) < 0)
 		return -EPROTO;
+	exec_stream = m.exec_stream;
 	chan_consume(k->chan, stream, n); /* the OPEN payload counted against the window */
 	if (k->ntun >= WIRE_PROXY_PER_SESSION || tun_count(k, exec_stream) >= WIRE_PROXY_PER_CMD)
 		refuse = WIRE_PROXY_C_LIMIT;

@@ -96,6 +96,14 @@ int buf_peek_u32(const struct buf *b, size_t at, uint32_t *v);
  * written once the rest is known); -EBADMSG when those 4 bytes are not
  * there, -EROFS for a view. */
 int buf_poke_u32(struct buf *b, size_t at, uint32_t v);
+/* The same for one byte, a u64, and n bytes from p; errors as buf_poke_u32
+ * (-EBADMSG when [at, at + n) is not all readable). */
+int buf_poke_u8(struct buf *b, size_t at, uint8_t v);
+int buf_poke_u64(struct buf *b, size_t at, uint64_t v);
+int buf_poke(struct buf *b, size_t at, const void *p, size_t n);
+/* Keep only the first n readable bytes (drop a partly written record);
+ * n >= buf_len(b) changes nothing. */
+void buf_truncate(struct buf *b, size_t n);
 /* Drop n bytes from the front. */
 int buf_consume(struct buf *b, size_t n);
 

@@ -26,6 +26,7 @@
  *            header is a protocol error; an unknown type is not.
  */
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define WIRE_VERSION 1
@@ -214,17 +215,287 @@ enum wire_type {
 	WIRE_TYPE_MAX = 255,
 };
 
-/* Name of a frame type for logs; "UNKNOWN" for unassigned numbers. */
+/* ---- type ranges ----
+ * Each subsystem owns a range of type numbers; a receiver routes a frame by
+ * its group (wire_group_of) before it looks at the type. */
+#define WIRE_CHAN_FIRST	   1u
+#define WIRE_CHAN_LAST	   15u
+#define WIRE_SESSION_FIRST 16u
+#define WIRE_SESSION_LAST  31u
+#define WIRE_BULK_FIRST	   32u
+#define WIRE_BULK_LAST	   47u
+#define WIRE_SYNC_FIRST	   48u
+#define WIRE_SYNC_LAST	   79u
+#define WIRE_EXEC_FIRST	   80u
+#define WIRE_EXEC_LAST	   111u
+#define WIRE_PROXY_FIRST   112u
+#define WIRE_PROXY_LAST	   127u
+
+enum wire_group {
+	WIRE_GROUP_NONE = 0, /* 0 and 128..255: unassigned */
+	WIRE_GROUP_CHAN,
+	WIRE_GROUP_SESSION,
+	WIRE_GROUP_BULK,
+	WIRE_GROUP_SYNC,
+	WIRE_GROUP_EXEC,
+	WIRE_GROUP_PROXY,
+};
+
+/* The subsystem a frame type belongs to (by range, assigned or not). */
+enum wire_group wire_group_of(uint8_t type);
+
+/* Name of a frame type for logs ("SYNC_BEGIN" for WIRE_SYNC_BEGIN);
+ * "UNKNOWN" for unassigned numbers. The one table of names: dispatch
+ * tables log through it. */
 const char *wire_type_name(uint8_t type);
 /* Human text for a refusal reason. */
 const char *wire_refusal_str(uint8_t reason);
 
-/* The host's HELLO payload (doc/PROTOCOL.md "Session"): u32 WIRE_VERSION,
- * the 32-byte sync-signing public key, the client's name. Appends to b;
- * 0 or -errno from the buffer. */
+/* ---- payload codecs ----
+ * One encode/decode pair per structured payload, used by both ends
+ * (doc/PROTOCOL.md names them next to each message):
+ *
+ *   int wire_<msg>_encode(struct buf *b, const struct wire_<msg> *m);
+ *       Appends the payload to b. 0, -errno from the buffer (-ENOBUFS when
+ *       it does not fit b's cap), or -E2BIG / -EINVAL when m breaks a limit
+ *       the decoder would refuse (so we never send what the peer rejects).
+ *   int wire_<msg>_decode(struct buf *in, struct wire_<msg> *m);
+ *       Parses the whole readable region of `in` (a payload, or a
+ *       reassembled sync message). 0, or -EBADMSG when it is malformed:
+ *       short, a count or length over its limit (checked before anything
+ *       is allocated), a value out of range, or bytes left over; -EPROTO
+ *       where a field names another protocol version; -ENOMEM. On failure
+ *       m holds nothing (every pointer NULL) and nothing stays allocated.
+ *   void wire_<msg>_clear(struct wire_<msg> *m);
+ *       For messages whose decode allocates: frees what it returned and
+ *       zeroes m. NULL pointers inside m are fine (safe after a failure
+ *       and twice).
+ *
+ * Ownership: `char *` fields a decoder fills are NUL-terminated copies
+ * from mem_alloc (embedded NUL bytes are refused), freed by _clear.
+ * `const uint8_t *` fields are views into in's bytes, valid while those
+ * bytes are. Encoders only read m.
+ *
+ * Payloads without structure have no codec: BYE, RESET, BULK_DATA,
+ * EXEC_STDOUT/STDERR, EXEC_CANCEL (empty), PROXY_DATA, PROXY_EOF (empty)
+ * and SYNC_BATCH (delta.h has its own codec). PONG echoes PING. */
 struct buf;
+
+/* string limits of the decoders (bytes, without the NUL) */
+#define WIRE_NAME_MAX	   256u	 /* HELLO client, HELLO_OK agent name */
+#define WIRE_PATH_MAX	   4096u /* HELLO_OK root, sync dirs and paths (= MANIFEST_PATH_MAX) */
+#define WIRE_ERROR_MSG_MAX 1024u /* ERROR, EXEC_ERROR message */
+#define WIRE_NACK_MSG_MAX  4096u /* SYNC_NACK message */
+#define WIRE_SYNC_HASH_LEN 16u	 /* SYNC_STATE root digest (= CHUNK_HASH_LEN) */
+
+/* WINDOW (stream 0): credit for stream `stream` (never 0). */
+struct wire_window {
+	uint32_t stream;
+	uint32_t credit;
+};
+int wire_window_encode(struct buf *b, const struct wire_window *m);
+int wire_window_decode(struct buf *in, struct wire_window *m);
+
+/* HELLO: u32 WIRE_VERSION (another version: -EPROTO), the host's 32-byte
+ * Ed25519 sync-signing key (another length: -EPROTO, over 32: -EBADMSG),
+ * the client's name (<= WIRE_NAME_MAX). */
+struct wire_hello {
+	uint8_t sign_pk[32];
+	char *client;
+};
+int wire_hello_encode(struct buf *b, const struct wire_hello *m);
+int wire_hello_decode(struct buf *in, struct wire_hello *m);
+void wire_hello_clear(struct wire_hello *m);
+
+/* HELLO_OK: u32 WIRE_VERSION (another version: -EPROTO), agent name
+ * (<= WIRE_NAME_MAX), the guest's root (<= WIRE_PATH_MAX). */
+struct wire_hello_ok {
+	char *agent;
+	char *root;
+};
+int wire_hello_ok_encode(struct buf *b, const struct wire_hello_ok *m);
+int wire_hello_ok_decode(struct buf *in, struct wire_hello_ok *m);
+void wire_hello_ok_clear(struct wire_hello_ok *m);
+
+/* Until relay/cli uses the pairs: wire_hello_put is wire_hello_encode of
+ * (sign_pk, client); wire_hello_ok_check is 0 when the HELLO_OK payload
+ * names our WIRE_VERSION, else -EPROTO (it looks at the version only). */
 int wire_hello_put(struct buf *b, const uint8_t sign_pk[32], const char *client);
-/* A HELLO_OK payload: 0 when it names our WIRE_VERSION, else -EPROTO. */
 int wire_hello_ok_check(struct buf *in);
+
+/* PING (and PONG, which echoes it byte for byte): u64 nonce, bytes padding. */
+struct wire_ping {
+	uint64_t nonce;
+	const uint8_t *pad; /* view */
+	size_t pad_len;	    /* <= WIRE_PAYLOAD_MAX */
+};
+int wire_ping_encode(struct buf *b, const struct wire_ping *m);
+int wire_ping_decode(struct buf *in, struct wire_ping *m);
+
+/* ERROR and EXEC_ERROR: u32 errno, str message (<= WIRE_ERROR_MSG_MAX). */
+struct wire_error {
+	uint32_t code;
+	char *msg;
+};
+int wire_error_encode(struct buf *b, const struct wire_error *m);
+int wire_error_decode(struct buf *in, struct wire_error *m);
+void wire_error_clear(struct wire_error *m);
+
+/* BULK_END (bytes sent) and BULK_ACK (bytes received): u64. */
+struct wire_bulk {
+	uint64_t bytes;
+};
+int wire_bulk_encode(struct buf *b, const struct wire_bulk *m);
+int wire_bulk_decode(struct buf *in, struct wire_bulk *m);
+
+/* SYNC_BEGIN: the host's chunking parameters (chunk_params_check is the
+ * receiver's; the codec checks only the layout). */
+struct wire_sync_begin {
+	uint32_t min, avg, max, whole_max;
+};
+int wire_sync_begin_encode(struct buf *b, const struct wire_sync_begin *m);
+int wire_sync_begin_decode(struct buf *in, struct wire_sync_begin *m);
+
+/* SYNC_STATE: last applied seq, root digest, entries, special files skipped. */
+struct wire_sync_state {
+	uint64_t seq;
+	uint8_t root[WIRE_SYNC_HASH_LEN];
+	uint64_t entries;
+	uint32_t special;
+};
+int wire_sync_state_encode(struct buf *b, const struct wire_sync_state *m);
+int wire_sync_state_decode(struct buf *in, struct wire_sync_state *m);
+
+/* SYNC_LEVELS_REQ (dirs, "" = root) and SYNC_ENTRIES_REQ (paths): u32 n
+ * (<= WIRE_SYNC_REQ_MAX, and at most one per 4 bytes left), n x str
+ * (<= WIRE_PATH_MAX each). */
+struct wire_sync_req {
+	uint32_t n;
+	char **names; /* n strings (decode: NULL-terminated array, each mem_alloc'd) */
+};
+int wire_sync_req_encode(struct buf *b, const struct wire_sync_req *m);
+int wire_sync_req_decode(struct buf *in, struct wire_sync_req *m);
+void wire_sync_req_clear(struct wire_sync_req *m);
+
+/* SYNC_LEVEL: str dir (<= WIRE_PATH_MAX), bytes level (manifest_level_encode). */
+struct wire_sync_level {
+	char *dir;
+	const uint8_t *level; /* view */
+	size_t level_len;     /* <= WIRE_SYNC_MSG_MAX */
+};
+int wire_sync_level_encode(struct buf *b, const struct wire_sync_level *m);
+int wire_sync_level_decode(struct buf *in, struct wire_sync_level *m);
+void wire_sync_level_clear(struct wire_sync_level *m);
+
+/* SYNC_ENTRY: str path (<= WIRE_PATH_MAX), u8 found, then when found the
+ * rest of the message is one manifest_entry_encode (not found: nothing). */
+struct wire_sync_entry {
+	char *path;
+	uint8_t found;	      /* as sent: nonzero = found */
+	const uint8_t *entry; /* view: the manifest entry bytes */
+	size_t entry_len;
+};
+int wire_sync_entry_encode(struct buf *b, const struct wire_sync_entry *m);
+int wire_sync_entry_decode(struct buf *in, struct wire_sync_entry *m);
+void wire_sync_entry_clear(struct wire_sync_entry *m);
+
+/* SYNC_ACK: the batch applied, and what it did. */
+struct wire_sync_ack {
+	uint64_t seq, ops, files, bytes, deleted, kept_dirs;
+};
+int wire_sync_ack_encode(struct buf *b, const struct wire_sync_ack *m);
+int wire_sync_ack_decode(struct buf *in, struct wire_sync_ack *m);
+
+/* SYNC_NACK: u64 seq, u32 errno, u8 partial, str message (<= WIRE_NACK_MSG_MAX). */
+struct wire_sync_nack {
+	uint64_t seq;
+	uint32_t code;
+	uint8_t partial; /* as sent: nonzero = part of the batch was applied */
+	char *msg;
+};
+int wire_sync_nack_encode(struct buf *b, const struct wire_sync_nack *m);
+int wire_sync_nack_decode(struct buf *in, struct wire_sync_nack *m);
+void wire_sync_nack_clear(struct wire_sync_nack *m);
+
+/* EXEC_START (layout at WIRE_EXEC_START). argc 1..WIRE_EXEC_ARGS_MAX,
+ * nenv and nfwd <= WIRE_EXEC_ARGS_MAX (encode: -E2BIG), every string
+ * <= WIRE_EXEC_STR_MAX; the forwarded list is on the wire exactly when
+ * flags has WIRE_EXEC_F_FWD (decode: nfwd = 0, fwd NULL without it). env
+ * and fwd may hold credentials: wire_exec_start_clear wipes every string
+ * before freeing it; the caller wipes the payload bytes it decoded from. */
+struct wire_exec_start {
+	uint8_t flags; /* WIRE_EXEC_F_* */
+	uint64_t timeout_ms;
+	uint16_t rows, cols;
+	char *cwd;
+	uint32_t argc, nenv, nfwd;
+	char **argv; /* decode: NULL-terminated */
+	char **env;  /* decode: NULL-terminated, "NAME=value" */
+	char **fwd;  /* decode: NULL-terminated, "NAME=value" */
+};
+int wire_exec_start_encode(struct buf *b, const struct wire_exec_start *m);
+int wire_exec_start_decode(struct buf *in, struct wire_exec_start *m);
+void wire_exec_start_clear(struct wire_exec_start *m);
+
+/* EXEC_STARTED: u64 pid in the guest (<= INT32_MAX). */
+struct wire_exec_started {
+	uint64_t pid;
+};
+int wire_exec_started_encode(struct buf *b, const struct wire_exec_started *m);
+int wire_exec_started_decode(struct buf *in, struct wire_exec_started *m);
+
+/* EXEC_STDIN: u8 eof, then the bytes (the rest of the frame). */
+struct wire_exec_stdin {
+	uint8_t eof;	     /* as sent: nonzero = no more stdin after these bytes */
+	const uint8_t *data; /* view */
+	size_t len;
+};
+int wire_exec_stdin_encode(struct buf *b, const struct wire_exec_stdin *m);
+int wire_exec_stdin_decode(struct buf *in, struct wire_exec_stdin *m);
+
+/* EXEC_SIGNAL: u32 signal, 1..64 (encode: -EINVAL). */
+struct wire_exec_signal {
+	uint32_t signo;
+};
+int wire_exec_signal_encode(struct buf *b, const struct wire_exec_signal *m);
+int wire_exec_signal_decode(struct buf *in, struct wire_exec_signal *m);
+
+/* EXEC_RESIZE: u16 rows, u16 cols. */
+struct wire_exec_resize {
+	uint16_t rows, cols;
+};
+int wire_exec_resize_encode(struct buf *b, const struct wire_exec_resize *m);
+int wire_exec_resize_decode(struct buf *in, struct wire_exec_resize *m);
+
+/* EXEC_EXIT: code 0..255, signal 0..64 (encode: -EINVAL), flags
+ * WIRE_EXEC_X_*, duration and output byte counts. */
+struct wire_exec_exit {
+	uint32_t code, signo;
+	uint8_t flags;
+	uint64_t duration_ms, stdout_bytes, stderr_bytes;
+};
+int wire_exec_exit_encode(struct buf *b, const struct wire_exec_exit *m);
+int wire_exec_exit_decode(struct buf *in, struct wire_exec_exit *m);
+
+/* EXEC_STDIN_ACK: u32 stdin bytes taken. */
+struct wire_exec_stdin_ack {
+	uint32_t bytes;
+};
+int wire_exec_stdin_ack_encode(struct buf *b, const struct wire_exec_stdin_ack *m);
+int wire_exec_stdin_ack_decode(struct buf *in, struct wire_exec_stdin_ack *m);
+
+/* PROXY_OPEN: u32 exec stream of the command the connection belongs to. */
+struct wire_proxy_open {
+	uint32_t exec_stream;
+};
+int wire_proxy_open_encode(struct buf *b, const struct wire_proxy_open *m);
+int wire_proxy_open_decode(struct buf *in, struct wire_proxy_open *m);
+
+/* PROXY_CLOSE: u8 code, <= WIRE_PROXY_C_MAX (encode: -EINVAL). */
+struct wire_proxy_close {
+	uint8_t code;
+};
+int wire_proxy_close_encode(struct buf *b, const struct wire_proxy_close *m);
+int wire_proxy_close_decode(struct buf *in, struct wire_proxy_close *m);
 
 #endif

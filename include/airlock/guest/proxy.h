@@ -3,8 +3,8 @@
 #define AIRLOCK_PROXY_H
 
 /*
- * proxy: the guest agent's end of the egress path (design.md section 5,
- * issue 6 item 2; doc/EGRESS.md "Reaching the proxy").
+ * proxy: the guest agent's end of the egress path (doc/EGRESS.md
+ * "Reaching the proxy", doc/PROTOCOL.md "Proxy").
  *
  * For every command started with WIRE_EXEC_F_PROXY the agent opens a
  * listener on 127.0.0.1, port 0, and points the command's proxy variables
