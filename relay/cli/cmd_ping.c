@@ -86,7 +86,8 @@ static int send_pings(struct ping *p)
 		uint64_t nonce = p->sent;
 		buf_reset(&b);
 		fill_pad(p->pad, p->size, nonce);
-		if ((r = buf_put_u64(&b, nonce)) < 0 || (r = buf_put_bytes(&b, p->pad, p->size)) < 0)
+		struct wire_ping m = {.nonce = nonce, .pad = p->pad, .pad_len = p->size};
+		if ((r = wire_ping_encode(&b, &m)) < 0)
 			break;
 		p->sent_ns[nonce] = loop_now_ns();
 		r = chan_send(p->chan, WIRE_PING, WIRE_STREAM_CONTROL, buf_ptr(&b), buf_len(&b));
@@ -119,10 +120,13 @@ static void bulk_pump(struct ping *p)
 		p->bulk_sent += n;
 	}
 	if (!p->bulk_end_sent) {
-		uint8_t total[8];
-		for (int i = 0; i < 8; i++)
-			total[i] = (uint8_t)(p->bulk_total >> (56 - 8 * i));
-		r = chan_send(p->chan, WIRE_BULK_END, p->bulk_stream, total, sizeof(total));
+		struct wire_bulk m = {.bytes = p->bulk_total};
+		struct buf b;
+
+		buf_init(&b, 16);
+		if ((r = wire_bulk_encode(&b, &m)) == 0)
+			r = chan_send(p->chan, WIRE_BULK_END, p->bulk_stream, buf_ptr(&b), buf_len(&b));
+		buf_clear(&b);
 		if (r == -EAGAIN)
 			return;
 		if (r < 0) {
@@ -171,10 +175,11 @@ typedef void frame_fn(struct ping *p, uint32_t stream, struct buf *in);
 
 static void handle_hello_ok(struct ping *p, uint32_t stream, struct buf *in)
 {
+	const char *why = guest_hello_ok_why(in);
 	(void)stream;
 
-	if (wire_hello_ok_check(in) < 0) {
-		fail(p, -EPROTO, "guest answered HELLO with an unexpected version");
+	if (why) {
+		fail(p, -EPROTO, "%s", why);
 		return;
 	}
 	p->hello_ok = true;
@@ -182,15 +187,16 @@ static void handle_hello_ok(struct ping *p, uint32_t stream, struct buf *in)
 
 static void handle_pong(struct ping *p, uint32_t stream, struct buf *in)
 {
-	uint64_t nonce;
-	const uint8_t *pad;
-	size_t n;
+	struct wire_ping m;
 	(void)stream;
 
-	if (buf_get_u64(in, &nonce) < 0 || buf_get_bytes(in, &pad, &n, WIRE_PAYLOAD_MAX) < 0 || buf_len(in) != 0) {
+	if (wire_ping_decode(in, &m) < 0) {
 		fail(p, -EBADMSG, "malformed PONG");
 		return;
 	}
+	uint64_t nonce = m.nonce;
+	const uint8_t *pad = m.pad;
+	size_t n = m.pad_len;
 	/* Replies must come back in order and intact: anything else means
 	 * the channel let something through that it should not have. */
 	if (nonce != p->received || n != p->size) {
@@ -213,11 +219,14 @@ static void handle_pong(struct ping *p, uint32_t stream, struct buf *in)
 
 static void handle_bulk_ack(struct ping *p, uint32_t stream, struct buf *in)
 {
+	struct wire_bulk m;
 	(void)stream;
-	if (buf_get_u64(in, &p->bulk_acked) < 0) {
+
+	if (wire_bulk_decode(in, &m) < 0) {
 		fail(p, -EBADMSG, "malformed BULK_ACK");
 		return;
 	}
+	p->bulk_acked = m.bytes;
 	p->bulk_end_ns = loop_now_ns();
 	if (p->bulk_acked != p->bulk_total) {
 		fail(p, -EBADMSG, "guest received %" PRIu64 " bulk bytes, %" PRIu64 " were sent", p->bulk_acked,
@@ -230,25 +239,22 @@ static void handle_bulk_ack(struct ping *p, uint32_t stream, struct buf *in)
 
 static void handle_error(struct ping *p, uint32_t stream, struct buf *in)
 {
-	uint32_t code = 0;
-	char *msg = NULL;
+	struct wire_error m;
 	(void)stream;
 
-	if (buf_get_u32(in, &code) == 0 && buf_get_str(in, &msg, 1024) == 0)
-		fail(p, -(int)code, "guest reported an error: %s (%s)", msg, strerror((int)code));
+	if (wire_error_decode(in, &m) == 0)
+		fail(p, -(int)m.code, "guest reported an error: %s (%s)", m.msg, strerror((int)m.code));
 	else
 		fail(p, -EPROTO, "guest reported a malformed error");
-	mem_free(msg);
+	wire_error_clear(&m);
 }
 
-static const struct {
-	frame_fn *fn;
-	const char *name;
-} handlers[WIRE_TYPE_MAX + 1] = {
-    [WIRE_HELLO_OK] = {handle_hello_ok, "HELLO_OK"},
-    [WIRE_PONG] = {handle_pong, "PONG"},
-    [WIRE_BULK_ACK] = {handle_bulk_ack, "BULK_ACK"},
-    [WIRE_ERROR] = {handle_error, "ERROR"},
+/* the frames ping expects; logs name them with wire_type_name */
+static frame_fn *const handlers[WIRE_TYPE_MAX + 1] = {
+    [WIRE_HELLO_OK] = handle_hello_ok,
+    [WIRE_PONG] = handle_pong,
+    [WIRE_BULK_ACK] = handle_bulk_ack,
+    [WIRE_ERROR] = handle_error,
 };
 
 static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t *data, size_t n, void *ud)
@@ -257,29 +263,24 @@ static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_
 	struct buf in;
 	(void)c;
 
-	if (!handlers[type].fn) {
+	if (!handlers[type]) {
 		fail(p, -EPROTO, "unexpected frame %s (%u) from the guest", wire_type_name(type), type);
 		return;
 	}
 	buf_view(&in, data, n);
-	handlers[type].fn(p, stream, &in);
+	handlers[type](p, stream, &in);
 }
 
 static void on_ready(struct chan *c, void *ud)
 {
 	struct ping *p = ud;
-	struct buf b;
 	int r;
 
 	p->t_ready_ns = loop_now_ns();
-	buf_init(&b, 1024);
-	if ((r = wire_hello_put(&b, p->sync_pk, "airlock ping")) < 0 ||
-	    (r = chan_send(c, WIRE_HELLO, WIRE_STREAM_CONTROL, buf_ptr(&b), buf_len(&b))) < 0) {
-		buf_clear(&b);
+	if ((r = guest_hello_send(c, p->sync_pk, "airlock ping")) < 0) {
 		fail(p, r, "hello: %s", strerror(-r));
 		return;
 	}
-	buf_clear(&b);
 	p->t_start_ns = loop_now_ns();
 	if (p->concurrent && p->bulk_total)
 		bulk_start(p);

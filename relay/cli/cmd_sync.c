@@ -122,10 +122,11 @@ typedef void frame_fn(struct synccmd *x, uint32_t stream, struct buf *in);
 
 static void handle_hello_ok(struct synccmd *x, uint32_t stream, struct buf *in)
 {
+	const char *why = guest_hello_ok_why(in);
 	(void)stream;
 
-	if (wire_hello_ok_check(in) < 0) {
-		fail(x, -EPROTO, "guest answered HELLO with an unexpected version");
+	if (why) {
+		fail(x, -EPROTO, "%s", why);
 		return;
 	}
 	x->hello_ok = true;
@@ -133,26 +134,23 @@ static void handle_hello_ok(struct synccmd *x, uint32_t stream, struct buf *in)
 
 static void handle_error(struct synccmd *x, uint32_t stream, struct buf *in)
 {
-	uint32_t code = 0;
-	char *msg = NULL;
+	struct wire_error m;
 
-	if (buf_get_u32(in, &code) < 0 || buf_get_str(in, &msg, 1024) < 0) {
+	if (wire_error_decode(in, &m) < 0) {
 		fail(x, -EPROTO, "guest reported a malformed error");
 	} else if (x->sync && stream == sync_stream(x->sync)) {
-		sync_on_error(x->sync, code, msg);
+		sync_on_error(x->sync, m.code, m.msg);
 	} else {
-		fail(x, code > 0 && code < 4096 ? -(int)code : -EPROTO, "guest reported an error: %s (%s)", msg,
-		     strerror((int)code));
+		fail(x, m.code > 0 && m.code < 4096 ? -(int)m.code : -EPROTO, "guest reported an error: %s (%s)", m.msg,
+		     strerror((int)m.code));
 	}
-	mem_free(msg);
+	wire_error_clear(&m);
 }
 
-static const struct {
-	frame_fn *fn;
-	const char *name;
-} handlers[WIRE_TYPE_MAX + 1] = {
-    [WIRE_HELLO_OK] = {handle_hello_ok, "HELLO_OK"},
-    [WIRE_ERROR] = {handle_error, "ERROR"},
+/* the session's frames; logs name them with wire_type_name */
+static frame_fn *const handlers[WIRE_TYPE_MAX + 1] = {
+    [WIRE_HELLO_OK] = handle_hello_ok,
+    [WIRE_ERROR] = handle_error,
 };
 
 static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t *data, size_t n, void *ud)
@@ -161,33 +159,28 @@ static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_
 	struct buf in;
 	(void)c;
 
-	if (type >= WIRE_SYNC_BEGIN && type <= 79) {
+	if (wire_group_of(type) == WIRE_GROUP_SYNC) {
 		if (x->sync)
 			sync_on_frame(x->sync, type, stream, data, n);
 		return;
 	}
-	if (!handlers[type].fn) {
+	if (!handlers[type]) {
 		fail(x, -EPROTO, "unexpected frame %s (%u) from the guest", wire_type_name(type), type);
 		return;
 	}
 	buf_view(&in, data, n);
-	handlers[type].fn(x, stream, &in);
+	handlers[type](x, stream, &in);
 }
 
 static void on_ready(struct chan *c, void *ud)
 {
 	struct synccmd *x = ud;
-	struct buf b;
 	int r;
 
-	buf_init(&b, 1024);
-	if ((r = wire_hello_put(&b, x->sync_pk, "airlock sync")) < 0 ||
-	    (r = chan_send(c, WIRE_HELLO, WIRE_STREAM_CONTROL, buf_ptr(&b), buf_len(&b))) < 0) {
-		buf_clear(&b);
+	if ((r = guest_hello_send(c, x->sync_pk, "airlock sync")) < 0) {
 		fail(x, r, "hello: %s", strerror(-r));
 		return;
 	}
-	buf_clear(&b);
 	struct sync_cfg cfg = {
 	    .dirfd = x->dirfd,
 	    .policy = x->policy,

@@ -7,7 +7,9 @@
 
 #include <sodium.h>
 
+#include "airlock/core/buf.h"
 #include "airlock/core/keys.h"
+#include "airlock/core/wire.h"
 #include "cmd_i.h"
 #include "guestopt_i.h"
 
@@ -140,4 +142,29 @@ void guest_opts_clear(struct guest_opts *g)
 	sodium_memzero(g->psk, sizeof(g->psk));
 	sodium_memzero(g->sync_sk, sizeof(g->sync_sk));
 	g->have_psk = false;
+}
+
+int guest_hello_send(struct chan *c, const uint8_t sign_pk[32], const char *client)
+{
+	struct wire_hello m = {.client = (char *)client}; /* the encoder only reads it */
+	struct buf b;
+	int r;
+
+	memcpy(m.sign_pk, sign_pk, sizeof(m.sign_pk));
+	buf_init(&b, 1024);
+	if ((r = wire_hello_encode(&b, &m)) == 0)
+		r = chan_send(c, WIRE_HELLO, WIRE_STREAM_CONTROL, buf_ptr(&b), buf_len(&b));
+	buf_clear(&b);
+	return r;
+}
+
+const char *guest_hello_ok_why(struct buf *in)
+{
+	struct wire_hello_ok m;
+	int r = wire_hello_ok_decode(in, &m);
+
+	wire_hello_ok_clear(&m);
+	if (r == -EPROTO)
+		return "guest answered HELLO with an unexpected version";
+	return r < 0 ? "guest answered HELLO with a malformed HELLO_OK" : NULL;
 }

@@ -93,6 +93,14 @@ struct chan_cfg guest_opts_chan_cfg(const struct guest_opts *g);
 /* Wipe the loaded secrets. */
 void guest_opts_clear(struct guest_opts *g);
 
+/* The session's first words (doc/PROTOCOL.md "Session"), the same for
+ * every command that talks to a guest. guest_hello_send encodes the
+ * host's HELLO (WIRE_VERSION, the sync-signing key, the client's name) and
+ * sends it on the control stream: 0 or -errno. guest_hello_ok_why checks
+ * the guest's HELLO_OK: NULL when it is ours, else what is wrong with it. */
+int guest_hello_send(struct chan *c, const uint8_t sign_pk[32], const char *client);
+const char *guest_hello_ok_why(struct buf *in);
+
 /* A byte count or number: decimal, optional suffix k, M or G (powers of
  * 1024). 0 or -EINVAL. */
 int cmd_parse_u64(const char *s, uint64_t *v);

@@ -162,36 +162,34 @@ typedef void frame_fn(struct up *u, uint32_t stream, struct buf *in);
 
 static void handle_hello_ok(struct up *u, uint32_t stream, struct buf *in)
 {
+	const char *why = guest_hello_ok_why(in);
 	(void)stream;
 
-	if (wire_hello_ok_check(in) < 0)
-		up_drop_conn(u, -EPROTO, "guest answered HELLO with an unexpected version");
+	if (why)
+		up_drop_conn(u, -EPROTO, why);
 }
 
 static void handle_error(struct up *u, uint32_t stream, struct buf *in)
 {
-	uint32_t code = 0;
-	char *msg = NULL;
+	struct wire_error m;
 	char why[400];
 
-	if (buf_get_u32(in, &code) < 0 || buf_get_str(in, &msg, 1024) < 0) {
+	if (wire_error_decode(in, &m) < 0) {
 		up_drop_conn(u, -EPROTO, "guest reported a malformed error");
 	} else if (u->sync.engine && stream == sync_stream(u->sync.engine)) {
-		sync_on_error(u->sync.engine, code, msg);
-	} else if (stream && up_exec_refused(u, stream, msg)) { /* e.g. an agent without exec */
+		sync_on_error(u->sync.engine, m.code, m.msg);
+	} else if (stream && up_exec_refused(u, stream, m.msg)) { /* e.g. an agent without exec */
 	} else {
-		snprintf(why, sizeof(why), "guest reported an error: %.200s (%s)", msg, strerror((int)code));
+		snprintf(why, sizeof(why), "guest reported an error: %.200s (%s)", m.msg, strerror((int)m.code));
 		up_drop_conn(u, -EPROTO, why);
 	}
-	mem_free(msg);
+	wire_error_clear(&m);
 }
 
-static const struct {
-	frame_fn *fn;
-	const char *name;
-} handlers[WIRE_TYPE_MAX + 1] = {
-    [WIRE_HELLO_OK] = {handle_hello_ok, "HELLO_OK"},
-    [WIRE_ERROR] = {handle_error, "ERROR"},
+/* the session's frames; logs name them with wire_type_name */
+static frame_fn *const handlers[WIRE_TYPE_MAX + 1] = {
+    [WIRE_HELLO_OK] = handle_hello_ok,
+    [WIRE_ERROR] = handle_error,
 };
 
 static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t *data, size_t n, void *ud)
@@ -201,46 +199,42 @@ static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_
 	char why[128];
 	(void)c;
 
-	if (type >= WIRE_SYNC_BEGIN && type <= 79) {
+	switch (wire_group_of(type)) {
+	case WIRE_GROUP_SYNC:
 		if (u->sync.engine)
 			sync_on_frame(u->sync.engine, type, stream, data, n);
 		return;
-	}
-	if (type >= WIRE_EXEC_START && type <= 111) {
+	case WIRE_GROUP_EXEC:
 		up_exec_frame(u, type, stream, data, n);
 		return;
-	}
-	if (type >= WIRE_PROXY_OPEN && type <= 127) {
+	case WIRE_GROUP_PROXY:
 		if (egress_link_frame(u->exec.egress, type, stream, data, n) < 0) {
 			snprintf(why, sizeof(why), "malformed or unexpected %s (%u) from the guest on stream %u",
 				 wire_type_name(type), type, stream);
 			up_drop_conn(u, -EPROTO, why);
 		}
 		return;
+	default:
+		break;
 	}
-	if (!handlers[type].fn) {
+	if (!handlers[type]) {
 		snprintf(why, sizeof(why), "unexpected frame %s (%u) from the guest", wire_type_name(type), type);
 		up_drop_conn(u, -EPROTO, why);
 		return;
 	}
 	buf_view(&in, data, n);
-	handlers[type].fn(u, stream, &in);
+	handlers[type](u, stream, &in);
 }
 
 static void on_ready(struct chan *c, void *ud)
 {
 	struct up *u = ud;
-	struct buf b;
 	int r;
 
-	buf_init(&b, 1024);
-	if ((r = wire_hello_put(&b, u->conn.g.sync_pk, "airlock up")) < 0 ||
-	    (r = chan_send(c, WIRE_HELLO, WIRE_STREAM_CONTROL, buf_ptr(&b), buf_len(&b))) < 0) {
-		buf_clear(&b);
+	if ((r = guest_hello_send(c, u->conn.g.sync_pk, "airlock up")) < 0) {
 		up_drop_conn(u, r, "sending HELLO failed");
 		return;
 	}
-	buf_clear(&b);
 	if ((r = up_sync_attach(u, c)) < 0) {
 		up_drop_conn(u, r, "starting the sync engine failed");
 		return;

@@ -135,25 +135,27 @@ static int be_exec_start(void *ud, struct relay_cmd *cmd, const struct relay_exe
 	x->cmd = cmd;
 	egress_link_describe(relay_cmd_name(cmd), req->argv, req->argc, x->desc, sizeof(x->desc));
 	buf_init(&x->start, WIRE_PAYLOAD_MAX);
-	if ((r = buf_put_u8(&x->start, flags)) < 0 || (r = buf_put_u64(&x->start, req->timeout_ms)) < 0 ||
-	    (r = buf_put_u16(&x->start, req->rows)) < 0 || (r = buf_put_u16(&x->start, req->cols)) < 0 ||
-	    (r = buf_put_str(&x->start, req->cwd ? req->cwd : "")) < 0 ||
-	    (r = buf_put_u32(&x->start, (uint32_t)req->argc)) < 0)
-		goto fail;
-	for (size_t i = 0; i < req->argc; i++)
-		if ((r = buf_put_str(&x->start, req->argv[i])) < 0)
-			goto fail;
-	if ((r = buf_put_u32(&x->start, (uint32_t)req->nenv)) < 0)
-		goto fail;
-	for (size_t i = 0; i < req->nenv; i++)
-		if ((r = buf_put_str(&x->start, req->env[i])) < 0)
-			goto fail;
-	if (req->nforwarded && (r = route_put_forwarded(&x->start, req)) < 0) /* credentials: wiped with x->start */
-		goto fail;
-	if (req->argc == 0 || req->argc > WIRE_EXEC_ARGS_MAX || req->nenv > WIRE_EXEC_ARGS_MAX) {
+	if (req->argc > WIRE_EXEC_ARGS_MAX || req->nenv > WIRE_EXEC_ARGS_MAX || req->nforwarded > WIRE_EXEC_ARGS_MAX) {
 		r = -E2BIG;
 		goto fail;
 	}
+	/* the encoder only reads the strings (the struct's char ** is the
+	 * decoder's, which owns what it returns) */
+	struct wire_exec_start m = {
+	    .flags = flags,
+	    .timeout_ms = req->timeout_ms,
+	    .rows = req->rows,
+	    .cols = req->cols,
+	    .cwd = (char *)req->cwd,
+	    .argc = (uint32_t)req->argc,
+	    .argv = (char **)req->argv,
+	    .nenv = (uint32_t)req->nenv,
+	    .env = (char **)req->env,
+	    .nfwd = (uint32_t)req->nforwarded,
+	    .fwd = (char **)req->forwarded,
+	};
+	if ((r = wire_exec_start_encode(&x->start, &m)) < 0) /* credentials: wiped with x->start */
+		goto fail;
 	x->barrier = journal_barrier_seq(u->journal);
 	x->next = u->exec.xcmds;
 	u->exec.xcmds = x;
@@ -171,26 +173,30 @@ static int be_stdin_write(void *ud, struct relay_cmd *cmd, const void *data, siz
 	struct up *u = ud;
 	struct xcmd *x = relay_cmd_data(cmd);
 	const uint8_t *p = data;
-	uint8_t frame[WIRE_PAYLOAD_MAX];
 	size_t nframes = n / (WIRE_PAYLOAD_MAX - 1) + 1;
-	int r;
+	struct buf b;
+	int r = 0;
 
 	if (!x || !u->conn.chan)
 		return -ENOTCONN;
 	if (!x->stream || x->stdin_inflight + n > WIRE_EXEC_STDIN_WINDOW ||
 	    chan_send_space(u->conn.chan, x->stream) < n + nframes)
 		return -EAGAIN;
+	buf_init(&b, WIRE_PAYLOAD_MAX);
 	do {
 		size_t k = n > WIRE_PAYLOAD_MAX - 1 ? WIRE_PAYLOAD_MAX - 1 : n;
-		frame[0] = eof && k == n;
-		memcpy(frame + 1, p, k);
-		if ((r = chan_send(u->conn.chan, WIRE_EXEC_STDIN, x->stream, frame, k + 1)) < 0)
-			return r;
+		struct wire_exec_stdin m = {.eof = eof && k == n, .data = p, .len = k};
+
+		buf_reset(&b);
+		if ((r = wire_exec_stdin_encode(&b, &m)) < 0 ||
+		    (r = chan_send(u->conn.chan, WIRE_EXEC_STDIN, x->stream, buf_ptr(&b), buf_len(&b))) < 0)
+			break;
 		x->stdin_inflight += k;
 		p += k;
 		n -= k;
 	} while (n > 0);
-	return 0;
+	buf_clear(&b);
+	return r;
 }
 
 static int be_send_small(struct up *u, struct relay_cmd *cmd, uint8_t type, const void *p, size_t n)
@@ -204,20 +210,33 @@ static int be_send_small(struct up *u, struct relay_cmd *cmd, uint8_t type, cons
 	return chan_send(u->conn.chan, type, x->stream, p, n);
 }
 
+/* Encode a small fixed-size payload with its wire_* encoder, then send it. */
+static int be_send_encoded(struct up *u, struct relay_cmd *cmd, uint8_t type, int r, struct buf *b)
+{
+	if (r == 0)
+		r = be_send_small(u, cmd, type, buf_ptr(b), buf_len(b));
+	buf_clear(b);
+	return r;
+}
+
 static int be_signal(void *ud, struct relay_cmd *cmd, int signo)
 {
-	uint8_t p[4] = {0, 0, 0, (uint8_t)signo};
+	struct wire_exec_signal m = {.signo = (uint32_t)signo};
+	struct buf b;
 
 	if (signo < 1 || signo > 64)
 		return -EINVAL;
-	return be_send_small(ud, cmd, WIRE_EXEC_SIGNAL, p, sizeof(p));
+	buf_init(&b, 16);
+	return be_send_encoded(ud, cmd, WIRE_EXEC_SIGNAL, wire_exec_signal_encode(&b, &m), &b);
 }
 
 static int be_resize(void *ud, struct relay_cmd *cmd, uint16_t rows, uint16_t cols)
 {
-	uint8_t p[4] = {(uint8_t)(rows >> 8), (uint8_t)rows, (uint8_t)(cols >> 8), (uint8_t)cols};
+	struct wire_exec_resize m = {.rows = rows, .cols = cols};
+	struct buf b;
 
-	return be_send_small(ud, cmd, WIRE_EXEC_RESIZE, p, sizeof(p));
+	buf_init(&b, 16);
+	return be_send_encoded(ud, cmd, WIRE_EXEC_RESIZE, wire_exec_resize_encode(&b, &m), &b);
 }
 
 static int be_cancel(void *ud, struct relay_cmd *cmd)
@@ -340,10 +359,10 @@ void up_exec_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t *d
 	buf_view(&in, data, n);
 	switch (type) {
 	case WIRE_EXEC_STARTED: {
-		uint64_t pid;
-		if (buf_get_u64(&in, &pid) < 0 || pid > INT32_MAX)
+		struct wire_exec_started m;
+		if (wire_exec_started_decode(&in, &m) < 0)
 			goto bad;
-		relay_cmd_started(cmd, (int64_t)pid);
+		relay_cmd_started(cmd, (int64_t)m.pid);
 		chan_consume(u->conn.chan, stream, n); /* every frame on the stream counts against its window */
 		return;
 	}
@@ -356,43 +375,37 @@ void up_exec_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t *d
 			chan_consume(u->conn.chan, stream, n);
 		return;
 	case WIRE_EXEC_STDIN_ACK: {
-		uint32_t k;
-		if (buf_get_u32(&in, &k) < 0 || k > x->stdin_inflight)
+		struct wire_exec_stdin_ack m;
+		if (wire_exec_stdin_ack_decode(&in, &m) < 0 || m.bytes > x->stdin_inflight)
 			goto bad;
-		x->stdin_inflight -= k;
+		x->stdin_inflight -= m.bytes;
 		chan_consume(u->conn.chan, stream, n);
 		return;
 	}
 	case WIRE_EXEC_EXIT: {
-		uint32_t code, sig;
-		uint8_t fl;
-		uint64_t dur, nout, nerr;
-		if (buf_get_u32(&in, &code) < 0 || buf_get_u32(&in, &sig) < 0 || buf_get_u8(&in, &fl) < 0 ||
-		    buf_get_u64(&in, &dur) < 0 || buf_get_u64(&in, &nout) < 0 || buf_get_u64(&in, &nerr) < 0 ||
-		    code > 255 || sig > 64)
+		struct wire_exec_exit m;
+		if (wire_exec_exit_decode(&in, &m) < 0) /* code <= 255, signal <= 64 */
 			goto bad;
 		struct relay_exit ex = {
-		    .code = sig ? -1 : (int)code,
-		    .signal = (int)sig,
-		    .timed_out = fl & WIRE_EXEC_X_TIMED_OUT,
-		    .duration_ms = dur,
+		    .code = m.signo ? -1 : (int)m.code,
+		    .signal = (int)m.signo,
+		    .timed_out = m.flags & WIRE_EXEC_X_TIMED_OUT,
+		    .duration_ms = m.duration_ms,
 		};
 		xcmd_free(u, x);
 		relay_cmd_exit(cmd, &ex);
 		return;
 	}
 	case WIRE_EXEC_ERROR: {
-		uint32_t err;
-		char *msg = NULL;
-		if (buf_get_u32(&in, &err) < 0 || buf_get_str(&in, &msg, 1024) < 0) {
-			mem_free(msg);
+		struct wire_error m;
+		if (wire_error_decode(&in, &m) < 0)
 			goto bad;
-		}
+		uint32_t err = m.code;
 		xcmd_free(u, x);
 		relay_cmd_error(
 		    cmd, err == EXDEV || err == ENOENT || err == ENOTDIR || err == EACCES ? "bad_cwd" : "spawn_failed",
-		    msg);
-		mem_free(msg);
+		    m.msg);
+		wire_error_clear(&m);
 		return;
 	}
 	default:

@@ -250,21 +250,6 @@ void wire_hello_ok_clear(struct wire_hello_ok *m)
 	memset(m, 0, sizeof(*m));
 }
 
-int wire_hello_put(struct buf *b, const uint8_t sign_pk[32], const char *client)
-{
-	struct wire_hello m = {.client = (char *)(uintptr_t)client};
-
-	memcpy(m.sign_pk, sign_pk, 32);
-	return wire_hello_encode(b, &m);
-}
-
-int wire_hello_ok_check(struct buf *in)
-{
-	uint32_t version;
-
-	return buf_get_u32(in, &version) == 0 && version == WIRE_VERSION ? 0 : -EPROTO;
-}
-
 int wire_ping_encode(struct buf *b, const struct wire_ping *m)
 {
 	int r;

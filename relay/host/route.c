@@ -15,7 +15,6 @@
 
 #include "airlock/core/buf.h"
 #include "airlock/core/mem.h"
-#include "airlock/core/wire.h"
 #include "airlock/exec/exec.h"
 #include "airlock/host/cred.h"
 #include "airlock/host/hostrun.h"
@@ -884,20 +883,6 @@ const struct relay_backend_ops route_backend_ops = {
     .sync_wait = ro_sync_wait,
     .release = ro_release,
 };
-
-int route_put_forwarded(struct buf *b, const struct relay_exec_req *req)
-{
-	int e;
-
-	if (req->nforwarded > WIRE_EXEC_ARGS_MAX)
-		return -E2BIG;
-	if ((e = buf_put_u32(b, (uint32_t)req->nforwarded)) < 0)
-		return e;
-	for (size_t i = 0; i < req->nforwarded; i++)
-		if ((e = buf_put_str(b, req->forwarded[i])) < 0)
-			return e;
-	return 0;
-}
 
 /* ---- lifetime ---- */
 

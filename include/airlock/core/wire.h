@@ -317,12 +317,6 @@ int wire_hello_ok_encode(struct buf *b, const struct wire_hello_ok *m);
 int wire_hello_ok_decode(struct buf *in, struct wire_hello_ok *m);
 void wire_hello_ok_clear(struct wire_hello_ok *m);
 
-/* Until relay/cli uses the pairs: wire_hello_put is wire_hello_encode of
- * (sign_pk, client); wire_hello_ok_check is 0 when the HELLO_OK payload
- * names our WIRE_VERSION, else -EPROTO (it looks at the version only). */
-int wire_hello_put(struct buf *b, const uint8_t sign_pk[32], const char *client);
-int wire_hello_ok_check(struct buf *in);
-
 /* PING (and PONG, which echoes it byte for byte): u64 nonce, bytes padding. */
 struct wire_ping {
 	uint64_t nonce;

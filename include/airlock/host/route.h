@@ -34,7 +34,6 @@
 
 struct loop;
 struct policy;
-struct buf;
 struct route;
 
 struct route_cfg {
@@ -59,10 +58,6 @@ void route_free(struct route *r);
 
 /* The backend to hand to relay_new, with the route as ud. */
 extern const struct relay_backend_ops route_backend_ops;
-
-/* For the guest backend: append req's forwarded layer to an EXEC_START
- * payload (u32 n, n x str; wire.h WIRE_EXEC_F_FWD). */
-int route_put_forwarded(struct buf *b, const struct relay_exec_req *req);
 
 /* Whether argv matches one of the prefixes (policy execution.local). */
 bool route_match_local(const char *const *prefixes, size_t nprefixes, const char *const *argv, size_t argc);

@@ -570,29 +570,6 @@ static void test_encode_limits(void **state)
 	buf_clear(&b);
 }
 
-/* The legacy helpers agree with the pairs. */
-static void test_hello_helpers(void **state)
-{
-	(void)state;
-	struct buf a, b;
-	uint8_t pk[32];
-	struct wire_hello h = {.client = "airlock"};
-
-	memset(pk, 7, 32);
-	memcpy(h.sign_pk, pk, 32);
-	buf_init(&a, 1024);
-	buf_init(&b, 1024);
-	assert_int_equal(wire_hello_put(&a, pk, "airlock"), 0);
-	assert_int_equal(wire_hello_encode(&b, &h), 0);
-	assert_int_equal(buf_len(&a), buf_len(&b));
-	assert_memory_equal(buf_ptr(&a), buf_ptr(&b), buf_len(&a));
-	buf_reset(&a);
-	assert_int_equal(wire_hello_ok_encode(&a, &(struct wire_hello_ok){.agent = "x", .root = "/"}), 0);
-	assert_int_equal(wire_hello_ok_check(&a), 0);
-	buf_clear(&a);
-	buf_clear(&b);
-}
-
 static void test_groups_and_names(void **state)
 {
 	(void)state;
@@ -621,10 +598,9 @@ static void test_groups_and_names(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_roundtrip),	     cmocka_unit_test(test_truncated_and_trailing),
-	    cmocka_unit_test(test_limits),	     cmocka_unit_test(test_alloc_failure),
-	    cmocka_unit_test(test_encode_limits),    cmocka_unit_test(test_hello_helpers),
-	    cmocka_unit_test(test_groups_and_names),
+	    cmocka_unit_test(test_roundtrip),	  cmocka_unit_test(test_truncated_and_trailing),
+	    cmocka_unit_test(test_limits),	  cmocka_unit_test(test_alloc_failure),
+	    cmocka_unit_test(test_encode_limits), cmocka_unit_test(test_groups_and_names),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
