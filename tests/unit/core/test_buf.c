@@ -97,9 +97,38 @@ static void test_store_load_poke(void **state)
 	assert_int_equal(buf_len(&b), 5);
 	buf_clear(&b);
 
+	/* the other widths, n bytes, and truncation of a partly written record */
+	uint64_t v64b;
+	uint8_t u8;
+	buf_init(&b, 64);
+	assert_int_equal(buf_put_u8(&b, 0), 0);
+	assert_int_equal(buf_put_u64(&b, 0), 0);
+	assert_int_equal(buf_put(&b, "abc", 3), 0);
+	assert_int_equal(buf_poke_u8(&b, 0, 0x5a), 0);
+	assert_int_equal(buf_poke_u64(&b, 1, 0x0102030405060708ull), 0);
+	assert_int_equal(buf_poke(&b, 9, "xyz", 3), 0);
+	assert_int_equal(buf_poke(&b, 10, "xyz", 3), -EBADMSG);
+	assert_int_equal(buf_poke_u64(&b, 5, 1), -EBADMSG);
+	assert_int_equal(buf_poke_u8(&b, 12, 1), -EBADMSG);
+	assert_int_equal(buf_get_u8(&b, &u8), 0);
+	assert_int_equal(u8, 0x5a);
+	assert_int_equal(buf_get_u64(&b, &v64b), 0);
+	assert_true(v64b == 0x0102030405060708ull);
+	assert_memory_equal(buf_ptr(&b), "xyz", 3);
+	buf_truncate(&b, 5); /* more than is there: nothing changes */
+	assert_int_equal(buf_len(&b), 3);
+	buf_truncate(&b, 1);
+	assert_int_equal(buf_len(&b), 1);
+	assert_memory_equal(buf_ptr(&b), "x", 1);
+	assert_int_equal(buf_put(&b, "q", 1), 0); /* writes go on after the kept bytes */
+	assert_memory_equal(buf_ptr(&b), "xq", 2);
+	buf_clear(&b);
+
 	uint8_t raw[4] = {0};
 	buf_view(&b, raw, sizeof(raw));
 	assert_int_equal(buf_poke_u32(&b, 0, 1), -EROFS);
+	assert_int_equal(buf_poke_u8(&b, 0, 1), -EROFS);
+	assert_int_equal(buf_poke(&b, 0, "a", 1), -EROFS);
 }
 
 static void test_cap_and_short_reads(void **state)
@@ -179,10 +208,8 @@ static void test_overflow_safe_reserve(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_roundtrip_identical),
-	    cmocka_unit_test(test_store_load_poke),
-	    cmocka_unit_test(test_cap_and_short_reads),
-	    cmocka_unit_test(test_alloc_failure),
+	    cmocka_unit_test(test_roundtrip_identical),	  cmocka_unit_test(test_store_load_poke),
+	    cmocka_unit_test(test_cap_and_short_reads),	  cmocka_unit_test(test_alloc_failure),
 	    cmocka_unit_test(test_overflow_safe_reserve),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
