@@ -1048,6 +1048,53 @@ int manifest_level_encode(const struct manifest *m, const char *dirpath, struct 
 	return 0;
 }
 
+int manifest_level_open(struct manifest_level_reader *lr, const char *dirpath, const uint8_t *level, size_t n)
+{
+	memset(lr, 0, sizeof(*lr));
+	buf_view(&lr->in, level, n);
+	lr->dir = dirpath;
+	lr->dl = strlen(dirpath);
+	if (buf_get_u32(&lr->in, &lr->count) < 0 || lr->count > buf_len(&lr->in) / RECORD_MIN)
+		return -EBADMSG;
+	lr->left = lr->count;
+	return 0;
+}
+
+int manifest_level_next(struct manifest_level_reader *lr, struct manifest_entry *e)
+{
+	const uint8_t *name;
+	size_t nl, dl = lr->dl;
+
+	if (lr->left == 0)
+		return buf_len(&lr->in) == 0 ? 0 : -EBADMSG;
+	memset(e, 0, sizeof(*e));
+	if (buf_get_bytes(&lr->in, &name, &nl, MANIFEST_NAME_MAX) < 0 || name_check(name, nl) < 0)
+		return -EBADMSG;
+	/* names strictly increasing: the order the digest was made in */
+	if (lr->name) {
+		int c = memcmp(lr->name, name, lr->nl < nl ? lr->nl : nl);
+		if (c > 0 || (c == 0 && lr->nl >= nl))
+			return -EBADMSG;
+	}
+	size_t pl = dl ? dl + 1 + nl : nl;
+	if (pl > MANIFEST_PATH_MAX)
+		return -EBADMSG;
+	if (buf_get_u8(&lr->in, &e->type) < 0 || buf_get_u32(&lr->in, &e->mode) < 0 ||
+	    buf_get_u64(&lr->in, &e->size) < 0 || buf_get(&lr->in, e->hash, CHUNK_HASH_LEN) < 0)
+		return -EBADMSG;
+	if (dl) {
+		memcpy(lr->path, lr->dir, dl);
+		lr->path[dl] = '/';
+	}
+	memcpy(lr->path + (dl ? dl + 1 : 0), name, nl);
+	lr->path[pl] = '\0';
+	lr->name = name;
+	lr->nl = nl;
+	lr->left--;
+	e->path = lr->path;
+	return 1;
+}
+
 struct manifest_recon {
 	const struct manifest *mine;
 	uint8_t peer_root[CHUNK_HASH_LEN];
@@ -1170,46 +1217,15 @@ size_t manifest_recon_next(struct manifest_recon *r, const char *const **dirs)
 
 static int recon_feed(struct manifest_recon *r, const char *dirpath, const uint8_t *level, size_t n)
 {
-	struct buf in;
-	uint32_t count;
-	char path[MANIFEST_PATH_MAX + 1];
-	size_t dl = strlen(dirpath);
-	const uint8_t *prev = NULL;
-	size_t prevl = 0;
+	struct manifest_level_reader lr;
+	struct manifest_entry e;
 	int rc;
 
-	buf_view(&in, level, n);
-	if (buf_get_u32(&in, &count) < 0 || count > buf_len(&in) / RECORD_MIN)
-		return -EBADMSG;
-	if (count > r->max_entries - r->peer->n)
+	if ((rc = manifest_level_open(&lr, dirpath, level, n)) < 0)
+		return rc;
+	if (lr.count > r->max_entries - r->peer->n)
 		return -E2BIG;
-	for (uint32_t k = 0; k < count; k++) {
-		struct manifest_entry e = {0};
-		const uint8_t *name;
-		size_t nl;
-		if (buf_get_bytes(&in, &name, &nl, MANIFEST_NAME_MAX) < 0 || name_check(name, nl) < 0)
-			return -EBADMSG;
-		/* names strictly increasing: the order the digest was made in */
-		if (prev) {
-			int c = memcmp(prev, name, prevl < nl ? prevl : nl);
-			if (c > 0 || (c == 0 && prevl >= nl))
-				return -EBADMSG;
-		}
-		prev = name;
-		prevl = nl;
-		size_t pl = dl ? dl + 1 + nl : nl;
-		if (pl > MANIFEST_PATH_MAX)
-			return -EBADMSG;
-		if (dl) {
-			memcpy(path, dirpath, dl);
-			path[dl] = '/';
-		}
-		memcpy(path + (dl ? dl + 1 : 0), name, nl);
-		path[pl] = '\0';
-		if (buf_get_u8(&in, &e.type) < 0 || buf_get_u32(&in, &e.mode) < 0 || buf_get_u64(&in, &e.size) < 0 ||
-		    buf_get(&in, e.hash, CHUNK_HASH_LEN) < 0)
-			return -EBADMSG;
-		e.path = path;
+	while ((rc = manifest_level_next(&lr, &e)) == 1) {
 		if (entry_check(&r->peer->params, &e) < 0)
 			return -EBADMSG;
 		struct manifest_entry c;
@@ -1223,16 +1239,16 @@ static int recon_feed(struct manifest_recon *r, const char *dirpath, const uint8
 			continue;
 		/* add_owned zeroes a dir's hash; keep the peer's until seal */
 		memcpy(r->peer->e[r->peer->n - 1].hash, h, CHUNK_HASH_LEN);
-		long idx = manifest_find(r->mine, path);
+		long idx = manifest_find(r->mine, e.path);
 		if (idx >= 0 && r->mine->e[idx].type == MANIFEST_DIR &&
 		    memcmp(r->mine->e[idx].hash, h, CHUNK_HASH_LEN) == 0)
 			rc = copy_range(r, (size_t)idx + 1, r->mine->end[idx]);
 		else
-			rc = queue_dir(r, path);
+			rc = queue_dir(r, e.path);
 		if (rc < 0)
 			return rc;
 	}
-	return buf_len(&in) == 0 ? 0 : -EBADMSG;
+	return rc;
 }
 
 int manifest_recon_feed(struct manifest_recon *r, const char *dirpath, const uint8_t *level, size_t n)

@@ -1038,37 +1038,17 @@ static int take_host_subtree(struct sync *s, long idx)
 
 static int feed_level(struct sync *s, const char *dir, const uint8_t *p, size_t n)
 {
-	struct buf in;
-	uint32_t count;
-	char path[MANIFEST_PATH_MAX + 1];
-	size_t dl = strlen(dir);
+	struct manifest_level_reader lr;
+	struct manifest_entry e;
 	int r;
 
-	buf_view(&in, p, n);
-	if (buf_get_u32(&in, &count) < 0 || count > buf_len(&in) / 33)
-		return -EBADMSG;
-	for (uint32_t k = 0; k < count; k++) {
-		const uint8_t *name;
-		size_t nl;
-		struct manifest_entry e = {0};
-		if (buf_get_bytes(&in, &name, &nl, MANIFEST_NAME_MAX) < 0 || nl == 0 || memchr(name, '/', nl) ||
-		    memchr(name, '\0', nl) || buf_get_u8(&in, &e.type) < 0 || buf_get_u32(&in, &e.mode) < 0 ||
-		    buf_get_u64(&in, &e.size) < 0 || buf_get(&in, e.hash, CHUNK_HASH_LEN) < 0)
-			return -EBADMSG;
-		size_t pl = dl ? dl + 1 + nl : nl;
-		if (pl > MANIFEST_PATH_MAX)
-			return -EBADMSG;
-		if (dl) {
-			memcpy(path, dir, dl);
-			path[dl] = '/';
-		}
-		memcpy(path + (dl ? dl + 1 : 0), name, nl);
-		path[pl] = '\0';
-		if (manifest_path_check(path, pl) < 0 || e.mode > MANIFEST_MODE_MASK ||
+	if ((r = manifest_level_open(&lr, dir, p, n)) < 0)
+		return r;
+	while ((r = manifest_level_next(&lr, &e)) == 1) {
+		if (manifest_path_check(e.path, strlen(e.path)) < 0 || e.mode > MANIFEST_MODE_MASK ||
 		    (e.type != MANIFEST_FILE && e.type != MANIFEST_DIR && e.type != MANIFEST_SYMLINK))
 			return -EBADMSG;
-		e.path = path;
-		int m = guest_managed(s, path, e.type);
+		int m = guest_managed(s, e.path, e.type);
 		if (m == 0)
 			continue; /* the guest's own: never compared, listed further or touched */
 		if (e.type != MANIFEST_DIR) {
@@ -1079,20 +1059,20 @@ static int feed_level(struct sync *s, const char *dir, const uint8_t *p, size_t 
 		e.size = 0;
 		if ((r = gentry_push(s, &e, m == 2)) < 0)
 			return r;
-		long idx = manifest_find(s->hm, path);
+		long idx = manifest_find(s->hm, e.path);
 		if (idx >= 0 && s->hm->e[idx].type == MANIFEST_DIR &&
 		    memcmp(s->hm->e[idx].hash, e.hash, CHUNK_HASH_LEN) == 0) {
 			/* equal digests: the guest's subtree is exactly the host's */
 			s->ge[s->nge - 1].cond = false;
 			r = take_host_subtree(s, idx);
 		} else {
-			r = queue_push(s, path);
+			r = queue_push(s, e.path);
 		}
 		if (r < 0)
 			return r;
 	}
-	if (buf_len(&in) != 0)
-		return -EBADMSG;
+	if (r < 0)
+		return r;
 	s->st.levels++;
 	return 0;
 }

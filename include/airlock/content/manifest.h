@@ -233,6 +233,31 @@ int manifest_diff(const struct manifest *old, const struct manifest *new, struct
  * -ENOENT when dirpath is not a directory of m. */
 int manifest_level_encode(const struct manifest *m, const char *dirpath, struct buf *out);
 
+/* Reading a peer's level (the other side's manifest_level_encode of
+ * dirpath), one child at a time: the one decoder of those bytes. It checks
+ * the layout: a count no larger than the bytes can hold, each name
+ * non-empty, without '/' or NUL and a valid path component, names in
+ * strictly increasing byte order, the joined "dirpath/name" at most
+ * MANIFEST_PATH_MAX, and no bytes after the last record. It does not check
+ * type, mode or size: that is the caller's, who knows what it accepts. */
+struct manifest_level_reader {
+	struct buf in;	     /* view of the level's bytes */
+	uint32_t count;	     /* records the level announces */
+	uint32_t left;	     /* records not yet read */
+	const char *dir;     /* dirpath, the caller's */
+	size_t dl;	     /* strlen(dir) */
+	const uint8_t *name; /* the last record's name (view), its length */
+	size_t nl;
+	char path[MANIFEST_PATH_MAX + 1]; /* the last record's joined path */
+};
+/* Start reading level[0..n) for dirpath. 0, or -EBADMSG for a count the
+ * bytes cannot hold. level and dirpath must outlive the reader. */
+int manifest_level_open(struct manifest_level_reader *lr, const char *dirpath, const uint8_t *level, size_t n);
+/* 1 with the next child in *e (type, mode, size, hash; e->path points at
+ * lr->path, valid until the next call; nothing allocated), 0 after the
+ * last one, -EBADMSG for a malformed record or trailing bytes. */
+int manifest_level_next(struct manifest_level_reader *lr, struct manifest_entry *e);
+
 struct manifest_recon;
 
 /* Start reconciling against a peer whose root digest is peer_root. `mine`

@@ -569,6 +569,104 @@ static size_t reconcile(const struct manifest *asker, const struct manifest *ans
 	return levels;
 }
 
+/* manifest_level_open/_next: what manifest_level_encode wrote reads back
+ * child by child, joined to the directory; a malformed level is refused. */
+static void test_level_reader(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *path;
+		uint8_t type;
+	} ents[] = {{"d", MANIFEST_DIR},     {"d/a", MANIFEST_FILE},	 {"d/a-b", MANIFEST_FILE},
+		    {"d/sub", MANIFEST_DIR}, {"d/sub/x", MANIFEST_FILE}, {"top", MANIFEST_FILE}};
+	struct manifest *m;
+	struct manifest_level_reader lr;
+	struct manifest_entry e;
+	struct buf lv;
+
+	assert_int_equal(manifest_new(NULL, &m), 0);
+	for (size_t i = 0; i < sizeof(ents) / sizeof(ents[0]); i++) {
+		struct manifest_entry a = {.path = (char *)ents[i].path, .type = ents[i].type, .mode = 0644};
+		if (a.type == MANIFEST_FILE)
+			chunk_hash(NULL, 0, a.hash);
+		else
+			a.mode = 0755;
+		assert_int_equal(manifest_add(m, &a), 0);
+	}
+	assert_int_equal(manifest_seal(m), 0);
+	buf_init(&lv, 1 << 16);
+	assert_int_equal(manifest_level_encode(m, "d", &lv), 0);
+
+	static const char *const want[] = {"d/a", "d/a-b", "d/sub"};
+	assert_int_equal(manifest_level_open(&lr, "d", buf_ptr(&lv), buf_len(&lv)), 0);
+	assert_int_equal(lr.count, 3);
+	for (size_t i = 0; i < 3; i++) {
+		assert_int_equal(manifest_level_next(&lr, &e), 1);
+		assert_string_equal(e.path, want[i]);
+		assert_int_equal(e.type, i == 2 ? MANIFEST_DIR : MANIFEST_FILE);
+	}
+	assert_int_equal(manifest_level_next(&lr, &e), 0);
+
+	/* the root's level joins without a slash */
+	buf_reset(&lv);
+	assert_int_equal(manifest_level_encode(m, "", &lv), 0);
+	assert_int_equal(manifest_level_open(&lr, "", buf_ptr(&lv), buf_len(&lv)), 0);
+	assert_int_equal(manifest_level_next(&lr, &e), 1);
+	assert_string_equal(e.path, "d");
+
+	/* one trailing byte; a count the bytes cannot hold; a cut record */
+	buf_reset(&lv);
+	assert_int_equal(manifest_level_encode(m, "d", &lv), 0);
+	assert_int_equal(buf_put_u8(&lv, 0), 0);
+	assert_int_equal(manifest_level_open(&lr, "d", buf_ptr(&lv), buf_len(&lv)), 0);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(manifest_level_next(&lr, &e), 1);
+	assert_int_equal(manifest_level_next(&lr, &e), -EBADMSG);
+	assert_int_equal(manifest_level_open(&lr, "d", (const uint8_t *)"\0\0\0\x09", 4), -EBADMSG);
+	assert_int_equal(manifest_level_open(&lr, "d", buf_ptr(&lv), buf_len(&lv) - 5), 0); /* the last record cut */
+	int r;
+	while ((r = manifest_level_next(&lr, &e)) == 1)
+		;
+	assert_int_equal(r, -EBADMSG);
+
+	/* the same name twice, or out of order: refused */
+	struct buf bad;
+	uint8_t hash[CHUNK_HASH_LEN] = {0};
+	for (int order = 0; order < 2; order++) {
+		buf_init(&bad, 1024);
+		assert_int_equal(buf_put_u32(&bad, 2), 0);
+		for (int k = 0; k < 2; k++) {
+			assert_int_equal(buf_put_str(&bad, order == 0 ? "same" : k == 0 ? "zz" : "aa"), 0);
+			assert_int_equal(buf_put_u8(&bad, MANIFEST_FILE), 0);
+			assert_int_equal(buf_put_u32(&bad, 0644), 0);
+			assert_int_equal(buf_put_u64(&bad, 0), 0);
+			assert_int_equal(buf_put(&bad, hash, sizeof(hash)), 0);
+		}
+		assert_int_equal(manifest_level_open(&lr, "", buf_ptr(&bad), buf_len(&bad)), 0);
+		assert_int_equal(manifest_level_next(&lr, &e), 1);
+		assert_int_equal(manifest_level_next(&lr, &e), -EBADMSG);
+		buf_clear(&bad);
+	}
+	/* a name with a slash or "..": refused */
+	static const char *const names[] = {"a/b", "..", ""};
+	for (size_t k = 0; k < 3; k++) {
+		buf_init(&bad, 1024);
+		assert_int_equal(buf_put_u32(&bad, 1), 0);
+		assert_int_equal(buf_put_str(&bad, names[k]), 0);
+		assert_int_equal(buf_put_u8(&bad, MANIFEST_FILE), 0);
+		assert_int_equal(buf_put_u32(&bad, 0644), 0);
+		assert_int_equal(buf_put_u64(&bad, 0), 0);
+		assert_int_equal(buf_put(&bad, hash, sizeof(hash)), 0);
+		assert_int_equal(buf_put(&bad, hash, 34 - 4 - 1 - 4 - 8 - sizeof(hash) + 1),
+				 0); /* room for the count check */
+		assert_int_equal(manifest_level_open(&lr, "", buf_ptr(&bad), buf_len(&bad)), 0);
+		assert_int_equal(manifest_level_next(&lr, &e), -EBADMSG);
+		buf_clear(&bad);
+	}
+	buf_clear(&lv);
+	manifest_free(m);
+}
+
 static void test_tree_reconcile(void **state)
 {
 	(void)state;
@@ -777,8 +875,8 @@ int main(void)
 	    cmocka_unit_test(test_manifest_roundtrip),	 cmocka_unit_test(test_manifest_decode_rejects),
 	    cmocka_unit_test(test_manifest_add_rejects), cmocka_unit_test(test_scan),
 	    cmocka_unit_test(test_scan_filter),		 cmocka_unit_test(test_diff),
-	    cmocka_unit_test(test_tree_reconcile),	 cmocka_unit_test(test_recon_rejects),
-	    cmocka_unit_test(test_alloc_failures),
+	    cmocka_unit_test(test_level_reader),	 cmocka_unit_test(test_tree_reconcile),
+	    cmocka_unit_test(test_recon_rejects),	 cmocka_unit_test(test_alloc_failures),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
