@@ -18,6 +18,7 @@
 #include <zstd.h>
 
 #include "airlock/core/buf.h"
+#include "airlock/core/errmsg.h"
 #include "airlock/core/mem.h"
 
 /* CHANGE DELTA_VERSION (delta.h) IF ANY OF THIS CHANGES. */
@@ -670,11 +671,9 @@ __attribute__((format(printf, 3, 4)))
 static void
 say(char *err, size_t errlen, const char *fmt, ...)
 {
-	if (!err || errlen == 0)
-		return;
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
+	errmsg_vset(err, errlen, NULL, fmt, ap);
 	va_end(ap);
 }
 

@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "airlock/core/buf.h"
+#include "airlock/core/errmsg.h"
 #include "airlock/core/chan.h"
 #include "airlock/core/loop.h"
 #include "airlock/core/mem.h"
@@ -332,13 +333,13 @@ int egress_link_new(struct loop *l, const struct egress_link_cfg *cfg, const str
 
 	*out = NULL;
 	if (!ops || !ops->find_cmd || !cfg->workspace) {
-		snprintf(err, errlen, "egress link: missing configuration");
+		errmsg_set(err, errlen, "egress link: missing configuration");
 		return -EINVAL;
 	}
 	if (!(k = mem_calloc(1, sizeof(*k))) || !(k->workspace = mem_strdup(cfg->workspace)) ||
 	    !(k->denials = json_array())) {
 		r = -ENOMEM;
-		snprintf(err, errlen, "egress link: out of memory");
+		errmsg_set(err, errlen, "egress link: out of memory");
 		goto fail;
 	}
 	k->loop = l;

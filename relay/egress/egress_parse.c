@@ -203,7 +203,7 @@ static enum egress_addr_class classify_v4(uint32_t a)
 
 static uint32_t get32(const uint8_t *p)
 {
-	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+	return buf_load_be32(p);
 }
 
 static bool prefix_eq(const uint8_t *a, const uint8_t *net, unsigned bits)

@@ -1002,7 +1002,7 @@ static void test_tail(void **state)
 		assert_int_equal(e[i], 'A' + i % 26);
 	json_decref(j);
 
-	/* tail: true uses the seeds' 8000 / 4000 */
+	/* tail: true uses the defaults of doc/RELAY.md, 8000 / 4000 */
 	tc_send(c, "{\"op\":\"exec\",\"id\":\"t2\",\"argv\":[\"tailgen\",\"5\",\"5000\"],\"tail\":true}");
 	json_decref(tc_expect(c, "started"));
 	j = tc_expect(c, "result");
