@@ -4,7 +4,7 @@
 #
 #   bash bench/fuse.sh [BUILD_DIR] [RUNS] [BIG_FILE_BYTES]
 #
-# BUILD_DIR must hold tests/mount_harness (default build). Needs /dev/fuse,
+# BUILD_DIR must hold tests/harness/mount_harness (default build). Needs /dev/fuse,
 # git, python3, and root (a bind mount gives a bare view of the backing
 # directory while the FUSE mount covers it, so native and FUSE runs can
 # alternate and share whatever else the machine is doing). Prints a markdown
