@@ -272,6 +272,36 @@ t_local_refused() {
 }
 check "execution.local refuses request env that could load code (LD_PRELOAD); git -c is not a prefix match" t_local_refused
 
+t_local_model() {
+	local out rc
+	# the host's /etc/shadow through `git diff --no-index` (and its implicit form)
+	out=$(printf '%s\n' '{"id":"n","op":"exec","argv":["git","diff","--no-index","/etc/shadow","/dev/null"]}' \
+		'{"id":"i","op":"exec","argv":["git","diff","/etc/shadow","/dev/null"]}' \
+		'{"id":"o","op":"exec","argv":["git","diff","--no-index","--output='"$T"'/pwned","--output-indicator-new=X","/dev/null","a.txt"]}' \
+		'{"id":"t","op":"exec","argv":["git","status"],"env":{"TZ":"/etc/shadow"}}' \
+		'{"id":"p","op":"exec","argv":["printenv","HOME"]}' |
+		$TO 20 "$RC") || return 1
+	echo "$out" | grep -q '"event":"error","id":"n","code":"local_refused".*option .--no-index. is not allowed' &&
+		echo "$out" | grep -q '"event":"error","id":"i","code":"local_refused".*argument ./etc/shadow. is an absolute path outside the workspace' &&
+		echo "$out" | grep -q '"event":"error","id":"o","code":"local_refused".*option .--no-index. is not allowed' &&
+		echo "$out" | grep -q '"event":"error","id":"t","code":"local_refused".*env TZ: the value is a path' &&
+		echo "$out" | grep -q '"event":"error","id":"p","code":"local_refused".*exactly as execution.local lists it' &&
+		! echo "$out" | grep -q '"event":"started"' || { echo "$out" >&2; return 1; }
+	! echo "$out" | grep -q 'root:' || { echo "/etc/shadow content in the output" >&2; return 1; }
+	# --output alone (without --no-index) writes a file anywhere: refused, nothing written
+	rc=0
+	out=$(X -- git diff --output="$T/pwned" --output-indicator-new=X HEAD </dev/null 2>&1) || rc=$?
+	[ "$rc" != 0 ] && echo "$out" | grep -q "option '--output' is not allowed" || { echo "rc $rc: $out" >&2; return 1; }
+	[ ! -e "$T/pwned" ] || { echo "--output wrote $T/pwned on the host" >&2; return 1; }
+	# the control: the same commands run directly on the host (outside the hostile repository) do read and write
+	(cd "$T" && git diff --no-index --no-ext-diff /etc/shadow /dev/null) >"$T/control-shadow" 2>&1 || true
+	grep -q '^-root:' "$T/control-shadow" ||
+		{ echo "control: git diff --no-index did not print /etc/shadow (the check would prove nothing)" >&2; return 1; }
+	(cd "$T" && git diff --no-index --no-ext-diff --output="$T/control-pwned" /dev/null "$W/a.txt") || true
+	[ -s "$T/control-pwned" ] || { echo "control: --output wrote nothing" >&2; return 1; }
+}
+check "execution.local git: --no-index, a path outside, --output, a TZ path and extra arguments to a non-git prefix are refused (local_refused), nothing read or written on the host" t_local_model
+
 t_git() {
 	local out
 	echo "two" >>"$W/a.txt"
