@@ -64,6 +64,7 @@ struct route {
 	struct cred *cred;
 	char *workspace;     /* opened per command: an fd held open would keep the mount busy at shutdown */
 	char home[PATH_MAX]; /* the daemon's HOME: local commands' HOME (not a world-writable /tmp) */
+	char *ceiling;	     /* GIT_CEILING_DIRECTORIES=<the workspace's parent>: git finds no repository above it */
 	char **prefixes;     /* execution.local, as written */
 	size_t nprefixes;
 	struct rcmd *cmds; /* commands the route holds (not yet or never handed to the guest) */
@@ -619,6 +620,22 @@ static const struct exec_ops lx_ops = {
     .on_stdin_writable = lx_stdin_writable,
 };
 
+/* The request layer of a local command's environment: the request's env,
+ * then the git layer and the discovery ceiling last, so a request cannot
+ * undo them. *n: its length. The strings stay the caller's; mem_free. */
+static char **local_request_env(const struct rcmd *c, char **git, size_t ngit, size_t *n)
+{
+	char **rq = mem_calloc(c->nenv + ngit + 2, sizeof(char *));
+
+	if (!rq)
+		return NULL;
+	memcpy(rq, c->env, c->nenv * sizeof(char *));
+	memcpy(rq + c->nenv, git, ngit * sizeof(char *));
+	rq[c->nenv + ngit] = c->r->ceiling;
+	*n = c->nenv + ngit + 1;
+	return rq;
+}
+
 static void probe_done(struct hostrun *h, const struct hostrun_result *res, void *ud)
 {
 	struct rcmd *c = ud;
@@ -659,8 +676,8 @@ static void probe_done(struct hostrun *h, const struct hostrun_result *res, void
 					    : "execution.local: out of memory");
 		return;
 	}
-	/* request env, then the git layer last so a request cannot undo it */
-	char **rq = mem_calloc(c->nenv + ngit + 1, sizeof(char *));
+	size_t nrq = 0;
+	char **rq = local_request_env(c, git, ngit, &nrq);
 	if (!rq || (e = cred_env(r->cred, false, &ce)) < 0) {
 		mem_free(rq);
 		route_git_env_free(git, ngit);
@@ -668,15 +685,13 @@ static void probe_done(struct hostrun *h, const struct hostrun_result *res, void
 		relay_cmd_error(cmd, "backend_error", "out of memory");
 		return;
 	}
-	memcpy(rq, c->env, c->nenv * sizeof(char *));
-	memcpy(rq + c->nenv, git, ngit * sizeof(char *));
 	struct exec_env_in ein = {
 	    .home = r->home,
 	    .tty = c->tty,
 	    .forwarded = (const char *const *)ce->v,
 	    .n_forwarded = ce->n,
 	    .request = (const char *const *)rq,
-	    .n_request = c->nenv + ngit,
+	    .n_request = nrq,
 	};
 	e = exec_env_build(&ein, &envp, &bad);
 	if (e < 0) {
@@ -770,18 +785,17 @@ static int start_local(struct route *r, struct relay_cmd *cmd, const struct rela
 	/* the probe runs with the command's environment and the fixed git layer */
 	if ((e = route_git_env(NULL, 0, &git, &ngit)) < 0 || (e = cred_env(r->cred, false, &ce)) < 0)
 		goto out;
-	if (!(rq = mem_calloc(c->nenv + ngit + 1, sizeof(char *)))) {
+	size_t nrq = 0;
+	if (!(rq = local_request_env(c, git, ngit, &nrq))) {
 		e = -ENOMEM;
 		goto out;
 	}
-	memcpy(rq, c->env, c->nenv * sizeof(char *));
-	memcpy(rq + c->nenv, git, ngit * sizeof(char *));
 	struct exec_env_in ein = {
 	    .home = r->home,
 	    .forwarded = (const char *const *)ce->v,
 	    .n_forwarded = ce->n,
 	    .request = (const char *const *)rq,
-	    .n_request = c->nenv + ngit,
+	    .n_request = nrq,
 	};
 	if ((e = exec_env_build(&ein, &envp, &bad)) < 0) {
 		e = -EINVAL;
@@ -958,6 +972,24 @@ const struct relay_backend_ops route_backend_ops = {
 
 /* ---- lifetime ---- */
 
+/* git looks for a repository from the command's directory upwards: it
+ * must not find one above the workspace (a repository in the user's home
+ * would give git show HEAD:.ssh/config). The parent is the ceiling: git
+ * looks at the workspace itself, never at the parent or above. */
+static int make_ceiling(struct route *r)
+{
+	const char *ws = r->workspace, *slash = strrchr(ws, '/');
+	size_t pl = slash ? (size_t)(slash - ws) : 0;
+	static const char name[] = "GIT_CEILING_DIRECTORIES=";
+
+	if (ws[0] != '/')
+		return -EINVAL; /* up passes an absolute path */
+	if (!(r->ceiling = mem_alloc(sizeof(name) + pl + 1)))
+		return -ENOMEM;
+	snprintf(r->ceiling, sizeof(name) + pl + 1, "%s%.*s", name, (int)(pl ? pl : 1), pl ? ws : "/");
+	return 0;
+}
+
 int route_new(const struct route_cfg *cfg, struct route **out)
 {
 	const struct policy_execution *pe = policy_execution(cfg->policy);
@@ -988,8 +1020,8 @@ int route_new(const struct route_cfg *cfg, struct route **out)
 			goto fail;
 		}
 		close(fd);
-		if (!(r->workspace = mem_strdup(cfg->workspace))) {
-			e = -ENOMEM;
+		if (!(r->workspace = mem_strdup(cfg->workspace)) || (e = make_ceiling(r)) < 0) {
+			e = e < 0 ? e : -ENOMEM;
 			goto fail;
 		}
 	}
@@ -1008,5 +1040,6 @@ void route_free(struct route *r)
 		rc_free(r->cmds);
 	cred_free(r->cred);
 	mem_free(r->workspace);
+	mem_free(r->ceiling);
 	mem_free(r);
 }
