@@ -615,8 +615,12 @@ static int resolves_beneath(int root_fd, char *rel, const char **what)
 	memset(&how, 0, sizeof(how));
 	how.flags = O_PATH | O_CLOEXEC;
 	how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
-	for (;;) {
+	for (unsigned again = 0;;) {
 		long fd = syscall(SYS_openat2, root_fd, *rel ? rel : ".", &how, sizeof(how));
+		/* ".." under RESOLVE_BENEATH: the kernel says EAGAIN when a rename
+		 * or mount anywhere raced with the walk; try again, boundedly */
+		if (fd < 0 && errno == EAGAIN && ++again < 64)
+			continue;
 		if (fd >= 0) {
 			close((int)fd);
 			return 0;
