@@ -291,6 +291,10 @@ static const struct {
     {"push.gpgSign", "false"},
     {"log.showSignature", "false"},
     {"protocol.ext.allow", "never"},
+    /* a bare repository found by discovery (one embedded in the project,
+     * vendor/x.git) brings its own config: only one named with GIT_DIR,
+     * which a request cannot set, is used */
+    {"safe.bareRepository", "explicit"},
 };
 
 /* Environment that git reads before or instead of the config. */
@@ -382,6 +386,13 @@ int route_git_env(const char *config_z, size_t len, char ***out, size_t *nout)
 		if (nl) {
 			*nl = '\0';
 			value = nl + 1;
+		}
+		if (!strcmp(name, "core.worktree")) {
+			/* the work tree git would use is wherever it says, the
+			 * whole disk for "/": no override can put it back */
+			mem_free(name);
+			r = -EPERM;
+			goto out;
 		}
 		ov = git_override_for(name, value);
 		if (ov && cfg.n >= GIT_OVERRIDES_MAX) {
@@ -670,10 +681,16 @@ static void probe_done(struct hostrun *h, const struct hostrun_result *res, void
 	hostrun_free(h); /* wipes the config text */
 	if (e < 0) {
 		rc_free(c);
-		relay_cmd_error(cmd, "spawn_failed",
-				e == -E2BIG ? "execution.local: the repository's git configuration defines too many "
-					      "drivers to disable"
-					    : "execution.local: out of memory");
+		if (e == -EPERM)
+			relay_cmd_error(
+			    cmd, "local_refused",
+			    "execution.local: the repository's git configuration sets core.worktree (a work "
+			    "tree that may be outside the workspace); not running on the host");
+		else
+			relay_cmd_error(cmd, "spawn_failed",
+					e == -E2BIG ? "execution.local: the repository's git configuration defines too "
+						      "many drivers to disable"
+						    : "execution.local: out of memory");
 		return;
 	}
 	size_t nrq = 0;

@@ -288,11 +288,22 @@ t_local_model() {
 		echo "$out" | grep -q '"event":"error","id":"p","code":"local_refused".*exactly as execution.local lists it' &&
 		! echo "$out" | grep -q '"event":"started"' || { echo "$out" >&2; return 1; }
 	! echo "$out" | grep -q 'root:' || { echo "/etc/shadow content in the output" >&2; return 1; }
+	# the same through `airlock exec`: the error, a failing status, nothing of /etc/shadow
+	rc=0
+	out=$(X -- git diff --no-index /etc/shadow /dev/null </dev/null 2>&1) || rc=$?
+	[ "$rc" != 0 ] && echo "$out" | grep -q "option '--no-index' is not allowed.*(local_refused)" &&
+		! echo "$out" | grep -q 'root:' || { echo "rc $rc: $out" >&2; return 1; }
 	# --output alone (without --no-index) writes a file anywhere: refused, nothing written
 	rc=0
 	out=$(X -- git diff --output="$T/pwned" --output-indicator-new=X HEAD </dev/null 2>&1) || rc=$?
 	[ "$rc" != 0 ] && echo "$out" | grep -q "option '--output' is not allowed" || { echo "rc $rc: $out" >&2; return 1; }
 	[ ! -e "$T/pwned" ] || { echo "--output wrote $T/pwned on the host" >&2; return 1; }
+	# a repository configuration that moves the work tree to / : refused before anything runs
+	git -C "$W" config core.worktree /
+	rc=0
+	out=$(X -- git status </dev/null 2>&1) || rc=$?
+	git -C "$W" config --unset core.worktree
+	[ "$rc" != 0 ] && echo "$out" | grep -q "sets core.worktree.*(local_refused)" || { echo "rc $rc: $out" >&2; return 1; }
 	# the control: the same commands run directly on the host (outside the hostile repository) do read and write
 	(cd "$T" && git diff --no-index --no-ext-diff /etc/shadow /dev/null) >"$T/control-shadow" 2>&1 || true
 	grep -q '^-root:' "$T/control-shadow" ||

@@ -13,9 +13,11 @@
  *    word by word, exactly) runs on the host, without a shell, in the
  *    workspace (the mounted directory, so its writes are synced), through
  *    the command engine (exec.h), with the scrubbed environment (base +
- *    forward_env + request env, no inject values; route_local_check
- *    limits the request env and git's global options) and git's
- *    command-running configuration disabled (route_git_env). Its started
+ *    forward_env + request env, no inject values), only with arguments
+ *    route_local_check accepts (git's through the positive model of
+ *    gitargs.h, other programs exactly as listed), with git's
+ *    command-running configuration disabled (route_git_env) and
+ *    GIT_CEILING_DIRECTORIES at the workspace's parent. Its started
  *    event says "where":"host".
  *  - everything else goes to the guest backend, with the forwarded layer
  *    (forward_env + credentials.inject, cred.h) in relay_exec_req. When an
@@ -90,7 +92,8 @@ int route_local_check(const struct route_local_req *q, char *why, size_t n);
  * command's directory (NULL/0: only the fixed part). *out is a
  * NULL-terminated array of "NAME=value" (route_git_env_free), *n its
  * length. Errors: -ENOMEM, -E2BIG (more than 4096
- * overrides). */
+ * overrides), -EPERM (the configuration sets core.worktree: git's work
+ * tree would be wherever it points, which no override can undo). */
 int route_git_env(const char *config_z, size_t len, char ***out, size_t *n);
 void route_git_env_free(char **v, size_t n); /* NULL is a no-op */
 

@@ -186,7 +186,13 @@ static void test_git_env(void **state)
 	assert_string_equal(cfg_get(v, n, "submodule.s.update"), "checkout");
 	assert_null(cfg_get(v, n, "user.name"));
 	assert_null(cfg_get(v, n, "truncated.entry"));
+	assert_string_equal(cfg_get(v, n, "safe.bareRepository"), "explicit");
 	route_git_env_free(v, n);
+	/* a work tree elsewhere: refused, not overridden */
+	static const char wt[] = "core.bare\nfalse\0core.worktree\n/\0";
+	v = NULL;
+	assert_int_equal(route_git_env(wt, sizeof(wt) - 1, &v, &n), -EPERM);
+	assert_null(v);
 	/* without a probe: the fixed part only */
 	assert_int_equal(route_git_env(NULL, 0, &v, &n), 0);
 	assert_string_equal(cfg_get(v, n, "core.hooksPath"), "/dev/null");
