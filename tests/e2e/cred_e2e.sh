@@ -222,10 +222,11 @@ t_local_env() {
 	local out
 	out=$(X -- printenv </dev/null) || return 1
 	echo "$out" | grep -qx "FWD_VAR=$FWD_VAR" && echo "$out" | grep -qx "GIT_CONFIG_GLOBAL=/dev/null" &&
+		echo "$out" | grep -qx "GIT_CEILING_DIRECTORIES=$(dirname "$(realpath "$W")")" &&
 		! echo "$out" | grep -q "INJ_TOKEN\|AIRLOCK_E2E_CANARY\|XDG_CONFIG_HOME" ||
 		{ echo "local env: $out" >&2; return 1; }
 }
-check "execution.local: scrubbed environment with forward_env, without inject values" t_local_env
+check "execution.local: scrubbed environment with forward_env, without inject values, git's discovery ceiling at the workspace's parent" t_local_env
 
 t_where() {
 	local out
