@@ -267,7 +267,7 @@ t_local_refused() {
 		echo "$out" | grep -q '"event":"exit","id":"ok","code":0' &&
 		! echo "$out" | grep -q '"event":"started","id":"e"' || { echo "$out" >&2; return 1; }
 	# "git -c ... commit" does not start with the prefix "git commit": it goes to the guest
-	# (a bare "git" prefix would match it, and then -c is refused: tests/unit/host/test_cred.c)
+	# (a bare "git" prefix would match it, and then -c is refused: tests/unit/host/test_gitargs.c)
 	echo "$out" | grep -q '"event":"started","id":"c".*"where":"guest"' || { echo "$out" >&2; return 1; }
 	[ ! -e "$M/hook-pre-commit" ]
 }
