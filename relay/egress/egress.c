@@ -21,6 +21,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -63,6 +64,8 @@ struct job {
 	size_t n;
 	struct sockaddr_storage addrs[EGRESS_ADDRS_MAX];
 	socklen_t lens[EGRESS_ADDRS_MAX];
+	bool own[EGRESS_ADDRS_MAX]; /* addrs[i] is an address of the host's own interfaces */
+	int own_err;		    /* 0, or the errno of reading them */
 };
 
 struct conn {
@@ -189,6 +192,31 @@ static int dns_lookup(struct job *j)
 	return j->n ? 0 : EAI_NONAME;
 }
 
+/* Which of the job's addresses belong to the host's own interfaces, read
+ * now (an address added since the last lookup counts). getifaddrs asks the
+ * kernel over netlink: done here, on the resolver thread, not the loop. */
+static void mark_own(struct job *j)
+{
+	struct ifaddrs *ifs = NULL;
+
+	if (getifaddrs(&ifs) < 0) {
+		j->own_err = errno;
+		return;
+	}
+	for (size_t i = 0; i < j->n; i++) {
+		uint8_t mine[EGRESS_ADDR_FORMS_MAX][16], theirs[EGRESS_ADDR_FORMS_MAX][16];
+		size_t nm = egress_addr_forms((const struct sockaddr *)&j->addrs[i], mine);
+
+		for (struct ifaddrs *f = ifs; f && !j->own[i]; f = f->ifa_next) {
+			size_t nt = f->ifa_addr ? egress_addr_forms(f->ifa_addr, theirs) : 0;
+			for (size_t a = 0; a < nm; a++)
+				for (size_t b = 0; b < nt; b++)
+					j->own[i] |= memcmp(mine[a], theirs[b], 16) == 0;
+		}
+	}
+	freeifaddrs(ifs);
+}
+
 static void *resolver_main(void *arg)
 {
 	struct egress *e = arg;
@@ -211,6 +239,8 @@ static void *resolver_main(void *arg)
 		pthread_mutex_unlock(&e->lock);
 
 		j->err = e->use_hosts ? hosts_lookup(e, j) : dns_lookup(j);
+		if (!j->err)
+			mark_own(j);
 
 		pthread_mutex_lock(&e->lock);
 		j->next = e->done;
@@ -289,6 +319,8 @@ static const char *reason_phrase(enum egress_reason r)
 		return "tunnel must start with TLS (list host:PORT in egress.allow for other protocols)";
 	case EGRESS_BAD_REQUEST:
 		return "bad request";
+	case EGRESS_HOST_ADDRESS:
+		return "resolves to an address of the host itself";
 	}
 	return "refused";
 }
@@ -548,6 +580,24 @@ static void lookup_done(struct conn *c, struct job *j)
 		addr_str(sa, a, sizeof(a));
 		snprintf(detail, sizeof(detail), "%s (%s)", a, egress_addr_class_name(cls));
 		deny(c, cls == EGRESS_ADDR_METADATA ? EGRESS_METADATA : EGRESS_PRIVATE_ADDRESS, detail);
+		return;
+	}
+	/* A service bound on 0.0.0.0 on the host answers on every address the
+	 * host has, public ones too: none of them is a way out. Refused
+	 * whatever allow_private_cidrs says, like metadata. */
+	if (j->own_err) {
+		fail(c, "502 Bad Gateway", "cannot read the host's own addresses to refuse them: %s",
+		     strerror(j->own_err));
+		return;
+	}
+	for (size_t i = 0; i < j->n; i++) {
+		char a[INET6_ADDRSTRLEN], detail[INET6_ADDRSTRLEN + 32];
+
+		if (!j->own[i])
+			continue;
+		addr_str((const struct sockaddr *)&j->addrs[i], a, sizeof(a));
+		snprintf(detail, sizeof(detail), "%s (host interface)", a);
+		deny(c, EGRESS_HOST_ADDRESS, detail);
 		return;
 	}
 	for (size_t i = 0; i < j->n; i++) {

@@ -22,7 +22,7 @@ static const char *const reason_names[] = {
     [EGRESS_IP_LITERAL] = "ip-literal",	  [EGRESS_PRIVATE_ADDRESS] = "private-address",
     [EGRESS_METADATA] = "metadata",	  [EGRESS_SNI_MISMATCH] = "sni-mismatch",
     [EGRESS_NO_SNI] = "no-sni",		  [EGRESS_NOT_TLS] = "not-tls",
-    [EGRESS_BAD_REQUEST] = "bad-request",
+    [EGRESS_BAD_REQUEST] = "bad-request", [EGRESS_HOST_ADDRESS] = "host-address",
 };
 
 const char *egress_reason_name(enum egress_reason r)
@@ -167,10 +167,58 @@ struct v4range {
 	enum egress_addr_class cls;
 };
 
-/* Order matters: the first match wins (metadata before link-local,
- * broadcast before reserved). */
+/* Cloud metadata and provider services a sandbox must not reach: some
+ * are link-local or CGNAT (refused anyway, but named for what they are),
+ * some are public addresses that only mean something inside the cloud. */
+static const struct egress_metadata_addr metadata_addrs[] = {
+    {"169.254.169.254", "instance metadata: AWS, GCP, Azure, Oracle, OpenStack, DigitalOcean, Hetzner, ..."},
+    {"fd00:ec2::254", "AWS instance metadata (IPv6)"},
+    {"169.254.170.2", "AWS ECS task metadata and credentials"},
+    {"169.254.170.23", "AWS EKS Pod Identity agent"},
+    {"fd00:ec2::23", "AWS EKS Pod Identity agent (IPv6)"},
+    {"169.254.169.253", "AWS VPC DNS resolver"},
+    {"fd00:ec2::253", "AWS VPC DNS resolver (IPv6)"},
+    {"169.254.169.123", "AWS time sync"},
+    {"fd00:ec2::123", "AWS time sync (IPv6)"},
+    {"168.63.129.16", "Azure WireServer (host agent, DNS, health probes)"},
+    {"100.100.100.200", "Alibaba Cloud instance metadata"},
+    {"fd20:ce::254", "GCP instance metadata (IPv6)"},
+    {"fd00:c1::a9fe:a9fe", "Oracle Cloud instance metadata (IPv6)"},
+    {"192.0.0.192", "Oracle Cloud at Customer / Classic instance metadata"},
+    {"169.254.0.23", "Tencent Cloud instance metadata"},
+    {"169.254.42.42", "Scaleway instance metadata"},
+    {"fd00:42::42", "Scaleway instance metadata (IPv6)"},
+};
+
+const struct egress_metadata_addr *egress_metadata_addrs(size_t *n)
+{
+	*n = sizeof(metadata_addrs) / sizeof(metadata_addrs[0]);
+	return metadata_addrs;
+}
+
+static bool is_metadata_v4(uint32_t a)
+{
+	struct in_addr in;
+
+	for (size_t i = 0; i < sizeof(metadata_addrs) / sizeof(metadata_addrs[0]); i++)
+		if (inet_pton(AF_INET, metadata_addrs[i].addr, &in) == 1 && ntohl(in.s_addr) == a)
+			return true;
+	return false;
+}
+
+static bool is_metadata_v6(const uint8_t a[16])
+{
+	struct in6_addr in6;
+
+	for (size_t i = 0; i < sizeof(metadata_addrs) / sizeof(metadata_addrs[0]); i++)
+		if (inet_pton(AF_INET6, metadata_addrs[i].addr, &in6) == 1 && memcmp(in6.s6_addr, a, 16) == 0)
+			return true;
+	return false;
+}
+
+/* Order matters: the first match wins (broadcast before reserved); the
+ * metadata table is looked at before any of these. */
 static const struct v4range v4ranges[] = {
-    {0xa9fea9feu, 32, EGRESS_ADDR_METADATA},	  /* 169.254.169.254 */
     {0xffffffffu, 32, EGRESS_ADDR_BROADCAST},	  /* 255.255.255.255 */
     {0x00000000u, 32, EGRESS_ADDR_UNSPECIFIED},	  /* 0.0.0.0 */
     {0x00000000u, 8, EGRESS_ADDR_RESERVED},	  /* 0/8 "this network" */
@@ -192,6 +240,8 @@ static const struct v4range v4ranges[] = {
 
 static enum egress_addr_class classify_v4(uint32_t a)
 {
+	if (is_metadata_v4(a))
+		return EGRESS_ADDR_METADATA;
 	for (size_t i = 0; i < sizeof(v4ranges) / sizeof(v4ranges[0]); i++) {
 		uint32_t mask = v4ranges[i].bits ? ~0u << (32 - v4ranges[i].bits) : 0;
 
@@ -229,7 +279,6 @@ static enum egress_addr_class classify_v6(const uint8_t a[16])
 	static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
 	static const uint8_t nat64[12] = {0, 0x64, 0xff, 0x9b};
 	static const uint8_t nat64_local[6] = {0, 0x64, 0xff, 0x9b, 0, 1}; /* 64:ff9b:1::/48 */
-	static const uint8_t metadata[16] = {0xfd, 0, 0x0e, 0xc2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x02, 0x54};
 	static const uint8_t doc[4] = {0x20, 0x01, 0x0d, 0xb8};
 	static const uint8_t doc2[3] = {0x3f, 0xff, 0x00}; /* 3fff::/20 */
 	static const uint8_t teredo[4] = {0x20, 0x01, 0, 0};
@@ -239,7 +288,7 @@ static enum egress_addr_class classify_v6(const uint8_t a[16])
 		return EGRESS_ADDR_UNSPECIFIED;
 	if (memcmp(a, zero, 15) == 0 && a[15] == 1)
 		return EGRESS_ADDR_LOOPBACK;
-	if (memcmp(a, metadata, 16) == 0)
+	if (is_metadata_v6(a))
 		return EGRESS_ADDR_METADATA;
 	/* mapped, compatible (deprecated) and well-known NAT64: the whole
 	 * address is the embedded one */
@@ -279,6 +328,38 @@ static enum egress_addr_class classify_v6(const uint8_t a[16])
 	if (a[0] == 0x20 && a[1] == 0x01 && a[2] < 0x02 && memcmp(a, teredo, 4) != 0)
 		return EGRESS_ADDR_RESERVED;
 	return EGRESS_ADDR_PUBLIC;
+}
+
+size_t egress_addr_forms(const struct sockaddr *sa, uint8_t out[EGRESS_ADDR_FORMS_MAX][16])
+{
+	static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+	static const uint8_t zero[12];
+	static const uint8_t nat64[12] = {0, 0x64, 0xff, 0x9b};
+	static const uint8_t teredo[4] = {0x20, 0x01, 0, 0};
+	const uint8_t *a, *v4 = NULL;
+
+	if (sa->sa_family == AF_INET) {
+		memcpy(out[0], mapped, 12);
+		memcpy(out[0] + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+		return 1;
+	}
+	if (sa->sa_family != AF_INET6)
+		return 0;
+	a = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
+	memcpy(out[0], a, 16);
+	if (memcmp(a, mapped, 12) == 0)
+		return 1; /* already the IPv4 form */
+	if (memcmp(a, zero, 12) == 0 || memcmp(a, nat64, 12) == 0)
+		v4 = a + 12;
+	else if (a[0] == 0x20 && a[1] == 0x02)
+		v4 = a + 2; /* 6to4 */
+	else if (memcmp(a, teredo, 4) == 0)
+		v4 = a + 4; /* the Teredo server */
+	if (!v4 || (memcmp(a, zero, 12) == 0 && memcmp(a + 12, zero, 3) == 0 && a[15] <= 1))
+		return 1; /* "::" and "::1" embed nothing */
+	memcpy(out[1], mapped, 12);
+	memcpy(out[1] + 12, v4, 4);
+	return 2;
 }
 
 enum egress_addr_class egress_addr_classify(const struct sockaddr *sa)

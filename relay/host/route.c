@@ -17,6 +17,7 @@
 #include "airlock/core/mem.h"
 #include "airlock/exec/exec.h"
 #include "airlock/host/cred.h"
+#include "airlock/host/gitargs.h"
 #include "airlock/host/hostrun.h"
 #include "airlock/policy/policy.h"
 
@@ -63,6 +64,7 @@ struct route {
 	struct cred *cred;
 	char *workspace;     /* opened per command: an fd held open would keep the mount busy at shutdown */
 	char home[PATH_MAX]; /* the daemon's HOME: local commands' HOME (not a world-writable /tmp) */
+	char *ceiling;	     /* GIT_CEILING_DIRECTORIES=<the workspace's parent>: git finds no repository above it */
 	char **prefixes;     /* execution.local, as written */
 	size_t nprefixes;
 	struct rcmd *cmds; /* commands the route holds (not yet or never handed to the guest) */
@@ -70,99 +72,155 @@ struct route {
 
 /* ---- matching ---- */
 
+/* How many words of prefix p match the start of argv: the count, or 0
+ * when it does not match (or has no words). */
+static size_t prefix_match(const char *p, const char *const *argv, size_t argc)
+{
+	size_t k = 0;
+
+	while (*p) {
+		size_t n;
+		while (*p == ' ')
+			p++;
+		if (!*p)
+			break;
+		n = strcspn(p, " ");
+		if (k >= argc || strlen(argv[k]) != n || memcmp(argv[k], p, n))
+			return 0;
+		k++;
+		p += n;
+	}
+	return k;
+}
+
 bool route_match_local(const char *const *prefixes, size_t nprefixes, const char *const *argv, size_t argc)
 {
-	for (size_t i = 0; i < nprefixes; i++) {
-		const char *p = prefixes[i];
-		size_t k = 0;
-		bool ok = true, any = false;
-		while (*p && ok) {
-			size_t n;
-			while (*p == ' ')
-				p++;
-			if (!*p)
-				break;
-			n = strcspn(p, " ");
-			any = true;
-			if (k >= argc || strlen(argv[k]) != n || memcmp(argv[k], p, n))
-				ok = false;
-			k++;
-			p += n;
-		}
-		if (ok && any)
+	for (size_t i = 0; i < nprefixes; i++)
+		if (prefix_match(prefixes[i], argv, argc))
 			return true;
-	}
 	return false;
 }
 
 /* ---- what a host command may be given ---- */
 
+/* What a request env value may be. */
+enum env_value {
+	ENV_TEXT,   /* read as text only */
+	ENV_LOCALE, /* a locale name: glibc takes one with a '/' as a path */
+	ENV_TZ,	    /* a zone name under the zoneinfo directory, or a POSIX TZ rule */
+	ENV_TERM,   /* a terminfo name: no '/' */
+	ENV_NUM,    /* digits */
+};
+
 /* Request env names a local command accepts: none of them makes a program
- * load or run other code (PATH, LD_*, HOME, GIT_* would). */
-static bool local_env_allowed(const char *entry)
+ * load or run other code (PATH, LD_*, HOME, GIT_* would), and the values
+ * of those that name files cannot be paths. */
+static const struct {
+	const char *name;
+	enum env_value value;
+} local_env[] = {
+    {"LANG", ENV_LOCALE},
+    {"TZ", ENV_TZ},
+    {"TERM", ENV_TERM},
+    {"COLUMNS", ENV_NUM},
+    {"LINES", ENV_NUM},
+    {"NO_COLOR", ENV_TEXT},
+    {"CLICOLOR", ENV_TEXT},
+    {"CLICOLOR_FORCE", ENV_TEXT},
+    {"FORCE_COLOR", ENV_TEXT},
+    {"GIT_AUTHOR_NAME", ENV_TEXT},
+    {"GIT_AUTHOR_EMAIL", ENV_TEXT},
+    {"GIT_AUTHOR_DATE", ENV_TEXT},
+    {"GIT_COMMITTER_NAME", ENV_TEXT},
+    {"GIT_COMMITTER_EMAIL", ENV_TEXT},
+    {"GIT_COMMITTER_DATE", ENV_TEXT},
+};
+
+/* Whether entry's name is allowed; *value gets what its value may be. */
+static bool local_env_allowed(const char *entry, enum env_value *value)
 {
-	static const char *const names[] = {
-	    "LANG",
-	    "TZ",
-	    "TERM",
-	    "COLUMNS",
-	    "LINES",
-	    "NO_COLOR",
-	    "CLICOLOR",
-	    "CLICOLOR_FORCE",
-	    "FORCE_COLOR",
-	    "GIT_AUTHOR_NAME",
-	    "GIT_AUTHOR_EMAIL",
-	    "GIT_AUTHOR_DATE",
-	    "GIT_COMMITTER_NAME",
-	    "GIT_COMMITTER_EMAIL",
-	    "GIT_COMMITTER_DATE",
-	};
 	size_t n = strcspn(entry, "=");
 
-	if (n > 3 && !strncmp(entry, "LC_", 3))
+	if (n > 3 && !strncmp(entry, "LC_", 3)) {
+		*value = ENV_LOCALE;
 		return true;
-	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-		if (strlen(names[i]) == n && !memcmp(entry, names[i], n))
+	}
+	for (size_t i = 0; i < sizeof(local_env) / sizeof(local_env[0]); i++)
+		if (strlen(local_env[i].name) == n && !memcmp(entry, local_env[i].name, n)) {
+			*value = local_env[i].value;
+			return true;
+		}
+	return false;
+}
+
+/* NULL when v is a fine value of its kind, else what is wrong. */
+static const char *local_env_value_bad(enum env_value kind, const char *v)
+{
+	switch (kind) {
+	case ENV_TEXT:
+		return NULL;
+	case ENV_NUM:
+		return strspn(v, "0123456789") == strlen(v) && strlen(v) <= 9 ? NULL : "is not a number";
+	case ENV_LOCALE:
+	case ENV_TERM:
+		return strchr(v, '/') || !strcmp(v, "..") ? "names a file (a '/' in it)" : NULL;
+	case ENV_TZ: {
+		const char *p = v[0] == ':' ? v + 1 : v;
+		if (p[0] == '/' || p[0] == '~')
+			return "is a path";
+		if (strstr(p, ".."))
+			return "climbs out of the zoneinfo directory with '..'";
+		if (strspn(p, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_+-.,:<>/") != strlen(p))
+			return "has characters no zone name or POSIX TZ rule has";
+		return NULL;
+	}
+	}
+	return "is of an unknown kind";
+}
+
+/* A program other than git runs only as exactly one of the prefixes. */
+static bool exact_prefix(const char *const *prefixes, size_t nprefixes, const char *const *argv, size_t argc)
+{
+	for (size_t i = 0; i < nprefixes; i++)
+		if (argc && prefix_match(prefixes[i], argv, argc) == argc)
 			return true;
 	return false;
 }
 
-int route_local_check(const char *const *argv, size_t argc, const char *const *env, size_t nenv, char *why, size_t n)
+int route_local_check(const struct route_local_req *q, char *why, size_t n)
 {
-	/* git options before the subcommand can set any configuration (-c,
-	 * --config-env) or point git elsewhere (--exec-path, -C, --git-dir):
-	 * only these harmless ones pass */
-	static const char *const git_ok[] = {
-	    "--version",	   "--help", "-h", "--no-pager", "-P", "--no-optional-locks", "--literal-pathspecs",
-	    "--no-replace-objects"};
-	const char *base = argc ? strrchr(argv[0], '/') : NULL;
+	const char *base = q->argc ? strrchr(q->argv[0], '/') : NULL;
 
-	base = base ? base + 1 : argc ? argv[0] : "";
-	for (size_t i = 0; i < nenv; i++)
-		if (!local_env_allowed(env[i])) {
+	base = base ? base + 1 : q->argc ? q->argv[0] : "";
+	for (size_t i = 0; i < q->nenv; i++) {
+		enum env_value kind = ENV_TEXT;
+		const char *eq = strchr(q->env[i], '='), *bad;
+		int nl = (int)(strcspn(q->env[i], "=") < 100 ? strcspn(q->env[i], "=") : 100);
+		if (!local_env_allowed(q->env[i], &kind)) {
 			snprintf(
 			    why, n,
 			    "execution.local: env %.*s is not allowed for a command run on the host (allowed: LANG, "
 			    "LC_*, TZ, TERM, COLUMNS, LINES, NO_COLOR, CLICOLOR, CLICOLOR_FORCE, FORCE_COLOR, "
 			    "GIT_AUTHOR_*, GIT_COMMITTER_* names/emails/dates)",
-			    (int)(strcspn(env[i], "=") < 100 ? strcspn(env[i], "=") : 100), env[i]);
+			    nl, q->env[i]);
 			return -EPERM;
 		}
-	if (!strcmp(base, "git"))
-		for (size_t i = 1; i < argc && argv[i][0] == '-'; i++) {
-			bool ok = false;
-			for (size_t k = 0; k < sizeof(git_ok) / sizeof(git_ok[0]); k++)
-				ok |= !strcmp(argv[i], git_ok[k]);
-			if (!ok) {
-				snprintf(
-				    why, n,
-				    "execution.local: git option '%.100s' before the subcommand is not allowed on the "
-				    "host (it can change git's configuration)",
-				    argv[i]);
-				return -EPERM;
-			}
+		if ((bad = local_env_value_bad(kind, eq ? eq + 1 : ""))) {
+			snprintf(why, n,
+				 "execution.local: env %.*s: the value %s, not allowed for a command run on the host",
+				 nl, q->env[i], bad);
+			return -EPERM;
 		}
+	}
+	if (!strcmp(base, "git"))
+		return gitargs_check(q->ws, q->argv, q->argc, why, n);
+	if (!exact_prefix(q->prefixes, q->nprefixes, q->argv, q->argc)) {
+		snprintf(why, n,
+			 "execution.local: '%.100s' runs on the host only exactly as execution.local lists it, without "
+			 "further arguments (only git has a model of safe arguments; doc/EXEC.md)",
+			 q->argv[0]);
+		return -EPERM;
+	}
 	return 0;
 }
 
@@ -233,6 +291,10 @@ static const struct {
     {"push.gpgSign", "false"},
     {"log.showSignature", "false"},
     {"protocol.ext.allow", "never"},
+    /* a bare repository found by discovery (one embedded in the project,
+     * vendor/x.git) brings its own config: only one named with GIT_DIR,
+     * which a request cannot set, is used */
+    {"safe.bareRepository", "explicit"},
 };
 
 /* Environment that git reads before or instead of the config. */
@@ -324,6 +386,13 @@ int route_git_env(const char *config_z, size_t len, char ***out, size_t *nout)
 		if (nl) {
 			*nl = '\0';
 			value = nl + 1;
+		}
+		if (!strcmp(name, "core.worktree")) {
+			/* the work tree git would use is wherever it says, the
+			 * whole disk for "/": no override can put it back */
+			mem_free(name);
+			r = -EPERM;
+			goto out;
 		}
 		ov = git_override_for(name, value);
 		if (ov && cfg.n >= GIT_OVERRIDES_MAX) {
@@ -562,6 +631,22 @@ static const struct exec_ops lx_ops = {
     .on_stdin_writable = lx_stdin_writable,
 };
 
+/* The request layer of a local command's environment: the request's env,
+ * then the git layer and the discovery ceiling last, so a request cannot
+ * undo them. *n: its length. The strings stay the caller's; mem_free. */
+static char **local_request_env(const struct rcmd *c, char **git, size_t ngit, size_t *n)
+{
+	char **rq = mem_calloc(c->nenv + ngit + 2, sizeof(char *));
+
+	if (!rq)
+		return NULL;
+	memcpy(rq, c->env, c->nenv * sizeof(char *));
+	memcpy(rq + c->nenv, git, ngit * sizeof(char *));
+	rq[c->nenv + ngit] = c->r->ceiling;
+	*n = c->nenv + ngit + 1;
+	return rq;
+}
+
 static void probe_done(struct hostrun *h, const struct hostrun_result *res, void *ud)
 {
 	struct rcmd *c = ud;
@@ -596,14 +681,20 @@ static void probe_done(struct hostrun *h, const struct hostrun_result *res, void
 	hostrun_free(h); /* wipes the config text */
 	if (e < 0) {
 		rc_free(c);
-		relay_cmd_error(cmd, "spawn_failed",
-				e == -E2BIG ? "execution.local: the repository's git configuration defines too many "
-					      "drivers to disable"
-					    : "execution.local: out of memory");
+		if (e == -EPERM)
+			relay_cmd_error(
+			    cmd, "local_refused",
+			    "execution.local: the repository's git configuration sets core.worktree (a work "
+			    "tree that may be outside the workspace); not running on the host");
+		else
+			relay_cmd_error(cmd, "spawn_failed",
+					e == -E2BIG ? "execution.local: the repository's git configuration defines too "
+						      "many drivers to disable"
+						    : "execution.local: out of memory");
 		return;
 	}
-	/* request env, then the git layer last so a request cannot undo it */
-	char **rq = mem_calloc(c->nenv + ngit + 1, sizeof(char *));
+	size_t nrq = 0;
+	char **rq = local_request_env(c, git, ngit, &nrq);
 	if (!rq || (e = cred_env(r->cred, false, &ce)) < 0) {
 		mem_free(rq);
 		route_git_env_free(git, ngit);
@@ -611,15 +702,13 @@ static void probe_done(struct hostrun *h, const struct hostrun_result *res, void
 		relay_cmd_error(cmd, "backend_error", "out of memory");
 		return;
 	}
-	memcpy(rq, c->env, c->nenv * sizeof(char *));
-	memcpy(rq + c->nenv, git, ngit * sizeof(char *));
 	struct exec_env_in ein = {
 	    .home = r->home,
 	    .tty = c->tty,
 	    .forwarded = (const char *const *)ce->v,
 	    .n_forwarded = ce->n,
 	    .request = (const char *const *)rq,
-	    .n_request = c->nenv + ngit,
+	    .n_request = nrq,
 	};
 	e = exec_env_build(&ein, &envp, &bad);
 	if (e < 0) {
@@ -688,7 +777,22 @@ static int start_local(struct route *r, struct relay_cmd *cmd, const struct rela
 
 	{
 		char why[512];
-		if (route_local_check(req->argv, req->argc, req->env, req->nenv, why, sizeof(why)) < 0) {
+		int root = open(r->workspace, O_PATH | O_DIRECTORY | O_CLOEXEC);
+		struct gitargs_ws ws = {.root_fd = root, .root = r->workspace, .cwd = req->cwd ? req->cwd : ""};
+		struct route_local_req lq = {
+		    .prefixes = (const char *const *)r->prefixes,
+		    .nprefixes = r->nprefixes,
+		    .argv = req->argv,
+		    .argc = req->argc,
+		    .env = req->env,
+		    .nenv = req->nenv,
+		    .ws = &ws,
+		};
+		if (root < 0)
+			return -errno;
+		e = route_local_check(&lq, why, sizeof(why));
+		close(root);
+		if (e < 0) {
 			relay_cmd_error(cmd, "local_refused", why);
 			return 0;
 		}
@@ -698,18 +802,17 @@ static int start_local(struct route *r, struct relay_cmd *cmd, const struct rela
 	/* the probe runs with the command's environment and the fixed git layer */
 	if ((e = route_git_env(NULL, 0, &git, &ngit)) < 0 || (e = cred_env(r->cred, false, &ce)) < 0)
 		goto out;
-	if (!(rq = mem_calloc(c->nenv + ngit + 1, sizeof(char *)))) {
+	size_t nrq = 0;
+	if (!(rq = local_request_env(c, git, ngit, &nrq))) {
 		e = -ENOMEM;
 		goto out;
 	}
-	memcpy(rq, c->env, c->nenv * sizeof(char *));
-	memcpy(rq + c->nenv, git, ngit * sizeof(char *));
 	struct exec_env_in ein = {
 	    .home = r->home,
 	    .forwarded = (const char *const *)ce->v,
 	    .n_forwarded = ce->n,
 	    .request = (const char *const *)rq,
-	    .n_request = c->nenv + ngit,
+	    .n_request = nrq,
 	};
 	if ((e = exec_env_build(&ein, &envp, &bad)) < 0) {
 		e = -EINVAL;
@@ -886,6 +989,24 @@ const struct relay_backend_ops route_backend_ops = {
 
 /* ---- lifetime ---- */
 
+/* git looks for a repository from the command's directory upwards: it
+ * must not find one above the workspace (a repository in the user's home
+ * would give git show HEAD:.ssh/config). The parent is the ceiling: git
+ * looks at the workspace itself, never at the parent or above. */
+static int make_ceiling(struct route *r)
+{
+	const char *ws = r->workspace, *slash = strrchr(ws, '/');
+	size_t pl = slash ? (size_t)(slash - ws) : 0;
+	static const char name[] = "GIT_CEILING_DIRECTORIES=";
+
+	if (ws[0] != '/')
+		return -EINVAL; /* up passes an absolute path */
+	if (!(r->ceiling = mem_alloc(sizeof(name) + pl + 1)))
+		return -ENOMEM;
+	snprintf(r->ceiling, sizeof(name) + pl + 1, "%s%.*s", name, (int)(pl ? pl : 1), pl ? ws : "/");
+	return 0;
+}
+
 int route_new(const struct route_cfg *cfg, struct route **out)
 {
 	const struct policy_execution *pe = policy_execution(cfg->policy);
@@ -916,8 +1037,8 @@ int route_new(const struct route_cfg *cfg, struct route **out)
 			goto fail;
 		}
 		close(fd);
-		if (!(r->workspace = mem_strdup(cfg->workspace))) {
-			e = -ENOMEM;
+		if (!(r->workspace = mem_strdup(cfg->workspace)) || (e = make_ceiling(r)) < 0) {
+			e = e < 0 ? e : -ENOMEM;
 			goto fail;
 		}
 	}
@@ -936,5 +1057,6 @@ void route_free(struct route *r)
 		rc_free(r->cmds);
 	cred_free(r->cred);
 	mem_free(r->workspace);
+	mem_free(r->ceiling);
 	mem_free(r);
 }

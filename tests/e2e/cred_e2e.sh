@@ -222,10 +222,11 @@ t_local_env() {
 	local out
 	out=$(X -- printenv </dev/null) || return 1
 	echo "$out" | grep -qx "FWD_VAR=$FWD_VAR" && echo "$out" | grep -qx "GIT_CONFIG_GLOBAL=/dev/null" &&
+		echo "$out" | grep -qx "GIT_CEILING_DIRECTORIES=$(dirname "$(realpath "$W")")" &&
 		! echo "$out" | grep -q "INJ_TOKEN\|AIRLOCK_E2E_CANARY\|XDG_CONFIG_HOME" ||
 		{ echo "local env: $out" >&2; return 1; }
 }
-check "execution.local: scrubbed environment with forward_env, without inject values" t_local_env
+check "execution.local: scrubbed environment with forward_env, without inject values, git's discovery ceiling at the workspace's parent" t_local_env
 
 t_where() {
 	local out
@@ -266,11 +267,52 @@ t_local_refused() {
 		echo "$out" | grep -q '"event":"exit","id":"ok","code":0' &&
 		! echo "$out" | grep -q '"event":"started","id":"e"' || { echo "$out" >&2; return 1; }
 	# "git -c ... commit" does not start with the prefix "git commit": it goes to the guest
-	# (a bare "git" prefix would match it, and then -c is refused: tests/unit/host/test_cred.c)
+	# (a bare "git" prefix would match it, and then -c is refused: tests/unit/host/test_gitargs.c)
 	echo "$out" | grep -q '"event":"started","id":"c".*"where":"guest"' || { echo "$out" >&2; return 1; }
 	[ ! -e "$M/hook-pre-commit" ]
 }
 check "execution.local refuses request env that could load code (LD_PRELOAD); git -c is not a prefix match" t_local_refused
+
+t_local_model() {
+	local out rc
+	# the host's /etc/shadow through `git diff --no-index` (and its implicit form)
+	out=$(printf '%s\n' '{"id":"n","op":"exec","argv":["git","diff","--no-index","/etc/shadow","/dev/null"]}' \
+		'{"id":"i","op":"exec","argv":["git","diff","/etc/shadow","/dev/null"]}' \
+		'{"id":"o","op":"exec","argv":["git","diff","--no-index","--output='"$T"'/pwned","--output-indicator-new=X","/dev/null","a.txt"]}' \
+		'{"id":"t","op":"exec","argv":["git","status"],"env":{"TZ":"/etc/shadow"}}' \
+		'{"id":"p","op":"exec","argv":["printenv","HOME"]}' |
+		$TO 20 "$RC") || return 1
+	echo "$out" | grep -q '"event":"error","id":"n","code":"local_refused".*option .--no-index. is not allowed' &&
+		echo "$out" | grep -q '"event":"error","id":"i","code":"local_refused".*argument ./etc/shadow. is an absolute path outside the workspace' &&
+		echo "$out" | grep -q '"event":"error","id":"o","code":"local_refused".*option .--no-index. is not allowed' &&
+		echo "$out" | grep -q '"event":"error","id":"t","code":"local_refused".*env TZ: the value is a path' &&
+		echo "$out" | grep -q '"event":"error","id":"p","code":"local_refused".*exactly as execution.local lists it' &&
+		! echo "$out" | grep -q '"event":"started"' || { echo "$out" >&2; return 1; }
+	! echo "$out" | grep -q 'root:' || { echo "/etc/shadow content in the output" >&2; return 1; }
+	# the same through `airlock exec`: the error, a failing status, nothing of /etc/shadow
+	rc=0
+	out=$(X -- git diff --no-index /etc/shadow /dev/null </dev/null 2>&1) || rc=$?
+	[ "$rc" != 0 ] && echo "$out" | grep -q "option '--no-index' is not allowed.*(local_refused)" &&
+		! echo "$out" | grep -q 'root:' || { echo "rc $rc: $out" >&2; return 1; }
+	# --output alone (without --no-index) writes a file anywhere: refused, nothing written
+	rc=0
+	out=$(X -- git diff --output="$T/pwned" --output-indicator-new=X HEAD </dev/null 2>&1) || rc=$?
+	[ "$rc" != 0 ] && echo "$out" | grep -q "option '--output' is not allowed" || { echo "rc $rc: $out" >&2; return 1; }
+	[ ! -e "$T/pwned" ] || { echo "--output wrote $T/pwned on the host" >&2; return 1; }
+	# a repository configuration that moves the work tree to / : refused before anything runs
+	git -C "$W" config core.worktree /
+	rc=0
+	out=$(X -- git status </dev/null 2>&1) || rc=$?
+	git -C "$W" config --unset core.worktree
+	[ "$rc" != 0 ] && echo "$out" | grep -q "sets core.worktree.*(local_refused)" || { echo "rc $rc: $out" >&2; return 1; }
+	# the control: the same commands run directly on the host (outside the hostile repository) do read and write
+	(cd "$T" && git diff --no-index --no-ext-diff /etc/shadow /dev/null) >"$T/control-shadow" 2>&1 || true
+	grep -q '^-root:' "$T/control-shadow" ||
+		{ echo "control: git diff --no-index did not print /etc/shadow (the check would prove nothing)" >&2; return 1; }
+	(cd "$T" && git diff --no-index --no-ext-diff --output="$T/control-pwned" /dev/null "$W/a.txt") || true
+	[ -s "$T/control-pwned" ] || { echo "control: --output wrote nothing" >&2; return 1; }
+}
+check "execution.local git: --no-index, a path outside, --output, a TZ path and extra arguments to a non-git prefix are refused (local_refused), nothing read or written on the host" t_local_model
 
 t_git() {
 	local out

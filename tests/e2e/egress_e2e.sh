@@ -23,6 +23,10 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.2",
 HP=$(free_port)  # plain HTTP upstream
 TP=$(free_port)  # TLS upstream
 NP=$(free_port)  # nothing listens here
+SP=$(free_port)  # a server on 0.0.0.0: every address of the host
+# one of the host's own non-loopback addresses (the driver treats it as
+# public with --allow-private, so only the own-address rule can refuse it)
+OWN=$(ip -4 -o addr show scope global 2>/dev/null | awk '{sub("/.*", "", $4); print $4; exit}')
 ROOT=0
 [ "$(id -u)" -eq 0 ] && ROOT=1
 
@@ -33,6 +37,7 @@ openssl req -x509 -newkey rsa:2048 -nodes -keyout "$T/key.pem" -out "$T/cert.pem
 	>/dev/null 2>&1
 start_bg http python3 -u -m http.server --bind 127.0.0.2 --directory "$T/www" "$HP"
 start_bg tls openssl s_server -quiet -www -accept "127.0.0.2:$TP" -cert "$T/cert.pem" -key "$T/key.pem"
+start_bg anyaddr python3 -u -m http.server --bind 0.0.0.0 --directory "$T/www" "$SP"
 if [ $ROOT -eq 1 ]; then
 	start_bg tls443 openssl s_server -quiet -www -accept "127.0.0.2:443" -cert "$T/cert.pem" -key "$T/key.pem"
 fi
@@ -45,14 +50,18 @@ cat >"$T/hosts" <<EOF
 ::ffff:127.0.0.1 mapped.test
 8.8.8.8 mixed.test
 127.0.0.3 mixed.test
+${OWN:-192.0.2.254} self.test
+168.63.129.16 wire.test
 EOF
 cat >"$T/policy.json" <<EOF
 { "egress": { "default": "deny", "allow": [
   "allowed.test:$HP", "allowed.test:$TP", "*.wild.test:$TP", "priv.test:$HP", "meta.test:$HP",
-  "mapped.test:$HP", "mixed.test:$HP", "noport.test", "metadata.google.internal", "allowed.test:$NP" ] } }
+  "mapped.test:$HP", "mixed.test:$HP", "noport.test", "metadata.google.internal", "allowed.test:$NP",
+  "self.test:$SP", "wire.test:$HP" ] } }
 EOF
 
 start_bg drvA "$DRIVER" --policy "$T/policy.json" --hosts "$T/hosts" --allow-private 127.0.0.2/32 \
+	--allow-private "${OWN:-192.0.2.254}/32" \
 	--unix "$T/egress.sock" --client cmd-A
 DRV_A=$BG_PID
 start_bg drvB "$DRIVER" --policy "$T/policy.json" --hosts "$T/hosts" --client cmd-42
@@ -67,6 +76,10 @@ for i in $(seq 200); do
 done
 for i in $(seq 200); do
 	(exec 3<>"/dev/tcp/127.0.0.2/$TP") 2>/dev/null && break
+	sleep 0.05
+done
+for i in $(seq 200); do
+	curl -s -o /dev/null "http://127.0.0.1:$SP/hello.txt" && break
 	sleep 0.05
 done
 
@@ -191,6 +204,19 @@ check "allowed name resolving to ::ffff:127.0.0.1" refused_http "http://mapped.t
 check "  ... classified as loopback" has_denial "$T/drvA.out" host=mapped.test detail="::ffff:127.0.0.1 (loopback)"
 check "public + private addresses: refused, not filtered" refused_http "http://mixed.test:$HP/" private-address \
 	mixed.test "$HP"
+self_refused() {
+	[ -n "$OWN" ] || { echo "# no non-loopback IPv4 address on this host: nothing to check"; return 0; }
+	# the control: the server answers on that address directly
+	curl -sS --max-time 5 -o /dev/null "http://$OWN:$SP/hello.txt" || { echo "control: $OWN:$SP not reachable" >&2; return 1; }
+	refused_http "http://self.test:$SP/hello.txt" host-address self.test "$SP" &&
+		has_denial "$T/drvA.out" host=self.test detail="$OWN (host interface)"
+}
+check "allowed name resolving to the host's own address ($OWN), even inside allow_private_cidrs" self_refused
+wire_refused() {
+	refused_http "http://wire.test:$HP/" metadata wire.test "$HP" &&
+		has_denial "$T/drvA.out" host=wire.test detail="168.63.129.16 (metadata)"
+}
+check "allowed name resolving to Azure's WireServer 168.63.129.16" wire_refused
 check "metadata.google.internal by name, even when listed" refused_http "http://metadata.google.internal/" metadata \
 	metadata.google.internal 80
 

@@ -79,6 +79,8 @@ start_bg tls ip netns exec "$NS_S" openssl s_server -quiet -accept 1.2.3.4:443 -
 	-key "$T/tls.key" -www
 start_bg tls5 ip netns exec "$NS_S" openssl s_server -quiet -accept 1.2.3.5:443 -cert "$T/tls.pem" \
 	-key "$T/tls.key" -www
+# a service on the daemon's side bound to every address it has (1.2.3.1 is the daemon's own)
+start_bg selfsrv ip netns exec "$NS_C" python3 -m http.server 8081 --bind 0.0.0.0 --directory "$T/www"
 for i in $(seq 100); do
 	ip netns exec "$NS_C" curl -s --max-time 1 -o /dev/null http://1.2.3.4/hello.txt &&
 		ip netns exec "$NS_C" curl -sk --max-time 1 -o /dev/null https://1.2.3.4/ && break
@@ -91,6 +93,7 @@ cat >"$T/hosts" <<EOF
 1.2.3.5 other.test evil.test allowed.test.evil.test
 10.0.0.5 private.test
 127.0.0.1 loopback.test
+1.2.3.1 self.test
 EOF
 
 # ---- agent (no network but loopback) and airlock up (host side) ----
@@ -100,7 +103,7 @@ W=$T/work
 G=$T/guest
 mkdir -p "$W" "$G"
 cat >"$W/airlock.json" <<'EOF'
-{ "egress": { "default": "deny", "allow": ["allowed.test", "private.test"] } }
+{ "egress": { "default": "deny", "allow": ["allowed.test", "private.test", "self.test:8081"] } }
 EOF
 start_bg agent unshare -n sh -c 'ip link set lo up && exec "$0" "$@"' "$AGENT" --listen "unix:$T/a.sock" \
 	--root "$G" --key "$T/gk" --allow "$(cat "$T/hk.pub")" --state "$T/agent.state" --fsync none
@@ -265,6 +268,16 @@ t_sni() {
 }
 check "a CONNECT whose TLS SNI differs from its host is refused" t_sni
 
+t_self() {
+	# the control: the service answers on the daemon's own address
+	ip netns exec "$NS_C" curl -sS --max-time 5 -o /dev/null http://1.2.3.1:8081/hello.txt ||
+		{ echo "control: 1.2.3.1:8081 does not answer" >&2; return 1; }
+	X self curl -sS --max-time 10 http://self.test:8081/hello.txt
+	! grep -q "hello-allowed" "$T/self.o" &&
+		one_denial self '^airlock: egress denied GET self.test:8081 \(host-address: .*1\.2\.3\.1 \(host interface\)'
+}
+check "an allowed name that resolves to the daemon's own (public-looking) address is refused" t_self
+
 # audit_each N "METHOD HOST PORT REASON"...: $W's audit record (--json)
 # holds exactly N denials, exactly one per record given, each naming the
 # command (curl or openssl; $AUDIT_CMD, a regex, overrides) and a time; the
@@ -299,9 +312,10 @@ sys.exit(1 if bad else 0)' "$n" "$@" 2>"$T/audit_each.err" && break
 	"$AIRLOCK" audit -C "$W" | grep -q "denied $m $h:$p ($reason" || { "$AIRLOCK" audit -C "$W" >&2; return 1; }
 }
 t_audit() {
-	audit_each 6 "GET other.test 80 not-allowed" "CONNECT other.test 443 not-allowed" \
+	audit_each 7 "GET other.test 80 not-allowed" "CONNECT other.test 443 not-allowed" \
 		"CONNECT allowed.test.evil.test 443 not-allowed" "GET 1.2.3.4 80 ip-literal" \
-		"CONNECT private.test 443 private-address" "CONNECT allowed.test 443 sni-mismatch"
+		"CONNECT private.test 443 private-address" "CONNECT allowed.test 443 sni-mismatch" \
+		"GET self.test 8081 host-address"
 }
 
 t_status() {
@@ -311,10 +325,10 @@ t_status() {
 		echo "$j" | python3 -c '
 import json, sys
 e = json.load(sys.stdin)["egress"]
-sys.exit(0 if e["denials"] == 6 and e["opened"] >= 50 and e["streams"] == 0 else 1)' && break
+sys.exit(0 if e["denials"] == 7 and e["opened"] >= 50 and e["streams"] == 0 else 1)' && break
 		sleep 0.1
 	done
-	echo "$j" | grep -q '"denials":6' && "$AIRLOCK" status -C "$W" | grep -q "^egress .* 6 denied" ||
+	echo "$j" | grep -q '"denials":7' && "$AIRLOCK" status -C "$W" | grep -q "^egress .* 7 denied" ||
 		{ echo "$j" >&2; "$AIRLOCK" status -C "$W" >&2; return 1; }
 }
 check "airlock status counts proxy connections and denials" t_status

@@ -17,7 +17,11 @@
  *   - an allow entry without ":port" allows ports 80 and 443 only;
  *   - IP literals in any spelling (dotted, integer, octal, hex, IPv6,
  *     bracketed) are refused whatever the allow list says;
- *   - a name is refused when ANY of its addresses is not public;
+ *   - a name is refused when ANY of its addresses is not public, is a
+ *     cloud metadata or provider-service address (egress_metadata_addrs),
+ *     or is an address of one of the host's own interfaces (read with
+ *     getifaddrs in the resolver thread for every lookup, so an address
+ *     added while the proxy runs counts at once);
  *   - CONNECT: the first client bytes must be a TLS ClientHello whose SNI
  *     equals the CONNECT host. A non-TLS stream is tunnelled only when the
  *     allow entry that matched names that port explicitly ("host:22");
@@ -59,6 +63,7 @@ enum egress_reason {
 	EGRESS_NO_SNI,		 /* TLS ClientHello without server_name */
 	EGRESS_NOT_TLS,		 /* non-TLS bytes in a tunnel that requires TLS */
 	EGRESS_BAD_REQUEST,	 /* malformed or unsupported request (detail says what) */
+	EGRESS_HOST_ADDRESS,	 /* resolved to an address of the host's own interfaces (detail: the address) */
 };
 const char *egress_reason_name(enum egress_reason r);
 
@@ -91,7 +96,8 @@ struct egress_cfg {
 	/* TEST ONLY: CIDRs ("127.0.0.2/32", "10.9.0.0/16", "fd00:1::/64")
 	 * whose addresses are treated as public. Never set in production:
 	 * this is how tests reach upstream servers on loopback or in a
-	 * network namespace. Metadata addresses are refused regardless. */
+	 * network namespace. Metadata addresses and the host's own
+	 * addresses are refused regardless. */
 	const char *const *allow_private_cidrs;
 	size_t n_allow_private_cidrs;
 	unsigned max_conns;	     /* 0 = 256 */
@@ -164,7 +170,7 @@ enum egress_addr_class {
 	EGRESS_ADDR_BROADCAST,	   /* 255.255.255.255 */
 	EGRESS_ADDR_RESERVED,	   /* 0/8, 240/4, 192.0.0/24, 198.18/15, non-2000::/3 ... */
 	EGRESS_ADDR_DOCUMENTATION, /* 192.0.2/24, 198.51.100/24, 203.0.113/24, 2001:db8::/32, 3fff::/20 */
-	EGRESS_ADDR_METADATA,	   /* 169.254.169.254, fd00:ec2::254 */
+	EGRESS_ADDR_METADATA,	   /* egress_metadata_addrs(): 169.254.169.254, fd00:ec2::254, 168.63.129.16 ... */
 };
 const char *egress_addr_class_name(enum egress_addr_class c);
 
@@ -173,6 +179,23 @@ const char *egress_addr_class_name(enum egress_addr_class c);
  * 6to4 2002::/16, Teredo 2001::/32 server and client) take the class of
  * the embedded address when that is not public. Other families: RESERVED. */
 enum egress_addr_class egress_addr_classify(const struct sockaddr *sa);
+
+/* The cloud metadata and provider-service addresses (doc/EGRESS.md has
+ * the table): classified EGRESS_ADDR_METADATA, also inside the IPv6
+ * forms that embed an IPv4 address. A static table; *n its length. */
+struct egress_metadata_addr {
+	const char *addr; /* numeric, IPv4 or IPv6 */
+	const char *what; /* whose service it is */
+};
+const struct egress_metadata_addr *egress_metadata_addrs(size_t *n);
+
+/* The 16-byte forms under which sa is compared with the host's own
+ * addresses: the address itself (an IPv4 one as ::ffff:a.b.c.d) and, for
+ * an IPv6 address that embeds an IPv4 one (mapped, compatible, NAT64,
+ * 6to4, the Teredo server), that IPv4 address as ::ffff:a.b.c.d. Returns
+ * how many were written to out (0 for other families). */
+#define EGRESS_ADDR_FORMS_MAX 2
+size_t egress_addr_forms(const struct sockaddr *sa, uint8_t out[EGRESS_ADDR_FORMS_MAX][16]);
 
 /* A parsed request head. Pointers point into the bytes given to
  * egress_parse_request and live as long as they do. */

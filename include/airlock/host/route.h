@@ -13,9 +13,11 @@
  *    word by word, exactly) runs on the host, without a shell, in the
  *    workspace (the mounted directory, so its writes are synced), through
  *    the command engine (exec.h), with the scrubbed environment (base +
- *    forward_env + request env, no inject values; route_local_check
- *    limits the request env and git's global options) and git's
- *    command-running configuration disabled (route_git_env). Its started
+ *    forward_env + request env, no inject values), only with arguments
+ *    route_local_check accepts (git's through the positive model of
+ *    gitargs.h, other programs exactly as listed), with git's
+ *    command-running configuration disabled (route_git_env) and
+ *    GIT_CEILING_DIRECTORIES at the workspace's parent. Its started
  *    event says "where":"host".
  *  - everything else goes to the guest backend, with the forwarded layer
  *    (forward_env + credentials.inject, cred.h) in relay_exec_req. When an
@@ -35,6 +37,7 @@
 struct loop;
 struct policy;
 struct route;
+struct gitargs_ws;
 
 struct route_cfg {
 	struct loop *loop;
@@ -62,22 +65,35 @@ extern const struct relay_backend_ops route_backend_ops;
 /* Whether argv matches one of the prefixes (policy execution.local). */
 bool route_match_local(const char *const *prefixes, size_t nprefixes, const char *const *argv, size_t argc);
 
+/* A request that matched execution.local, before it runs on the host. */
+struct route_local_req {
+	const char *const *prefixes; /* execution.local, as written */
+	size_t nprefixes;
+	const char *const *argv;
+	size_t argc;
+	const char *const *env; /* the request's "NAME=value" entries */
+	size_t nenv;
+	const struct gitargs_ws *ws; /* where it would run: git's path arguments must stay inside */
+};
+
 /* What a matching request may not do on the host: 0, or -EPERM with a
  * one-line reason in why. Request env names outside a small allow-list
  * (LANG, LC_*, TZ, TERM, COLUMNS, LINES, NO_COLOR, CLICOLOR*, FORCE_COLOR,
  * GIT_AUTHOR_* and GIT_COMMITTER_* NAME, EMAIL, DATE) are refused: PATH, LD_*,
- * HOME, GIT_* and the like would let the client run other code. For git,
- * options before the subcommand other than --version, --help, -h,
- * --no-pager, -P, --no-optional-locks, --literal-pathspecs and
- * --no-replace-objects are refused (-c and friends set any config). */
-int route_local_check(const char *const *argv, size_t argc, const char *const *env, size_t nenv, char *why, size_t n);
+ * HOME, GIT_* and the like would let the client run other code; so are
+ * values that are paths (a locale or TERM with '/', a TZ that is absolute
+ * or climbs with '..', COLUMNS/LINES that are not numbers). git (argv[0]
+ * named git) must be inside the positive model of gitargs.h; any other
+ * program runs only as exactly one of the prefixes, with nothing after. */
+int route_local_check(const struct route_local_req *q, char *why, size_t n);
 
 /* The environment entries that disable git's command-running
  * configuration, given the output of `git config --list -z` in the
  * command's directory (NULL/0: only the fixed part). *out is a
  * NULL-terminated array of "NAME=value" (route_git_env_free), *n its
  * length. Errors: -ENOMEM, -E2BIG (more than 4096
- * overrides). */
+ * overrides), -EPERM (the configuration sets core.worktree: git's work
+ * tree would be wherever it points, which no override can undo). */
 int route_git_env(const char *config_z, size_t len, char ***out, size_t *n);
 void route_git_env_free(char **v, size_t n); /* NULL is a no-op */
 

@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <setjmp.h>
@@ -228,6 +229,16 @@ static const struct {
     {"fc00::1", EGRESS_ADDR_PRIVATE},
     {"fd12:3456::1", EGRESS_ADDR_PRIVATE},
     {"fd00:ec2::254", EGRESS_ADDR_METADATA},
+    /* public or CGNAT addresses that only mean something inside a cloud */
+    {"168.63.129.16", EGRESS_ADDR_METADATA}, /* Azure WireServer */
+    {"::ffff:168.63.129.16", EGRESS_ADDR_METADATA},
+    {"64:ff9b::a83f:8110", EGRESS_ADDR_METADATA}, /* NAT64 of 168.63.129.16 */
+    {"100.100.100.200", EGRESS_ADDR_METADATA},	  /* Alibaba */
+    {"169.254.170.2", EGRESS_ADDR_METADATA},	  /* ECS task metadata */
+    {"169.254.169.253", EGRESS_ADDR_METADATA},	  /* AWS DNS */
+    {"fd00:ec2::23", EGRESS_ADDR_METADATA},
+    {"168.63.129.17", EGRESS_ADDR_PUBLIC},
+    {"100.100.100.201", EGRESS_ADDR_CGNAT},
     {"fe80::1", EGRESS_ADDR_LINK_LOCAL},
     {"febf::1", EGRESS_ADDR_LINK_LOCAL},
     {"fec0::1", EGRESS_ADDR_PRIVATE},
@@ -779,6 +790,180 @@ static void test_adopt(void **state)
 	loop_free(l);
 }
 
+/* The metadata table is data: every entry parses, is refused as metadata,
+ * and so is its IPv4-mapped form. */
+static void test_metadata_table(void **state)
+{
+	size_t n;
+	const struct egress_metadata_addr *t = egress_metadata_addrs(&n);
+	(void)state;
+	assert_true(n >= 10);
+	for (size_t i = 0; i < n; i++) {
+		struct sockaddr_in sin = {.sin_family = AF_INET};
+		struct sockaddr_in6 sin6 = {.sin6_family = AF_INET6};
+		assert_non_null(t[i].what);
+		if (inet_pton(AF_INET, t[i].addr, &sin.sin_addr) == 1) {
+			assert_int_equal(egress_addr_classify((struct sockaddr *)&sin), EGRESS_ADDR_METADATA);
+			memset(sin6.sin6_addr.s6_addr + 10, 0xff, 2);
+			memcpy(sin6.sin6_addr.s6_addr + 12, &sin.sin_addr, 4);
+		} else {
+			assert_int_equal(inet_pton(AF_INET6, t[i].addr, &sin6.sin6_addr), 1);
+		}
+		if (egress_addr_classify((struct sockaddr *)&sin6) != EGRESS_ADDR_METADATA)
+			fail_msg("%s (%s) is not metadata", t[i].addr, t[i].what);
+	}
+}
+
+static void test_addr_forms(void **state)
+{
+	static const struct {
+		const char *a;
+		size_t n;
+		const char *v4; /* the embedded IPv4 address, or NULL */
+	} t[] = {
+	    {"192.0.2.7", 1, "192.0.2.7"},
+	    {"::ffff:192.0.2.7", 1, "192.0.2.7"},
+	    {"64:ff9b::c000:207", 2, "192.0.2.7"},
+	    {"::c000:207", 2, "192.0.2.7"},
+	    {"2002:c000:207::1", 2, "192.0.2.7"},
+	    {"2001:0:c000:207::1", 2, "192.0.2.7"},
+	    {"2a00:1450::1", 1, NULL},
+	    {"::1", 1, NULL},
+	    {"::", 1, NULL},
+	};
+	(void)state;
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+		struct sockaddr_storage ss = {0};
+		uint8_t f[EGRESS_ADDR_FORMS_MAX][16], want[16] = {0};
+		if (inet_pton(AF_INET, t[i].a, &((struct sockaddr_in *)&ss)->sin_addr) == 1)
+			ss.ss_family = AF_INET;
+		else if (inet_pton(AF_INET6, t[i].a, &((struct sockaddr_in6 *)&ss)->sin6_addr) == 1)
+			ss.ss_family = AF_INET6;
+		size_t n = egress_addr_forms((struct sockaddr *)&ss, f);
+		if (n != t[i].n)
+			fail_msg("%s: %zu forms", t[i].a, n);
+		if (t[i].v4) {
+			want[10] = want[11] = 0xff;
+			assert_int_equal(inet_pton(AF_INET, t[i].v4, want + 12), 1);
+			assert_memory_equal(f[n - 1], want, 16);
+		}
+	}
+	struct sockaddr su = {.sa_family = AF_UNIX};
+	uint8_t f[EGRESS_ADDR_FORMS_MAX][16];
+	assert_int_equal(egress_addr_forms(&su, f), 0);
+}
+
+struct own_t {
+	int listener;
+	bool accepted;
+	enum egress_reason reason;
+	unsigned denials;
+	char detail[128];
+};
+
+static void own_denial(void *ud, const struct egress_denial *d)
+{
+	struct own_t *o = ud;
+	o->denials++;
+	o->reason = d->reason;
+	snprintf(o->detail, sizeof(o->detail), "%s", d->detail);
+}
+
+static void own_tick(struct loop *l, void *ud)
+{
+	struct own_t *o = ud;
+	int fd = accept4(o->listener, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+	if (fd >= 0) {
+		o->accepted = true;
+		close(fd);
+	}
+	if (o->accepted || o->denials || loop_add_timer(l, 5, own_tick, ud) == 0)
+		loop_stop(l);
+}
+
+/* One request through a proxy whose resolver table maps host to addr, to
+ * a server listening on every address of the host (0.0.0.0:port). */
+static void own_request(const char *host, const char *addr, struct own_t *o)
+{
+	struct sockaddr_in sin = {.sin_family = AF_INET};
+	socklen_t sl = sizeof(sin);
+	char hosts[] = "/tmp/test_egress_hosts.XXXXXX", cidr[64], req[256], name[64];
+	int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), sv[2];
+
+	assert_true(lfd >= 0);
+	assert_int_equal(bind(lfd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+	assert_int_equal(listen(lfd, 4), 0);
+	assert_int_equal(getsockname(lfd, (struct sockaddr *)&sin, &sl), 0);
+	int hfd = mkstemp(hosts);
+	assert_true(hfd >= 0);
+	dprintf(hfd, "%s %s\n", addr, host);
+	close(hfd);
+	snprintf(cidr, sizeof(cidr), "%s/32", addr);
+	snprintf(name, sizeof(name), "%s", host);
+	const char *cidrs[] = {cidr};
+	struct policy_host one = {name, name, false, ntohs(sin.sin_port)};
+	struct egress_cfg cfg = {
+	    .allow = &one, .n_allow = 1, .hosts_file = hosts, .allow_private_cidrs = cidrs, .n_allow_private_cidrs = 1};
+	struct egress_ops ops = {.on_denial = own_denial};
+	struct loop *l = loop_new();
+	struct egress *e;
+	char err[256];
+
+	memset(o, 0, sizeof(*o));
+	o->listener = lfd;
+	assert_int_equal(egress_new(l, &cfg, &ops, o, &e, err, sizeof(err)), 0);
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	assert_int_equal(egress_adopt(e, sv[0], "own", 1), 0);
+	int n = snprintf(req, sizeof(req), "GET http://%s:%u/ HTTP/1.1\r\nHost: %s:%u\r\n\r\n", host,
+			 ntohs(sin.sin_port), host, ntohs(sin.sin_port));
+	assert_int_equal(write(sv[1], req, (size_t)n), n);
+	assert_true(loop_add_timer(l, 5, own_tick, o) > 0);
+	uint64_t to = loop_add_timer(l, 5000, adopt_timeout, NULL);
+	assert_int_equal(loop_run(l), 0);
+	loop_del_timer(l, to);
+	close(sv[1]);
+	egress_free(e);
+	loop_free(l);
+	close(lfd);
+	unlink(hosts);
+}
+
+/* An allowed name resolving to one of the host's own addresses (a
+ * service bound on 0.0.0.0 answers there) is refused, even inside the
+ * test's allow_private_cidrs; the same server through a loopback alias
+ * that is not an interface address is reached (the check can fail). */
+static void test_own_address(void **state)
+{
+	struct ifaddrs *ifs = NULL;
+	char own[INET_ADDRSTRLEN] = "";
+	struct own_t o;
+	(void)state;
+
+	assert_int_equal(getifaddrs(&ifs), 0);
+	for (struct ifaddrs *f = ifs; f && !own[0]; f = f->ifa_next)
+		if (f->ifa_addr && f->ifa_addr->sa_family == AF_INET &&
+		    ((struct sockaddr_in *)f->ifa_addr)->sin_addr.s_addr != htonl(INADDR_LOOPBACK))
+			inet_ntop(AF_INET, &((struct sockaddr_in *)f->ifa_addr)->sin_addr, own, sizeof(own));
+	freeifaddrs(ifs);
+	own_request("alias.test", "127.0.0.2", &o);
+	assert_true(o.accepted);
+	assert_int_equal(o.denials, 0);
+	own_request("loop.test", "127.0.0.1", &o); /* lo's own address: loopback first */
+	assert_int_equal(o.denials, 1);
+	assert_int_equal(o.reason, EGRESS_HOST_ADDRESS);
+	assert_false(o.accepted);
+	if (!own[0]) {
+		print_message("no non-loopback IPv4 address on this host: the interface case is skipped\n");
+		return;
+	}
+	own_request("self.test", own, &o);
+	if (o.denials != 1 || o.reason != EGRESS_HOST_ADDRESS || o.accepted)
+		fail_msg("%s (own): denials %u reason %s accepted %d", own, o.denials, egress_reason_name(o.reason),
+			 o.accepted);
+	assert_non_null(strstr(o.detail, own));
+	assert_non_null(strstr(o.detail, "host interface"));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -794,6 +979,9 @@ int main(void)
 	    cmocka_unit_test(test_hello_openssl),
 	    cmocka_unit_test(test_names),
 	    cmocka_unit_test(test_adopt),
+	    cmocka_unit_test(test_metadata_table),
+	    cmocka_unit_test(test_addr_forms),
+	    cmocka_unit_test(test_own_address),
 	};
 
 	signal(SIGPIPE, SIG_IGN);

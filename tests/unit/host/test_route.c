@@ -13,10 +13,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "airlock/core/mem.h"
+#include "airlock/host/gitargs.h"
 #include "airlock/host/route.h"
 
 static void test_match_local(void **state)
@@ -40,8 +43,9 @@ static void test_match_local(void **state)
 
 static void test_local_check(void **state)
 {
+	static const char *const pre[] = {"git status", "git diff", "git", "make test", "printenv"};
 	static const struct {
-		const char *argv[4];
+		const char *argv[6];
 		size_t argc;
 		const char *env[2];
 		size_t nenv;
@@ -51,25 +55,67 @@ static void test_local_check(void **state)
 	    {{"git", "commit", "-m", "x"}, 4, {"GIT_AUTHOR_NAME=a", "TERM=dumb"}, 2, NULL},
 	    {{"git", "--no-pager", "log"}, 3, {0}, 0, NULL},
 	    {{"git", "--version"}, 2, {0}, 0, NULL},
-	    {{"make", "-C", "x"}, 3, {0}, 0, NULL}, /* only git's own options are vetted */
+	    {{"git", "status"}, 2, {"TZ=Europe/Paris", "LC_TIME=de_DE.UTF-8"}, 2, NULL},
+	    {{"git", "status"}, 2, {"TZ=UTC+3", "COLUMNS=120"}, 2, NULL},
+	    {{"git", "status"}, 2, {"TZ=EST5EDT,M3.2.0,M11.1.0", "TZ=:Asia/Tokyo"}, 2, NULL},
 	    {{"git", "status"}, 2, {"LD_PRELOAD=/w/evil.so"}, 1, "env LD_PRELOAD is not allowed"},
 	    {{"git", "status"}, 2, {"PATH=/w/bin"}, 1, "env PATH is not allowed"},
 	    {{"git", "status"}, 2, {"GIT_EXEC_PATH=/w"}, 1, "env GIT_EXEC_PATH is not allowed"},
 	    {{"git", "status"}, 2, {"HOME=/w"}, 1, "env HOME is not allowed"},
 	    {{"git", "status"}, 2, {"LC_=x"}, 1, "env LC_ is not allowed"},
-	    {{"git", "-c", "core.hooksPath=h", "commit"}, 4, {0}, 0, "git option '-c' before the subcommand"},
-	    {{"/usr/bin/git", "--exec-path=/w", "status"}, 3, {0}, 0, "git option '--exec-path=/w'"},
-	    {{"git", "-C", "/", "status"}, 4, {0}, 0, "git option '-C'"},
-	    {{"git", "--config-env=core.pager=X", "log"}, 3, {0}, 0, "git option '--config-env"},
+	    /* values that are paths */
+	    {{"git", "status"}, 2, {"TZ=/etc/shadow"}, 1, "env TZ: the value is a path"},
+	    {{"git", "status"}, 2, {"TZ=:/etc/shadow"}, 1, "env TZ: the value is a path"},
+	    {{"git", "status"}, 2, {"TZ=../../../etc/shadow"}, 1, "env TZ: the value climbs"},
+	    {{"git", "status"}, 2, {"TZ=Europe/$(x)"}, 1, "env TZ: the value has characters"},
+	    {{"git", "status"}, 2, {"LC_ALL=/tmp/evil"}, 1, "env LC_ALL: the value names a file"},
+	    {{"git", "status"}, 2, {"LANG=../../tmp/x"}, 1, "env LANG: the value names a file"},
+	    {{"git", "status"}, 2, {"LC_MESSAGES=C/x"}, 1, "env LC_MESSAGES: the value names a file"},
+	    {{"git", "status"}, 2, {"TERM=/tmp/terminfo"}, 1, "env TERM: the value names a file"},
+	    {{"git", "status"}, 2, {"COLUMNS=1e9"}, 1, "env COLUMNS: the value is not a number"},
+	    /* git: the positive model (gitargs.h, tests/unit/host/test_gitargs.c) */
+	    {{"git", "-c", "core.hooksPath=h", "commit"}, 4, {0}, 0, "option '-c' is not allowed"},
+	    {{"/usr/bin/git", "--exec-path=/w", "status"}, 3, {0}, 0, "option '--exec-path' is not allowed"},
+	    {{"git", "-C", "/", "status"}, 4, {0}, 0, "option '-C' is not allowed"},
+	    {{"git", "--config-env=core.pager=X", "log"}, 3, {0}, 0, "option '--config-env' is not allowed"},
+	    {{"git", "diff", "--no-index", "/etc/shadow", "/dev/null"},
+	     5,
+	     {0},
+	     0,
+	     "option '--no-index' is not allowed"},
+	    {{"git", "diff", "--output=/tmp/x"}, 3, {0}, 0, "option '--output' is not allowed"},
+	    /* other programs: exactly as listed */
+	    {{"make", "test"}, 2, {0}, 0, NULL},
+	    {{"printenv"}, 1, {0}, 0, NULL},
+	    {{"make", "test", "-C", "/"},
+	     4,
+	     {0},
+	     0,
+	     "'make' runs on the host only exactly as execution.local lists it"},
+	    {{"printenv", "HOME"}, 2, {0}, 0, "'printenv' runs on the host only exactly"},
 	};
-	char why[512];
+	char why[512], dir[] = "/tmp/test_route.XXXXXX";
 	(void)state;
+	assert_non_null(mkdtemp(dir));
+	struct gitargs_ws ws = {.root_fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC), .root = dir, .cwd = ""};
+	assert_true(ws.root_fd >= 0);
 	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+		struct route_local_req q = {
+		    .prefixes = pre,
+		    .nprefixes = sizeof(pre) / sizeof(pre[0]),
+		    .argv = t[i].argv,
+		    .argc = t[i].argc,
+		    .env = t[i].env,
+		    .nenv = t[i].nenv,
+		    .ws = &ws,
+		};
 		why[0] = '\0';
-		int r = route_local_check(t[i].argv, t[i].argc, t[i].env, t[i].nenv, why, sizeof(why));
+		int r = route_local_check(&q, why, sizeof(why));
 		if (t[i].why ? (r != -EPERM || !strstr(why, t[i].why)) : r != 0)
 			fail_msg("case %zu: got %d '%s'", i, r, why);
 	}
+	close(ws.root_fd);
+	rmdir(dir);
 }
 
 static const char *env_get(char **v, size_t n, const char *name)
@@ -140,7 +186,13 @@ static void test_git_env(void **state)
 	assert_string_equal(cfg_get(v, n, "submodule.s.update"), "checkout");
 	assert_null(cfg_get(v, n, "user.name"));
 	assert_null(cfg_get(v, n, "truncated.entry"));
+	assert_string_equal(cfg_get(v, n, "safe.bareRepository"), "explicit");
 	route_git_env_free(v, n);
+	/* a work tree elsewhere: refused, not overridden */
+	static const char wt[] = "core.bare\nfalse\0core.worktree\n/\0";
+	v = NULL;
+	assert_int_equal(route_git_env(wt, sizeof(wt) - 1, &v, &n), -EPERM);
+	assert_null(v);
 	/* without a probe: the fixed part only */
 	assert_int_equal(route_git_env(NULL, 0, &v, &n), 0);
 	assert_string_equal(cfg_get(v, n, "core.hooksPath"), "/dev/null");
