@@ -775,14 +775,14 @@ static const struct loosening {
 	const char *key; /* dotted path */
 	bool (*loosens)(const json_t *v);
 } loosening_keys[] = {
-    {"execution.local", nonempty},		 /* commands on the host */
+    {"execution.local", nonempty},			 /* commands on the host */
     {"execution.timeout_seconds", over_default_timeout}, /* longer than the relay's default */
-    {"credentials.forward_env", nonempty},	 /* the daemon's environment in the guest */
-    {"credentials.inject", nonempty},		 /* the user's credential sources in the guest */
-    {"workspace.sync.allow_secrets", nonempty},	 /* secrets in the guest */
-    {"workspace.sync.gitignore", is_false},	 /* ignored files in the guest */
-    {"workspace.writeback", nonempty},		 /* guest changes landing on the host */
-    {"egress.allow", nonempty},			 /* hosts the sandbox may reach */
+    {"credentials.forward_env", nonempty},		 /* the daemon's environment in the guest */
+    {"credentials.inject", nonempty},			 /* the user's credential sources in the guest */
+    {"workspace.sync.allow_secrets", nonempty},		 /* secrets in the guest */
+    {"workspace.sync.gitignore", is_false},		 /* ignored files in the guest */
+    {"workspace.writeback", nonempty},			 /* guest changes landing on the host */
+    {"egress.allow", nonempty},				 /* hosts the sandbox may reach */
 };
 
 /* The object that holds the last component of key in root, and that
@@ -795,7 +795,8 @@ static json_t *key_parent(json_t *root, const char *key, char *last, size_t last
 	for (const char *dot; (dot = strchr(k, '.')); k = dot + 1) {
 		char part[64];
 		snprintf(part, sizeof(part), "%.*s", (int)(dot - k), k);
-		if (!json_is_object(o = json_object_get(o, part)))
+		o = json_object_get(o, part);
+		if (!json_is_object(o)) /* a macro: evaluates its argument twice */
 			return NULL;
 	}
 	snprintf(last, lastlen, "%s", k);
@@ -1070,6 +1071,7 @@ static int load_text(const char *path, const char *text, size_t len, bool strip,
 	if (strip) {
 		struct policy_list ignored = {0};
 		if ((r = strip_loosening(root, &ignored)) < 0) {
+			list_free(&ignored);
 			oom(&L);
 			goto out;
 		}

@@ -137,8 +137,7 @@ int cmd_audit(int argc, char **argv)
 			printf("no sync recorded for %s yet (run airlock sync)\n", dir);
 			if (note[0])
 				printf("untrusted %s\n", note);
-		}
-		else {
+		} else {
 			const char *when = json_string_value(json_object_get(w, "time"));
 			printf("last sync scan: %s (policy: %s)\n", when ? when : "?",
 			       json_string_value(json_object_get(w, "policy"))

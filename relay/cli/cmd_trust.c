@@ -15,9 +15,10 @@
 #include "airlock/policy/trust.h"
 #include "cmd_i.h"
 
-static const char usage_text[] = "usage: airlock trust [DIR]           approve DIR/airlock.json as it is now\n"
-				 "       airlock trust --revoke [DIR]  withdraw the approval\n"
-				 "       airlock trust --list          every approval, and whether it is still current\n";
+static const char usage_text[] =
+    "usage: airlock trust [DIR]           approve DIR/airlock.json as it is now\n"
+    "       airlock trust --revoke [DIR]  withdraw the approval\n"
+    "       airlock trust --list          every approval, and whether it is still current\n";
 
 static int list_one(const char *ws, const uint8_t digest[TRUST_DIGEST_LEN], void *ud)
 {

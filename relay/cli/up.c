@@ -272,7 +272,8 @@ static int start_mount(struct up *u)
 	return 0;
 }
 
-_Static_assert(POLICY_TIMEOUT_DEFAULT_S == RELAY_DEFAULT_TIMEOUT_S, "a trusted-only longer timeout is one over the relay's");
+_Static_assert(POLICY_TIMEOUT_DEFAULT_S == RELAY_DEFAULT_TIMEOUT_S,
+	       "a trusted-only longer timeout is one over the relay's");
 
 /* Command routing and the relay socket. 0, or -1 after saying why. */
 static int start_relay(struct up *u)
