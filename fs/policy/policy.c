@@ -1290,6 +1290,8 @@ struct pstate {
 	bool prune;			    /* directories: skip the subtree */
 	enum policy_reason reason;	    /* for the path itself */
 	enum policy_reason prune_reason;    /* for everything beneath, when pruned */
+	const struct ignore_pattern *over;  /* POLICY_OVER_BUDGET: the pattern that ran out */
+	const char *over_src;		    /* its list, NULL for the secret list */
 };
 
 struct dnode {
@@ -1500,7 +1502,11 @@ static int load_list(struct policy_ctx *ctx, struct ignore_list *l, const char *
 		mem_free(buf);
 		return -ENOMEM;
 	}
-	return ignore_list_parse(l, src, baselen, buf, len, 0);
+	if ((r = ignore_list_parse(l, src, baselen, buf, len, 0)) == -E2BIG) {
+		warn(ctx, "%s: more than %u patterns; its rules are not used", rel, IGNORE_PATTERNS_MAX);
+		return 0;
+	}
+	return r;
 }
 
 static bool allow_exact(const struct policy *p, const char *path, size_t len)
@@ -1572,8 +1578,8 @@ static bool include_may_match_beneath(const struct policy *p, const char *dir, s
 
 /* The state of path (NUL-terminated, length len) whose parent directory is
  * P (NULL for the root itself). */
-static void compute_state(const struct policy_ctx *ctx, const struct dnode *P, const char *path, size_t len, int is_dir,
-			  struct pstate *st)
+static void decide(const struct policy_ctx *ctx, const struct dnode *P, const char *path, size_t len, int is_dir,
+		   struct pstate *st)
 {
 	const struct policy *p = ctx->p;
 	const char *sl = memrchr(path, '/', len);
@@ -1644,6 +1650,28 @@ static void compute_state(const struct policy_ctx *ctx, const struct dnode *P, c
 /* Create the node for path[0..len) under parent P (NULL: the root). */
 /* Over the rule-memory cap in the middle of a lookup: drop every cached
  * node except n and its ancestors, which the lookup is still using. */
+/* decide() within the matcher's budget; a decision over it withholds the
+ * path (and, for a directory, everything beneath): the rules could not be
+ * told in bounded time, and not sending is the safe answer. */
+static void compute_state(const struct policy_ctx *ctx, const struct dnode *P, const char *path, size_t len, int is_dir,
+			  struct pstate *st)
+{
+	const struct ignore_pattern *pat;
+	const char *src;
+
+	ignore_budget_start(POLICY_MATCH_BUDGET);
+	decide(ctx, P, path, len, is_dir, st);
+	if (!ignore_budget_end(&pat, &src))
+		return;
+	st->reason = POLICY_OVER_BUDGET;
+	st->over = pat;
+	st->over_src = src;
+	if (is_dir) {
+		st->prune = true;
+		st->prune_reason = POLICY_OVER_BUDGET;
+	}
+}
+
 static void evict_except_chain(struct policy_ctx *ctx, struct dnode *n)
 {
 	for (struct dnode *a = n; a; a = a->parent)
@@ -1847,6 +1875,15 @@ static void fill_verdict(const struct policy *p, const struct pstate *st, enum p
 		ignore_pattern_format(st->ign, pat, sizeof(pat));
 		snprintf(v->rule, sizeof(v->rule), "gitignore: %.200s:%u: %.280s", st->ign_list->src, st->ign->line,
 			 pat);
+		break;
+	case POLICY_OVER_BUDGET:
+		if (st->over)
+			ignore_pattern_format(st->over, pat, sizeof(pat));
+		snprintf(v->rule, sizeof(v->rule),
+			 "over budget: %.200s:%u: %.200s: deciding this path took over %lu matcher steps; withheld "
+			 "to be safe (simplify the rule)",
+			 st->over_src ? st->over_src : "built-in secret list", st->over ? st->over->line : 0,
+			 st->over ? pat : "?", POLICY_MATCH_BUDGET);
 		break;
 	case POLICY_NOT_INCLUDED:
 		if (st->inc)

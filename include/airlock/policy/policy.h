@@ -200,7 +200,13 @@ enum policy_reason {
 	POLICY_EXCLUDED,     /* workspace.sync.exclude */
 	POLICY_IGNORED,	     /* .gitignore / .git/info/exclude */
 	POLICY_NOT_INCLUDED, /* workspace.sync.include */
+	POLICY_OVER_BUDGET,  /* deciding took over POLICY_MATCH_BUDGET matcher steps: withheld to be safe */
 };
+
+/* Matcher steps one decision may take (ignore.h ignore_budget_start): a
+ * path whose rules cost more is withheld, its rule naming the pattern. A
+ * real .gitignore of a few thousand rules takes a few thousand. */
+#define POLICY_MATCH_BUDGET 200000ul
 
 struct policy_verdict {
 	enum policy_reason reason; /* POLICY_SYNCED, or why it is withheld */

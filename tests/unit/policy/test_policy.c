@@ -1126,6 +1126,106 @@ static void test_ctx_rule_files(void **state)
 	assert_int_equal(rmdir(dir), 0);
 }
 
+/* The pathological rule file of doc/SYNC.md "Bounds on ignore rules":
+ * thousands of "** / *a*a...*bN" patterns (no spaces) against long names
+ * of a's. Each
+ * decision stays within the budget (counted in matcher steps, not timed),
+ * and a decision that needs more is withheld, naming the rule. */
+static void write_budget_rules(const char *path, unsigned n)
+{
+	FILE *f = fopen(path, "w");
+
+	assert_non_null(f);
+	/* a star, then a long literal run that almost matches a's: the
+	 * classic matcher's worst case, O(name * run) per pattern; no literal
+	 * tail for the suffix check to turn it away */
+	for (unsigned i = 0; i < n; i++)
+		fprintf(f, "**/*aaaaaaaaaaaaaaaaaaaab%u?\n", i);
+	fclose(f);
+}
+
+static void test_match_budget(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/airlock-policy-budget-XXXXXX", path[PATH_MAX], name[256];
+	struct policy *p;
+	struct policy_ctx *ctx;
+	struct policy_verdict v;
+
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/.gitignore", dir);
+	write_budget_rules(path, 9000);
+	int fd = open(dir, O_RDONLY | O_DIRECTORY);
+	assert_true(fd >= 0);
+	assert_int_equal(policy_default(&p), 0);
+	assert_int_equal(policy_ctx_new(p, fd, &ctx), 0);
+	memset(name, 'a', 200);
+	name[200] = '\0';
+	for (int k = 0; k < 3; k++) {
+		char rel[512];
+		snprintf(rel, sizeof(rel), k == 0 ? "%s" : k == 1 ? "src/%s" : "src/%s/x", name);
+		unsigned long before = ignore_steps();
+		assert_int_equal(policy_check(p, ctx, rel, 0, &v), 0);
+		unsigned long steps = ignore_steps() - before;
+		/* each decision on the path (a directory once, then the file)
+		 * within the budget: k=1 decides src and the file, k=2 also src/aaa.. */
+		if (steps > (unsigned long)(k + 1) * (POLICY_MATCH_BUDGET + 1))
+			fail_msg("%s: %lu matcher steps, over %d budgets of %lu", rel, steps, k + 1,
+				 POLICY_MATCH_BUDGET);
+		if (v.reason != POLICY_OVER_BUDGET)
+			fail_msg("%s: reason %d (%s), want over budget", rel, v.reason, v.rule);
+		assert_non_null(strstr(v.rule, "over budget: .gitignore:"));
+		assert_non_null(strstr(v.rule, ": **/*aaaaaaaaaaaaaaaaaaaab"));
+	}
+	/* a directory over budget is pruned: nothing beneath is sent */
+	assert_int_equal(policy_check(p, ctx, name, 1, &v), 0);
+	assert_int_equal(v.reason, POLICY_OVER_BUDGET);
+	assert_true(v.prune);
+	/* the budget ends with the decision: a match afterwards runs whole */
+	const char *pat = "*aaaaaaaaaaaaaaaaaaaa?";
+	assert_true(ignore_wildmatch(pat, strlen(pat), name, 200, 0));
+	policy_ctx_free(ctx);
+
+	/* fewer of the same rules: decided in full, and right */
+	write_budget_rules(path, 300);
+	assert_int_equal(policy_ctx_new(p, fd, &ctx), 0);
+	assert_int_equal(policy_check(p, ctx, "aaaaaaaaaaaaaaaaaaaab17x", 0, &v), 0);
+	if (v.reason != POLICY_IGNORED || !strstr(v.rule, ".gitignore:18: **/*aaaaaaaaaaaaaaaaaaaab17?"))
+		fail_msg("short name: %d %s", v.reason, v.rule);
+	assert_int_equal(policy_check(p, ctx, "README.md", 0, &v), 0);
+	assert_int_equal(v.reason, POLICY_SYNCED);
+	policy_ctx_free(ctx);
+
+	/* more patterns than a rule file may hold: its rules are not used, and
+	 * the warning names the file and the cap */
+	FILE *f = fopen(path, "w");
+	for (unsigned i = 0; i < IGNORE_PATTERNS_MAX + 1; i++)
+		fprintf(f, "x%u\n", i);
+	fclose(f);
+	assert_int_equal(policy_ctx_new(p, fd, &ctx), 0);
+	assert_int_equal(policy_check(p, ctx, "x1", 0, &v), 0);
+	assert_int_equal(v.reason, POLICY_SYNCED);
+	const char *last = NULL;
+	assert_int_equal(policy_ctx_warnings(ctx, &last), 1);
+	char want[128];
+	snprintf(want, sizeof(want), ".gitignore: more than %u patterns; its rules are not used", IGNORE_PATTERNS_MAX);
+	assert_string_equal(last, want);
+	policy_ctx_free(ctx);
+	/* at the cap they are */
+	f = fopen(path, "w");
+	for (unsigned i = 0; i < IGNORE_PATTERNS_MAX; i++)
+		fprintf(f, "x%u\n", i);
+	fclose(f);
+	assert_int_equal(policy_ctx_new(p, fd, &ctx), 0);
+	assert_int_equal(policy_check(p, ctx, "x1", 0, &v), 0);
+	assert_int_equal(v.reason, POLICY_IGNORED);
+	policy_ctx_free(ctx);
+	policy_free(p);
+	close(fd);
+	unlink(path);
+	rmdir(dir);
+}
+
 /* The cache stays bounded and gives the same answers when it is dropped. */
 static void test_ctx_limits(void **state)
 {
@@ -1178,6 +1278,7 @@ int main(void)
 	    cmocka_unit_test(test_bad_relpaths),
 	    cmocka_unit_test(test_ctx_rule_files),
 	    cmocka_unit_test(test_ctx_limits),
+	    cmocka_unit_test(test_match_budget),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
