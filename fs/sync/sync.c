@@ -651,6 +651,18 @@ static int host_scan(struct sync *s, char *why, size_t whylen)
 		snprintf(why, whylen, "scanning the workspace: %s", strerror(-r));
 		return r;
 	}
+	/* rule files the policy could not use (too large, too many patterns,
+	 * a symlink) since the engine started (a ctx caches what it read):
+	 * for `airlock audit`, under the pseudo-path of the rules */
+	const char *last;
+	unsigned nw = policy_ctx_warnings(s->pctx, &last);
+	if (nw && !x.err) {
+		char text[POLICY_RULE_MAX + 64];
+		snprintf(text, sizeof(text), "%s%.*s", nw > 1 ? "several rule files skipped; the last: " : "",
+			 POLICY_RULE_MAX, last);
+		if (records_add(&s->skipped, "(ignore rules)", text) < 0)
+			x.err = -ENOMEM;
+	}
 	if (x.err) {
 		snprintf(why, whylen, "scanning the workspace: %s", strerror(-x.err));
 		return x.err;

@@ -94,5 +94,19 @@ t_withheld() {
 }
 check "over the matcher's budget: withheld (not synced), audit names the rule" t_withheld
 check "down" t_up_down
+
+# a rule file over the pattern cap: not used, and audit says so
+t_cap() {
+	python3 -c 'import sys; sys.stdout.write("".join("x%d\n" % i for i in range(10001)))' >"$W/.gitignore"
+	echo kept >"$W/x5"
+	start_bg up "$AIRLOCK" up "$W" --guest "unix:$T/a2.sock" --key "$T/hk" --guest-key "$GPUB"
+	UP_PID=$BG_PID
+	wait_line "$T/up.out" "^airlock: $W in sync with unix:$T/a2.sock\$" 60 || return 1
+	[ -e "$G/x5" ] || { echo "x5 was not synced" >&2; return 1; }
+	"$AIRLOCK" audit -C "$W" | grep -qF "skipped   (ignore rules)  (.gitignore: more than 10000 patterns; its rules are not used)" ||
+		{ echo "audit does not name the capped file:" >&2; "$AIRLOCK" audit -C "$W" | head -5 >&2; return 1; }
+}
+check "a .gitignore over 10000 patterns: not used, audit names the file and the cap" t_cap
+check "down" t_up_down
 check "no sanitizer reports" t_no_sanitizer_reports
 finish
