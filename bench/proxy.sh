@@ -59,6 +59,8 @@ ip netns exec "$NS_S" openssl s_server -quiet -accept 1.2.3.4:443 -cert "$T/tls.
 PIDS+=($!)
 printf '127.0.0.1 localhost\n1.2.3.4 allowed.test\n' >"$T/hosts"
 echo '{ "egress": { "default": "deny", "allow": ["allowed.test"] } }' >"$T/work/airlock.json"
+export XDG_CONFIG_HOME=$T/config # the trust store: the workspace policy's egress.allow needs the user's approval
+"$AIRLOCK" trust "$T/work" 2>/dev/null
 "$AIRLOCK" keygen -o "$T/hk" >"$T/hk.pub"
 "$AIRLOCK" keygen -o "$T/gk" >"$T/gk.pub"
 unshare -n sh -c 'ip link set lo up && exec "$0" "$@"' "$AGENT" --listen "unix:$T/a.sock" --root "$T/guest" \

@@ -14,11 +14,58 @@
 
 #define NONE SIZE_MAX
 
-static _Thread_local unsigned long wm_steps;
+/* The calling thread's step counter and its budget (ignore.h): wm_limit
+ * is the step count at which the budget runs out, 0 without one. Once
+ * over, every match fails at once and the first pattern met is kept. */
+static _Thread_local unsigned long wm_steps, wm_limit;
+static _Thread_local bool wm_over;
+static _Thread_local const struct ignore_pattern *wm_over_pat;
+static _Thread_local const char *wm_over_src;
 
 unsigned long ignore_steps(void)
 {
 	return wm_steps;
+}
+
+void ignore_budget_start(unsigned long steps)
+{
+	wm_limit = wm_steps + (steps ? steps : 1);
+	wm_over = false;
+	wm_over_pat = NULL;
+	wm_over_src = NULL;
+}
+
+bool ignore_budget_end(const struct ignore_pattern **pat, const char **src)
+{
+	bool over = wm_over;
+
+	if (pat)
+		*pat = wm_over_pat;
+	if (src)
+		*src = wm_over_src;
+	wm_limit = 0;
+	wm_over = false;
+	wm_over_pat = NULL;
+	wm_over_src = NULL;
+	return over;
+}
+
+/* One step; false once the budget is spent. */
+static inline bool step(void)
+{
+	wm_steps++;
+	if (wm_limit && wm_steps > wm_limit)
+		wm_over = true;
+	return !wm_over;
+}
+
+/* Name the pattern that ran out of budget (the first one only). */
+static void note_over(const struct ignore_pattern *ip, const char *src)
+{
+	if (wm_over && !wm_over_pat) {
+		wm_over_pat = ip;
+		wm_over_src = src;
+	}
 }
 
 static inline unsigned char fold(unsigned char c, unsigned flags)
@@ -187,8 +234,24 @@ bool ignore_wildmatch(const char *pat, size_t plen, const char *txt, size_t tlen
 	size_t d_pi = NONE, d_ti = 0;
 	bool s_cross = false, d_slash = false;
 
+	/* The pattern must consume the whole text, so its trailing literal run
+	 * (back to the last * ? [ ] backslash or "/": a "**" + "/" may match
+	 * nothing) must end the text: one compare turns most non-matching
+	 * patterns away before any backtracking. */
+	size_t tail = 0;
+	while (tail < plen && !is_special(p[plen - 1 - tail]) && p[plen - 1 - tail] != ']' && p[plen - 1 - tail] != '/')
+		tail++;
+	if (tail && tail < plen) {
+		if (!step() || tail > tlen)
+			return false;
+		for (size_t k = 1; k <= tail; k++)
+			if (fold(p[plen - k], flags) != fold(t[tlen - k], flags))
+				return false;
+	}
+
 	for (;;) {
-		wm_steps++;
+		if (!step())
+			return false; /* over budget: the caller fails safe */
 		if (pi < plen && p[pi] == '*') {
 			size_t q = pi;
 			while (q < plen && p[q] == '*')
@@ -348,7 +411,7 @@ static bool match_one(const struct ignore_pattern *ip, const char *base, size_t 
 {
 	unsigned wmf = (ip->flags & IGNORE_CASEFOLD) ? IGNORE_WM_CASEFOLD : 0;
 
-	if ((ip->flags & IGNORE_MUSTBEDIR) && !is_dir)
+	if (!step() || ((ip->flags & IGNORE_MUSTBEDIR) && !is_dir))
 		return false;
 
 	if (ip->flags & IGNORE_NODIR) {
@@ -403,16 +466,24 @@ static size_t basename_off(const char *path, size_t len)
 bool ignore_pattern_match(const struct ignore_pattern *ip, const char *base, size_t baselen, const char *path,
 			  size_t len, int is_dir)
 {
-	return match_one(ip, base, baselen, path, len, basename_off(path, len), is_dir);
+	bool m = match_one(ip, base, baselen, path, len, basename_off(path, len), is_dir);
+
+	note_over(ip, NULL);
+	return m;
 }
 
 const struct ignore_pattern *ignore_list_match(const struct ignore_list *l, const char *path, size_t len, int is_dir)
 {
 	size_t bn = basename_off(path, len);
 
-	for (size_t i = l->n; i-- > 0;)
+	for (size_t i = l->n; i-- > 0;) {
 		if (match_one(&l->v[i], l->src, l->baselen, path, len, bn, is_dir))
 			return &l->v[i];
+		if (wm_over) {
+			note_over(&l->v[i], l->src);
+			return NULL;
+		}
+	}
 	return NULL;
 }
 
@@ -464,6 +535,10 @@ int ignore_list_parse(struct ignore_list *l, char *src, size_t baselen, char *bu
 				l->n++;
 		}
 		s = next;
+	}
+	if (l->n > IGNORE_PATTERNS_MAX) {
+		ignore_list_clear(l);
+		return -E2BIG;
 	}
 	return 0;
 }

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <limits.h>
 #include <linux/openat2.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -20,9 +21,14 @@
 #include "airlock/core/errmsg.h"
 #include "airlock/core/mem.h"
 #include "airlock/policy/ignore.h"
+#include "airlock/policy/trust.h"
 
 struct policy {
 	char *source;
+	enum policy_trust trust;
+	char *workspace;	    /* realpath of the workspace, for an untrusted policy's note */
+	struct policy_list ignored; /* loosening keys left out of an untrusted policy */
+	bool other_file;	    /* a --policy file in the workspace other than its airlock.json */
 	struct policy_workspace ws;
 	struct policy_execution ex;
 	struct policy_credentials cr;
@@ -48,6 +54,8 @@ void policy_free(struct policy *p)
 	if (!p)
 		return;
 	mem_free(p->source);
+	mem_free(p->workspace);
+	list_free(&p->ignored);
 	mem_free((void *)p->ws.template_name);
 	list_free(&p->ws.include);
 	list_free(&p->ws.exclude);
@@ -737,6 +745,87 @@ static const struct field top_fields[] = {
     {"egress", p_egress},
 };
 
+/* ------------------------------------------------------------------ */
+/* trust: what an unapproved repository policy may not do (doc/UP.md) */
+
+static bool nonempty(const json_t *v)
+{
+	return !((json_is_array(v) && json_array_size(v) == 0) || (json_is_object(v) && json_object_size(v) == 0));
+}
+
+static bool is_false(const json_t *v)
+{
+	return json_is_false(v);
+}
+
+static bool over_default_timeout(const json_t *v)
+{
+	return json_integer_value(v) > POLICY_TIMEOUT_DEFAULT_S;
+}
+
+/*
+ * Every key whose value can loosen the built-in default, with the test of
+ * whether this value does. Everything else in the file can only tighten
+ * it (more excludes, an include list, a shorter timeout, an idle ttl) and
+ * applies without approval. A key listed here that the loader does not
+ * know yet is still stripped from an unapproved file; a trusted one must
+ * wait for its parser.
+ */
+static const struct loosening {
+	const char *key; /* dotted path */
+	bool (*loosens)(const json_t *v);
+} loosening_keys[] = {
+    {"execution.local", nonempty},			 /* commands on the host */
+    {"execution.timeout_seconds", over_default_timeout}, /* longer than the relay's default */
+    {"credentials.forward_env", nonempty},		 /* the daemon's environment in the guest */
+    {"credentials.inject", nonempty},			 /* the user's credential sources in the guest */
+    {"workspace.sync.allow_secrets", nonempty},		 /* secrets in the guest */
+    {"workspace.sync.gitignore", is_false},		 /* ignored files in the guest */
+    {"workspace.writeback", nonempty},			 /* guest changes landing on the host */
+    {"egress.allow", nonempty},				 /* hosts the sandbox may reach */
+};
+
+/* The object that holds the last component of key in root, and that
+ * component; NULL when a level is missing. */
+static json_t *key_parent(json_t *root, const char *key, char *last, size_t lastlen)
+{
+	json_t *o = root;
+	const char *k = key;
+
+	for (const char *dot; (dot = strchr(k, '.')); k = dot + 1) {
+		char part[64];
+		snprintf(part, sizeof(part), "%.*s", (int)(dot - k), k);
+		o = json_object_get(o, part);
+		if (!json_is_object(o)) /* a macro: evaluates its argument twice */
+			return NULL;
+	}
+	snprintf(last, lastlen, "%s", k);
+	return o;
+}
+
+/* Remove the loosening keys of a validated document; their names into
+ * *ignored. 0 or -ENOMEM. */
+static int strip_loosening(json_t *root, struct policy_list *ignored)
+{
+	const size_t n = sizeof(loosening_keys) / sizeof(loosening_keys[0]);
+	const char **v = mem_calloc(n, sizeof(*v));
+
+	if (!v)
+		return -ENOMEM;
+	ignored->v = v;
+	for (size_t i = 0; i < n; i++) {
+		char last[64];
+		json_t *o = key_parent(root, loosening_keys[i].key, last, sizeof(last)), *val;
+		if (!o || !(val = json_object_get(o, last)) || !loosening_keys[i].loosens(val))
+			continue;
+		if (!(v[ignored->n] = mem_strdup(loosening_keys[i].key)))
+			return -ENOMEM;
+		ignored->n++;
+		json_object_del(o, last);
+	}
+	return 0;
+}
+
 /*
  * The key path at byte offset `off` of a JSON text, for parser errors that
  * only come with a position (duplicate keys, syntax errors). A light scan:
@@ -931,20 +1020,18 @@ static json_t *parse_json(const char *text, size_t len, json_error_t *jerr, bool
 	return root;
 }
 
-int policy_load(const char *path, struct policy **out, char *err, size_t errlen)
+/* Parse text[0..len) (the bytes of the file path) into *out. With strip,
+ * the loosening keys are left out after the whole file was validated, and
+ * their names kept in the policy (policy_ignored). */
+static int load_text(const char *path, const char *text, size_t len, bool strip, struct policy **out, char *err,
+		     size_t errlen)
 {
 	struct loader L = {.file = path, .err = err, .errlen = errlen};
 	json_error_t jerr;
 	json_t *root = NULL;
-	char *text = NULL;
-	size_t len = 0;
 	int r;
 
 	*out = NULL;
-	if (errlen)
-		err[0] = '\0';
-	if ((r = read_policy_file(&L, path, &text, &len)) < 0)
-		return r;
 	size_t ws = 0;
 	while (ws < len && (text[ws] == ' ' || text[ws] == '\t' || text[ws] == '\r' || text[ws] == '\n'))
 		ws++;
@@ -981,6 +1068,29 @@ int policy_load(const char *path, struct policy **out, char *err, size_t errlen)
 	}
 	if ((r = parse_fields(&L, root, FIELDS(top_fields))) < 0)
 		goto out;
+	if (strip) {
+		struct policy_list ignored = {0};
+		if ((r = strip_loosening(root, &ignored)) < 0) {
+			list_free(&ignored);
+			oom(&L);
+			goto out;
+		}
+		if (ignored.n) {
+			/* again, without them: the result is what a policy of only
+			 * the tightening keys would be */
+			policy_free(L.p);
+			if (!(L.p = policy_alloc(path))) {
+				list_free(&ignored);
+				r = oom(&L);
+				goto out;
+			}
+			if ((r = parse_fields(&L, root, FIELDS(top_fields))) < 0) {
+				list_free(&ignored);
+				goto out;
+			}
+		}
+		L.p->ignored = ignored;
+	}
 	if ((r = policy_compile(L.p)) < 0) {
 		oom(&L);
 		goto out;
@@ -990,34 +1100,175 @@ int policy_load(const char *path, struct policy **out, char *err, size_t errlen)
 out:
 	policy_free(L.p);
 	json_decref(root);
-	mem_free(text);
 	return r;
 }
 
-int policy_load_for_workspace(const char *dir, const char *explicit_path, struct policy **out, char *err, size_t errlen)
+int policy_load(const char *path, struct policy **out, char *err, size_t errlen)
 {
-	char path[4096];
-	struct stat st;
-	int n;
+	struct loader L = {.file = path, .err = err, .errlen = errlen};
+	char *text = NULL;
+	size_t len = 0;
+	int r;
 
 	*out = NULL;
 	if (errlen)
 		err[0] = '\0';
-	if (explicit_path)
-		return policy_load(explicit_path, out, err, errlen);
-	n = snprintf(path, sizeof(path), "%s/%s", dir, POLICY_FILE_NAME);
+	if ((r = read_policy_file(&L, path, &text, &len)) < 0)
+		return r;
+	r = load_text(path, text, len, false, out, err, errlen);
+	if (r == 0)
+		(*out)->trust = POLICY_TRUST_USER;
+	mem_free(text);
+	return r;
+}
+
+/* Is path beneath (or at) the directory dir? Both are realpaths. */
+static bool beneath(const char *path, const char *dir)
+{
+	size_t n = strlen(dir);
+
+	if (n == 1)
+		return true; /* "/" */
+	return strncmp(path, dir, n) == 0 && (path[n] == '/' || path[n] == '\0');
+}
+
+int policy_load_for_workspace(const char *dir, const char *explicit_path, struct policy **out, char *err, size_t errlen)
+{
+	char ws[PATH_MAX], path[PATH_MAX + sizeof(POLICY_FILE_NAME) + 1], real[PATH_MAX];
+	uint8_t digest[TRUST_DIGEST_LEN];
+	struct stat st;
+	char *text = NULL;
+	size_t len = 0;
+	bool other_file = false;
+	int n, r;
+
+	*out = NULL;
+	if (errlen)
+		err[0] = '\0';
+	if (!realpath(dir, ws)) {
+		r = -errno;
+		errmsg_set(err, errlen, "workspace %s: %s", dir, strerror(-r));
+		return r;
+	}
+	if (explicit_path) {
+		/* the user's own file, unless it sits in the workspace */
+		if (!realpath(explicit_path, real) || !beneath(real, ws))
+			return policy_load(explicit_path, out, err, errlen);
+		n = snprintf(path, sizeof(path), "%s", explicit_path);
+		char mine[sizeof(path)];
+		snprintf(mine, sizeof(mine), "%s/%s", ws, POLICY_FILE_NAME);
+		other_file = strcmp(real, mine) != 0;
+	} else {
+		n = snprintf(path, sizeof(path), "%s/%s", ws, POLICY_FILE_NAME);
+	}
 	if (n < 0 || (size_t)n >= sizeof(path)) {
 		errmsg_set(err, errlen, "%s: workspace path too long", dir);
 		return -ENAMETOOLONG;
 	}
-	if (lstat(path, &st) < 0) {
+	if (!explicit_path && lstat(path, &st) < 0) {
 		if (errno == ENOENT)
 			return policy_default(out);
-		n = -errno;
-		errmsg_set(err, errlen, "%s: %s", path, strerror(-n));
-		return n;
+		r = -errno;
+		errmsg_set(err, errlen, "%s: %s", path, strerror(-r));
+		return r;
 	}
-	return policy_load(path, out, err, errlen);
+	struct loader L = {.file = path, .err = err, .errlen = errlen};
+	if ((r = read_policy_file(&L, path, &text, &len)) < 0)
+		return r;
+	/* the bytes approved are the bytes parsed: one read for both */
+	trust_digest(ws, text, len, digest);
+	bool approved = trust_is_approved(ws, digest) == 1;
+	if ((r = load_text(path, text, len, !approved, out, err, errlen)) == 0) {
+		(*out)->trust = approved ? POLICY_TRUST_APPROVED : POLICY_TRUST_UNTRUSTED;
+		(*out)->other_file = other_file;
+		if (!((*out)->workspace = mem_strdup(ws))) {
+			policy_free(*out);
+			*out = NULL;
+			errmsg_set(err, errlen, "%s: out of memory", path);
+			r = -ENOMEM;
+		}
+	}
+	mem_free(text);
+	return r;
+}
+
+int policy_trust_set(const char *dir, bool approve, char *err, size_t errlen)
+{
+	char ws[PATH_MAX], path[PATH_MAX + sizeof(POLICY_FILE_NAME) + 1];
+	uint8_t digest[TRUST_DIGEST_LEN];
+	struct policy *p = NULL;
+	char *text = NULL;
+	size_t len = 0;
+	int r;
+
+	if (errlen)
+		err[0] = '\0';
+	if (!realpath(dir, ws)) {
+		r = -errno;
+		errmsg_set(err, errlen, "workspace %s: %s", dir, strerror(-r));
+		return r;
+	}
+	if (!approve)
+		return trust_revoke(ws, err, errlen);
+	snprintf(path, sizeof(path), "%s/%s", ws, POLICY_FILE_NAME);
+	struct loader L = {.file = path, .err = err, .errlen = errlen};
+	if ((r = read_policy_file(&L, path, &text, &len)) < 0)
+		return r;
+	/* approve only a file that loads: the approval is of what runs */
+	if ((r = load_text(path, text, len, false, &p, err, errlen)) == 0) {
+		trust_digest(ws, text, len, digest);
+		r = trust_approve(ws, digest, err, errlen);
+	}
+	policy_free(p);
+	mem_free(text);
+	return r;
+}
+
+int policy_file_state(const char *ws, uint8_t digest[TRUST_DIGEST_LEN])
+{
+	char path[PATH_MAX + sizeof(POLICY_FILE_NAME) + 1], e[256];
+	struct loader L = {.file = path, .err = e, .errlen = sizeof(e)};
+	char *text = NULL;
+	size_t len = 0;
+	int r;
+
+	snprintf(path, sizeof(path), "%s/%s", ws, POLICY_FILE_NAME);
+	if ((r = read_policy_file(&L, path, &text, &len)) < 0)
+		return r;
+	trust_digest(ws, text, len, digest);
+	mem_free(text);
+	return 0;
+}
+
+enum policy_trust policy_trust(const struct policy *p)
+{
+	return p->trust;
+}
+
+const struct policy_list *policy_ignored(const struct policy *p)
+{
+	return &p->ignored;
+}
+
+size_t policy_ignored_note(const struct policy *p, char *buf, size_t n)
+{
+	size_t o;
+
+	if (n)
+		buf[0] = '\0';
+	if (!p->ignored.n || !n)
+		return 0;
+	o = (size_t)snprintf(buf, n, "ignored from the untrusted %s: ", p->source);
+	for (size_t i = 0; i < p->ignored.n && o < n; i++)
+		o += (size_t)snprintf(buf + o, n - o, "%s%s", i ? ", " : "", p->ignored.v[i]);
+	if (o < n && p->other_file)
+		o += (size_t)snprintf(buf + o, n - o,
+				      "; airlock trust approves %s/%s only: review this file, then pass it with "
+				      "--policy from outside the workspace",
+				      p->workspace, POLICY_FILE_NAME);
+	else if (o < n)
+		o += (size_t)snprintf(buf + o, n - o, "; review it, then run: airlock trust %s", p->workspace);
+	return p->ignored.n;
 }
 
 /* ------------------------------------------------------------------ */
@@ -1039,6 +1290,8 @@ struct pstate {
 	bool prune;			    /* directories: skip the subtree */
 	enum policy_reason reason;	    /* for the path itself */
 	enum policy_reason prune_reason;    /* for everything beneath, when pruned */
+	const struct ignore_pattern *over;  /* POLICY_OVER_BUDGET: the pattern that ran out */
+	const char *over_src;		    /* its list, NULL for the secret list */
 };
 
 struct dnode {
@@ -1249,7 +1502,11 @@ static int load_list(struct policy_ctx *ctx, struct ignore_list *l, const char *
 		mem_free(buf);
 		return -ENOMEM;
 	}
-	return ignore_list_parse(l, src, baselen, buf, len, 0);
+	if ((r = ignore_list_parse(l, src, baselen, buf, len, 0)) == -E2BIG) {
+		warn(ctx, "%s: more than %u patterns; its rules are not used", rel, IGNORE_PATTERNS_MAX);
+		return 0;
+	}
+	return r;
 }
 
 static bool allow_exact(const struct policy *p, const char *path, size_t len)
@@ -1321,8 +1578,8 @@ static bool include_may_match_beneath(const struct policy *p, const char *dir, s
 
 /* The state of path (NUL-terminated, length len) whose parent directory is
  * P (NULL for the root itself). */
-static void compute_state(const struct policy_ctx *ctx, const struct dnode *P, const char *path, size_t len, int is_dir,
-			  struct pstate *st)
+static void decide(const struct policy_ctx *ctx, const struct dnode *P, const char *path, size_t len, int is_dir,
+		   struct pstate *st)
 {
 	const struct policy *p = ctx->p;
 	const char *sl = memrchr(path, '/', len);
@@ -1393,6 +1650,28 @@ static void compute_state(const struct policy_ctx *ctx, const struct dnode *P, c
 /* Create the node for path[0..len) under parent P (NULL: the root). */
 /* Over the rule-memory cap in the middle of a lookup: drop every cached
  * node except n and its ancestors, which the lookup is still using. */
+/* decide() within the matcher's budget; a decision over it withholds the
+ * path (and, for a directory, everything beneath): the rules could not be
+ * told in bounded time, and not sending is the safe answer. */
+static void compute_state(const struct policy_ctx *ctx, const struct dnode *P, const char *path, size_t len, int is_dir,
+			  struct pstate *st)
+{
+	const struct ignore_pattern *pat;
+	const char *src;
+
+	ignore_budget_start(POLICY_MATCH_BUDGET);
+	decide(ctx, P, path, len, is_dir, st);
+	if (!ignore_budget_end(&pat, &src))
+		return;
+	st->reason = POLICY_OVER_BUDGET;
+	st->over = pat;
+	st->over_src = src;
+	if (is_dir) {
+		st->prune = true;
+		st->prune_reason = POLICY_OVER_BUDGET;
+	}
+}
+
 static void evict_except_chain(struct policy_ctx *ctx, struct dnode *n)
 {
 	for (struct dnode *a = n; a; a = a->parent)
@@ -1596,6 +1875,15 @@ static void fill_verdict(const struct policy *p, const struct pstate *st, enum p
 		ignore_pattern_format(st->ign, pat, sizeof(pat));
 		snprintf(v->rule, sizeof(v->rule), "gitignore: %.200s:%u: %.280s", st->ign_list->src, st->ign->line,
 			 pat);
+		break;
+	case POLICY_OVER_BUDGET:
+		if (st->over)
+			ignore_pattern_format(st->over, pat, sizeof(pat));
+		snprintf(v->rule, sizeof(v->rule),
+			 "over budget: %.200s:%u: %.200s: deciding this path took over %lu matcher steps; withheld "
+			 "to be safe (simplify the rule)",
+			 st->over_src ? st->over_src : "built-in secret list", st->over ? st->over->line : 0,
+			 st->over ? pat : "?", POLICY_MATCH_BUDGET);
 		break;
 	case POLICY_NOT_INCLUDED:
 		if (st->inc)

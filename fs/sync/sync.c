@@ -8,11 +8,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,6 +25,7 @@
 #include "airlock/content/manifest.h"
 #include "airlock/content/syncmsg.h"
 #include "airlock/core/chan.h"
+#include "airlock/core/loop.h"
 #include "airlock/core/mem.h"
 #include "airlock/core/wire.h"
 #include "airlock/policy/policy.h"
@@ -247,6 +251,19 @@ struct sync {
 	char **unranged;
 	size_t nunranged, capunranged;
 	bool unranged_all;
+	/* the full host scan in progress on a worker thread (cfg.loop set):
+	 * while job is set, the thread alone uses hm, withheld, skipped, st's
+	 * scan counts, gitcfg, cache and pctx; the loop waits for its eventfd */
+	struct scan_job *job;
+	atomic_bool scan_cancel; /* read by the scan's filter: stop early */
+};
+
+struct scan_job {
+	pthread_t tid;
+	int efd;       /* eventfd: written once by the thread when it is done */
+	bool for_push; /* what continues after it: start_send, else the levels */
+	int r;	       /* host_scan's result, its message in why */
+	char why[512];
 };
 
 struct hint_ref {
@@ -306,6 +323,7 @@ static void unranged_clear(struct sync *s)
 }
 
 static void fail(struct sync *s, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void scan_stop(struct sync *s);
 
 static void finish_op(struct sync *s, int err, const char *why)
 {
@@ -321,6 +339,7 @@ static void fail(struct sync *s, int err, const char *fmt, ...)
 
 	if (!s->busy)
 		return;
+	scan_stop(s);
 	va_start(ap, fmt);
 	vsnprintf(why, sizeof(why), fmt, ap);
 	va_end(ap);
@@ -492,6 +511,7 @@ void sync_free(struct sync *s)
 {
 	if (!s)
 		return;
+	scan_stop(s);
 	reconcile_clear(s);
 	syncmsg_inbox_clear(&s->in);
 	syncmsg_outbox_clear(&s->out);
@@ -553,6 +573,8 @@ static int scan_filter(const char *rel, bool is_dir, void *ud)
 	struct policy_verdict v;
 	int r;
 
+	if (atomic_load_explicit(&x->s->scan_cancel, memory_order_relaxed))
+		return MANIFEST_SKIP; /* the engine is stopping: finish the walk at once */
 	if ((r = policy_check(x->s->cfg.policy, x->s->pctx, rel, is_dir, &v)) < 0) {
 		char why[128];
 		snprintf(why, sizeof(why), "policy check failed: %s", strerror(-r));
@@ -629,6 +651,18 @@ static int host_scan(struct sync *s, char *why, size_t whylen)
 		snprintf(why, whylen, "scanning the workspace: %s", strerror(-r));
 		return r;
 	}
+	/* rule files the policy could not use (too large, too many patterns,
+	 * a symlink) since the engine started (a ctx caches what it read):
+	 * for `airlock audit`, under the pseudo-path of the rules */
+	const char *last;
+	unsigned nw = policy_ctx_warnings(s->pctx, &last);
+	if (nw && !x.err) {
+		char text[POLICY_RULE_MAX + 64];
+		snprintf(text, sizeof(text), "%s%.*s", nw > 1 ? "several rule files skipped; the last: " : "",
+			 POLICY_RULE_MAX, last);
+		if (records_add(&s->skipped, "(ignore rules)", text) < 0)
+			x.err = -ENOMEM;
+	}
 	if (x.err) {
 		snprintf(why, whylen, "scanning the workspace: %s", strerror(-x.err));
 		return x.err;
@@ -659,6 +693,99 @@ static int host_scan(struct sync *s, char *why, size_t whylen)
 	}
 	s->st.host_entries = s->hm->n;
 	return 0;
+}
+
+/* ---- the full scan off the loop ----
+ *
+ * A full scan walks the whole tree and decides every path; with a large
+ * tree or costly ignore rules that takes seconds, during which a loop that
+ * ran it would answer nothing (not even SIGTERM from `airlock down`). With
+ * cfg.loop the scan runs on a worker thread and the loop continues when
+ * the thread's eventfd fires; without one (airlock sync, tests) it runs
+ * inline. Stopping the engine (fail, sync_free) cancels and joins it: the
+ * filter returns at the next entry, so that takes one policy decision
+ * (bounded by POLICY_MATCH_BUDGET) and the file being hashed. */
+
+static void scan_then(struct sync *s, int r, const char *why, bool for_push);
+
+static void *scan_thread(void *arg)
+{
+	struct sync *s = arg;
+	struct scan_job *j = s->job;
+	uint64_t one = 1;
+
+	j->r = host_scan(s, j->why, sizeof(j->why));
+	while (write(j->efd, &one, sizeof(one)) < 0 && errno == EINTR)
+		;
+	return NULL;
+}
+
+/* Join and free the job; its result into *r, why, *for_push. */
+static void scan_join(struct sync *s, int *r, char *why, size_t whylen, bool *for_push)
+{
+	struct scan_job *j = s->job;
+
+	pthread_join(j->tid, NULL);
+	loop_del_fd(s->cfg.loop, j->efd);
+	close(j->efd);
+	if (r)
+		*r = j->r;
+	if (why)
+		snprintf(why, whylen, "%s", j->why);
+	if (for_push)
+		*for_push = j->for_push;
+	mem_free(j);
+	s->job = NULL;
+	atomic_store(&s->scan_cancel, false);
+}
+
+static void on_scan_done(struct loop *l, int fd, uint32_t events, void *ud)
+{
+	struct sync *s = ud;
+	char why[512];
+	bool for_push;
+	int r;
+	(void)l;
+	(void)fd;
+	(void)events;
+
+	scan_join(s, &r, why, sizeof(why), &for_push);
+	scan_then(s, r, why, for_push);
+}
+
+/* Stop a running scan and drop its result (the engine fails or goes). */
+static void scan_stop(struct sync *s)
+{
+	if (!s->job)
+		return;
+	atomic_store(&s->scan_cancel, true);
+	scan_join(s, NULL, NULL, 0, NULL);
+}
+
+/* Scan the host tree, then scan_then(). On a thread when the engine has a
+ * loop and one can be started, else inline. */
+static void scan_start(struct sync *s, bool for_push)
+{
+	struct scan_job *j;
+	char why[512] = "";
+	int r;
+
+	if (s->cfg.loop && (j = mem_calloc(1, sizeof(*j)))) {
+		j->for_push = for_push;
+		j->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		if (j->efd >= 0 && loop_add_fd(s->cfg.loop, j->efd, EPOLLIN, on_scan_done, s) == 0) {
+			s->job = j;
+			if (pthread_create(&j->tid, NULL, scan_thread, s) == 0)
+				return;
+			s->job = NULL;
+			loop_del_fd(s->cfg.loop, j->efd);
+		}
+		if (j->efd >= 0)
+			close(j->efd);
+		mem_free(j); /* no thread: scan inline */
+	}
+	r = host_scan(s, why, sizeof(why));
+	scan_then(s, r, why, for_push);
 }
 
 /* ---- sending batches ---- */
@@ -1263,7 +1390,7 @@ static int on_state(struct sync *s, struct buf *in)
 	s->next_seq = m.seq + 1;
 	s->have_state = true;
 	/* the host scan runs while the guest scans; it may not be done yet */
-	if (s->hm)
+	if (!s->job && s->hm)
 		start_levels(s);
 	return 0;
 }
@@ -1416,7 +1543,6 @@ void sync_on_error(struct sync *s, uint32_t code, const char *msg)
 int sync_reconcile(struct sync *s)
 {
 	struct buf b;
-	char why[512];
 	int r;
 
 	if (s->busy)
@@ -1439,13 +1565,18 @@ int sync_reconcile(struct sync *s)
 	}
 	buf_clear(&b);
 	progress(s, "scan");
-	if ((r = host_scan(s, why, sizeof(why))) < 0) {
-		fail(s, r, "%s", why);
-		return 0;
-	}
-	if (s->have_state)
-		start_levels(s);
+	scan_start(s, false);
 	return 0;
+}
+
+static void scan_then(struct sync *s, int r, const char *why, bool for_push)
+{
+	if (r < 0)
+		fail(s, r, "%s", why[0] ? why : strerror(-r));
+	else if (!for_push && s->have_state)
+		start_levels(s);
+	else if (for_push && (r = start_send(s)) < 0)
+		fail(s, r, "comparing with the last confirmed state: %s", strerror(-r));
 }
 
 /* ---- targeted push (the live mount's dirty paths) ----
@@ -1997,11 +2128,11 @@ static int push_start(struct sync *s, const char *const *paths, size_t n)
 			goto out;
 	}
 	if (full) {
-		/* a full scan against what the guest confirmed, no round trip */
+		/* a full scan against what the guest confirmed, no round trip;
+		 * start_send follows it (scan_then) */
 		s->push.full = true;
-		why[0] = '\0';
-		if ((r = host_scan(s, why, sizeof(why))) < 0)
-			goto out;
+		scan_start(s, true);
+		goto out;
 	}
 	if ((r = start_send(s)) < 0)
 		snprintf(why, sizeof(why), "comparing with the last confirmed state: %s", strerror(-r));

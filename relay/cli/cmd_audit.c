@@ -11,8 +11,27 @@
 
 #include <jansson.h>
 
+#include "airlock/policy/policy.h"
 #include "airlock/sync/audit.h"
 #include "cmd_i.h"
+
+/* The untrusted-policy note for the workspace as its policy file is now
+ * (the one the last sync recorded, else the workspace's own): the keys an
+ * unapproved airlock.json may not set (doc/UP.md "Trust"). Empty when
+ * nothing is ignored or the policy does not load. */
+static void ignored_note(const char *dir, json_t *w, char *note, size_t n)
+{
+	const char *src = w ? json_string_value(json_object_get(w, "policy")) : NULL;
+	struct policy *p = NULL;
+	char err[1024];
+
+	note[0] = '\0';
+	if (src && src[0] != '/')
+		src = NULL; /* "(built-in default)" */
+	if (policy_load_for_workspace(dir, src, &p, err, sizeof(err)) == 0)
+		policy_ignored_note(p, note, n);
+	policy_free(p);
+}
 
 static void print_list(json_t *doc, const char *key, const char *field, const char *label, const char *total_key,
 		       const char *omitted_key)
@@ -99,9 +118,12 @@ int cmd_audit(int argc, char **argv)
 		cmd_err("audit: %s", err);
 		goto out;
 	}
+	char note[1024];
+	ignored_note(dir, w, note, sizeof(note));
 	if (json) {
 		json_t *o = json_object();
 		if (!o || json_object_set(o, "sync", w ? (json_t *)w : json_null()) < 0 ||
+		    json_object_set_new(o, "policy_ignored", json_string(note)) < 0 ||
 		    json_object_set(o, "egress", eg ? (json_t *)eg : json_null()) < 0 ||
 		    json_dumpf(o, stdout, JSON_COMPACT) < 0) {
 			json_decref(o);
@@ -111,14 +133,18 @@ int cmd_audit(int argc, char **argv)
 		json_decref(o);
 		fputc('\n', stdout);
 	} else {
-		if (!w)
+		if (!w) {
 			printf("no sync recorded for %s yet (run airlock sync)\n", dir);
-		else {
+			if (note[0])
+				printf("untrusted %s\n", note);
+		} else {
 			const char *when = json_string_value(json_object_get(w, "time"));
 			printf("last sync scan: %s (policy: %s)\n", when ? when : "?",
 			       json_string_value(json_object_get(w, "policy"))
 				   ? json_string_value(json_object_get(w, "policy"))
 				   : "?");
+			if (note[0])
+				printf("untrusted %s\n", note);
 			print_list(w, "withheld", "rule", "withheld", "withheld_total", "withheld_omitted");
 			print_list(w, "skipped", "reason", "skipped", "skipped_total", "skipped_omitted");
 		}

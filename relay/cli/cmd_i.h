@@ -13,7 +13,8 @@ int cmd_pubkey(int argc, char **argv);
 int cmd_ping(int argc, char **argv);
 int cmd_sync(int argc, char **argv);
 int cmd_audit(int argc, char **argv);
-int cmd_up(int argc, char **argv); /* up.c; down: up_state.c; status, sync-wait: up_status.c */
+int cmd_trust(int argc, char **argv); /* cmd_trust.c */
+int cmd_up(int argc, char **argv);    /* up.c; down: up_state.c; status, sync-wait: up_status.c */
 int cmd_down(int argc, char **argv);
 int cmd_status(int argc, char **argv);
 int cmd_sync_wait(int argc, char **argv);

@@ -307,6 +307,8 @@ static int open_workspace(struct synccmd *x, const char *dir, const char *policy
 		cmd_err("policy: %s", err);
 		return -1;
 	}
+	if (policy_ignored_note(*policy, err, sizeof(err)))
+		cmd_err("%s", err);
 	x->policy = *policy;
 	/* hash cache beside the audit record; without one every file is hashed */
 	if (audit_dir(dir, 1, x->state_dir, sizeof(x->state_dir), err, sizeof(err)) < 0)

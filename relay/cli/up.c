@@ -192,6 +192,8 @@ static int open_workspace(struct up *u, const struct up_args *a)
 		cmd_err("policy: %s", err);
 		return 2;
 	}
+	if (policy_ignored_note(u->pol.policy, err, sizeof(err)))
+		cmd_err("%s", err);
 	locate_policy(u);
 	return 0;
 }
@@ -269,6 +271,9 @@ static int start_mount(struct up *u)
 	}
 	return 0;
 }
+
+_Static_assert(POLICY_TIMEOUT_DEFAULT_S == RELAY_DEFAULT_TIMEOUT_S,
+	       "a trusted-only longer timeout is one over the relay's");
 
 /* Command routing and the relay socket. 0, or -1 after saying why. */
 static int start_relay(struct up *u)

@@ -94,6 +94,20 @@ static json_t *egress_json(struct egress_link *egress)
 			 "refused", (json_int_t)es.refused, "denials", (json_int_t)es.denials);
 }
 
+/* An untrusted policy's ignored keys and the note naming them (doc/UP.md
+ * "Trust"): {"keys": [...], "note": "..."}, keys empty when none. */
+static json_t *ignored_json(const struct policy *p)
+{
+	const struct policy_list *ig = policy_ignored(p);
+	json_t *keys = json_array();
+	char note[1024];
+
+	for (size_t i = 0; keys && i < ig->n; i++)
+		json_array_append_new(keys, json_string(ig->v[i]));
+	policy_ignored_note(p, note, sizeof(note));
+	return json_pack("{s:o?, s:s}", "keys", keys, "note", note);
+}
+
 /* The status as of now (doc/UP.md lists the fields); NULL without memory. */
 static json_t *status_json(struct up *u)
 {
@@ -120,6 +134,8 @@ static json_t *status_json(struct up *u)
 	    "reconnects", (json_int_t)u->conn.reconnects, "policy", policy_source(u->pol.policy), "policy_note",
 	    changed ? POLICY_NOTE : "", "last_error", u->conn.last_error, "updated_ns",
 	    (json_int_t)((uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec), "socket", u->exec.sock);
+	if (o)
+		json_object_set_new(o, "policy_ignored", ignored_json(u->pol.policy));
 	if (o && u->sandbox.use)
 		json_object_update_new(o, sandbox_json(&u->sandbox));
 	if (o && u->exec.egress)
@@ -286,6 +302,9 @@ static void print_status(json_t *st, pid_t pid)
 	       json_integer_value(json_object_get(st, "reconnects")));
 	printf("policy      %s%s%s\n", json_string_value(json_object_get(st, "policy")), note && *note ? ": " : "",
 	       note ? note : "");
+	const char *ign = json_string_value(json_object_get(json_object_get(st, "policy_ignored"), "note"));
+	if (ign && *ign)
+		printf("untrusted   %s\n", ign);
 	printf("relay       %s\n", json_string_value(json_object_get(st, "socket"))
 				       ? json_string_value(json_object_get(st, "socket"))
 				       : "-");

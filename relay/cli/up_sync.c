@@ -299,6 +299,7 @@ int up_sync_attach(struct up *u, struct chan *c)
 	    .ops = &engine_ops,
 	    .ud = u,
 	    .state_dir = u->state_dir,
+	    .loop = u->loop, /* full scans off the loop: `airlock down` is answered during one */
 	};
 
 	return sync_new(c, &cfg, &u->sync.engine);

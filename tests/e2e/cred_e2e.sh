@@ -63,6 +63,8 @@ cat >"$W/airlock.json" <<'EOF'
   }
 }
 EOF
+# the user reviewed this repository's policy and approved it (doc/UP.md "Trust")
+"$AIRLOCK" trust "$W" 2>/dev/null
 git -C "$W" init -q
 git -C "$W" config user.name "airlock test"
 git -C "$W" config user.email "test@airlock.invalid"

@@ -64,6 +64,7 @@ ip -n "$NS_S" link set "als$$" up
 
 chmod 0711 "$T" # commands run as nobody in the guest
 export XDG_STATE_HOME=$T/state
+export XDG_CONFIG_HOME=$T/config # the trust store: each workspace's airlock.json is approved below
 export AIRLOCK_SOCKET=$T/relay.sock
 TO="timeout -k 2"
 
@@ -105,6 +106,7 @@ mkdir -p "$W" "$G"
 cat >"$W/airlock.json" <<'EOF'
 { "egress": { "default": "deny", "allow": ["allowed.test", "private.test", "self.test:8081"] } }
 EOF
+"$AIRLOCK" trust "$W" 2>/dev/null # its egress.allow loosens the default: approved (doc/UP.md "Trust")
 start_bg agent unshare -n sh -c 'ip link set lo up && exec "$0" "$@"' "$AGENT" --listen "unix:$T/a.sock" \
 	--root "$G" --key "$T/gk" --allow "$(cat "$T/hk.pub")" --state "$T/agent.state" --fsync none
 wait_line "$T/agent.out" '^ready' 10
@@ -378,6 +380,7 @@ vm_part() {
 	cat >"$W/airlock.json" <<'EOF'
 { "egress": { "default": "deny", "allow": ["allowed.test", "private.test", "loopback.test:81"] } }
 EOF
+	"$AIRLOCK" trust "$W" 2>/dev/null # its egress.allow loosens the default: approved (doc/UP.md "Trust")
 	python3 - "$W" <<'EOF'
 import ssl, sys
 for sni in ("allowed.test", "other.test"):
@@ -517,6 +520,7 @@ cat >"$W/airlock.json" <<'EOF'
 { "workspace": { "sync": { "allow_secrets": ["test-ca.pem"] } },
   "egress": { "default": "deny", "allow": ["allowed.test", "private.test", "loopback.test"] } }
 EOF
+"$AIRLOCK" trust "$W" 2>/dev/null # its egress.allow loosens the default: approved (doc/UP.md "Trust")
 # a server on the host side's loopback (the daemon's network namespace)
 echo "host-loopback-$$" >"$T/www/lo.txt"
 start_bg lohttp ip netns exec "$NS_C" python3 -m http.server 80 --bind 127.0.0.1 --directory "$T/www"

@@ -26,9 +26,16 @@
  *     (written together) x/y, x/a/y, x/a/b/y.
  *   - The last matching pattern of a list decides.
  *
- * Matching is linear-ish: star backtracking keeps one resume point per
- * star kind, so no pattern can make the matcher exponential; the
- * per-thread step counter ignore_steps() lets tests assert that.
+ * Work is bounded (doc/SYNC.md, "Bounds on ignore rules"): star
+ * backtracking keeps one resume point per star kind (the last "*" and the
+ * last "**"), so a pattern of length m against a name of length n costs at
+ * most O(m * n) steps per "**" restart, and "**" restarts only at each "/"
+ * of the name: never exponential, whatever the pattern. The per-thread
+ * step counter ignore_steps() lets tests assert that, and a per-thread
+ * budget (ignore_budget_start) caps the work of one decision: over it,
+ * every match fails and the caller, told by ignore_budget_end, withholds
+ * the path (policy.c). A rule file holds at most IGNORE_PATTERNS_MAX
+ * patterns.
  *
  * Pattern text is never copied per pattern: a list owns one buffer and its
  * patterns point into it.
@@ -36,6 +43,8 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+
+#define IGNORE_PATTERNS_MAX 10000u /* patterns per rule file (ignore_list_parse) */
 
 /* ignore_pattern.flags */
 #define IGNORE_NEGATIVE	 0x01u /* leading "!" */
@@ -76,6 +85,17 @@ bool ignore_wildmatch(const char *pat, size_t plen, const char *text, size_t tle
  * hook for "no exponential backtracking"; it only ever increases). */
 unsigned long ignore_steps(void);
 
+/* Give the calling thread's matcher a budget of steps (0 counts as 1):
+ * once they are spent, every ignore_wildmatch, ignore_pattern_match and
+ * ignore_list_match on this thread returns "no match" at once. A match
+ * outside a budget is never cut short. */
+void ignore_budget_start(unsigned long steps);
+
+/* End the budget. Returns true when it ran out, with *pat the pattern that
+ * was being matched then and *src its list's src (NULL for a pattern
+ * matched on its own, ignore_pattern_match); either may be NULL. */
+bool ignore_budget_end(const struct ignore_pattern **pat, const char **src);
+
 /* Parse one already-trimmed pattern line s[0..len) into *out, which will
  * point into s (keep s alive). extra_flags may add IGNORE_CASEFOLD.
  * Returns 0, or -EINVAL when nothing is left after "!" and "/" removal
@@ -103,7 +123,8 @@ bool ignore_pattern_match(const struct ignore_pattern *p, const char *base, size
 /* Parse a gitignore-format buffer into an empty list. The list takes
  * ownership of src and buf (both from mem_alloc) in every case, including
  * failure. Handles a UTF-8 BOM, CRLF line ends, comments, blank lines and
- * trailing spaces exactly like git. Returns 0 or -ENOMEM. */
+ * trailing spaces exactly like git. Returns 0, -ENOMEM, or -E2BIG (more
+ * than IGNORE_PATTERNS_MAX patterns: the list is left empty). */
 int ignore_list_parse(struct ignore_list *l, char *src, size_t baselen, char *buf, size_t len, unsigned extra_flags);
 
 /* Build a list from n policy patterns (each validated by the caller with

@@ -129,11 +129,58 @@ int policy_load(const char *path, struct policy **out, char *err, size_t errlen)
  * beyond the secret list, egress deny with an empty allow list. */
 int policy_default(struct policy **out);
 
-/* The policy for a workspace: explicit_path when not NULL, else
+/*
+ * The policy for a workspace: explicit_path when not NULL, else
  * <dir>/airlock.json when it exists, else policy_default(). Errors as for
- * policy_load. */
+ * policy_load (also the -errno of resolving dir).
+ *
+ * Trust (doc/UP.md): a file outside the workspace (explicit_path that does
+ * not resolve beneath dir) is the user's own and applies as written. The
+ * workspace's own file (or an explicit_path beneath dir) applies as
+ * written only when the user approved its exact bytes for this workspace
+ * (trust.h); otherwise it is validated as a whole, then every key that
+ * would loosen the built-in default (the table loosening_keys in policy.c:
+ * execution.local, credentials.forward_env/inject, allow_secrets, egress
+ * hosts, write-back globs, gitignore off, a timeout over
+ * POLICY_TIMEOUT_DEFAULT_S) is left out and named by policy_ignored. The
+ * bytes hashed for the approval are the bytes parsed (one read).
+ */
 int policy_load_for_workspace(const char *dir, const char *explicit_path, struct policy **out, char *err,
 			      size_t errlen);
+
+/* The exec timeout when the policy sets none (the relay's default); a
+ * longer execution.timeout_seconds loosens it. */
+#define POLICY_TIMEOUT_DEFAULT_S 300
+
+enum policy_trust {
+	POLICY_TRUST_BUILTIN = 0, /* policy_default */
+	POLICY_TRUST_USER,	  /* policy_load, or a file from outside the workspace */
+	POLICY_TRUST_APPROVED,	  /* the workspace's file, approved by the user */
+	POLICY_TRUST_UNTRUSTED,	  /* the workspace's file, not approved: tightening keys only */
+};
+
+enum policy_trust policy_trust(const struct policy *p);
+
+/* The loosening keys left out of an untrusted policy (n == 0 otherwise),
+ * as dotted key paths. */
+const struct policy_list *policy_ignored(const struct policy *p);
+
+/* The one-line note `up`, `status` and `audit` print for an untrusted
+ * policy with ignored keys ("ignored from the untrusted DIR/airlock.json:
+ * execution.local, egress.allow; review it, then run: airlock trust DIR"),
+ * into buf (NUL-terminated, truncated to n). Returns the number of ignored
+ * keys; 0 leaves buf empty. */
+size_t policy_ignored_note(const struct policy *p, char *buf, size_t n);
+
+/* `airlock trust DIR`: approve the exact bytes of DIR/airlock.json for
+ * DIR's realpath (the file must load), or with approve false remove DIR's
+ * approval. 0 (approve), 1/0 (revoke: removed / there was none), or
+ * -errno with a message naming the file in err. */
+int policy_trust_set(const char *dir, bool approve, char *err, size_t errlen);
+
+/* The approval digest the current bytes of ws/airlock.json would need (ws
+ * a realpath), for listing approvals. 0, or -errno (no such file...). */
+int policy_file_state(const char *ws, uint8_t digest[32]);
 
 /* NULL is a no-op. */
 void policy_free(struct policy *p);
@@ -153,7 +200,13 @@ enum policy_reason {
 	POLICY_EXCLUDED,     /* workspace.sync.exclude */
 	POLICY_IGNORED,	     /* .gitignore / .git/info/exclude */
 	POLICY_NOT_INCLUDED, /* workspace.sync.include */
+	POLICY_OVER_BUDGET,  /* deciding took over POLICY_MATCH_BUDGET matcher steps: withheld to be safe */
 };
+
+/* Matcher steps one decision may take (ignore.h ignore_budget_start): a
+ * path whose rules cost more is withheld, its rule naming the pattern. A
+ * real .gitignore of a few thousand rules takes a few thousand. */
+#define POLICY_MATCH_BUDGET 200000ul
 
 struct policy_verdict {
 	enum policy_reason reason; /* POLICY_SYNCED, or why it is withheld */

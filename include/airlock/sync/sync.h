@@ -124,6 +124,10 @@ struct sync_cfg {
 	const char *state_dir;
 	const struct sync_ops *ops;
 	void *ud;
+	/* The loop the engine runs on: full host scans then run on a worker
+	 * thread and the loop keeps serving meanwhile (doc/SYNC.md, "Bounds on
+	 * ignore rules"). NULL: they run inline, on the caller's thread. */
+	struct loop *loop;
 };
 
 /* New engine on a ready chan; opens its sync stream. cfg is copied (the

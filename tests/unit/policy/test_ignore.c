@@ -198,7 +198,8 @@ static uint64_t rng_state;
 static void test_wildmatch_differential(void **state)
 {
 	(void)state;
-	static const char *const ptoks[] = {"a", "b", "/", "*", "**", "?", "[ab]", "[!a]", "[a-b]", "\\*", "A"};
+	static const char *const ptoks[] = {"a",   "b", "/",  "*",  "**", "?",	 "[ab]", "[!a]", "[a-b]",
+					    "\\*", "A", "ab", "ba", "a/", "\\a", "]",	 "*a"};
 	static const char ttoks[] = {'a', 'b', '/', '*', 'A'};
 	char pat[64], text[16];
 	unsigned long cases = 0;

@@ -585,15 +585,54 @@ static void build_fixed(const char *repo)
 /* repositories 2..: generated */
 
 static const char *const names[] = {
-    "a",   "b",	  "c",	  "ab",	 "ba",	"x.o",	 "y.log",  "z.txt", "build", "lib",
-    "src", "A",	  "B.o",  "foo", "bar", "cache", "keep.o", "tmp1",  "d.d",   "e e",
-    "h#",  "x!y", "[ab]", "q*",	 "out", "Ab",	 "a.b.c",  "-",	    "_x",
+    "a",   "b",	  "c",	   "ab",    "ba",     "x.o",  "y.log", "z.txt", "build", "lib",	     "src",    "A",
+    "B.o", "foo", "bar",   "cache", "keep.o", "tmp1", "d.d",   "e e",	"h#",	 "x!y",	     "[ab]",   "q*",
+    "out", "Ab",  "a.b.c", "-",	    "_x",     "aab",  "abab",  "aaaab", "b*",	 "aaaaaaaa", "ba.b.c",
 };
 
 static const char *const comps[] = {
-    "a",      "b",   "ab",    "build", "lib",	"src",	 "foo",	  "bar", "cache", "x.o", "A",	  "*",
-    "a*",     "*.o", "?",     "[ab]",  "[!a]*", "[a-c]", "**",	  "*b",	 "b*",	  "?b",	 "*.log", "[[:upper:]]*",
-    "\\[ab]", "\\*", "z.txt", "out",   "e e",	"d.d",	 "[ab]*", "*.*",
+    "a",
+    "b",
+    "ab",
+    "build",
+    "lib",
+    "src",
+    "foo",
+    "bar",
+    "cache",
+    "x.o",
+    "A",
+    "*",
+    "a*",
+    "*.o",
+    "?",
+    "[ab]",
+    "[!a]*",
+    "[a-c]",
+    "**",
+    "*b",
+    "b*",
+    "?b",
+    "*.log",
+    "[[:upper:]]*",
+    "\\[ab]",
+    "\\*",
+    "z.txt",
+    "out",
+    "e e",
+    "d.d",
+    "[ab]*",
+    "*.*",
+    /* star runs with literal tails and near-misses: the suffix check and
+     * the budgeted backtracking (doc/SYNC.md "Bounds on ignore rules") */
+    "*a*b",
+    "a*a*b?",
+    "*aab",
+    "*a*a*a*",
+    "*.b.c",
+    "*b\\*",
+    "*[ab]b",
+    "a**b",
 };
 
 static void rand_pattern(char *out, size_t outlen)

@@ -4,6 +4,7 @@
  * secret list and the per-directory rule files. The ignore matcher is
  * tested in test_ignore.c, its agreement with git in test_ignore_oracle.c.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -24,6 +25,7 @@
 #include "airlock/core/mem.h"
 #include "airlock/policy/ignore.h"
 #include "airlock/policy/policy.h"
+#include "airlock/policy/trust.h"
 
 #ifndef POLICY_DATA_DIR
 #error "POLICY_DATA_DIR must name tests/data/policies"
@@ -116,6 +118,223 @@ static void test_full_policy(void **state)
 	policy_free(p);
 }
 
+#define NO_STORE "/nonexistent/airlock-test-config"
+
+static void put_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+static struct policy *ws_load(const char *dir, const char *explicit_path)
+{
+	struct policy *p = NULL;
+	char err[512];
+
+	if (policy_load_for_workspace(dir, explicit_path, &p, err, sizeof(err)) != 0)
+		fail_msg("%s: %s", dir, err);
+	return p;
+}
+
+static int count_record(const char *ws, const uint8_t *digest, void *ud)
+{
+	(void)ws;
+	(void)digest;
+	++*(int *)ud;
+	return 0;
+}
+
+/* An unapproved workspace policy keeps only what tightens the default;
+ * approved, all of it applies; a changed byte needs a new approval. */
+static void test_trust(void **state)
+{
+	(void)state;
+	char cfg[] = "/tmp/airlock-trust-cfg-XXXXXX", dir[] = "/tmp/airlock-trust-ws-XXXXXX";
+	char path[PATH_MAX], other[PATH_MAX], outside[PATH_MAX], note[1024], err[512];
+	static const char full[] =
+	    "{ \"execution\": { \"local\": [\"sh\"], \"timeout_seconds\": 600 },\n"
+	    "  \"credentials\": { \"forward_env\": [\"AWS_SECRET_ACCESS_KEY\"],\n"
+	    "                   \"inject\": [ { \"name\": \"TOKEN\", \"value_from\": \"gh\" } ] },\n"
+	    "  \"workspace\": { \"ttl_seconds\": 60, \"sync\": { \"allow_secrets\": [\".env\"], "
+	    "\"gitignore\": false,\n"
+	    "                 \"include\": [\"src/**\"], \"exclude\": [\"build/\"] } },\n"
+	    "  \"egress\": { \"default\": \"deny\", \"allow\": [\"evil.example\"] } }\n";
+	struct policy *p;
+
+	assert_non_null(mkdtemp(cfg));
+	assert_non_null(mkdtemp(dir));
+	setenv("XDG_CONFIG_HOME", cfg, 1);
+	snprintf(path, sizeof(path), "%s/airlock.json", dir);
+	put_file(path, full);
+
+	/* untrusted: each loosening key left out and named, in table order */
+	p = ws_load(dir, NULL);
+	assert_int_equal(policy_trust(p), POLICY_TRUST_UNTRUSTED);
+	assert_int_equal(policy_execution(p)->local.n, 0);
+	assert_int_equal(policy_execution(p)->timeout_seconds, 0);
+	assert_int_equal(policy_credentials(p)->forward_env.n, 0);
+	assert_int_equal(policy_credentials(p)->n_inject, 0);
+	assert_int_equal(policy_workspace(p)->allow_secrets.n, 0);
+	assert_true(policy_workspace(p)->gitignore);
+	assert_int_equal(policy_egress(p)->n_allow, 0);
+	/* what tightens still applies */
+	assert_true(policy_workspace(p)->has_include);
+	assert_int_equal(policy_workspace(p)->exclude.n, 1);
+	assert_int_equal(policy_workspace(p)->ttl_seconds, 60);
+	static const char *const want[] = {
+	    "execution.local",	  "execution.timeout_seconds",	  "credentials.forward_env",
+	    "credentials.inject", "workspace.sync.allow_secrets", "workspace.sync.gitignore",
+	    "egress.allow"};
+	assert_int_equal(policy_ignored(p)->n, 7);
+	for (size_t i = 0; i < 7; i++)
+		assert_string_equal(policy_ignored(p)->v[i], want[i]);
+	assert_int_equal(policy_ignored_note(p, note, sizeof(note)), 7);
+	char expect[PATH_MAX * 3];
+	snprintf(expect, sizeof(expect),
+		 "ignored from the untrusted %s: execution.local, execution.timeout_seconds, "
+		 "credentials.forward_env, credentials.inject, workspace.sync.allow_secrets, "
+		 "workspace.sync.gitignore, egress.allow; review it, then run: airlock trust %s",
+		 path, dir);
+	assert_string_equal(note, expect);
+	/* the secret stays withheld: allow_secrets did not apply */
+	struct policy_ctx *ctx;
+	struct policy_verdict v;
+	assert_int_equal(policy_ctx_new(p, -1, &ctx), 0);
+	assert_int_equal(policy_check(p, ctx, ".env", 0, &v), 0);
+	assert_int_equal(v.reason, POLICY_SECRET);
+	policy_ctx_free(ctx);
+	policy_free(p);
+
+	/* every allocation of the untrusted load failing in turn: -ENOMEM, no leak */
+	for (unsigned long k = 1;; k++) {
+		struct policy *q = NULL;
+		mem_fail_at(k, 0);
+		int r = policy_load_for_workspace(dir, NULL, &q, err, sizeof(err));
+		mem_fail_at(0, 0);
+		if (r == 0) {
+			assert_int_equal(policy_ignored(q)->n, 7);
+			policy_free(q);
+			assert_true(k > 20);
+			break;
+		}
+		if (r != -ENOMEM)
+			fail_msg("allocation %lu failed: got %d (%s), want -ENOMEM", k, r, err);
+		assert_null(q);
+	}
+
+	/* a shorter timeout, an empty allow list, gitignore on: nothing to ignore */
+	put_file(path, "{ \"execution\": { \"timeout_seconds\": 60, \"local\": [] },"
+		       "  \"workspace\": { \"sync\": { \"gitignore\": true } }, \"egress\": { \"allow\": [] } }");
+	p = ws_load(dir, NULL);
+	assert_int_equal(policy_trust(p), POLICY_TRUST_UNTRUSTED);
+	assert_int_equal(policy_ignored(p)->n, 0);
+	assert_int_equal(policy_ignored_note(p, note, sizeof(note)), 0);
+	assert_string_equal(note, "");
+	assert_int_equal(policy_execution(p)->timeout_seconds, 60);
+	policy_free(p);
+
+	/* an ignored key is still validated: errors name it */
+	put_file(path, "{ \"execution\": { \"local\": [1] } }");
+	p = NULL;
+	assert_int_equal(policy_load_for_workspace(dir, NULL, &p, err, sizeof(err)), -EINVAL);
+	assert_null(p);
+	assert_non_null(strstr(err, "execution.local[0]"));
+
+	/* approved: all of it, exactly as written */
+	put_file(path, full);
+	assert_int_equal(policy_trust_set(dir, true, err, sizeof(err)), 0);
+	p = ws_load(dir, NULL);
+	assert_int_equal(policy_trust(p), POLICY_TRUST_APPROVED);
+	assert_int_equal(policy_ignored(p)->n, 0);
+	assert_int_equal(policy_execution(p)->local.n, 1);
+	assert_int_equal(policy_execution(p)->timeout_seconds, 600);
+	assert_int_equal(policy_credentials(p)->forward_env.n, 1);
+	assert_int_equal(policy_credentials(p)->n_inject, 1);
+	assert_int_equal(policy_workspace(p)->allow_secrets.n, 1);
+	assert_false(policy_workspace(p)->gitignore);
+	assert_int_equal(policy_egress(p)->n_allow, 1);
+	policy_free(p);
+	int n = 0;
+	assert_int_equal(trust_list(count_record, &n, err, sizeof(err)), 0);
+	assert_int_equal(n, 1);
+
+	/* the same bytes under another name in the workspace: untrusted, and the
+	 * note says airlock trust would not cover it */
+	snprintf(other, sizeof(other), "%s/other.json", dir);
+	put_file(other, "{ \"execution\": { \"local\": [\"sh\"] } }");
+	p = ws_load(dir, other);
+	assert_int_equal(policy_trust(p), POLICY_TRUST_UNTRUSTED);
+	assert_int_equal(policy_execution(p)->local.n, 0);
+	policy_ignored_note(p, note, sizeof(note));
+	assert_non_null(strstr(note, "pass it with --policy from outside the workspace"));
+	policy_free(p);
+	/* from outside the workspace: the user's own */
+	snprintf(outside, sizeof(outside), "%s/mine.json", cfg);
+	put_file(outside, full);
+	p = ws_load(dir, outside);
+	assert_int_equal(policy_trust(p), POLICY_TRUST_USER);
+	assert_int_equal(policy_execution(p)->local.n, 1);
+	policy_free(p);
+
+	/* one byte more: untrusted again */
+	FILE *f = fopen(path, "a");
+	fputc(' ', f);
+	fclose(f);
+	p = ws_load(dir, NULL);
+	assert_int_equal(policy_trust(p), POLICY_TRUST_UNTRUSTED);
+	assert_int_equal(policy_execution(p)->local.n, 0);
+	policy_free(p);
+
+	/* a record others may write is no approval */
+	assert_int_equal(policy_trust_set(dir, true, err, sizeof(err)), 0);
+	char tdir[PATH_MAX], rec[PATH_MAX * 2];
+	assert_int_equal(trust_store_dir(tdir, sizeof(tdir), err, sizeof(err)), 0);
+	struct stat st;
+	assert_int_equal(stat(tdir, &st), 0);
+	assert_int_equal(st.st_mode & 0777, 0700);
+	DIR *d = opendir(tdir);
+	struct dirent *de;
+	rec[0] = '\0';
+	while ((de = readdir(d)))
+		if (de->d_name[0] != '.')
+			snprintf(rec, sizeof(rec), "%s/%s", tdir, de->d_name);
+	closedir(d);
+	assert_int_equal(stat(rec, &st), 0);
+	assert_int_equal(st.st_mode & 0777, 0600);
+	p = ws_load(dir, NULL);
+	assert_int_equal(policy_trust(p), POLICY_TRUST_APPROVED);
+	policy_free(p);
+	chmod(rec, 0622);
+	p = ws_load(dir, NULL);
+	assert_int_equal(policy_trust(p), POLICY_TRUST_UNTRUSTED);
+	policy_free(p);
+	chmod(rec, 0600);
+
+	/* revoke */
+	assert_int_equal(policy_trust_set(dir, false, err, sizeof(err)), 1);
+	assert_int_equal(policy_trust_set(dir, false, err, sizeof(err)), 0);
+	p = ws_load(dir, NULL);
+	assert_int_equal(policy_trust(p), POLICY_TRUST_UNTRUSTED);
+	policy_free(p);
+	/* a file that does not load is not approved */
+	put_file(path, "{ \"nope\": 1 }");
+	assert_int_equal(policy_trust_set(dir, true, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "unknown key"));
+
+	unlink(path);
+	unlink(other);
+	unlink(outside);
+	rmdir(tdir);
+	snprintf(tdir, sizeof(tdir), "%s/airlock", cfg);
+	rmdir(tdir);
+	rmdir(cfg);
+	rmdir(dir);
+	setenv("XDG_CONFIG_HOME", NO_STORE, 1);
+}
+
 static void test_default_and_workspace_lookup(void **state)
 {
 	(void)state;
@@ -143,7 +362,11 @@ static void test_default_and_workspace_lookup(void **state)
 	fclose(f);
 	assert_int_equal(policy_load_for_workspace(dir, NULL, &p, err, sizeof(err)), 0);
 	assert_string_equal(policy_source(p), path);
-	assert_false(policy_workspace(p)->gitignore);
+	/* not approved (the trust store is empty): turning gitignore off loosens */
+	assert_int_equal(policy_trust(p), POLICY_TRUST_UNTRUSTED);
+	assert_true(policy_workspace(p)->gitignore);
+	assert_int_equal(policy_ignored(p)->n, 1);
+	assert_string_equal(policy_ignored(p)->v[0], "workspace.sync.gitignore");
 	policy_free(p);
 	/* an explicit path wins */
 	assert_int_equal(policy_load_for_workspace(dir, data("seed-example.json"), &p, err, sizeof(err)), 0);
@@ -903,6 +1126,106 @@ static void test_ctx_rule_files(void **state)
 	assert_int_equal(rmdir(dir), 0);
 }
 
+/* The pathological rule file of doc/SYNC.md "Bounds on ignore rules":
+ * thousands of "** / *a*a...*bN" patterns (no spaces) against long names
+ * of a's. Each
+ * decision stays within the budget (counted in matcher steps, not timed),
+ * and a decision that needs more is withheld, naming the rule. */
+static void write_budget_rules(const char *path, unsigned n)
+{
+	FILE *f = fopen(path, "w");
+
+	assert_non_null(f);
+	/* a star, then a long literal run that almost matches a's: the
+	 * classic matcher's worst case, O(name * run) per pattern; no literal
+	 * tail for the suffix check to turn it away */
+	for (unsigned i = 0; i < n; i++)
+		fprintf(f, "**/*aaaaaaaaaaaaaaaaaaaab%u?\n", i);
+	fclose(f);
+}
+
+static void test_match_budget(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/airlock-policy-budget-XXXXXX", path[PATH_MAX], name[256];
+	struct policy *p;
+	struct policy_ctx *ctx;
+	struct policy_verdict v;
+
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/.gitignore", dir);
+	write_budget_rules(path, 9000);
+	int fd = open(dir, O_RDONLY | O_DIRECTORY);
+	assert_true(fd >= 0);
+	assert_int_equal(policy_default(&p), 0);
+	assert_int_equal(policy_ctx_new(p, fd, &ctx), 0);
+	memset(name, 'a', 200);
+	name[200] = '\0';
+	for (int k = 0; k < 3; k++) {
+		char rel[512];
+		snprintf(rel, sizeof(rel), k == 0 ? "%s" : k == 1 ? "src/%s" : "src/%s/x", name);
+		unsigned long before = ignore_steps();
+		assert_int_equal(policy_check(p, ctx, rel, 0, &v), 0);
+		unsigned long steps = ignore_steps() - before;
+		/* each decision on the path (a directory once, then the file)
+		 * within the budget: k=1 decides src and the file, k=2 also src/aaa.. */
+		if (steps > (unsigned long)(k + 1) * (POLICY_MATCH_BUDGET + 1))
+			fail_msg("%s: %lu matcher steps, over %d budgets of %lu", rel, steps, k + 1,
+				 POLICY_MATCH_BUDGET);
+		if (v.reason != POLICY_OVER_BUDGET)
+			fail_msg("%s: reason %d (%s), want over budget", rel, v.reason, v.rule);
+		assert_non_null(strstr(v.rule, "over budget: .gitignore:"));
+		assert_non_null(strstr(v.rule, ": **/*aaaaaaaaaaaaaaaaaaaab"));
+	}
+	/* a directory over budget is pruned: nothing beneath is sent */
+	assert_int_equal(policy_check(p, ctx, name, 1, &v), 0);
+	assert_int_equal(v.reason, POLICY_OVER_BUDGET);
+	assert_true(v.prune);
+	/* the budget ends with the decision: a match afterwards runs whole */
+	const char *pat = "*aaaaaaaaaaaaaaaaaaaa?";
+	assert_true(ignore_wildmatch(pat, strlen(pat), name, 200, 0));
+	policy_ctx_free(ctx);
+
+	/* fewer of the same rules: decided in full, and right */
+	write_budget_rules(path, 300);
+	assert_int_equal(policy_ctx_new(p, fd, &ctx), 0);
+	assert_int_equal(policy_check(p, ctx, "aaaaaaaaaaaaaaaaaaaab17x", 0, &v), 0);
+	if (v.reason != POLICY_IGNORED || !strstr(v.rule, ".gitignore:18: **/*aaaaaaaaaaaaaaaaaaaab17?"))
+		fail_msg("short name: %d %s", v.reason, v.rule);
+	assert_int_equal(policy_check(p, ctx, "README.md", 0, &v), 0);
+	assert_int_equal(v.reason, POLICY_SYNCED);
+	policy_ctx_free(ctx);
+
+	/* more patterns than a rule file may hold: its rules are not used, and
+	 * the warning names the file and the cap */
+	FILE *f = fopen(path, "w");
+	for (unsigned i = 0; i < IGNORE_PATTERNS_MAX + 1; i++)
+		fprintf(f, "x%u\n", i);
+	fclose(f);
+	assert_int_equal(policy_ctx_new(p, fd, &ctx), 0);
+	assert_int_equal(policy_check(p, ctx, "x1", 0, &v), 0);
+	assert_int_equal(v.reason, POLICY_SYNCED);
+	const char *last = NULL;
+	assert_int_equal(policy_ctx_warnings(ctx, &last), 1);
+	char want[128];
+	snprintf(want, sizeof(want), ".gitignore: more than %u patterns; its rules are not used", IGNORE_PATTERNS_MAX);
+	assert_string_equal(last, want);
+	policy_ctx_free(ctx);
+	/* at the cap they are */
+	f = fopen(path, "w");
+	for (unsigned i = 0; i < IGNORE_PATTERNS_MAX; i++)
+		fprintf(f, "x%u\n", i);
+	fclose(f);
+	assert_int_equal(policy_ctx_new(p, fd, &ctx), 0);
+	assert_int_equal(policy_check(p, ctx, "x1", 0, &v), 0);
+	assert_int_equal(v.reason, POLICY_IGNORED);
+	policy_ctx_free(ctx);
+	policy_free(p);
+	close(fd);
+	unlink(path);
+	rmdir(dir);
+}
+
 /* The cache stays bounded and gives the same answers when it is dropped. */
 static void test_ctx_limits(void **state)
 {
@@ -939,10 +1262,12 @@ static void test_ctx_limits(void **state)
 int main(void)
 {
 	mem_init_json();
+	setenv("XDG_CONFIG_HOME", NO_STORE, 1); /* never the user's own approvals */
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_seed_example_loads),
 	    cmocka_unit_test(test_full_policy),
 	    cmocka_unit_test(test_default_and_workspace_lookup),
+	    cmocka_unit_test(test_trust),
 	    cmocka_unit_test(test_bad_policies),
 	    cmocka_unit_test(test_alloc_failures),
 	    cmocka_unit_test(test_include_exclude),
@@ -953,6 +1278,7 @@ int main(void)
 	    cmocka_unit_test(test_bad_relpaths),
 	    cmocka_unit_test(test_ctx_rule_files),
 	    cmocka_unit_test(test_ctx_limits),
+	    cmocka_unit_test(test_match_budget),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
