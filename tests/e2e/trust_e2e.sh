@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Trust for the repository's own policy end to end: a real agent and
-# `airlock up` over a workspace whose airlock.json asks for sh on the host
+# `airlock up` over a workspace whose airlock.json asks for `sh -c pwd` on the host
 # (execution.local), a host variable in the guest (forward_env) and its .env
 # in the guest (allow_secrets). Until `airlock trust` approves it none of
 # that happens, and up, status and audit name each ignored key; approved, it
@@ -26,7 +26,7 @@ TO="timeout -k 2"
 
 make_pair # $T/hk, $T/gk, HPUB, GPUB; W=$T/work, G=$T/guest
 cat >"$W/airlock.json" <<'EOF'
-{ "execution": { "local": ["sh"] },
+{ "execution": { "local": ["sh -c pwd"] },
   "credentials": { "forward_env": ["TRUST_FWD"] },
   "workspace": { "sync": { "allow_secrets": [".env"], "exclude": ["build/"] } } }
 EOF
