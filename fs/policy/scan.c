@@ -12,11 +12,17 @@
  */
 #include "airlock/policy/scan.h"
 
+#include <assert.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <string.h>
 #include <strings.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_SIMD 1
+#endif
 
 /* ---- character classes ---- */
 
@@ -158,18 +164,29 @@ static int m_aws_secret(const struct scan_rule *r, const uint8_t *p, size_t n, s
  * string a PEM parser's source holds, not a key. */
 static int pem_body(const uint8_t *p, size_t n, size_t i)
 {
-	size_t end = i + 1024 < n ? i + 1024 : n, k = 0;
-	for (; i < end; i++) {
-		if (p[i] == '\\' && i + 1 < end && (p[i + 1] == 'n' || p[i + 1] == 'r')) {
-			k = 0; /* an escaped newline in JSON or a string literal */
+	size_t end = i + 1024 < n ? i + 1024 : n, k;
+
+	for (int hdr = 0; hdr < 8; hdr++) {
+		/* line breaks, real or escaped (JSON, a string literal), and the
+		 * quotes and '+' of a literal split over lines */
+		while (i < end &&
+		       (p[i] == '\n' || p[i] == '\r' || p[i] == ' ' || p[i] == '\t' || p[i] == '"' || p[i] == '\'' ||
+			p[i] == '+' || (p[i] == '\\' && i + 1 < end && (p[i + 1] == 'n' || p[i + 1] == 'r') && ++i)))
 			i++;
-			continue;
-		}
-		k = is_b64(p[i]) ? k + 1 : 0;
-		if (k >= 40)
-			return 1;
+		/* an armor or RFC 1421 header line ("Proc-Type: 4,ENCRYPTED",
+		 * "Version: GnuPG"): skip it */
+		for (k = i; k < end && (is_alnum(p[k]) || p[k] == '-'); k++)
+			;
+		if (k == i || k >= end || p[k] != ':')
+			break;
+		while (k < end && p[k] != '\n' && !(p[k] == '\\' && k + 1 < end && p[k + 1] == 'n'))
+			k++;
+		i = k;
 	}
-	return 0;
+	/* the body starts here: a base64 line */
+	for (k = 0; i + k < end && is_b64(p[i + k]); k++)
+		;
+	return k >= 40;
 }
 
 static int m_private_key(const struct scan_rule *r, const uint8_t *p, size_t n, size_t at)
@@ -191,8 +208,13 @@ static int m_pgp_private(const struct scan_rule *r, const uint8_t *p, size_t n, 
 /* "private_key": "-----BEGIN (a service-account JSON key) */
 static int m_gcp_key(const struct scan_rule *r, const uint8_t *p, size_t n, size_t at)
 {
-	size_t i = skip_assign(p, n, at + strlen(r->anchor));
-	return n - i >= 10 && i < n && memcmp(p + i, "-----BEGIN", 10) == 0 && pem_body(p, n, i + 10);
+	size_t i = skip_assign(p, n, at + strlen(r->anchor)), lim = i + 64;
+	if (n - i < 10 || i >= n || memcmp(p + i, "-----BEGIN", 10) != 0)
+		return 0;
+	for (i += 10; i + 8 <= n && i < lim; i++)
+		if (memcmp(p + i, "KEY-----", 8) == 0)
+			return pem_body(p, n, i + 8);
+	return 0;
 }
 
 /* AccountKey=<base64 of 64 bytes>; SharedAccessKey=<base64> */
@@ -377,6 +399,37 @@ static unsigned classes(const uint8_t *v, size_t n)
 	return (unsigned)u + l + d + o;
 }
 
+/* An unquoted value that is code, not a literal: an expression or call
+ * (brackets, a trailing comma: a C enum or initializer), or another
+ * constant's name (NL80211_KEY_MAX = __NL80211_KEY_AFTER_LAST). */
+static bool code_value(const uint8_t *v, size_t n)
+{
+	bool ident = true, path = is_up(v[0]) || is_low(v[0]), dot = false;
+	for (size_t i = 0; i < n; i++) {
+		if (strchr("()[]{},<>\"'\\", v[i]) && v[i])
+			return true; /* also a prefixed literal: r"...", b'...' */
+		if (!(is_up(v[i]) || is_dig(v[i]) || v[i] == '_'))
+			ident = false;
+		if (v[i] == '.')
+			dot = true;
+		else if (!(is_alnum(v[i]) || v[i] == '_'))
+			path = false;
+	}
+	/* another constant, or an attribute path (ExtensionOID.AUTHORITY_KEY) */
+	return ident || v[0] == '_' || (path && dot);
+}
+
+/* A quoted value that is a template or a pattern, not a literal: a format
+ * string ("{team}", "%s"), a regular expression ("[0-9A-F]{1,4}"), a URL
+ * (url-credentials judges those). */
+static bool template_value(const uint8_t *v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (v[i] == '{' || v[i] == '[' || (v[i] == '%' && i + 1 < n && is_low(v[i + 1])))
+			return true;
+	return has_ci(v, n, "://");
+}
+
 /* A secret-named variable with a literal, non-trivial value. */
 static int m_dotenv_named(const struct scan_rule *r, const uint8_t *p, size_t n, size_t at)
 {
@@ -384,7 +437,8 @@ static int m_dotenv_named(const struct scan_rule *r, const uint8_t *p, size_t n,
 	(void)r;
 	if (!parse_assign(p, n, at, &a) || !secret_name(a.name, a.nlen) || a.vlen < 8)
 		return 0;
-	if (placeholder(a.val, a.vlen) || memchr(a.val, ' ', a.vlen) || classes(a.val, a.vlen) < 2)
+	if (placeholder(a.val, a.vlen) || memchr(a.val, ' ', a.vlen) || memchr(a.val, '$', a.vlen) ||
+	    classes(a.val, a.vlen) < 2 || (a.quoted ? template_value(a.val, a.vlen) : code_value(a.val, a.vlen)))
 		return 0;
 	/* a short value cannot reach much entropy (at most log2 of its length) */
 	return scan_entropy(a.val, a.vlen) >= (a.vlen < 16 ? 2.5 : 3.0);
@@ -397,7 +451,8 @@ static int m_dotenv_entropy(const struct scan_rule *r, const uint8_t *p, size_t 
 {
 	struct assign a;
 	(void)r;
-	if (!parse_assign(p, n, at, &a) || a.vlen < 20 || placeholder(a.val, a.vlen))
+	if (!parse_assign(p, n, at, &a) || a.vlen < 20 || placeholder(a.val, a.vlen) ||
+	    (!a.quoted && code_value(a.val, a.vlen)))
 		return 0;
 	for (size_t i = 0; i < a.vlen; i++)
 		if (!(is_b64url(a.val[i]) || a.val[i] == '+' || a.val[i] == '/' || a.val[i] == '=' || a.val[i] == '.' ||
@@ -422,7 +477,14 @@ static int m_url_creds(const struct scan_rule *r, const uint8_t *p, size_t n, si
 			    p[e] != '"' && p[e] != '\'';
 	     e++)
 		;
-	if (e >= n || p[e] != '@' || e - c < 3 || placeholder(p + c, e - c))
+	if (e >= n || p[e] != '@' || e - c < 6 || placeholder(p + c, e - c))
+		return 0;
+	/* documentation's hosts (RFC 2606) */
+	size_t h = e + 1, he = h;
+	while (he < n && he - h < 256 && (is_alnum(p[he]) || p[he] == '.' || p[he] == '-'))
+		he++;
+	if (has_ci(p + h, he - h, "example.") || has_ci(p + h, he - h, ".example") ||
+	    has_ci(p + h, he - h, "localhost"))
 		return 0;
 	for (size_t f = 0; f < sizeof(fake) / sizeof(fake[0]); f++)
 		if (strlen(fake[f]) == e - c && strncasecmp((const char *)p + c, fake[f], e - c) == 0)
@@ -478,86 +540,255 @@ static const struct scan_rule rules[] = {
 
 #define N_RULES (sizeof(rules) / sizeof(rules[0]))
 
-/* Prefilter: bit (a << 8 | b) is set when some anchor may start with the
- * bytes a, b (both cases for a case-folded anchor; every b for a one-byte
- * anchor). by_first[a] lists the rules to try. */
+/* Prefilter. One-byte anchors ('=', '.') are found with memchr, which is
+ * vectorised, each in its own pass. For the others (three bytes or more),
+ * bit (a << 8 | b) of pair is set when some anchor starts with the bytes
+ * a, b, and bit (b << 8 | c) of pair2 when some anchor's second and third
+ * bytes are b, c (all case combinations for a case-folded one);
+ * bypair[a << 8 | b] indexes the list of rules starting with a, b. Clean
+ * text costs one or two bit tests per byte. */
+#define MAX_PAIR_LISTS 64
 static struct {
 	uint8_t pair[65536 / 8];
-	uint8_t nfirst[256];
-	uint8_t first[256][N_RULES];
+	uint8_t pair2[65536 / 8];	 /* the same for the anchors' second and third bytes */
+	uint8_t bypair[65536];		 /* 0: none, else list index + 1 */
+	uint8_t list[MAX_PAIR_LISTS][8]; /* rule indices */
+	uint8_t nlist[MAX_PAIR_LISTS];
+	unsigned nlists;
+	uint8_t single[N_RULES]; /* rules with a one-byte anchor */
+	unsigned nsingle;
+	uint8_t alen[N_RULES]; /* anchor lengths */
 } pre;
 static pthread_once_t pre_once = PTHREAD_ONCE_INIT;
-
-static void set_pair(uint8_t a, int b)
-{
-	for (int x = 0; x < 256; x++) {
-		if (b >= 0 && x != b)
-			continue;
-		unsigned k = (unsigned)a << 8 | (unsigned)x;
-		pre.pair[k >> 3] |= (uint8_t)(1u << (k & 7));
-	}
-}
-
-static void add_first(uint8_t a, size_t r)
-{
-	for (unsigned i = 0; i < pre.nfirst[a]; i++)
-		if (pre.first[a][i] == r)
-			return;
-	pre.first[a][pre.nfirst[a]++] = (uint8_t)r;
-}
 
 static uint8_t flip(uint8_t c)
 {
 	return is_up(c) ? (uint8_t)(c + 32) : is_low(c) ? (uint8_t)(c - 32) : c;
 }
 
+static void add_pair(uint8_t a, uint8_t b, size_t r)
+{
+	unsigned k = (unsigned)a << 8 | b;
+	pre.pair[k >> 3] |= (uint8_t)(1u << (k & 7));
+	if (!pre.bypair[k]) {
+		assert(pre.nlists < MAX_PAIR_LISTS);
+		pre.bypair[k] = (uint8_t)(++pre.nlists);
+	}
+	unsigned l = pre.bypair[k] - 1u;
+	assert(pre.nlist[l] < sizeof(pre.list[l]));
+	pre.list[l][pre.nlist[l]++] = (uint8_t)r;
+}
+
+#ifdef HAVE_SIMD
+static void teddy_init(void);
+#endif
+
 static void precompute(void)
 {
 	_Static_assert(N_RULES < 256, "rule indices fit a byte");
 	for (size_t r = 0; r < N_RULES; r++) {
 		const uint8_t *a = (const uint8_t *)rules[r].anchor;
-		int b = a[1] ? a[1] : -1;
-		set_pair(a[0], b);
-		add_first(a[0], r);
+		size_t al = strlen(rules[r].anchor);
+		assert(al > 0 && al < 256);
+		pre.alen[r] = (uint8_t)al;
+		if (al == 1) {
+			pre.single[pre.nsingle++] = (uint8_t)r;
+			continue;
+		}
+		assert(al >= 3); /* the filter looks at three bytes */
+		add_pair(a[0], a[1], r);
+		for (int f = 0; f < 4; f++) {
+			uint8_t x = f & 1 && rules[r].casefold ? flip(a[1]) : a[1];
+			uint8_t y = f & 2 && rules[r].casefold ? flip(a[2]) : a[2];
+			unsigned k = (unsigned)x << 8 | y;
+			pre.pair2[k >> 3] |= (uint8_t)(1u << (k & 7));
+		}
 		if (rules[r].casefold) {
-			set_pair(flip(a[0]), b);
-			if (b >= 0) {
-				set_pair(a[0], flip((uint8_t)b));
-				set_pair(flip(a[0]), flip((uint8_t)b));
-			}
-			add_first(flip(a[0]), r);
+			if (flip(a[0]) != a[0])
+				add_pair(flip(a[0]), a[1], r);
+			if (flip(a[1]) != a[1])
+				add_pair(a[0], flip(a[1]), r);
+			if (flip(a[0]) != a[0] && flip(a[1]) != a[1])
+				add_pair(flip(a[0]), flip(a[1]), r);
 		}
 	}
+#ifdef HAVE_SIMD
+	teddy_init();
+#endif
+}
+
+/* Rule r's anchor at p[i..n) and its matcher agrees. */
+static bool try_rule(size_t r, const uint8_t *p, size_t n, size_t i)
+{
+	const struct scan_rule *ru = &rules[r];
+	size_t al = pre.alen[r];
+
+	if (n - i < al)
+		return false;
+	if (ru->casefold ? strncasecmp((const char *)p + i, ru->anchor, al) != 0 : memcmp(p + i, ru->anchor, al) != 0)
+		return false;
+	return ru->match(ru, p, n, i) != 0;
+}
+
+/* The first hit at an offset below lim of the multi-byte anchors:
+ * its offset (rule in *rule), or lim. */
+static inline bool maybe_anchor(const uint8_t *p, size_t i)
+{
+	unsigned k = (unsigned)p[i] << 8 | p[i + 1], k2 = (unsigned)p[i + 1] << 8 | p[i + 2];
+	return (pre.pair[k >> 3] & (1u << (k & 7))) && (pre.pair2[k2 >> 3] & (1u << (k2 & 7)));
+}
+
+/* Check candidate position i fully: the first rule whose anchor and
+ * matcher agree, or -1. */
+static long check_at(const uint8_t *p, size_t n, size_t i)
+{
+	if (!maybe_anchor(p, i))
+		return -1;
+	unsigned l = pre.bypair[(unsigned)p[i] << 8 | p[i + 1]] - 1u;
+	for (unsigned j = 0; j < pre.nlist[l]; j++)
+		if (try_rule(pre.list[l][j], p, n, i))
+			return pre.list[l][j];
+	return -1;
+}
+
+static size_t first_pair_hit_scalar(const uint8_t *p, size_t n, size_t from, size_t lim, size_t *rule)
+{
+	for (size_t i = from; i + 2 < lim; i++) {
+		long r = check_at(p, n, i);
+		if (r >= 0) {
+			*rule = (size_t)r;
+			return i;
+		}
+	}
+	return lim;
+}
+
+#ifdef HAVE_SIMD
+/* Teddy (Hyperscan's literal matcher, reduced to a two-byte fingerprint):
+ * every anchor's first two bytes go into one of 8 buckets; four 16-entry
+ * nibble tables say which buckets a byte's low and high nibble allow in
+ * the first and second place. pshufb looks 16 positions up at once; only
+ * positions whose two bytes both allow a common bucket are checked. */
+static struct {
+	uint8_t lo[3][16], hi[3][16];
+} teddy;
+static bool have_ssse3;
+
+/* Every case variant of each anchor's first three bytes, into the bucket
+ * of its (lower-cased) first byte: anchors that share a start share a
+ * bucket, which keeps the nibble sets of a bucket small. */
+static void teddy_init(void)
+{
+	uint8_t firsts[N_RULES];
+	unsigned nf = 0;
+
+	for (size_t r = 0; r < N_RULES; r++) {
+		const uint8_t *a = (const uint8_t *)rules[r].anchor;
+		uint8_t f = is_up(a[0]) ? flip(a[0]) : a[0];
+		unsigned b = 0;
+		if (pre.alen[r] < 3)
+			continue;
+		while (b < nf && firsts[b] != f)
+			b++;
+		if (b == nf)
+			firsts[nf++] = f;
+		uint8_t m = (uint8_t)(1u << (b & 7));
+		for (unsigned v = 0; v < 8; v++) {
+			for (unsigned k = 0; k < 3; k++) {
+				uint8_t c = a[k];
+				if ((v >> k & 1) && rules[r].casefold)
+					c = flip(c);
+				teddy.lo[k][c & 15] |= m;
+				teddy.hi[k][c >> 4] |= m;
+			}
+		}
+	}
+	have_ssse3 = __builtin_cpu_supports("ssse3");
+}
+
+__attribute__((target("ssse3"))) static inline __m128i teddy_pos(const uint8_t *q, unsigned k, __m128i nib)
+{
+	__m128i v = _mm_loadu_si128((const __m128i *)q);
+	__m128i lo = _mm_loadu_si128((const __m128i *)teddy.lo[k]), hi = _mm_loadu_si128((const __m128i *)teddy.hi[k]);
+	return _mm_and_si128(_mm_shuffle_epi8(lo, _mm_and_si128(v, nib)),
+			     _mm_shuffle_epi8(hi, _mm_and_si128(_mm_srli_epi16(v, 4), nib)));
+}
+
+__attribute__((target("ssse3"))) static size_t first_pair_hit_simd(const uint8_t *p, size_t n, size_t lim, size_t *rule)
+{
+	const __m128i nib = _mm_set1_epi8(0x0f), zero = _mm_setzero_si128();
+	size_t i = 0;
+
+	/* the loads read p[i .. i + 17] */
+	for (; i + 18 <= lim; i += 16) {
+		__m128i m = _mm_and_si128(_mm_and_si128(teddy_pos(p + i, 0, nib), teddy_pos(p + i + 1, 1, nib)),
+					  teddy_pos(p + i + 2, 2, nib));
+		unsigned bits = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(m, zero)) ^ 0xffffu;
+		while (bits) {
+			size_t at = i + (size_t)__builtin_ctz(bits);
+			long r = check_at(p, n, at);
+			if (r >= 0) {
+				*rule = (size_t)r;
+				return at;
+			}
+			bits &= bits - 1;
+		}
+	}
+	return first_pair_hit_scalar(p, n, i, lim, rule);
+}
+#endif
+
+static bool simd_off; /* scan_set_portable */
+
+/* The first hit of the multi-byte anchors at an offset below lim: its
+ * offset (rule in *rule), or lim. */
+static size_t first_pair_hit(const uint8_t *p, size_t n, size_t lim, size_t *rule)
+{
+#ifdef HAVE_SIMD
+	if (have_ssse3 && !simd_off)
+		return first_pair_hit_simd(p, n, lim, rule);
+#endif
+	return first_pair_hit_scalar(p, n, 0, lim, rule);
+}
+
+void scan_set_portable(int on)
+{
+	simd_off = on != 0;
+}
+
+/* The same for one-byte anchor rule r. */
+static size_t first_single_hit(const uint8_t *p, size_t n, size_t lim, size_t r)
+{
+	const uint8_t *q = p, *end = p + lim;
+	while (q < end && (q = memchr(q, rules[r].anchor[0], (size_t)(end - q)))) {
+		if (rules[r].match(&rules[r], p, n, (size_t)(q - p)))
+			return (size_t)(q - p);
+		q++;
+	}
+	return lim;
 }
 
 int scan_bytes(const void *data, size_t n, struct scan_hit *hit)
 {
 	const uint8_t *p = data;
+	size_t best = n, rule = 0, r;
 
 	pthread_once(&pre_once, precompute);
-	for (size_t i = 0; i < n; i++) {
-		unsigned k = (unsigned)p[i] << 8 | (i + 1 < n ? p[i + 1] : 0);
-		if (!(pre.pair[k >> 3] & (1u << (k & 7))) && i + 1 < n)
-			continue;
-		for (unsigned j = 0; j < pre.nfirst[p[i]]; j++) {
-			const struct scan_rule *r = &rules[pre.first[p[i]][j]];
-			size_t al = strlen(r->anchor);
-			if (n - i < al)
-				continue;
-			if (r->casefold ? strncasecmp((const char *)p + i, r->anchor, al) != 0
-					: memcmp(p + i, r->anchor, al) != 0)
-				continue;
-			if (!r->match(r, p, n, i))
-				continue;
-			hit->rule = r;
-			hit->off = i;
-			hit->line = 1;
-			for (const uint8_t *q = p; (q = memchr(q, '\n', (size_t)(p + i - q))); q++)
-				hit->line++;
-			return 1;
-		}
+	best = first_pair_hit(p, n, n, &rule);
+	for (unsigned s = 0; s < pre.nsingle; s++) {
+		size_t at = first_single_hit(p, n, best, pre.single[s]);
+		if (at < best) /* no other anchor starts with these bytes */
+			best = at, rule = pre.single[s];
 	}
-	return 0;
+	if (best >= n)
+		return 0;
+	r = rule;
+	hit->rule = &rules[r];
+	hit->off = best;
+	hit->line = 1;
+	for (const uint8_t *q = p; (q = memchr(q, '\n', (size_t)(p + best - q))); q++)
+		hit->line++;
+	return 1;
 }
 
 const struct scan_rule *scan_rules(size_t *n)

@@ -768,9 +768,10 @@ static const struct manifest_entry *rename_base(const struct sync *s, const stru
 	return by_name;
 }
 
-/* PUT a whole small file only with the content the scan hashed (and
- * withhold_content scanned): read once, hash checked, sent from that
- * buffer. -ESTALE when the file changed since. */
+/* PUT a whole small file only with the content the scan hashed: read
+ * once, hash checked, scanned (withhold_sent), sent from that buffer.
+ * -ESTALE when the file changed since, -EACCES when its content is
+ * withheld (recorded). */
 static int put_checked(struct sync *s, const struct manifest_entry *n)
 {
 	uint8_t h[CHUNK_HASH_LEN], *data = NULL;
@@ -792,6 +793,14 @@ static int put_checked(struct sync *s, const struct manifest_entry *n)
 	chunk_hash(data ? data : (const uint8_t *)"", (size_t)n->size, h);
 	if (memcmp(h, n->hash, CHUNK_HASH_LEN) != 0) {
 		r = -ESTALE;
+		goto out;
+	}
+	char rule[WITHHOLD_RULE_MAX];
+	if (n->size && withhold_sent(s->wh, n, data, (size_t)n->size, rule, sizeof(rule)) == 1) {
+		/* not sent: skipped like a file that changed (the guest keeps
+		 * what it had, which the next scan removes) */
+		r = records_add(&s->withheld, n->path, rule) < 0 ? -ENOMEM : -EACCES;
+		s->st.withheld = s->withheld.total;
 		goto out;
 	}
 	if ((r = delta_put_begin(s->b, n->path, n->mode, NULL)) < 0 ||
@@ -988,10 +997,13 @@ static void pump(struct sync *s)
 				}
 				break;
 			}
-			if (r == -ESTALE || r == -ENOENT) {
+			if (r == -ESTALE || r == -ENOENT || r == -EACCES) {
 				/* changed or vanished since the scan: the next sync
-				 * (or the journal) picks it up */
-				s->st.vanished++;
+				 * (or the journal) picks it up; -EACCES: its content
+				 * is withheld (put_checked), the guest keeps what it
+				 * had until the next scan removes it */
+				if (r != -EACCES)
+					s->st.vanished++;
 				if ((r = note_vanished(s, s->ci)) < 0) {
 					fail(s, r, "out of memory");
 					return;

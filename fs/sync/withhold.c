@@ -278,12 +278,54 @@ static void hit_rule(const struct slot *v, char *rule, size_t rulelen)
 		snprintf(rule, rulelen, "secret: same content as a withheld file");
 }
 
+/* Scan bytes p[0..n) of the content with hash h; remember the verdict
+ * when keep. 1 with rule filled when a rule matched, else 0. */
+static int decide(struct withhold *w, const uint8_t h[CHUNK_HASH_LEN], const uint8_t *p, size_t n, bool keep,
+		  char *rule, size_t rulelen)
+{
+	struct slot nv = {.kind = V_CLEAN};
+	struct scan_hit hit;
+	int r = 0;
+
+	w->st.scanned++;
+	w->st.scanned_bytes += n;
+	memcpy(nv.h, h, CHUNK_HASH_LEN);
+	if (scan_bytes(p, n < SCAN_MAX ? n : SCAN_MAX, &hit)) {
+		size_t nr;
+		nv.kind = V_HIT;
+		nv.rule = (uint8_t)(hit.rule - scan_rules(&nr));
+		nv.aux = hit.line > UINT32_MAX ? UINT32_MAX : (uint32_t)hit.line;
+		hit_rule(&nv, rule, rulelen);
+		w->st.by_content++;
+		r = 1;
+	}
+	if (!keep)
+		return r;
+	if (w->verdicts.n >= WITHHOLD_CACHE_MAX)
+		hset_clear(&w->verdicts);
+	(void)hset_put(&w->verdicts, &nv); /* not remembered: scanned again next time */
+	return r;
+}
+
+int withhold_sent(struct withhold *w, const struct manifest_entry *e, const uint8_t *data, size_t n, char *rule,
+		  size_t rulelen)
+{
+	struct slot *v = hset_find(&w->verdicts, e->hash);
+
+	if (v) {
+		if (v->kind == V_CLEAN)
+			return 0;
+		hit_rule(v, rule, rulelen);
+		return 1;
+	}
+	return decide(w, e->hash, data, n, true, rule, rulelen);
+}
+
 int withhold_content(struct withhold *w, const struct manifest_entry *e, char *rule, size_t rulelen)
 {
 	struct slot *v;
 	struct prefix p = {0};
 	struct stat st;
-	struct scan_hit hit;
 	int r, fd;
 
 	if (e->type != MANIFEST_FILE || e->size == 0)
@@ -301,6 +343,8 @@ int withhold_content(struct withhold *w, const struct manifest_entry *e, char *r
 		w->st.by_content++;
 		return 1;
 	}
+	if (e->size <= w->params.whole_max)
+		return 0; /* scanned as it is sent: withhold_sent */
 	fd = manifest_open_beneath(w->rootfd, e->path, O_RDONLY | O_NONBLOCK | O_NOCTTY, false);
 	if (fd < 0)
 		return fd == -ENOMEM ? fd : -ESTALE;
@@ -310,25 +354,7 @@ int withhold_content(struct withhold *w, const struct manifest_entry *e, char *r
 	}
 	if ((r = read_checked(w, fd, e, &p)) < 0)
 		goto out;
-	w->st.scanned++;
-	w->st.scanned_bytes += p.n;
-	struct slot nv = {.kind = V_CLEAN};
-	memcpy(nv.h, e->hash, CHUNK_HASH_LEN);
-	if (scan_bytes(p.buf, p.n < SCAN_MAX ? p.n : SCAN_MAX, &hit)) {
-		size_t nr;
-		nv.kind = V_HIT;
-		nv.rule = (uint8_t)(hit.rule - scan_rules(&nr));
-		nv.aux = hit.line > UINT32_MAX ? UINT32_MAX : (uint32_t)hit.line;
-		hit_rule(&nv, rule, rulelen);
-		w->st.by_content++;
-		r = 1;
-	} else {
-		r = 0;
-	}
-	if (w->verdicts.n >= WITHHOLD_CACHE_MAX)
-		hset_clear(&w->verdicts);
-	if (!p.partial)
-		(void)hset_put(&w->verdicts, &nv); /* not remembered: scanned again next time */
+	r = decide(w, e->hash, p.buf, p.n, !p.partial, rule, rulelen);
 out:
 	mem_free(p.buf);
 	close(fd);

@@ -27,8 +27,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		/* the first hit: nothing before it matches */
 		FUZZ_ASSERT(scan_bytes(data, h.off, &h2) == 0 || h2.off < h.off);
 	}
-	/* deterministic */
+	/* deterministic, and the portable loop agrees with the SIMD prefilter */
 	FUZZ_ASSERT(scan_bytes(data, size, &h2) == r && (!r || (h2.off == h.off && h2.rule == h.rule)));
+	scan_set_portable(1);
+	int rp = scan_bytes(data, size, &h2);
+	scan_set_portable(0);
+	FUZZ_ASSERT(rp == r && (!r || (h2.off == h.off && h2.rule == h.rule)));
 	return 0;
 }
 
@@ -42,8 +46,8 @@ size_t fuzz_seed(unsigned i, const uint8_t **out)
 	    {"tok: gh", "p_q8Zr2LmV0xKp4TbN7yWc1sHd9gFj3uEa6oRi\n"},
 	    {"Bearer ey", "JhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV\n"},
 	    {"# x\nexport DB_PASS", "WORD=s3cr3tPass99\nSOME=q8Zr2LmV0xKp4TbN7yWc1sHd\n"},
-	    {"postgres://app:Zr2Lm",
-	     "V0xKp4T@db:5432/x bot('MTk4NjIyNDgzNDcxOTI1MjQ4.Cl2FMQ.ZnCjm1XVW7vRze4b7Cq4se7kKWs')"},
+	    {"postgres://app:Zr2Lm", "V0xKp4T@db:5432/x"},
+	    {"bot('MTk4NjIyNDgzNDcxOTI1MjQ4", ".Cl2FMQ.ZnCjm1XVW7vRze4b7Cq4se7kKWs')"},
 	    {"\"integrity\": \"sha512-eyJq8Zr2L",
 	     "mV0xKp4TbN7yWc1sHd==\" AKIAIOSFODNN7EXAMPLE 123e4567-e89b-12d3-a456-426614174000"},
 	};

@@ -52,6 +52,10 @@ struct scan_hit {
  * the first match in byte order, 0 when nothing matched. */
 int scan_bytes(const void *p, size_t n, struct scan_hit *hit);
 
+/* Tests: on != 0 makes scan_bytes use its portable byte loop instead of
+ * the SIMD prefilter (x86-64 with SSSE3), so both can be compared. */
+void scan_set_portable(int on);
+
 /* The rule table, for docs and tests. */
 const struct scan_rule *scan_rules(size_t *n);
 

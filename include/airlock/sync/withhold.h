@@ -55,14 +55,22 @@ int withhold_note_secret(struct withhold *w, const char *relpath);
 int withhold_path(struct withhold *w, const char *relpath, char *rule, size_t rulelen);
 
 /* Decide the content of file entry e (its hash, size and chunk list from
- * the scan): 1 with rule filled when withheld (same content as a withheld
- * file, or a scan rule matched: "secret content: <id> (<what>) at line
- * N"), 0 when it may be sent, -ESTALE when the file on disk no longer has
- * e's content (changed since the scan: send nothing now), -ENOMEM. The
- * bytes scanned are checked against e's hash (the whole file up to the
- * chunker's whole_max, each scanned chunk of a larger one), so what is
- * sent under e's hash is what was scanned. */
+ * the scan) before the diff: 1 with rule filled when withheld (same
+ * content as a withheld file, or a scan rule matched: "secret content:
+ * <id> (<what>) at line N"), 0 when it may be sent, -ESTALE when the file
+ * on disk no longer has e's content (changed since the scan: send nothing
+ * now), -ENOMEM. A file over the chunker's whole_max is scanned here (its
+ * first SCAN_MAX bytes, each chunk checked against e's list, so what is
+ * sent under e's hash is what was scanned). A smaller one is decided here
+ * only from what is known by its hash; otherwise 0, and withhold_sent
+ * scans the bytes as they are sent (read once for both). */
 int withhold_content(struct withhold *w, const struct manifest_entry *e, char *rule, size_t rulelen);
+
+/* The bytes data[0..n) about to be sent as e (the caller checked they
+ * hash to e->hash): 1 with rule filled when a content rule matches (do
+ * not send), else 0. The verdict is remembered by hash. */
+int withhold_sent(struct withhold *w, const struct manifest_entry *e, const uint8_t *data, size_t n, char *rule,
+		  size_t rulelen);
 
 /* Read .git/config (and what it includes, 10 deep) and remember the
  * include targets inside the workspace. 1 when the set changed since the

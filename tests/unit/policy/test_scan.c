@@ -131,6 +131,19 @@ static const char *const negatives[] = {
     "aws_access_key_id = AKIAIOSFODNN7EXAMPLE\n",
     "-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8AMIIBCgKCAQEA\n-----END PUBLIC KEY-----\n",
     "CFLAGS=-O2 -Wall\nPATH=/usr/local/bin:/usr/bin\nLANG=en_US.UTF-8\n",
+    /* found scanning /usr/include, /usr/lib/python3 and /usr/share/doc */
+    "PRIVATE_PPA_URI_FORMAT = 'https://private-ppa.launchpadcontent.net/{team}/{ppa}/ubuntu/'\n",
+    "OID_AUTHORITY_KEY_IDENTIFIER = ExtensionOID.AUTHORITY_KEY_IDENTIFIER\nHEX_PAT = \"[0-9A-Fa-f]{1,4}\"\n",
+    "SECRET=s3cr3t-$$-$RANDOM$RANDOM\nconst myURL = new URL('https://abc:xyz@example.com');\n",
+    "\"-----BEGIN RSA PRIVATE KEY-----\";\nparse(pem);\n\"integrity\": "
+    "\"sha512-q8Zr2LmV0xKp4TbN7yWc1sHd9gFj3uEa6oRi5lQe8M==\"\n",
+    "u = 'https://user:s3cr3tpw@api.example.com/v1'\n",
+    "OID_DSA_WITH_SHA1 = SignatureAlgorithmOID.DSA_WITH_SHA1\nUNRESERVED_PAT = "
+    "r\"ABCDEFGHIJabcdefghij0123456789._!-~\"\n",
+    /* C enums and initializers in headers */
+    "enum {\n\tNL80211_KEY_MAX = __NL80211_KEY_AFTER_LAST - 1\n    UBLOCK_PRIVATE_USE = UBLOCK_PRIVATE_USE_AREA,\n",
+    "\tTCA_ID_TUNNEL_KEY = TCA_ACT_TUNNEL_KEY,\n    SEC_ERROR_FILING_KEY = (SEC_ERROR_BASE + 25),\n",
+    "    SSL_ERROR_RX_MALFORMED_SERVER_KEY_EXCH  = (SSL_ERROR_BASE + 31),\n#define AUTH_TOKEN_LEN 32\n",
 };
 
 static size_t build(const struct sample *s, char *out, size_t cap)
@@ -224,6 +237,54 @@ static void test_binary_and_empty(void **state)
 	assert_true(scan_entropy((const uint8_t *)"abcd", 4) > 1.99 && scan_entropy((const uint8_t *)"abcd", 4) < 2.01);
 }
 
+/* The SIMD prefilter and the portable loop find the same first hit, on
+ * random text salted with anchors and samples at every alignment. */
+static void test_simd_agrees(void **state)
+{
+	(void)state;
+	static const char alpha[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.=:/\"\n \t";
+	static const char *const salt[] = {"ghp",	  "gh",	  "AKIA", "ASI", "xox", "eyJ", "://",
+					   "-----BEGIN ", "sk_",  "npm",  "Acc", "sha", "SHA", "aws",
+					   "AWS",	  "\"pr", "hoo",  "pyp", "rub", "rk_"};
+	char tok[1024];
+	uint64_t x = 0x243f6a8885a308d3ull;
+	char *b = malloc(4096);
+	assert_non_null(b);
+	for (unsigned round = 0; round < 3000; round++) {
+		size_t n = 0, len = 1 + (size_t)(x % 4000);
+		while (n < len) {
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+			if (x % 23 == 0) {
+				const char *sp = salt[(x >> 8) % (sizeof(salt) / sizeof(salt[0]))];
+				size_t k = strlen(sp);
+				if (n + k > len)
+					break;
+				memcpy(b + n, sp, k);
+				n += k;
+			} else if (x % 997 == 0) {
+				size_t k = build(&positives[(x >> 8) % (sizeof(positives) / sizeof(positives[0]))], tok,
+						 sizeof(tok));
+				if (n + k > len)
+					break;
+				memcpy(b + n, tok, k);
+				n += k;
+			} else {
+				b[n++] = alpha[(x >> 16) % (sizeof(alpha) - 1)];
+			}
+		}
+		struct scan_hit h1 = {0}, h2 = {0};
+		int r1 = scan_bytes(b, n, &h1);
+		scan_set_portable(1);
+		int r2 = scan_bytes(b, n, &h2);
+		scan_set_portable(0);
+		assert_int_equal(r1, r2);
+		if (r1 && (h1.off != h2.off || h1.rule != h2.rule || h1.line != h2.line))
+			fail_msg("round %u: simd %s at %zu, portable %s at %zu", round, h1.rule->id, h1.off,
+				 h2.rule->id, h2.off);
+	}
+	free(b);
+}
+
 static void test_rules_documented(void **state)
 {
 	(void)state;
@@ -253,7 +314,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_true_positives),   cmocka_unit_test(test_false_positives),
 	    cmocka_unit_test(test_lines_and_bounds), cmocka_unit_test(test_binary_and_empty),
-	    cmocka_unit_test(test_rules_documented),
+	    cmocka_unit_test(test_simd_agrees),	     cmocka_unit_test(test_rules_documented),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
