@@ -624,8 +624,11 @@ static void scan_skipped(const char *rel, enum manifest_skip why, int err, void 
  * s->withheld; one that changed since it was hashed is not sent now (the
  * confirmed state's entry stands in for it, so the guest keeps its old
  * version; the journal names it again). s->hm is rebuilt only when
- * something leaves it. 0 or -errno. */
-static int withhold_contents(struct sync *s)
+ * something leaves it. defer as for withhold_content: the full scan
+ * leaves small files to put_checked, a push decides them here (so a
+ * withheld new version also takes the guest's old one away). 0 or
+ * -errno. */
+static int withhold_contents(struct sync *s, bool defer)
 {
 	char rule[WITHHOLD_RULE_MAX];
 	signed char *verdict = NULL;
@@ -637,7 +640,7 @@ static int withhold_contents(struct sync *s)
 		const struct manifest_entry *e = &s->hm->e[i];
 		if (e->type != MANIFEST_FILE || !strcmp(e->path, SYNC_GIT_CONFIG))
 			continue; /* the generated one: the host's is a secret */
-		if ((r = withhold_content(s->wh, e, rule, sizeof(rule))) == 0)
+		if ((r = withhold_content(s->wh, e, defer, rule, sizeof(rule))) == 0)
 			continue;
 		if (r == -ENOMEM)
 			goto out;
@@ -710,7 +713,7 @@ static int host_scan(struct sync *s, char *why, size_t whylen)
 		snprintf(why, whylen, "scanning the workspace: %s", strerror(-x.err));
 		return x.err;
 	}
-	if ((r = withhold_contents(s)) < 0) {
+	if ((r = withhold_contents(s, true)) < 0) {
 		snprintf(why, whylen, "scanning file contents: %s", strerror(-r));
 		return r;
 	}
@@ -2053,7 +2056,7 @@ static int push_build(struct sync *s, char **anchors, size_t na, char *why, size
 			break;
 		qsort(drop, ndrop, sizeof(*drop), str_tree_cmp);
 	}
-	if ((r = withhold_contents(s)) < 0)
+	if ((r = withhold_contents(s, false)) < 0) /* few files: decided before the diff */
 		goto out;
 	if (git && (r = push_git_config(s, s->hm)) < 0) {
 		snprintf(why, whylen, ".git/config: %s (the guest gets a generated one; fix or shrink the host's)",

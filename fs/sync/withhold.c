@@ -321,7 +321,7 @@ int withhold_sent(struct withhold *w, const struct manifest_entry *e, const uint
 	return decide(w, e->hash, data, n, true, rule, rulelen);
 }
 
-int withhold_content(struct withhold *w, const struct manifest_entry *e, char *rule, size_t rulelen)
+int withhold_content(struct withhold *w, const struct manifest_entry *e, bool defer, char *rule, size_t rulelen)
 {
 	struct slot *v;
 	struct prefix p = {0};
@@ -343,7 +343,7 @@ int withhold_content(struct withhold *w, const struct manifest_entry *e, char *r
 		w->st.by_content++;
 		return 1;
 	}
-	if (e->size <= w->params.whole_max)
+	if (defer && e->size <= w->params.whole_max)
 		return 0; /* scanned as it is sent: withhold_sent */
 	fd = manifest_open_beneath(w->rootfd, e->path, O_RDONLY | O_NONBLOCK | O_NOCTTY, false);
 	if (fd < 0)

@@ -125,7 +125,8 @@ t_content() { # a token in an ordinary file: withheld; audit names rule and line
 	local tok=gh
 	tok+=p_q8Zr2LmV0xKp4TbN7yWc1sHd9gFj3uEa6oRi
 	printf '// settings\nconst token = "%s";\n' "$tok" >"$W/src/settings.ts"
-	syncwait && [ ! -e "$G/src/settings.ts" ] || return 1
+	syncwait || { echo "sync-wait failed" >&2; return 1; }
+	[ ! -e "$G/src/settings.ts" ] || { echo "src/settings.ts reached the guest" >&2; "$AIRLOCK" audit -C "$W" >&2; cat "$G/src/settings.ts" >&2; "$AIRLOCK" status -C "$W" >&2; return 1; }
 	"$AIRLOCK" audit -C "$W" >"$T/audit.txt" || return 1
 	"$AIRLOCK" audit -C "$W" --json >>"$T/audit.txt" || return 1
 	grep -q 'src/settings.ts.*secret content: github-pat .* at line 2' "$T/audit.txt" &&

@@ -59,12 +59,13 @@ int withhold_path(struct withhold *w, const char *relpath, char *rule, size_t ru
  * content as a withheld file, or a scan rule matched: "secret content:
  * <id> (<what>) at line N"), 0 when it may be sent, -ESTALE when the file
  * on disk no longer has e's content (changed since the scan: send nothing
- * now), -ENOMEM. A file over the chunker's whole_max is scanned here (its
- * first SCAN_MAX bytes, each chunk checked against e's list, so what is
- * sent under e's hash is what was scanned). A smaller one is decided here
- * only from what is known by its hash; otherwise 0, and withhold_sent
- * scans the bytes as they are sent (read once for both). */
-int withhold_content(struct withhold *w, const struct manifest_entry *e, char *rule, size_t rulelen);
+ * now), -ENOMEM. The file's first SCAN_MAX bytes are read and checked
+ * against e's hash (the whole file up to the chunker's whole_max, each
+ * chunk of a larger one), so what is sent under e's hash is what was
+ * scanned. With defer, a file of at most whole_max bytes is decided here
+ * only from what is known by its hash, else 0: withhold_sent scans its
+ * bytes as they are sent (read once for both; the full scan's way). */
+int withhold_content(struct withhold *w, const struct manifest_entry *e, bool defer, char *rule, size_t rulelen);
 
 /* The bytes data[0..n) about to be sent as e (the caller checked they
  * hash to e->hash): 1 with rule filled when a content rule matches (do

@@ -711,6 +711,13 @@ static void test_withheld_content(void **state)
 	const char *ed[] = {"src/config.ts"};
 	e_push(&e, ed, 1);
 	assert_true(has(guest, "src/config.ts", "// config\n"));
+	/* a token written into a synced file: the guest's copy goes too */
+	snprintf(p, sizeof(p), "int main(void) { return 0; }\n// %s\n", tok);
+	put(host, "src/main.c", p);
+	const char *tk[] = {"src/main.c"};
+	e_push(&e, tk, 1);
+	assert_false(exists(guest, "src/main.c"));
+	assert_non_null(strstr(withheld_rule(&e, "src/main.c"), "github-pat"));
 	/* .git/config now includes docs/a.txt: it leaves the guest */
 	put(host, ".git/config", "[include]\n\tpath = ../docs/a.txt\n");
 	const char *gc[] = {".git/config"};
