@@ -21,7 +21,6 @@ cleanup() {
 	rm -rf "$W" /dev/shm/airlock-scanbench.*
 }
 trap cleanup EXIT
-now() { date +%s.%N; }
 stats() { # median p99 of the numbers on stdin
 	sort -g | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; k=int(NR*0.99+0.999); if (k<1) k=1; if (k>NR) k=NR; printf "%.3f %.3f\n", m, a[k]}'
 }
@@ -35,20 +34,23 @@ for i in 1 2 3; do printf '// x\nconst t = "%s";\n' "$tok" >"$D/src/leak$i.ts"; 
 nfiles=$(find "$D/src" -type f | wc -l)
 bytes=$(du -sb "$D/src" | cut -f1)
 
-# private copies of the binaries, so nothing else on the machine that
-# stops agents by name stops these
+# private copies of the binaries under other names, so nothing else on
+# the machine that stops agents by name stops these
 mkdir -p "$W/new" "$W/base"
-cp "$B/airlock" "$B/airlock-agent" "$W/new/"
-cp "$BASE/airlock" "$BASE/airlock-agent" "$W/base/"
+cp "$B/airlock" "$W/new/al-scanbench"
+cp "$B/airlock-agent" "$W/new/al-scanbench-agent"
+cp "$BASE/airlock" "$W/base/al-scanbench"
+cp "$BASE/airlock-agent" "$W/base/al-scanbench-agent"
 for v in new base; do
 	bin=$W/$v
-	"$bin/airlock" keygen -o "$W/hk.$v" >"$W/hk.$v.pub"
-	"$bin/airlock" keygen -o "$W/gk.$v" >"$W/gk.$v.pub"
+	"$bin/al-scanbench" keygen -o "$W/hk.$v" >"$W/hk.$v.pub"
+	"$bin/al-scanbench" keygen -o "$W/gk.$v" >"$W/gk.$v.pub"
 	mkdir -p "$D/g.$v"
-	"$bin/airlock-agent" --listen "unix:$W/$v.sock" --root "$D/g.$v" --key "$W/gk.$v" \
+	"$bin/al-scanbench-agent" --listen "unix:$W/$v.sock" --root "$D/g.$v" --key "$W/gk.$v" \
 		--allow "$(cat "$W/hk.$v.pub")" --state "$D/g.$v.state" --fsync none >"$W/$v.agent.out" 2>&1 &
 	PIDS+=($!)
 	: >"$W/t.$v"
+	: >"$W/c.$v"
 done
 sleep 0.5
 for r in $(seq 1 "$RUNS"); do
@@ -57,21 +59,28 @@ for r in $(seq 1 "$RUNS"); do
 		find "$D/g.$v" -mindepth 1 -delete
 		rm -rf "$W/state"
 		sync
-		t0=$(now)
-		XDG_STATE_HOME=$W/state "$bin/airlock" sync "$D/src" --guest "unix:$W/$v.sock" --key "$W/hk.$v" \
-			--guest-key "$(cat "$W/gk.$v.pub")" >"$W/$v.out" 2>&1
-		t1=$(now)
-		echo "$t1 - $t0" | bc -l >>"$W/t.$v"
+		# wall time, and the host process's CPU time (user + system): on a
+		# shared, loaded machine the second is the steadier measure
+		XDG_STATE_HOME=$W/state TIMEFORMAT='%R %U %S' bash -c 'time "$@" >"'"$W/$v.out"'" 2>&1' _ \
+			"$bin/al-scanbench" sync "$D/src" --guest "unix:$W/$v.sock" --key "$W/hk.$v" \
+			--guest-key "$(cat "$W/gk.$v.pub")" 2>"$W/$v.time" || { cat "$W/$v.out" >&2; exit 1; }
+		read -r wall u sy <"$W/$v.time"
+		echo "$wall" >>"$W/t.$v"
+		echo "$u + $sy" | bc -l >>"$W/c.$v"
 	done
 done
 cat "$W/new.out" >&2
 [ ! -e "$D/g.new/leak1.ts" ] || { echo "leak1.ts reached the guest of the build under test" >&2; exit 1; }
 read -r nm np < <(stats <"$W/t.new")
 read -r bm bp < <(stats <"$W/t.base")
+read -r ncm ncp < <(stats <"$W/c.new")
+read -r bcm bcp < <(stats <"$W/c.base")
 echo "### initial sync with and without the content scan (tmpfs, $nfiles files, $((bytes >> 20)) MiB; $RUNS runs each, interleaved)"
 echo
-echo "| build | median (s) | p99 (s) |"
-echo "|---|---:|---:|"
-printf '| base (no content scan) | %.3f | %.3f |\n' "$bm" "$bp"
-printf '| content scan | %.3f | %.3f |\n' "$nm" "$np"
-printf '| cost | %+.1f %% | %+.1f %% |\n' "$(echo "($nm / $bm - 1) * 100" | bc -l)" "$(echo "($np / $bp - 1) * 100" | bc -l)"
+echo "| build | wall median (s) | wall p99 (s) | host CPU median (s) | host CPU p99 (s) |"
+echo "|---|---:|---:|---:|---:|"
+printf '| base (no content scan) | %.3f | %.3f | %.3f | %.3f |\n' "$bm" "$bp" "$bcm" "$bcp"
+printf '| content scan | %.3f | %.3f | %.3f | %.3f |\n' "$nm" "$np" "$ncm" "$ncp"
+pct() { echo "($1 / $2 - 1) * 100" | bc -l; }
+printf '| cost | %+.1f %% | %+.1f %% | %+.1f %% | %+.1f %% |\n' "$(pct "$nm" "$bm")" "$(pct "$np" "$bp")" \
+	"$(pct "$ncm" "$bcm")" "$(pct "$ncp" "$bcp")"

@@ -540,8 +540,8 @@ static const struct scan_rule rules[] = {
 
 #define N_RULES (sizeof(rules) / sizeof(rules[0]))
 
-/* Prefilter. One-byte anchors ('=', '.') are found with memchr, which is
- * vectorised, each in its own pass. For the others (three bytes or more),
+/* Prefilter. One-byte anchors ('=', '.') are checked wherever the byte
+ * is. For the others (three bytes or more),
  * bit (a << 8 | b) of pair is set when some anchor starts with the bytes
  * a, b, and bit (b << 8 | c) of pair2 when some anchor's second and third
  * bytes are b, c (all case combinations for a case-folded one);
@@ -555,7 +555,8 @@ static struct {
 	uint8_t list[MAX_PAIR_LISTS][8]; /* rule indices */
 	uint8_t nlist[MAX_PAIR_LISTS];
 	unsigned nlists;
-	uint8_t single[N_RULES]; /* rules with a one-byte anchor */
+	uint8_t single[N_RULES];   /* rules with a one-byte anchor */
+	uint8_t single_first[256]; /* bytes that start one */
 	unsigned nsingle;
 	uint8_t alen[N_RULES]; /* anchor lengths */
 } pre;
@@ -593,6 +594,7 @@ static void precompute(void)
 		pre.alen[r] = (uint8_t)al;
 		if (al == 1) {
 			pre.single[pre.nsingle++] = (uint8_t)r;
+			pre.single_first[a[0]] = 1;
 			continue;
 		}
 		assert(al >= 3); /* the filter looks at three bytes */
@@ -642,7 +644,12 @@ static inline bool maybe_anchor(const uint8_t *p, size_t i)
  * matcher agree, or -1. */
 static long check_at(const uint8_t *p, size_t n, size_t i)
 {
-	if (!maybe_anchor(p, i))
+	if (pre.single_first[p[i]]) /* '=', '.': no multi-byte anchor starts so */
+		for (unsigned s = 0; s < pre.nsingle; s++)
+			if ((uint8_t)rules[pre.single[s]].anchor[0] == p[i] &&
+			    rules[pre.single[s]].match(&rules[pre.single[s]], p, n, i))
+				return pre.single[s];
+	if (i + 2 >= n || !maybe_anchor(p, i))
 		return -1;
 	unsigned l = pre.bypair[(unsigned)p[i] << 8 | p[i + 1]] - 1u;
 	for (unsigned j = 0; j < pre.nlist[l]; j++)
@@ -653,7 +660,7 @@ static long check_at(const uint8_t *p, size_t n, size_t i)
 
 static size_t first_pair_hit_scalar(const uint8_t *p, size_t n, size_t from, size_t lim, size_t *rule)
 {
-	for (size_t i = from; i + 2 < lim; i++) {
+	for (size_t i = from; i < lim; i++) {
 		long r = check_at(p, n, i);
 		if (r >= 0) {
 			*rule = (size_t)r;
@@ -664,11 +671,12 @@ static size_t first_pair_hit_scalar(const uint8_t *p, size_t n, size_t from, siz
 }
 
 #ifdef HAVE_SIMD
-/* Teddy (Hyperscan's literal matcher, reduced to a two-byte fingerprint):
- * every anchor's first two bytes go into one of 8 buckets; four 16-entry
- * nibble tables say which buckets a byte's low and high nibble allow in
- * the first and second place. pshufb looks 16 positions up at once; only
- * positions whose two bytes both allow a common bucket are checked. */
+/* Teddy (Hyperscan's literal matcher, on a three-byte fingerprint): every
+ * anchor's first three bytes go into one of 8 buckets (bucket 7: the
+ * one-byte anchors, any bytes after them); six 16-entry nibble tables say
+ * which buckets a byte's low and high nibble allow in the first, second
+ * and third place. pshufb looks 16 positions up at once; only positions
+ * whose three bytes allow a common bucket are checked (check_at). */
 static struct {
 	uint8_t lo[3][16], hi[3][16];
 } teddy;
@@ -686,13 +694,20 @@ static void teddy_init(void)
 		const uint8_t *a = (const uint8_t *)rules[r].anchor;
 		uint8_t f = is_up(a[0]) ? flip(a[0]) : a[0];
 		unsigned b = 0;
-		if (pre.alen[r] < 3)
+		if (pre.alen[r] == 1) {
+			/* bucket 7: the byte itself, anything after it */
+			teddy.lo[0][a[0] & 15] |= 0x80;
+			teddy.hi[0][a[0] >> 4] |= 0x80;
+			for (unsigned k = 1; k < 3; k++)
+				for (unsigned x = 0; x < 16; x++)
+					teddy.lo[k][x] |= 0x80, teddy.hi[k][x] |= 0x80;
 			continue;
+		}
 		while (b < nf && firsts[b] != f)
 			b++;
 		if (b == nf)
 			firsts[nf++] = f;
-		uint8_t m = (uint8_t)(1u << (b & 7));
+		uint8_t m = (uint8_t)(1u << (b % 7));
 		for (unsigned v = 0; v < 8; v++) {
 			for (unsigned k = 0; k < 3; k++) {
 				uint8_t c = a[k];
@@ -756,18 +771,6 @@ void scan_set_portable(int on)
 	simd_off = on != 0;
 }
 
-/* The same for one-byte anchor rule r. */
-static size_t first_single_hit(const uint8_t *p, size_t n, size_t lim, size_t r)
-{
-	const uint8_t *q = p, *end = p + lim;
-	while (q < end && (q = memchr(q, rules[r].anchor[0], (size_t)(end - q)))) {
-		if (rules[r].match(&rules[r], p, n, (size_t)(q - p)))
-			return (size_t)(q - p);
-		q++;
-	}
-	return lim;
-}
-
 int scan_bytes(const void *data, size_t n, struct scan_hit *hit)
 {
 	const uint8_t *p = data;
@@ -775,11 +778,6 @@ int scan_bytes(const void *data, size_t n, struct scan_hit *hit)
 
 	pthread_once(&pre_once, precompute);
 	best = first_pair_hit(p, n, n, &rule);
-	for (unsigned s = 0; s < pre.nsingle; s++) {
-		size_t at = first_single_hit(p, n, best, pre.single[s]);
-		if (at < best) /* no other anchor starts with these bytes */
-			best = at, rule = pre.single[s];
-	}
 	if (best >= n)
 		return 0;
 	r = rule;
