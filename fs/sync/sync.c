@@ -172,6 +172,7 @@ struct records {
 	struct sync_record *v;
 	size_t n, cap;
 	uint64_t total;
+	uint64_t changes; /* bumped by every add and drop; kept by records_clear */
 };
 
 /* An entry of the guest manifest being reconstructed. */
@@ -343,12 +344,15 @@ static void records_clear(struct records *r)
 		mem_free(r->v[i].rule);
 	}
 	mem_free(r->v);
+	uint64_t changes = r->changes + 1;
 	memset(r, 0, sizeof(*r));
+	r->changes = changes;
 }
 
 static int records_add(struct records *r, const char *path, const char *rule)
 {
 	r->total++;
+	r->changes++;
 	if (r->n >= SYNC_RECORDS_MAX)
 		return 0;
 	if (r->n == r->cap) {
@@ -408,6 +412,7 @@ static void records_drop_under(struct records *r, char *const *anchors, size_t n
 			mem_free(r->v[i].path);
 			mem_free(r->v[i].rule);
 			r->total--;
+			r->changes++;
 			continue;
 		}
 		r->v[k++] = r->v[i];
@@ -676,6 +681,7 @@ static int withhold_contents(struct sync *s, bool defer)
 	s->hm = m;
 	m = NULL;
 	s->st.withheld = s->withheld.total;
+	s->st.withheld_changes = s->withheld.changes;
 	s->st.skipped = s->skipped.total;
 out:
 	manifest_free(m);
@@ -720,6 +726,7 @@ static int host_scan(struct sync *s, char *why, size_t whylen)
 	if (s->cache)
 		(void)hcache_save(s->cache, s->state_fd, HCACHE_FILE); /* best effort: next scan hashes more */
 	s->st.withheld = s->withheld.total;
+	s->st.withheld_changes = s->withheld.changes;
 	s->st.skipped = s->skipped.total;
 	s->have_gitcfg = false;
 	long gi = manifest_find(s->hm, ".git");
@@ -804,6 +811,7 @@ static int put_checked(struct sync *s, const struct manifest_entry *n)
 		 * what it had, which the next scan removes) */
 		r = records_add(&s->withheld, n->path, rule) < 0 ? -ENOMEM : -EACCES;
 		s->st.withheld = s->withheld.total;
+		s->st.withheld_changes = s->withheld.changes;
 		goto out;
 	}
 	if ((r = delta_put_begin(s->b, n->path, n->mode, NULL)) < 0 ||
@@ -2064,6 +2072,7 @@ static int push_build(struct sync *s, char **anchors, size_t na, char *why, size
 		goto out;
 	}
 	s->st.withheld = s->withheld.total;
+	s->st.withheld_changes = s->withheld.changes;
 	s->st.skipped = s->skipped.total;
 	s->st.host_entries = s->hm->n;
 	r = 0;

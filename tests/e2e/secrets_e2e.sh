@@ -146,4 +146,5 @@ t_down() {
 	wait "$UP_PID"
 }
 check "airlock down" t_down
+check "no sanitizer reports" t_no_sanitizer_reports
 finish

@@ -200,7 +200,10 @@ check "a secret created through the mount is withheld; a file renamed to a secre
 # documented (doc/UP.md): a secret renamed to an ordinary name keeps the withheld content: not sent
 t_secret_out() {
 	mv "$W/.env.local" "$W/notes.txt"
-	syncwait && [ ! -e "$G/notes.txt" ] && withheld_of | grep -qx notes.txt && same_tree
+	syncwait || return 1
+	[ ! -e "$G/notes.txt" ] || { echo "notes.txt reached the guest" >&2; return 1; }
+	withheld_of | grep -qx notes.txt || { echo "notes.txt not in the audit:" >&2; "$AIRLOCK" audit -C "$W" >&2; return 1; }
+	same_tree
 }
 check "a secret renamed to an ordinary name stays withheld (same content, documented)" t_secret_out
 
