@@ -819,8 +819,8 @@ static int put_checked(struct sync *s, const struct manifest_entry *n)
 	    (r = delta_put_end(s->b, n->hash)) < 0)
 		goto out;
 out:
-	if (data)
-		sodium_memzero(data, (size_t)n->size);
+	if (data && r == -EACCES)
+		sodium_memzero(data, (size_t)n->size); /* withheld bytes; sent ones are the guest's anyway */
 	mem_free(data);
 	close(fd);
 	return r;
