@@ -1280,6 +1280,10 @@ size_t policy_ignored_note(const struct policy *p, char *buf, size_t n)
  * least as long as the node. */
 struct pstate {
 	const struct policy_secret *secret; /* own entry or a secret parent directory */
+	/* the secret directory holding everything beneath (this one or an
+	 * ancestor), even when allow_secrets lets this path itself through:
+	 * an allowed path releases that path, not its subtree */
+	const struct policy_secret *held;
 	const struct ignore_pattern *excl;  /* positive exclude match */
 	const struct ignore_pattern *ign;   /* last ignore rule matched, maybe negative */
 	const struct ignore_list *ign_list; /* the list ign came from */
@@ -1596,10 +1600,12 @@ static void decide(const struct policy_ctx *ctx, const struct dnode *P, const ch
 	st->git_top = P->st.git_top || (P->len == 0 && git_name);
 	st->git_exempt = P->st.git_exempt || git_name;
 
-	if (!allow_exact(p, path, len)) {
-		st->secret = policy_secret_match(path, is_dir);
-		if (!st->secret)
-			st->secret = P->st.secret;
+	{
+		const struct policy_secret *own = policy_secret_match(path, is_dir);
+		if (is_dir)
+			st->held = own ? own : P->st.held;
+		if (!allow_exact(p, path, len))
+			st->secret = own ? own : P->st.held;
 	}
 
 	m = ignore_list_match(&p->exclude, path, len, is_dir);

@@ -33,6 +33,11 @@ static const struct policy_secret table[] = {
 	/* environment files */
 	F(".env", "dotenv file"),
 	F(".env.*", "dotenv file variant (templates such as .env.example too)"),
+	F(".env_*", "dotenv file variant"),
+	F(".env-*", "dotenv file variant"),
+	D(".env.d", "dotenv directory"),
+	D(".envs", "per-environment dotenv directory (cookiecutter-django)"),
+	F(".flaskenv", "Flask dotenv file"),
 	F("*.env", "environment file"),
 	F(".envrc", "direnv environment file"),
 	F(".dev.vars", "Cloudflare Wrangler local secrets"),
@@ -63,6 +68,12 @@ static const struct policy_secret table[] = {
 	F("*private*.asc", "ASCII-armoured private key"),
 	F("*secret*.asc", "ASCII-armoured secret key"),
 	F("*.agekey", "age private key"),
+	F("**/.config/sops/age/keys.txt", "SOPS age private keys"),
+	F("deploy_key", "deploy private key"),
+	F("private_key", "private key"),
+	F("identity", "SSH identity (private key)"),
+	F("wallet.dat", "cryptocurrency wallet"),
+	F("keystore.json", "Ethereum key store"),
 	F("*.kdbx", "KeePass database"),
 	F("*.kdb", "KeePass database"),
 	F("*.psafe3", "Password Safe database"),
@@ -92,12 +103,16 @@ static const struct policy_secret table[] = {
 	F("**/.git/modules/**/config", "submodule git config"),
 	F(".git-credentials", "git credential store"),
 	F(".gitcookies", "git HTTP cookies (tokens)"),
+	F("**/.config/git/credentials", "git credential store (XDG location)"),
+	F("**/*.git/config", "bare git repository config (remote URLs)"),
+	F("**/*.git/config.worktree", "bare git repository worktree config"),
 	F(".netrc", "netrc login credentials"),
 	F("_netrc", "netrc login credentials"),
 
 	/* package managers and build tools */
 	F(".npmrc", "npm config (registry tokens)"),
 	F(".pypirc", "PyPI upload credentials"),
+	F("pip.conf", "pip config (index URLs with credentials)"),
 	F("**/.gem/credentials", "RubyGems API key"),
 	F("**/.cargo/credentials", "Cargo registry token"),
 	F("**/.cargo/credentials.toml", "Cargo registry token"),
@@ -119,6 +134,8 @@ static const struct policy_secret table[] = {
 	F("credentials.db", "Google Cloud SDK credential store"),
 	F("access_tokens.db", "Google Cloud SDK token store"),
 	F("credentials.json", "credentials file"),
+	F("key.json", "cloud service-account key"),
+	F("sa-key.json", "cloud service-account key"),
 	F("client_secret*.json", "OAuth client secret"),
 	F("*service-account*.json", "cloud service-account key"),
 	F("*service_account*.json", "cloud service-account key"),
@@ -134,6 +151,7 @@ static const struct policy_secret table[] = {
 	F(".s3cfg", "s3cmd credentials"),
 	F(".passwd-s3fs", "s3fs credentials"),
 	F(".databrickscfg", "Databricks token"),
+	F("rclone.conf", "rclone remotes (cloud storage credentials)"),
 	F("**/.config/gh/hosts.yml", "GitHub CLI token"),
 	F("**/.config/hub", "hub (GitHub) token"),
 	F("**/.config/doctl/config.yaml", "DigitalOcean token"),
@@ -161,6 +179,7 @@ static const struct policy_secret table[] = {
 	F(".remote-sync.json", "remote-sync deployment credentials"),
 	F(".msmtprc", "mail client password"),
 	F(".fetchmailrc", "mail client password"),
+	F(".Xauthority", "X11 authorization cookies"),
 
 	/* generic secrets files */
 	F("secrets.yml", "secrets file"),
@@ -173,6 +192,8 @@ static const struct policy_secret table[] = {
 	F("secret.yaml", "secrets file"),
 	F("secret.json", "secrets file"),
 	F("secret.toml", "secrets file"),
+	F(".secrets", "secrets file"),
+	F("token.txt", "token file"),
 };
 /* clang-format on */
 
@@ -224,7 +245,7 @@ static bool ieq(const char *a, const char *b, size_t n)
 	return strncasecmp(a, b, n) == 0;
 }
 
-const struct policy_secret *policy_secret_match(const char *relpath, int is_dir)
+const struct policy_secret *policy_secret_match_name(const char *relpath, int is_dir)
 {
 	size_t len = strlen(relpath);
 	const char *slash = strrchr(relpath, '/');
@@ -249,6 +270,75 @@ const struct policy_secret *policy_secret_match(const char *relpath, int is_dir)
 		return &table[i];
 	}
 	return NULL;
+}
+
+/* Backup and temporary names editors and tools derive from a file's name:
+ * the bytes in them are the file's (an old copy, the next version, the
+ * swap file). Suffixes are compared case-insensitively; "swap" ones also
+ * drop the leading '.' vim adds (.env -> ..env.swp). */
+static const struct {
+	const char *suffix;
+	bool swap;
+} derived[] = {
+    {"~", false},	{".bak", false},  {".orig", false},	   {".old", false},
+    {".backup", false}, {".save", false}, {".tmp", false},	   {".swp", true},
+    {".swo", true},	{".swx", true},	  {"___jb_tmp___", false}, {"___jb_old___", false},
+};
+
+/* The name bn[0..bl) is derived from: out gets it, returns its length, or
+ * 0 when bn is not a derived name. */
+static size_t underlying(const char *bn, size_t bl, char *out)
+{
+	if (bl > 2 && bn[0] == '#' && bn[bl - 1] == '#') { /* emacs auto-save */
+		memcpy(out, bn + 1, bl - 2);
+		return bl - 2;
+	}
+	if (bl > 2 && bn[0] == '.' && bn[1] == '#') { /* emacs lock */
+		memcpy(out, bn + 2, bl - 2);
+		return bl - 2;
+	}
+	/* numbered backups: name.~N~ (cp/mv --backup=numbered) */
+	if (bl > 4 && bn[bl - 1] == '~') {
+		size_t k = bl - 1;
+		while (k > 0 && bn[k - 1] >= '0' && bn[k - 1] <= '9')
+			k--;
+		if (k < bl - 1 && k >= 3 && bn[k - 1] == '~' && bn[k - 2] == '.') {
+			memcpy(out, bn, k - 2);
+			return k - 2;
+		}
+	}
+	for (size_t i = 0; i < sizeof(derived) / sizeof(derived[0]); i++) {
+		size_t sl = strlen(derived[i].suffix);
+		if (bl <= sl || strncasecmp(bn + bl - sl, derived[i].suffix, sl) != 0)
+			continue;
+		size_t from = derived[i].swap && bn[0] == '.' && bl - sl > 1 ? 1 : 0;
+		memcpy(out, bn + from, bl - sl - from);
+		return bl - sl - from;
+	}
+	return 0;
+}
+
+const struct policy_secret *policy_secret_match(const char *relpath, int is_dir)
+{
+	const struct policy_secret *e = policy_secret_match_name(relpath, is_dir);
+	char path[POLICY_PATH_MAX + 1];
+	size_t len = strlen(relpath);
+
+	if (e || len > POLICY_PATH_MAX)
+		return e;
+	memcpy(path, relpath, len + 1);
+	/* a backup of a backup (.env.bak~) is still the file's bytes */
+	for (int depth = 0; depth < 4 && !e; depth++) {
+		char *sl = strrchr(path, '/');
+		size_t dl = sl ? (size_t)(sl + 1 - path) : 0, bl = strlen(path + dl), nl;
+		char name[POLICY_PATH_MAX + 1];
+		if (!(nl = underlying(path + dl, bl, name)))
+			break;
+		memcpy(path + dl, name, nl);
+		path[dl + nl] = '\0';
+		e = policy_secret_match_name(path, is_dir);
+	}
+	return e;
 }
 
 const struct policy_secret *policy_secret_table(size_t *n)

@@ -29,6 +29,7 @@
 #include "airlock/core/mem.h"
 #include "airlock/core/wire.h"
 #include "airlock/policy/policy.h"
+#include "airlock/sync/withhold.h"
 
 /* ---- generated .git/config ---- */
 
@@ -175,6 +176,7 @@ struct records {
 	struct sync_record *v;
 	size_t n, cap;
 	uint64_t total;
+	uint64_t changes; /* bumped by every add and drop; kept by records_clear */
 };
 
 /* An entry of the guest manifest being reconstructed. */
@@ -210,6 +212,7 @@ struct sync {
 	struct sync_progress prog;
 	struct records withheld, skipped;
 	struct policy_ctx *pctx;
+	struct withhold *wh;  /* content, copies, disk-shaped names (withhold.h) */
 	struct hcache *cache; /* NULL without cfg.state_dir */
 	int state_fd;	      /* cfg.state_dir, or -1 */
 	struct buf gitcfg;    /* generated .git/config bytes */
@@ -360,12 +363,15 @@ static void records_clear(struct records *r)
 		mem_free(r->v[i].rule);
 	}
 	mem_free(r->v);
+	uint64_t changes = r->changes + 1;
 	memset(r, 0, sizeof(*r));
+	r->changes = changes;
 }
 
 static int records_add(struct records *r, const char *path, const char *rule)
 {
 	r->total++;
+	r->changes++;
 	if (r->n >= SYNC_RECORDS_MAX)
 		return 0;
 	if (r->n == r->cap) {
@@ -425,6 +431,7 @@ static void records_drop_under(struct records *r, char *const *anchors, size_t n
 			mem_free(r->v[i].path);
 			mem_free(r->v[i].rule);
 			r->total--;
+			r->changes++;
 			continue;
 		}
 		r->v[k++] = r->v[i];
@@ -495,6 +502,7 @@ int sync_new(struct chan *c, const struct sync_cfg *cfg, struct sync **out)
 	if (cfg->max_batch && cfg->max_batch < caps.max_batch)
 		caps.max_batch = cfg->max_batch;
 	if ((r = policy_ctx_new(cfg->policy, cfg->dirfd, &s->pctx)) < 0 ||
+	    (r = withhold_new(cfg->dirfd, &s->params, &s->wh)) < 0 ||
 	    (r = delta_builder_new(1, s->scope, &s->params, &caps, &s->b)) < 0) {
 		sync_free(s);
 		return r;
@@ -519,6 +527,7 @@ void sync_free(struct sync *s)
 	records_clear(&s->withheld);
 	records_clear(&s->skipped);
 	policy_ctx_free(s->pctx);
+	withhold_free(s->wh);
 	hcache_free(s->cache);
 	if (s->state_fd >= 0)
 		close(s->state_fd);
@@ -567,6 +576,16 @@ struct scan_ctx {
 	int err;
 };
 
+/* The engine's own rules for a file the policy sends (withhold.h): true
+ * with v->rule filled when it is withheld after all. */
+static bool withheld_beyond_policy(struct scan_ctx *x, const char *rel, struct policy_verdict *v)
+{
+	if (withhold_path(x->s->wh, rel, v->rule, sizeof(v->rule)) <= 0)
+		return false;
+	v->reason = POLICY_SECRET;
+	return true;
+}
+
 static int scan_filter(const char *rel, bool is_dir, void *ud)
 {
 	struct scan_ctx *x = ud;
@@ -582,7 +601,9 @@ static int scan_filter(const char *rel, bool is_dir, void *ud)
 			x->err = -ENOMEM;
 		return MANIFEST_SKIP;
 	}
-	if (v.reason == POLICY_SYNCED)
+	if (v.reason == POLICY_SECRET && !is_dir && (r = withhold_note_secret(x->s->wh, rel)) < 0)
+		x->err = r; /* its content is withheld under any name */
+	if (v.reason == POLICY_SYNCED && (is_dir || !withheld_beyond_policy(x, rel, &v)))
 		return MANIFEST_KEEP;
 	if (is_dir && !v.prune)
 		return MANIFEST_DESCEND;
@@ -625,6 +646,71 @@ static void scan_skipped(const char *rel, enum manifest_skip why, int err, void 
 		x->err = -ENOMEM;
 }
 
+/* Content decisions (withhold_content) for the files of s->hm: a file a
+ * rule or a withheld file's content withholds leaves s->hm for
+ * s->withheld; one that changed since it was hashed is not sent now (the
+ * confirmed state's entry stands in for it, so the guest keeps its old
+ * version; the journal names it again). s->hm is rebuilt only when
+ * something leaves it. defer as for withhold_content: the full scan
+ * leaves small files to put_checked, a push decides them here (so a
+ * withheld new version also takes the guest's old one away). 0 or
+ * -errno. */
+static int withhold_contents(struct sync *s, bool defer)
+{
+	char rule[WITHHOLD_RULE_MAX];
+	signed char *verdict = NULL;
+	struct manifest *m = NULL;
+	size_t out = 0;
+	int r = 0;
+
+	for (size_t i = 0; i < s->hm->n; i++) {
+		const struct manifest_entry *e = &s->hm->e[i];
+		if (e->type != MANIFEST_FILE || !strcmp(e->path, SYNC_GIT_CONFIG))
+			continue; /* the generated one: the host's is a secret */
+		if ((r = withhold_content(s->wh, e, defer, rule, sizeof(rule))) == 0)
+			continue;
+		if (r == -ENOMEM)
+			goto out;
+		if (!verdict && !(verdict = mem_calloc(s->hm->n, 1))) {
+			r = -ENOMEM;
+			goto out;
+		}
+		verdict[i] = r == 1 ? 1 : -1;
+		out++;
+		if (r == 1 ? records_add(&s->withheld, e->path, rule)
+			   : records_add(&s->skipped, e->path, "changed while scanned") < 0) {
+			r = -ENOMEM;
+			goto out;
+		}
+	}
+	r = 0;
+	if (!out)
+		goto out;
+	if ((r = manifest_new(&s->params, &m)) < 0)
+		goto out;
+	for (size_t i = 0; i < s->hm->n && r == 0; i++) {
+		const struct manifest_entry *e = &s->hm->e[i];
+		long k;
+		if (verdict[i] == 0)
+			r = manifest_add(m, e);
+		else if (verdict[i] < 0 && s->known && (k = manifest_find(s->known, e->path)) >= 0 &&
+			 s->known->e[k].type == MANIFEST_FILE)
+			r = manifest_add(m, &s->known->e[k]);
+	}
+	if (r < 0 || (r = manifest_seal(m)) < 0)
+		goto out;
+	manifest_free(s->hm);
+	s->hm = m;
+	m = NULL;
+	s->st.withheld = s->withheld.total;
+	s->st.withheld_changes = s->withheld.changes;
+	s->st.skipped = s->skipped.total;
+out:
+	manifest_free(m);
+	mem_free(verdict);
+	return r;
+}
+
 /* Scan the host tree into s->hm, with the generated .git/config. */
 static int host_scan(struct sync *s, char *why, size_t whylen)
 {
@@ -647,7 +733,7 @@ static int host_scan(struct sync *s, char *why, size_t whylen)
 	records_clear(&s->skipped);
 	manifest_free(s->hm);
 	s->hm = NULL;
-	if ((r = manifest_scan(s->cfg.dirfd, &o, &s->hm)) < 0) {
+	if ((r = withhold_git_includes(s->wh)) < 0 || (r = manifest_scan(s->cfg.dirfd, &o, &s->hm)) < 0) {
 		snprintf(why, whylen, "scanning the workspace: %s", strerror(-r));
 		return r;
 	}
@@ -667,9 +753,14 @@ static int host_scan(struct sync *s, char *why, size_t whylen)
 		snprintf(why, whylen, "scanning the workspace: %s", strerror(-x.err));
 		return x.err;
 	}
+	if ((r = withhold_contents(s, true)) < 0) {
+		snprintf(why, whylen, "scanning file contents: %s", strerror(-r));
+		return r;
+	}
 	if (s->cache)
 		(void)hcache_save(s->cache, s->state_fd, HCACHE_FILE); /* best effort: next scan hashes more */
 	s->st.withheld = s->withheld.total;
+	s->st.withheld_changes = s->withheld.changes;
 	s->st.skipped = s->skipped.total;
 	s->have_gitcfg = false;
 	long gi = manifest_find(s->hm, ".git");
@@ -814,6 +905,54 @@ static const struct manifest_entry *rename_base(const struct sync *s, const stru
 	return by_name;
 }
 
+/* PUT a whole small file only with the content the scan hashed: read
+ * once, hash checked, scanned (withhold_sent), sent from that buffer.
+ * -ESTALE when the file changed since, -EACCES when its content is
+ * withheld (recorded). */
+static int put_checked(struct sync *s, const struct manifest_entry *n)
+{
+	uint8_t h[CHUNK_HASH_LEN], *data = NULL;
+	struct stat st;
+	int r, fd = manifest_open_beneath(s->cfg.dirfd, n->path, O_RDONLY | O_NONBLOCK | O_NOCTTY, false);
+
+	if (fd < 0)
+		return fd == -ELOOP ? -ESTALE : fd;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != n->size) {
+		r = -ESTALE;
+		goto out;
+	}
+	if (n->size && !(data = mem_alloc((size_t)n->size))) {
+		r = -ENOMEM;
+		goto out;
+	}
+	if (n->size && (r = chunk_read_fd(&fd, 0, data, (size_t)n->size)) < 0)
+		goto out;
+	chunk_hash(data ? data : (const uint8_t *)"", (size_t)n->size, h);
+	if (memcmp(h, n->hash, CHUNK_HASH_LEN) != 0) {
+		r = -ESTALE;
+		goto out;
+	}
+	char rule[WITHHOLD_RULE_MAX];
+	if (n->size && withhold_sent(s->wh, n, data, (size_t)n->size, rule, sizeof(rule)) == 1) {
+		/* not sent: skipped like a file that changed (the guest keeps
+		 * what it had, which the next scan removes) */
+		r = records_add(&s->withheld, n->path, rule) < 0 ? -ENOMEM : -EACCES;
+		s->st.withheld = s->withheld.total;
+		s->st.withheld_changes = s->withheld.changes;
+		goto out;
+	}
+	if ((r = delta_put_begin(s->b, n->path, n->mode, NULL)) < 0 ||
+	    (n->size && (r = delta_put_inline(s->b, data, (size_t)n->size)) < 0) ||
+	    (r = delta_put_end(s->b, n->hash)) < 0)
+		goto out;
+out:
+	if (data && r == -EACCES)
+		sodium_memzero(data, (size_t)n->size); /* withheld bytes; sent ones are the guest's anyway */
+	mem_free(data);
+	close(fd);
+	return r;
+}
+
 static int add_change(struct sync *s, const struct manifest_change *c)
 {
 	const struct manifest_entry *n = c->new;
@@ -853,6 +992,9 @@ static int add_change(struct sync *s, const struct manifest_change *c)
 		close(fd);
 		return r == -EINVAL ? -ESTALE : r;
 	}
+	if (n && n->type == MANIFEST_FILE && (c->kind == MANIFEST_ADD || c->kind == MANIFEST_MODIFY) &&
+	    n->size <= s->params.whole_max)
+		return put_checked(s, n);
 	return delta_add_change(s->b, s->cfg.dirfd, c);
 }
 
@@ -993,10 +1135,13 @@ static void pump(struct sync *s)
 				}
 				break;
 			}
-			if (r == -ESTALE || r == -ENOENT) {
+			if (r == -ESTALE || r == -ENOENT || r == -EACCES) {
 				/* changed or vanished since the scan: the next sync
-				 * (or the journal) picks it up */
-				s->st.vanished++;
+				 * (or the journal) picks it up; -EACCES: its content
+				 * is withheld (put_checked), the guest keeps what it
+				 * had until the next scan removes it */
+				if (r != -EACCES)
+					s->st.vanished++;
 				if ((r = note_vanished(s, s->ci)) < 0) {
 					fail(s, r, "out of memory");
 					return;
@@ -2050,12 +2195,15 @@ static int push_build(struct sync *s, char **anchors, size_t na, char *why, size
 			break;
 		qsort(drop, ndrop, sizeof(*drop), str_tree_cmp);
 	}
+	if ((r = withhold_contents(s, false)) < 0) /* few files: decided before the diff */
+		goto out;
 	if (git && (r = push_git_config(s, s->hm)) < 0) {
 		snprintf(why, whylen, ".git/config: %s (the guest gets a generated one; fix or shrink the host's)",
 			 strerror(-r));
 		goto out;
 	}
 	s->st.withheld = s->withheld.total;
+	s->st.withheld_changes = s->withheld.changes;
 	s->st.skipped = s->skipped.total;
 	s->st.host_entries = s->hm->n;
 	r = 0;
@@ -2079,6 +2227,10 @@ static int push_start(struct sync *s, const char *const *paths, size_t n)
 
 	for (size_t i = 0; i < n; i++)
 		policy_ctx_note_change(s->pctx, paths[i]);
+	if ((r = withhold_git_includes(s->wh)) < 0)
+		goto out;
+	full = full || r > 0; /* other files are included now: decide them all again */
+	r = 0;
 	reconcile_clear(s);
 	s->busy = true;
 	s->nfl = 0;

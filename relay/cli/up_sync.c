@@ -129,7 +129,7 @@ static void save_withheld(struct up *u)
 
 	if (audit_save_withheld(u->dir, policy_source(u->pol.policy), w, nw, tw, s, ns, ts, err, sizeof(err)) < 0)
 		cmd_err("audit record: %s", err);
-	u->sync.withheld_saved = tw;
+	u->sync.withheld_saved = sync_get_stats(u->sync.engine)->withheld_changes;
 }
 
 static void on_sync_done(int err, const char *why, void *ud)
@@ -151,7 +151,7 @@ static void on_sync_done(int err, const char *why, void *ud)
 	u->sync.withheld = sync_get_stats(u->sync.engine)->withheld;
 	/* the audit record follows the host tree: after a reconcile, and
 	 * when a push changed what is withheld */
-	if (u->sync.op_full || u->sync.withheld != u->sync.withheld_saved)
+	if (u->sync.op_full || sync_get_stats(u->sync.engine)->withheld_changes != u->sync.withheld_saved)
 		save_withheld(u);
 	if (u->conn.state == UP_RECONCILING)
 		up_conn_live(u);

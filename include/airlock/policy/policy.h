@@ -287,8 +287,15 @@ struct policy_secret {
 
 /* The entry that withholds relpath itself (files: non-directories incl.
  * symlinks; directories: the dir entries), or NULL. Parent directories are
- * not looked at: policy_check does that. */
+ * not looked at: policy_check does that. Names derived from a secret's
+ * name by editors and tools are the secret's too: backups and temporaries
+ * ("x~", "x.bak", "x.orig", "x.old", "x.backup", "x.save", "x.tmp",
+ * "x.~N~", ".x.swp"/".swo"/".swx", "#x#", ".#x", "x___jb_tmp___",
+ * "x___jb_old___", also stacked, as in "x.bak~") get the entry of x. */
 const struct policy_secret *policy_secret_match(const char *relpath, int is_dir);
+
+/* The table alone: relpath's own name, no derived names. */
+const struct policy_secret *policy_secret_match_name(const char *relpath, int is_dir);
 
 /* The whole table, for docs and `airlock audit`. */
 const struct policy_secret *policy_secret_table(size_t *n);

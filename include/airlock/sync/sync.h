@@ -91,7 +91,10 @@ struct sync_stats {
 	uint64_t content_bytes; /* bytes of the files sent (before delta) */
 	uint64_t batch_bytes;	/* encoded, signed batch bytes */
 	uint64_t batches;
-	uint64_t withheld;  /* paths the policy withheld (files and pruned dirs) */
+	uint64_t withheld; /* paths the policy withheld (files and pruned dirs) */
+	/* changes to the withheld list: a rename from one withheld name to
+	 * another leaves the count alone, not this */
+	uint64_t withheld_changes;
 	uint64_t skipped;   /* special files and unreadable entries left out */
 	uint64_t vanished;  /* files that changed or vanished while being sent (left for next sync) */
 	uint64_t kept_dirs; /* directory deletes the guest skipped: they hold its own files */

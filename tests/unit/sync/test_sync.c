@@ -586,13 +586,153 @@ static void test_too_large(void **state)
 	eng_stop(&e);
 }
 
+/* ---- withheld beyond the name list (withhold.h) ---- */
+
+static const char *withheld_rule(const struct eng *e, const char *path)
+{
+	size_t n;
+	uint64_t total;
+	const struct sync_record *r = sync_withheld(e->s, &n, &total);
+	for (size_t i = 0; i < n; i++)
+		if (!strcmp(r[i].path, path))
+			return r[i].rule;
+	return NULL;
+}
+
+static void mkdirs(const char *root, const char *rel)
+{
+	char p[512];
+	snprintf(p, sizeof(p), "%s/%s", root, rel);
+	for (char *c = p + strlen(root) + 1; *c; c++) {
+		if (*c != '/')
+			continue;
+		*c = '\0';
+		mkdir(p, 0755);
+		*c = '/';
+	}
+	mkdir(p, 0755);
+}
+
+/* Copies and renames of a withheld file, a token in an ordinary file,
+ * git include targets, a bare repository's config and tool temporaries
+ * beside a secret never reach the guest; audit names the rule and line,
+ * never the value. */
+static void test_withheld_content(void **state)
+{
+	(void)state;
+	struct eng e = {0};
+	char host[128], guest[128], p[256], q[256], tok[64];
+	static const char env[] = "DEBUG=1\nNAME=app\nPORT=8080\n"; /* nothing a content rule sees */
+
+	snprintf(host, sizeof(host), "%s/wh", dir);
+	snprintf(guest, sizeof(guest), "%s/wg", dir);
+	assert_int_equal(mkdir(host, 0755), 0);
+	assert_int_equal(mkdir(guest, 0755), 0);
+	/* assembled here so this file holds no token */
+	snprintf(tok, sizeof(tok), "%s%s", "gh", "p_q8Zr2LmV0xKp4TbN7yWc1sHd9gFj3uEa6oRi");
+	mkdirs(host, "src");
+	mkdirs(host, "sub");
+	mkdirs(host, "docs");
+	mkdirs(host, ".git/extra");
+	mkdirs(host, ".git/objects");
+	mkdirs(host, "vendor/mirror/objects");
+	mkdirs(host, "vendor/mirror/refs");
+	mkdirs(host, "vendor/mirror.git");
+	put(host, ".env", env);
+	put(host, "notes.txt", env);	   /* cp .env notes.txt */
+	put(host, ".env~", "OLD=1\n");	   /* a backup name */
+	put(host, "sedAb12Cd", "X=1\n");   /* sed -i's temporary beside .env */
+	put(host, "sub/sedAb12Cd", "x\n"); /* ... and one with no secret beside it */
+	snprintf(p, sizeof(p), "// config\nexport const api = 'https://x';\nconst t = '%s';\n", tok);
+	put(host, "src/config.ts", p);
+	put(host, "src/main.c", "int main(void) { return 0; }\n");
+	put(host, "docs/a.txt", "plain docs\n");
+	put(host, ".git/HEAD", "ref: refs/heads/main\n");
+	put(host, ".git/config",
+	    "[core]\n\tbare = false\n[include]\n\tpath = ../creds.inc\n"
+	    "[includeIf \"gitdir:~/\"]\n\tpath = \"extra/x.conf\" # per host\n[include] path = /etc/elsewhere\n");
+	put(host, "creds.inc", "[url \"https://u:t@x/\"]\n\tinsteadOf = https://x/\n");
+	put(host, ".git/extra/x.conf", "[user]\n\temail = a@b\n");
+	put(host, "vendor/mirror/HEAD", "ref: refs/heads/main\n");
+	put(host, "vendor/mirror/config", "[remote \"o\"]\n\turl = https://u:t@x/r\n");
+	put(host, "vendor/mirror.git/config", "[remote \"o\"]\n\turl = https://u:t@x/r\n");
+	put(host, "vendor/config", "not a repository\n");
+
+	eng_start(&e, host, guest, 0);
+	assert_int_equal(sync_reconcile(e.s), 0);
+	e_run(&e);
+	assert_true(e.done);
+	if (e.err)
+		fail_msg("%s", e.why);
+	static const char *const gone[] = {".env",
+					   "notes.txt",
+					   ".env~",
+					   "sedAb12Cd",
+					   "src/config.ts",
+					   "creds.inc",
+					   ".git/extra/x.conf",
+					   "vendor/mirror/config",
+					   "vendor/mirror.git/config"};
+	for (size_t i = 0; i < sizeof(gone) / sizeof(gone[0]); i++) {
+		if (exists(guest, gone[i]))
+			fail_msg("%s reached the guest", gone[i]);
+		if (!withheld_rule(&e, gone[i]))
+			fail_msg("%s is not in the audit record", gone[i]);
+	}
+	static const char *const there[] = {"src/main.c",    "docs/a.txt",	   "sub/sedAb12Cd",
+					    "vendor/config", "vendor/mirror/HEAD", ".git/HEAD"};
+	for (size_t i = 0; i < sizeof(there) / sizeof(there[0]); i++)
+		if (!exists(guest, there[i]))
+			fail_msg("%s did not sync", there[i]);
+	const char *r = withheld_rule(&e, "src/config.ts");
+	assert_non_null(strstr(r, "secret content: github-pat"));
+	assert_non_null(strstr(r, "at line 3"));
+	assert_null(strstr(r, tok + 4));
+	assert_non_null(strstr(withheld_rule(&e, "notes.txt"), "same content as withheld .env"));
+	assert_non_null(strstr(withheld_rule(&e, "creds.inc"), "included from .git/config"));
+	assert_non_null(strstr(withheld_rule(&e, "vendor/mirror/config"), "bare git repository"));
+	assert_non_null(strstr(withheld_rule(&e, "sedAb12Cd"), "temporary file beside a secret"));
+
+	/* mv .env env.txt */
+	snprintf(p, sizeof(p), "%s/.env", host);
+	snprintf(q, sizeof(q), "%s/env.txt", host);
+	assert_int_equal(rename(p, q), 0);
+	const char *mv[] = {".env", "env.txt"};
+	e_push(&e, mv, 2);
+	assert_false(exists(guest, "env.txt"));
+	/* a new .env value and its copy, in one push */
+	put(host, ".env", "DEBUG=0\nNAME=other\n");
+	put(host, "copy.txt", "DEBUG=0\nNAME=other\n");
+	const char *cp[] = {".env", "copy.txt"};
+	e_push(&e, cp, 2);
+	assert_false(exists(guest, "copy.txt"));
+	/* the token removed: the file syncs */
+	put(host, "src/config.ts", "// config\n");
+	const char *ed[] = {"src/config.ts"};
+	e_push(&e, ed, 1);
+	assert_true(has(guest, "src/config.ts", "// config\n"));
+	/* a token written into a synced file: the guest's copy goes too */
+	snprintf(p, sizeof(p), "int main(void) { return 0; }\n// %s\n", tok);
+	put(host, "src/main.c", p);
+	const char *tk[] = {"src/main.c"};
+	e_push(&e, tk, 1);
+	assert_false(exists(guest, "src/main.c"));
+	assert_non_null(strstr(withheld_rule(&e, "src/main.c"), "github-pat"));
+	/* .git/config now includes docs/a.txt: it leaves the guest */
+	put(host, ".git/config", "[include]\n\tpath = ../docs/a.txt\n");
+	const char *gc[] = {".git/config"};
+	e_push(&e, gc, 1);
+	assert_false(exists(guest, "docs/a.txt"));
+	assert_true(exists(guest, "creds.inc")); /* no longer included: an ordinary file */
+	eng_stop(&e);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_git_config),
-	    cmocka_unit_test(test_push_targeted),
-	    cmocka_unit_test(test_push_ranged),
-	    cmocka_unit_test(test_too_large),
+	    cmocka_unit_test(test_git_config),	     cmocka_unit_test(test_push_targeted),
+	    cmocka_unit_test(test_push_ranged),	     cmocka_unit_test(test_too_large),
+	    cmocka_unit_test(test_withheld_content),
 	};
 	if (sodium_init() < 0)
 		return 1;
