@@ -655,6 +655,19 @@ static void scan_skipped(const char *rel, enum manifest_skip why, int err, void 
  * leaves small files to put_checked, a push decides them here (so a
  * withheld new version also takes the guest's old one away). 0 or
  * -errno. */
+/* path is named exactly in workspace.sync.allow_secrets: the user let
+ * this file through by name (a trusted policy only), so its content is
+ * not judged either. */
+static bool allowed_by_name(const struct sync *s, const char *path)
+{
+	const struct policy_list *l = &policy_workspace(s->cfg.policy)->allow_secrets;
+
+	for (size_t i = 0; i < l->n; i++)
+		if (!strcmp(l->v[i], path))
+			return true;
+	return false;
+}
+
 static int withhold_contents(struct sync *s, bool defer)
 {
 	char rule[WITHHOLD_RULE_MAX];
@@ -665,7 +678,7 @@ static int withhold_contents(struct sync *s, bool defer)
 
 	for (size_t i = 0; i < s->hm->n; i++) {
 		const struct manifest_entry *e = &s->hm->e[i];
-		if (e->type != MANIFEST_FILE || !strcmp(e->path, SYNC_GIT_CONFIG))
+		if (e->type != MANIFEST_FILE || !strcmp(e->path, SYNC_GIT_CONFIG) || allowed_by_name(s, e->path))
 			continue; /* the generated one: the host's is a secret */
 		if ((r = withhold_content(s->wh, e, defer, rule, sizeof(rule))) == 0)
 			continue;
@@ -933,7 +946,8 @@ static int put_checked(struct sync *s, const struct manifest_entry *n)
 		goto out;
 	}
 	char rule[WITHHOLD_RULE_MAX];
-	if (n->size && withhold_sent(s->wh, n, data, (size_t)n->size, rule, sizeof(rule)) == 1) {
+	if (n->size && !allowed_by_name(s, n->path) &&
+	    withhold_sent(s->wh, n, data, (size_t)n->size, rule, sizeof(rule)) == 1) {
 		/* not sent: skipped like a file that changed (the guest keeps
 		 * what it had, which the next scan removes) */
 		r = records_add(&s->withheld, n->path, rule) < 0 ? -ENOMEM : -EACCES;
