@@ -192,8 +192,9 @@ airlock_run() {
 	if [ "${GUEST:-sandbox}" = agent ]; then
 		G=$T/$name.guest
 		mkdir -p "$G"
-		"$AIRLOCK" keygen -o "$T/hk" >"$T/hk.pub" 2>/dev/null
-		"$AIRLOCK" keygen -o "$T/gk" >"$T/gk.pub" 2>/dev/null
+		rm -f "$T/hk" "$T/gk"
+		"$AIRLOCK" keygen -o "$T/hk" >"$T/hk.pub"
+		"$AIRLOCK" keygen -o "$T/gk" >"$T/gk.pub"
 		"$B/airlock-agent" --listen "unix:$T/a.sock" --root "$G" --key "$T/gk" --allow "$(cat "$T/hk.pub")" \
 			--state "$T/$name.agent-state" --fsync none >"$T/agent.out" 2>&1 &
 		AP=$!

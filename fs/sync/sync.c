@@ -222,6 +222,12 @@ struct sync {
 	struct manifest *hm;	/* host, this run */
 	struct manifest *known; /* what the guest confirmed last (host view) */
 	struct manifest *gm;	/* guest, reconstructed (managed paths only) */
+	/* an incremental push (push_build_small): hm holds only the anchors'
+	 * fresh entries and their ancestors, pold the same part of known; on
+	 * the acknowledgement each anchor (pan) is swapped into known in place */
+	struct manifest *pold;
+	char **pan;
+	size_t npan;
 	/* reconcile */
 	uint8_t guest_root[CHUNK_HASH_LEN];
 	bool have_state;
@@ -464,6 +470,13 @@ static void reconcile_clear(struct sync *s)
 	s->nvan = s->capvan = 0;
 	manifest_free(s->gm);
 	s->gm = NULL;
+	manifest_free(s->pold);
+	s->pold = NULL;
+	for (size_t i = 0; i < s->npan; i++)
+		mem_free(s->pan[i]);
+	mem_free(s->pan);
+	s->pan = NULL;
+	s->npan = 0;
 }
 
 int sync_new(struct chan *c, const struct sync_cfg *cfg, struct sync **out)
@@ -1195,6 +1208,26 @@ static void pump(struct sync *s)
 	maybe_done(s);
 }
 
+/* An incremental push was acknowledged: each anchor's part of s->hm
+ * (what the guest now holds there) replaces that subtree of s->known. */
+static int known_swap_in(struct sync *s)
+{
+	int r = 0;
+
+	for (size_t a = 0; a < s->npan && r == 0; a++) {
+		struct manifest *sub;
+		if ((r = manifest_new(&s->params, &sub)) < 0)
+			break;
+		long i = manifest_find(s->hm, s->pan[a]);
+		for (size_t j = (size_t)i; i >= 0 && j < s->hm->end[i] && r == 0; j++)
+			r = manifest_add(sub, &s->hm->e[j]);
+		if (r == 0)
+			r = manifest_swap_subtree(s->known, s->pan[a], sub);
+		manifest_free(sub);
+	}
+	return r;
+}
+
 static void maybe_done(struct sync *s)
 {
 	if (!s->busy || s->phase != PH_SEND || s->ci < s->nchanges || s->nfl > 0)
@@ -1214,9 +1247,21 @@ static void maybe_done(struct sync *s)
 			return;
 		}
 	}
-	manifest_free(s->known);
-	s->known = s->hm;
-	s->hm = NULL;
+	if (s->pold) {
+		int r = known_swap_in(s);
+		manifest_free(s->hm);
+		s->hm = NULL;
+		if (r < 0) {
+			manifest_free(s->known);
+			s->known = NULL;
+			fail(s, r, "recording what the guest holds: %s", strerror(-r));
+			return;
+		}
+	} else {
+		manifest_free(s->known);
+		s->known = s->hm;
+		s->hm = NULL;
+	}
 	reconcile_clear(s);
 	progress(s, "done");
 	finish_op(s, 0, NULL);
@@ -1225,7 +1270,7 @@ static void maybe_done(struct sync *s)
 static int start_send(struct sync *s)
 {
 	int r;
-	const struct manifest *old = s->gm ? s->gm : s->known;
+	const struct manifest *old = s->gm ? s->gm : s->pold ? s->pold : s->known;
 
 	mem_free(s->changes);
 	s->changes = NULL;
@@ -1759,6 +1804,7 @@ static void scan_then(struct sync *s, int r, const char *why, bool for_push)
  * about the same and keeps the audit record exact. */
 #define PUSH_ANCHORS_MAX 4096u
 #define PUSH_FULL	 1 /* anchor_for: scan the whole tree instead */
+#define PUSH_SLOW	 2 /* push_build_small: use push_build */
 
 /* The anchor for dirty path p into out (MANIFEST_PATH_MAX + 1 bytes), 0;
  * PUSH_FULL when only a full scan is right. */
@@ -2231,6 +2277,140 @@ out:
 	return r;
 }
 
+/* known's entries that hold the anchors (their ancestors), each once,
+ * added to every manifest of ms. */
+static int push_ancestors(struct sync *s, char *const *anchors, size_t na, struct manifest **ms, size_t nm)
+{
+	size_t *idx = NULL, n = 0, cap = 0;
+	int r = 0;
+
+	for (size_t a = 0; a < na && r == 0; a++) {
+		char p[MANIFEST_PATH_MAX + 1];
+		strcpy(p, anchors[a]);
+		for (char *sl = strrchr(p, '/'); sl; sl = strrchr(p, '/')) {
+			*sl = '\0';
+			long i = manifest_find(s->known, p);
+			if (i < 0)
+				return -ESTALE; /* anchor_for checked it: not our idea of the tree */
+			if (n == cap) {
+				size_t nc = cap ? cap * 2 : 16;
+				size_t *nv = mem_realloc(idx, nc * sizeof(*idx));
+				if (!nv) {
+					r = -ENOMEM;
+					break;
+				}
+				idx = nv;
+				cap = nc;
+			}
+			idx[n++] = (size_t)i;
+		}
+	}
+	for (size_t i = 0; i < n && r == 0; i++) {
+		bool seen = false;
+		for (size_t j = 0; j < i && !seen; j++) /* a few per anchor */
+			seen = idx[j] == idx[i];
+		for (size_t k = 0; k < nm && !seen && r == 0; k++)
+			r = manifest_add(ms[k], &s->known->e[idx[i]]);
+	}
+	mem_free(idx);
+	return r;
+}
+
+/* Does directory `dir` of known hold anything outside the anchors? */
+static bool known_holds_outside(const struct sync *s, const char *dir, char *const *anchors, size_t na)
+{
+	long i = manifest_find(s->known, dir);
+	if (i < 0)
+		return false;
+	for (size_t j = (size_t)i + 1; j < s->known->end[i];) {
+		if (anchor_holding(anchors, na, s->known->e[j].path) < 0)
+			return true;
+		j = s->known->end[j]; /* the anchor itself comes first in its range */
+	}
+	return false;
+}
+
+/* The incremental push: s->hm = the anchors' fresh entries and their
+ * ancestors, s->pold = the same part of s->known, so the diff of the two
+ * is the diff of the whole trees at a cost that does not depend on the
+ * tree's size; known itself changes only on the acknowledgement
+ * (known_swap_in). PUSH_SLOW where push_build must decide (the generated
+ * .git/config, a DESCEND directory the anchors may have emptied), PUSH_FULL
+ * or -errno like push_build. */
+static int push_build_small(struct sync *s, char **anchors, size_t na, char *why, size_t whylen)
+{
+	struct scan_ctx x = {.s = s};
+	struct manifest *nm = NULL, *om = NULL;
+	int r;
+
+	for (size_t a = 0; a < na; a++)
+		if (path_under(SYNC_GIT_CONFIG, anchors[a]))
+			return PUSH_SLOW;
+	records_drop_under(&s->withheld, anchors, na);
+	records_drop_under(&s->skipped, anchors, na);
+	if ((r = manifest_new(&s->params, &nm)) < 0 || (r = manifest_new(&s->params, &om)) < 0)
+		goto out;
+	struct manifest *both[2] = {nm, om};
+	if ((r = push_ancestors(s, anchors, na, both, 2)) < 0)
+		goto out;
+	for (size_t a = 0; a < na; a++) {
+		long i = manifest_find(s->known, anchors[a]);
+		for (size_t j = (size_t)i; i >= 0 && j < s->known->end[i] && r == 0; j++)
+			r = manifest_add(om, &s->known->e[j]);
+		if (r == 0)
+			r = push_scan_anchor(s, &x, anchors[a], nm);
+		if (r < 0)
+			goto out;
+	}
+	if (x.err) {
+		r = x.err;
+		goto out;
+	}
+	if ((r = manifest_seal(om)) < 0 || (r = manifest_seal(nm)) < 0) {
+		r = PUSH_FULL; /* not parent-closed: our idea of the tree is off */
+		goto out;
+	}
+	/* A directory the anchors emptied stays only if the policy syncs it. */
+	for (size_t a = 0; a < na; a++) {
+		char p[MANIFEST_PATH_MAX + 1];
+		strcpy(p, anchors[a]);
+		for (char *sl = strrchr(p, '/'); sl; sl = strrchr(p, '/')) {
+			*sl = '\0';
+			long i = manifest_find(nm, p);
+			if (i >= 0 && nm->end[i] > (size_t)i + 1)
+				break;
+			if (known_holds_outside(s, p, anchors, na))
+				break;
+			struct policy_verdict v;
+			if (policy_check(s->cfg.policy, s->pctx, p, true, &v) < 0 || v.reason != POLICY_SYNCED) {
+				r = PUSH_SLOW;
+				goto out;
+			}
+			break;
+		}
+	}
+	manifest_free(s->hm);
+	s->hm = nm;
+	nm = NULL;
+	if ((r = withhold_contents(s, false)) < 0)
+		goto out;
+	s->pold = om;
+	om = NULL;
+	s->st.withheld = s->withheld.total;
+	s->st.withheld_changes = s->withheld.changes;
+	s->st.skipped = s->skipped.total;
+	s->st.host_entries = s->known->n + s->hm->n - s->pold->n;
+	r = 0;
+out:
+	if (r == -ESTALE)
+		r = PUSH_FULL;
+	if (r < 0 && !why[0])
+		snprintf(why, whylen, "deciding the changed paths: %s", strerror(-r));
+	manifest_free(nm);
+	manifest_free(om);
+	return r;
+}
+
 static int push_start(struct sync *s, const char *const *paths, size_t n)
 {
 	char why[512] = "";
@@ -2280,20 +2460,30 @@ static int push_start(struct sync *s, const char *const *paths, size_t n)
 		}
 		na = k;
 		s->push.anchors = na;
-		if ((r = push_build(s, anchors, na, why, sizeof(why))) == PUSH_FULL)
+		r = push_build_small(s, anchors, na, why, sizeof(why));
+		if (r == 0) {
+			s->pan = anchors; /* swapped into known on the acknowledgement */
+			s->npan = na;
+			anchors = NULL;
+			na = 0;
+		} else if (r == PUSH_SLOW) {
+			r = push_build(s, anchors, na, why, sizeof(why));
+		}
+		if (r == PUSH_FULL)
 			full = true;
 		else if (r < 0)
 			goto out;
 	} else if (!full) {
 		/* nothing dirty: the state stays what the guest confirmed */
-		if ((r = manifest_new(&s->params, &s->hm)) < 0)
-			goto out;
-		for (size_t i = 0; i < s->known->n && r == 0; i++)
-			r = manifest_add(s->hm, &s->known->e[i]);
-		if (r < 0 || (r = manifest_seal(s->hm)) < 0)
+		manifest_free(s->hm);
+		s->hm = NULL;
+		if ((r = manifest_new(&s->params, &s->hm)) < 0 || (r = manifest_seal(s->hm)) < 0 ||
+		    (r = manifest_new(&s->params, &s->pold)) < 0 || (r = manifest_seal(s->pold)) < 0)
 			goto out;
 	}
 	if (full) {
+		manifest_free(s->pold);
+		s->pold = NULL;
 		/* a full scan against what the guest confirmed, no round trip;
 		 * start_send follows it (scan_then) */
 		s->push.full = true;
