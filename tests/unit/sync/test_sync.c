@@ -20,6 +20,7 @@
 
 #include "testutil.h"
 
+#include "airlock/content/manifest.h"
 #include "airlock/core/chan.h"
 #include "airlock/core/loop.h"
 #include "airlock/core/mem.h"
@@ -727,12 +728,169 @@ static void test_withheld_content(void **state)
 	eng_stop(&e);
 }
 
+/* ---- a seeded random workload of targeted pushes converges exactly ---- */
+
+/* The manifest root digest of a tree (what both sides would compare). */
+static void tree_root(const char *root, uint8_t out[CHUNK_HASH_LEN], size_t *n)
+{
+	struct manifest *m;
+	int fd = open(root, O_RDONLY | O_DIRECTORY);
+	assert_true(fd >= 0);
+	struct manifest_scan_opts o = {0};
+	assert_int_equal(manifest_scan(fd, &o, &m), 0);
+	memcpy(out, m->root, CHUNK_HASH_LEN);
+	*n = m->n;
+	manifest_free(m);
+	close(fd);
+}
+
+static void assert_same_tree(const char *a, const char *b)
+{
+	uint8_t ra[CHUNK_HASH_LEN], rb[CHUNK_HASH_LEN];
+	size_t na, nb;
+	tree_root(a, ra, &na);
+	tree_root(b, rb, &nb);
+	assert_int_equal(na, nb);
+	assert_memory_equal(ra, rb, CHUNK_HASH_LEN);
+}
+
+/* Each step changes the host tree the way an editor or a build would
+ * (edit, same-size rewrite, create in an old or a new directory, delete a
+ * file or a whole directory, rename a file or a directory, chmod) and
+ * pushes only the paths the journal would name. The guest must equal the
+ * host after every check, and a full push at the end (the root dirty: a
+ * full scan against what the engine believes the guest has) must find
+ * nothing to send: the engine's confirmed state, edited in place push by
+ * push, is exactly the tree. AIRLOCK_SYNC_RANDOM_FILES (default 3000)
+ * sets the tree's size, AIRLOCK_SYNC_RANDOM_STEPS (default 300) the steps. */
+static void test_push_random(void **state)
+{
+	(void)state;
+	struct eng e = {0};
+	char host[128], guest[128], p[200], q[200], r2[200], a[400], b[400];
+	const char *env = getenv("AIRLOCK_SYNC_RANDOM_FILES");
+	unsigned nf = env ? (unsigned)strtoul(env, NULL, 10) : 3000;
+	env = getenv("AIRLOCK_SYNC_RANDOM_STEPS");
+	unsigned steps = env ? (unsigned)strtoul(env, NULL, 10) : 300;
+	unsigned nd = nf / 50 + 1, fresh = 0;
+	uint64_t rs = 0x72616e646f6d31ULL;
+
+	snprintf(host, sizeof(host), "%s/randhost", dir);
+	snprintf(guest, sizeof(guest), "%s/randguest", dir);
+	if (mkdir(host, 0755) != 0)
+		fail_msg("mkdir %s: %s", host, strerror(errno));
+	assert_int_equal(mkdir(guest, 0755), 0);
+	for (unsigned d = 0; d < nd; d++) {
+		snprintf(p, sizeof(p), "%s/d%u", host, d);
+		assert_int_equal(mkdir(p, 0755), 0);
+		snprintf(p, sizeof(p), "%s/d%u/s", host, d);
+		assert_int_equal(mkdir(p, 0755), 0);
+	}
+	for (unsigned i = 0; i < nf; i++) {
+		snprintf(p, sizeof(p), "d%u/%sf%u", i % nd, i % 3 ? "" : "s/", i);
+		put(host, p, "seed\n");
+	}
+	eng_start(&e, host, guest, 0);
+	assert_int_equal(sync_reconcile(e.s), 0);
+	e_run(&e);
+	assert_true(e.done);
+	assert_int_equal(e.err, 0);
+	assert_same_tree(host, guest);
+
+	for (unsigned st = 0; st < steps; st++) {
+		const char *dirty[2] = {p, q};
+		size_t nd2 = 1;
+		unsigned d = tu_rand(&rs, nd), op = tu_rand(&rs, 9);
+		char text[64];
+		snprintf(text, sizeof(text), op == 1 ? "seed\n" : "step %u %u\n", st, tu_rand(&rs, 1000));
+		/* a random existing entry of d%u: a file, or s/ */
+		snprintf(r2, sizeof(r2), "d%u", d);
+		snprintf(a, sizeof(a), "%s/%s", host, r2);
+		if (!exists(host, r2)) {
+			assert_int_equal(mkdir(a, 0755), 0);
+			snprintf(p, sizeof(p), "d%u", d);
+			e_push(&e, dirty, 1);
+			continue;
+		}
+		switch (op) {
+		case 0: /* edit or create a file */
+		case 1: /* the same size (and, often, the same second) */
+			snprintf(p, sizeof(p), "d%u/f%u", d, tu_rand(&rs, nf));
+			put(host, p, text);
+			break;
+		case 2: /* a file in a new directory: only the file is named */
+			snprintf(a, sizeof(a), "%s/d%u/n%u", host, d, fresh);
+			assert_int_equal(mkdir(a, 0755), 0);
+			snprintf(p, sizeof(p), "d%u/n%u/x", d, fresh++);
+			put(host, p, text);
+			break;
+		case 3: /* delete a file (maybe one that is not there) */
+			snprintf(p, sizeof(p), "d%u/f%u", d, tu_rand(&rs, nf));
+			snprintf(a, sizeof(a), "%s/%s", host, p);
+			(void)unlink(a);
+			break;
+		case 4: /* delete a whole directory */
+			snprintf(p, sizeof(p), "d%u/s", d);
+			snprintf(a, sizeof(a), "%s/%s", host, p);
+			tu_rm_rf(a);
+			break;
+		case 5: /* rename a file into another directory */
+			snprintf(p, sizeof(p), "d%u/f%u", d, tu_rand(&rs, nf));
+			snprintf(q, sizeof(q), "d%u/r%u", tu_rand(&rs, nd), st);
+			snprintf(a, sizeof(a), "%s/%s", host, p);
+			snprintf(b, sizeof(b), "%s/%s", host, q);
+			if (exists(host, q) || rename(a, b) != 0)
+				put(host, p, text);
+			else
+				nd2 = 2;
+			break;
+		case 6: /* rename a directory */
+			snprintf(p, sizeof(p), "d%u", d);
+			snprintf(q, sizeof(q), "d%u", nd + fresh++);
+			snprintf(a, sizeof(a), "%s/%s", host, p);
+			snprintf(b, sizeof(b), "%s/%s", host, q);
+			assert_int_equal(rename(a, b), 0);
+			snprintf(a, sizeof(a), "%s/%s", host, p); /* and back, to keep d%u */
+			assert_int_equal(mkdir(a, 0755), 0);
+			nd2 = 2;
+			break;
+		case 7: /* chmod */
+			snprintf(p, sizeof(p), "d%u/f%u", d, tu_rand(&rs, nf));
+			snprintf(a, sizeof(a), "%s/%s", host, p);
+			(void)chmod(a, tu_rand(&rs, 2) ? 0600 : 0644);
+			break;
+		default: /* two files of one push in different directories */
+			snprintf(p, sizeof(p), "d%u/f%u", d, tu_rand(&rs, nf));
+			snprintf(q, sizeof(q), "d%u/s/g%u", tu_rand(&rs, nd), st);
+			put(host, p, text);
+			snprintf(r2, sizeof(r2), "%s", q);
+			*strrchr(r2, '/') = '\0';
+			snprintf(a, sizeof(a), "%s/%s", host, r2);
+			if (!exists(host, r2))
+				assert_int_equal(mkdir(a, 0755), 0);
+			put(host, q, text);
+			nd2 = 2;
+			break;
+		}
+		e_push(&e, dirty, nd2);
+		assert_false(sync_get_push_stats(e.s)->full);
+		if (st % 25 == 24)
+			assert_same_tree(host, guest);
+	}
+	assert_same_tree(host, guest);
+	const char *root[] = {""};
+	e_push(&e, root, 1);
+	assert_true(sync_get_push_stats(e.s)->full);
+	assert_int_equal(sync_get_stats(e.s)->changes, 0);
+	eng_stop(&e);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_git_config),	     cmocka_unit_test(test_push_targeted),
 	    cmocka_unit_test(test_push_ranged),	     cmocka_unit_test(test_too_large),
-	    cmocka_unit_test(test_withheld_content),
+	    cmocka_unit_test(test_withheld_content), cmocka_unit_test(test_push_random),
 	};
 	if (sodium_init() < 0)
 		return 1;
