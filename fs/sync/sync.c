@@ -244,6 +244,7 @@ struct sync {
 	uint64_t next_seq;
 	struct inflight fl[SYNC_BATCHES_IN_FLIGHT];
 	size_t nfl;
+	uint64_t pump_timer; /* the next pump, after yielding to the loop */
 	/* changes skipped because the file changed or vanished while sent:
 	 * the guest still has their old side (fixed up in maybe_done) */
 	size_t *van;
@@ -533,6 +534,8 @@ void sync_free(struct sync *s)
 	if (!s)
 		return;
 	scan_stop(s);
+	if (s->pump_timer)
+		loop_del_timer(s->cfg.loop, s->pump_timer);
 	reconcile_clear(s);
 	syncmsg_inbox_clear(&s->in);
 	syncmsg_outbox_clear(&s->out);
@@ -1117,10 +1120,26 @@ out:
 	return r;
 }
 
+static void pump(struct sync *s);
+
+static void pump_later(struct loop *l, void *ud)
+{
+	(void)l;
+	struct sync *s = ud;
+	s->pump_timer = 0;
+	pump(s);
+}
+
 /* Build and queue batches while fewer than SYNC_BATCHES_IN_FLIGHT are
- * unacknowledged and nothing else waits for the socket. */
+ * unacknowledged and nothing else waits for the socket. Once the budget
+ * (sync_cfg.batch_budget_ns) is spent the batch being built is finished,
+ * and after a batch, with a loop, the rest waits for a zero-delay timer:
+ * reading and compressing a batch of thousands of small files must not
+ * keep down, status or exec waiting. */
 static void pump(struct sync *s)
 {
+	uint64_t t0 = loop_now_ns(), budget = s->cfg.batch_budget_ns ? s->cfg.batch_budget_ns : SYNC_PUMP_BUDGET_NS;
+	unsigned built = 0;
 	int r;
 
 	if ((r = syncmsg_outbox_flush(&s->out, s->chan, s->stream)) < 0) {
@@ -1129,7 +1148,14 @@ static void pump(struct sync *s)
 	}
 	while (s->busy && s->phase == PH_SEND && s->out.queued == 0 && s->nfl < SYNC_BATCHES_IN_FLIGHT &&
 	       s->ci < s->nchanges) {
+		if (built && s->cfg.loop && loop_now_ns() - t0 >= budget) {
+			if (!s->pump_timer)
+				s->pump_timer = loop_add_timer(s->cfg.loop, 0, pump_later, s);
+			if (s->pump_timer)
+				return; /* without memory for the timer: go on now */
+		}
 		struct inflight f = {.seq = s->next_seq};
+		size_t ops = 0;
 		delta_builder_reset(s->b, s->next_seq);
 		s->batch_first = s->ci;
 		while (s->ci < s->nchanges) {
@@ -1185,6 +1211,8 @@ static void pump(struct sync *s)
 			s->ci++;
 			if (delta_builder_size(s->b) >= s->cfg.batch_target)
 				break;
+			if ((++ops & 31) == 0 && loop_now_ns() - t0 >= budget)
+				break;
 		}
 		if (delta_builder_ops(s->b) == 0)
 			break;
@@ -1198,6 +1226,7 @@ static void pump(struct sync *s)
 		s->st.batches++;
 		s->next_seq++;
 		s->fl[s->nfl++] = f;
+		built++;
 		if ((r = syncmsg_outbox_push(&s->out, WIRE_SYNC_BATCH, bytes, n)) < 0 ||
 		    (r = syncmsg_outbox_flush(&s->out, s->chan, s->stream)) < 0) {
 			fail(s, r, "sending a batch: %s", strerror(-r));

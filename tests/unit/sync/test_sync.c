@@ -176,6 +176,10 @@ static void e_run(struct eng *e)
 	loop_del_timer(e->l, id);
 }
 
+/* sync_cfg.loop and batch_budget_ns of the next eng_start */
+static bool eng_loop;
+static uint64_t eng_budget_ns;
+
 /* A host engine on `host` and a guest session on `guest`, over a chan pair
  * on one loop, handshake done; max_batch as in sync_cfg. */
 static void eng_start(struct eng *e, const char *host, const char *guest, size_t max_batch)
@@ -198,7 +202,9 @@ static void eng_start(struct eng *e, const char *host, const char *guest, size_t
 			       .guest_pub = gpub,
 			       .ops = &e_ops,
 			       .ud = e,
-			       .max_batch = max_batch};
+			       .max_batch = max_batch,
+			       .loop = eng_loop ? e->l : NULL,
+			       .batch_budget_ns = eng_budget_ns};
 	assert_int_equal(sync_new(e->hc, &cfg, &e->s), 0);
 }
 
@@ -885,12 +891,57 @@ static void test_push_random(void **state)
 	eng_stop(&e);
 }
 
+/* With a loop, batch building yields: a budget of 1 ns finishes a batch
+ * every 32 files and builds the next one from a timer; the sync still
+ * converges, over many batches (counted, not timed). The full scan runs
+ * on the worker thread, as under airlock up. */
+static void test_pump_yields(void **state)
+{
+	(void)state;
+	struct eng e = {0};
+	char host[128], guest[128], p[64];
+
+	snprintf(host, sizeof(host), "%s/yh", dir);
+	snprintf(guest, sizeof(guest), "%s/yg", dir);
+	assert_int_equal(mkdir(host, 0755), 0);
+	assert_int_equal(mkdir(guest, 0755), 0);
+	for (int i = 0; i < 640; i++) {
+		snprintf(p, sizeof(p), "f%d", i);
+		put(host, p, "small\n");
+	}
+	eng_loop = true;
+	eng_budget_ns = 1;
+	eng_start(&e, host, guest, 0);
+	assert_int_equal(sync_reconcile(e.s), 0);
+	e_run(&e);
+	assert_true(e.done);
+	assert_int_equal(e.err, 0);
+	assert_true(sync_get_stats(e.s)->batches >= 640 / 32);
+	assert_same_tree(host, guest);
+	/* a push of many paths too */
+	const char *paths[100];
+	char names[100][16];
+	for (int i = 0; i < 100; i++) {
+		snprintf(names[i], sizeof(names[i]), "f%d", i * 3);
+		put(host, names[i], "edited!\n");
+		paths[i] = names[i];
+	}
+	uint64_t before = sync_get_stats(e.s)->batches;
+	e_push(&e, paths, 100);
+	assert_true(sync_get_stats(e.s)->batches - before >= 100 / 32);
+	assert_same_tree(host, guest);
+	eng_stop(&e);
+	eng_loop = false;
+	eng_budget_ns = 0;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_git_config),	     cmocka_unit_test(test_push_targeted),
 	    cmocka_unit_test(test_push_ranged),	     cmocka_unit_test(test_too_large),
 	    cmocka_unit_test(test_withheld_content), cmocka_unit_test(test_push_random),
+	    cmocka_unit_test(test_pump_yields),
 	};
 	if (sodium_init() < 0)
 		return 1;
