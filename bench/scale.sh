@@ -12,6 +12,7 @@
 #                     latency_ms (the guest's acknowledgement); lsyncd delay = 0 on the same tree
 #   write → exec      the same write, then `airlock exec -- cat` of it (the barrier), p50
 #   peak RSS          VmHWM of the daemon and of the agent (/proc/PID/status) after all of the above
+#   responsiveness    `airlock status` run in a loop during the initial sync: its slowest answer
 # The 100-file row (edits/ alone) is measured in the same run, for the ratios.
 #
 # usage: bench/scale.sh BUILD [EDITS]     (root + /dev/fuse)
@@ -167,6 +168,23 @@ pct = lambda p: lat[min(len(lat) - 1, int(p / 100.0 * len(lat)))] if lat else fl
 print("%.3f %.3f %d %d" % (pct(50), pct(99), len(lat), tmo))
 EOF
 
+# `airlock status` answered during the initial sync: "max p99 n" in ms, from the first answer
+# until the up is in sync (each a new CLI process: connect, ask, print)
+cat >"$T/probe.py" <<'EOF'
+import os, subprocess, sys, time
+airlock, ws, done = sys.argv[1:4]
+lat = []
+while not os.path.exists(done):
+    t0 = time.monotonic()
+    r = subprocess.run([airlock, "status", "-C", ws, "--json"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t1 = time.monotonic()
+    if r.returncode == 0:
+        lat.append((t1 - t0) * 1000)
+    time.sleep(0.02)
+lat.sort()
+print("%.1f %.1f %d" % (lat[-1], lat[min(len(lat) - 1, int(0.99 * len(lat)))], len(lat)) if lat else "- - 0")
+EOF
+
 hwm() { awk '/^VmHWM/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status" 2>/dev/null || echo "-"; }
 agent_pid() { # the airlock-agent beneath the daemon PID $1
 	local p q
@@ -202,14 +220,21 @@ airlock_run() {
 		UP=(--guest "unix:$T/a.sock" --key "$T/hk" --guest-key "$(cat "$T/gk.pub")")
 	fi
 	sync
+	rm -f "$T/up.done"
+	python3 "$T/probe.py" "$AIRLOCK" "$W" "$T/up.done" >"$T/probe.out" &
+	local PRP=$!
 	t0=$(now)
 	"$AIRLOCK" up "$W" "${UP[@]}" -d >/dev/null 2>"$T/up.err" || { cat "$T/up.err" >&2; return 1; }
 	init=$(since "$t0")
+	touch "$T/up.done"
+	wait "$PRP" || true
+	local probe
+	probe=$(cat "$T/probe.out")
 	[ "${GUEST:-sandbox}" = agent ] || G=$(echo "$XDG_DATA_HOME"/airlock/sandboxes/*/workspace)
 	read -r p50 p99 n tmo <<<"$(python3 "$T/drive.py" "$W" "$G" "$N")"
 	"$AIRLOCK" sync-wait -C "$W" --timeout 60 >/dev/null
 	st=$("$AIRLOCK" status -C "$W" --json)
-	local ap50 ap99 pid apid e50 e99
+	local ap50 ap99 pid apid e50 e99 pmax p99s pn
 	ap50=$(python3 -c 'import json,sys; print("%.3f" % json.load(sys.stdin)["latency_ms"]["p50"])' <<<"$st")
 	ap99=$(python3 -c 'import json,sys; print("%.3f" % json.load(sys.stdin)["latency_ms"]["p99"])' <<<"$st")
 	read -r e50 e99 _ _ <<<"$(python3 "$T/drive.py" "$W" "$G" "$((N < 200 ? N : 200))" "$AIRLOCK" "$W")"
@@ -240,7 +265,8 @@ airlock_run() {
 	"$AIRLOCK" down "$W" >/dev/null
 	W=
 	[ -n "${AP:-}" ] && { kill "$AP"; wait "$AP" 2>/dev/null || true; AP=; }
-	row "airlock | $name ($files files, $mib MiB) | $init | $unch | $p50 / $p99 ($tmo timeouts) | $ap50 / $ap99 | $e50 / $e99 | $rss_d | $rss_a"
+	read -r pmax p99s pn <<<"$probe"
+	row "airlock | $name ($files files, $mib MiB) | $init | $unch | $p50 / $p99 ($tmo timeouts) | $ap50 / $ap99 | $e50 / $e99 | $rss_d | $rss_a | $pmax / $p99s ($pn)"
 	eval "EDIT_$name=$p50 EDIT99_$name=$p99 INIT_$name=$init UNCH_$name=$unch"
 	rm -rf "$T/$name.work" "$T/$name.data" "$T/$name.state" "$T/$name.guest" "$T/$name.agent-state"
 }
@@ -258,7 +284,7 @@ rsync_run() {
 		since "$t0" >>"$T/unch"
 	done
 	unch=$(med <"$T/unch")
-	row "rsync -a | $name | $init | $unch | - | - | - | - | -"
+	row "rsync -a | $name | $init | $unch | - | - | - | - | - | -"
 	eval "RINIT_$name=$init RUNCH_$name=$unch"
 }
 
@@ -280,7 +306,7 @@ EOF
 	kill "$LP" 2>/dev/null || true
 	wait "$LP" 2>/dev/null || true
 	LP=
-	row "lsyncd delay=0 | $name | - | - | $p50 / $p99 ($tmo timeouts) | - | - | - | -"
+	row "lsyncd delay=0 | $name | - | - | $p50 / $p99 ($tmo timeouts) | - | - | - | - | -"
 	eval "LEDIT_$name=$p50"
 	rm -rf "$S" "$D"
 }
@@ -296,8 +322,8 @@ for t in $TREES; do
 	fi
 done
 
-echo "| tool | tree | initial sync s | unchanged up s | edit → guest p50 / p99 ms | guest ack p50 / p99 ms | write → exec cat p50 / p99 ms | daemon VmHWM MiB | agent VmHWM MiB |"
-echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
+echo "| tool | tree | initial sync s | unchanged up s | edit → guest p50 / p99 ms | guest ack p50 / p99 ms | write → exec cat p50 / p99 ms | daemon VmHWM MiB | agent VmHWM MiB | status during initial sync max / p99 ms (answers) |"
+echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 printf '%s\n' "${ROWS[@]}"
 echo
 r() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "-" }'; }
