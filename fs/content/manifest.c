@@ -294,11 +294,17 @@ int manifest_seal(struct manifest *m)
 
 	if (m->sealed)
 		return 0;
-	if (m->n > 1)
+	/* The scanner adds in tree order already: one pass tells, and a
+	 * strictly increasing list has no duplicates either. */
+	size_t in_order = 1;
+	while (in_order < m->n && manifest_path_cmp(m->e[in_order - 1].path, m->e[in_order].path) < 0)
+		in_order++;
+	if (in_order < m->n) {
 		qsort(m->e, m->n, sizeof(*m->e), entry_cmp);
-	for (size_t i = 1; i < m->n; i++)
-		if (manifest_path_cmp(m->e[i - 1].path, m->e[i].path) == 0)
-			return -EEXIST;
+		for (size_t i = 1; i < m->n; i++)
+			if (manifest_path_cmp(m->e[i - 1].path, m->e[i].path) == 0)
+				return -EEXIST;
+	}
 	size_t *end = mem_realloc(m->end, (m->n ? m->n : 1) * sizeof(size_t));
 	if (!end)
 		return -ENOMEM;
@@ -981,15 +987,60 @@ static int scan_entry(struct scan *s, int dfd, const char *name, unsigned depth)
 	return 0;
 }
 
+/* The names of a directory, packed (each NUL-terminated) in names, their
+ * offsets in off. */
+struct dir_names {
+	char *names;
+	size_t len, cap;
+	size_t *off;
+	size_t n, offcap;
+};
+
+static int dir_names_add(struct dir_names *dn, const char *name)
+{
+	size_t nl = strlen(name) + 1;
+	if (dn->len + nl > dn->cap) {
+		size_t nc = dn->cap ? dn->cap : 4096;
+		while (dn->len + nl > nc)
+			nc *= 2;
+		char *nv = mem_realloc(dn->names, nc);
+		if (!nv)
+			return -ENOMEM;
+		dn->names = nv;
+		dn->cap = nc;
+	}
+	if (dn->n == dn->offcap) {
+		size_t nc = dn->offcap ? dn->offcap * 2 : 64;
+		size_t *nv = mem_realloc(dn->off, nc * sizeof(*nv));
+		if (!nv)
+			return -ENOMEM;
+		dn->off = nv;
+		dn->offcap = nc;
+	}
+	memcpy(dn->names + dn->len, name, nl);
+	dn->off[dn->n++] = dn->len;
+	dn->len += nl;
+	return 0;
+}
+
+static int name_off_cmp(const void *a, const void *b, void *names)
+{
+	return strcmp((const char *)names + *(const size_t *)a, (const char *)names + *(const size_t *)b);
+}
+
 /* Scan the directory open at fd (taken over and closed), whose relative
- * path is s->path. Returns <0 fatal, 1 when the directory could not be
- * read (reported), 0 otherwise. */
+ * path is s->path. Its names are read first and visited in byte order:
+ * siblings in byte order, each directory's subtree right after it, is
+ * tree order, so the manifest is built sorted and the seal does not sort.
+ * Returns <0 fatal, 1 when the directory could not be read (reported), 0
+ * otherwise. */
 static int scan_dir(struct scan *s, int fd, unsigned depth)
 {
 	DIR *d = fdopendir(fd);
 	struct dirent *de;
+	struct dir_names dn = {0};
 	size_t plen = s->plen;
-	int r = 0;
+	int r = 0, rerr = 0;
 
 	if (!d) {
 		int err = errno;
@@ -1002,16 +1053,18 @@ static int scan_dir(struct scan *s, int fd, unsigned depth)
 	for (;;) {
 		errno = 0;
 		if (!(de = readdir(d))) {
-			if (errno) {
-				s->path[plen] = '\0';
-				report(s, MANIFEST_SKIP_ERROR, errno);
-				r = 1;
-			}
+			rerr = errno;
 			break;
 		}
-		const char *name = de->d_name;
-		if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
 			continue;
+		if ((r = dir_names_add(&dn, de->d_name)) < 0)
+			goto out;
+	}
+	if (dn.n > 1)
+		qsort_r(dn.off, dn.n, sizeof(*dn.off), name_off_cmp, dn.names);
+	for (size_t k = 0; k < dn.n; k++) {
+		const char *name = dn.names + dn.off[k];
 		size_t nl = strlen(name);
 		size_t o = plen;
 		if (o)
@@ -1030,6 +1083,14 @@ static int scan_dir(struct scan *s, int fd, unsigned depth)
 		if (r < 0)
 			break;
 	}
+	if (r >= 0 && rerr) {
+		s->path[plen] = '\0';
+		report(s, MANIFEST_SKIP_ERROR, rerr);
+		r = 1;
+	}
+out:
+	mem_free(dn.names);
+	mem_free(dn.off);
 	closedir(d);
 	return r;
 }
