@@ -134,8 +134,11 @@ void exec_env_free(char **envp);
  * beneath `writable`. seccomp: ptrace, process_vm_readv/writev, new user
  * namespaces (unshare/clone with CLONE_NEWUSER; clone3 answers ENOSYS so
  * libcs fall back to clone), bpf, perf_event_open, keyctl/add_key/
- * request_key, kexec, module loading and the mount family fail with EPERM.
- * Both need no privilege (no_new_privs is set in the child). */
+ * request_key, kexec, module loading, userfaultfd and the mount family fail
+ * with EPERM; io_uring_setup/enter/register with ENOSYS; socket and
+ * socketpair of any family but AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK
+ * with NETLINK_ROUTE with EAFNOSUPPORT (AF_VSOCK ignores network
+ * namespaces). Both need no privilege (no_new_privs is set in the child). */
 
 struct exec_confine;
 
@@ -158,7 +161,7 @@ struct exec_confine_cfg {
 int exec_confine_new(const struct exec_confine_cfg *cfg, struct exec_confine **out, char *err, size_t errlen);
 /* NULL is a no-op. */
 void exec_confine_free(struct exec_confine *c);
-/* "landlock ABI 6 (fs, signal scope), seccomp (14 syscalls denied)". */
+/* "landlock ABI 6 (fs, signal scope), seccomp (27 syscalls, ... denied)". */
 const char *exec_confine_describe(const struct exec_confine *c);
 /* In a child right before execve: no_new_privs, Landlock, seccomp.
  * Async-signal-safe. 0 or -errno. */
