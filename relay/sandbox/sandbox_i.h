@@ -27,17 +27,23 @@ struct sandbox {
 	/* filled by the backend */
 	char addr[PATH_MAX + 16]; /* transport address the host connects to */
 	char describe[256];
-	pid_t pid;  /* what the host waits for; 0 when none */
-	void *impl; /* backend state */
+	uint32_t host_uid; /* local, as root: the sandbox's own uid outside (= gid); 0: the invoking user's */
+	pid_t pid;	   /* what the host waits for; 0 when none */
+	void *impl;	   /* backend state */
 	/* sandbox.c's own */
 	double start_ms;
 	struct sandbox_common *common; /* the state dir lock */
 };
 
-/* Whether the sandbox's user is nobody (65534) outside: we are root and
- * 65534 exists in our user namespace (a root inside a user namespace that
- * maps only itself runs the sandbox as itself). */
-bool sandbox_as_nobody(void);
+/* The local sandbox's own host uids (doc/SANDBOX.md, "State directory"):
+ * as root each sandbox gets one of these, gid = uid, kept in <dir>/uid. */
+#define SANDBOX_UID_FIRST 0x60000000u /* 1610612736 */
+#define SANDBOX_UID_COUNT 65536u
+
+/* Whether the local sandbox gets a host uid of its own: we are root and
+ * the range is mapped in our user namespace (a root inside a user
+ * namespace that maps only itself runs the sandbox as itself). */
+bool sandbox_own_uid(void);
 
 /* Backends: fill sb->addr, sb->describe, sb->pid, sb->impl; the common
  * code has created sb->dir, the keys and sb->agent_path, and measures

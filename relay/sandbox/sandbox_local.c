@@ -7,7 +7,7 @@
  *   ------                          -----------------------------
  *   clone ------------------------> waits on go
  *   uid_map/gid_map: 1000 -> us     .
- *   (root: 1000 -> nobody)          .
+ *   (root: 1000 -> its own uid)     .
  *   go ---------------------------> opens its bind sources (still the
  *                                   invoking user's file access), becomes
  *                                   uid 1000 (caps kept in its namespace),
@@ -64,8 +64,7 @@
 #include "airlock/core/mem.h"
 #include "sandbox_i.h"
 
-#define SB_UID	      1000u /* the one uid inside */
-#define SB_NOBODY     65534u
+#define SB_UID	      1000u  /* the one uid inside */
 #define SB_NEWROOT    "/tmp" /* where the child builds the root (a private tmpfs over its /tmp) */
 #define SB_HOME	      "/home/airlock"
 #define SB_KEYS	      "/airlock/keys"
@@ -392,7 +391,7 @@ static void c_open_sources(struct lctx *c)
 	}
 }
 
-/* Step 3: uid/gid 1000 (mapped to the invoking user, or nobody for root),
+/* Step 3: uid/gid 1000 (mapped to the invoking user, or the sandbox's own uid for root),
  * keeping the capabilities this namespace gave us until execve. */
 static void c_become_uid(const struct lctx *c)
 {
@@ -926,11 +925,11 @@ static int namespaces_clone(struct lstart *s, char *err, size_t errlen)
 }
 
 /* doc/SANDBOX.md, "Start", step 2: one uid, 1000 inside (the invoking
- * user outside, or nobody for root), then go. */
-static int id_maps_write(const struct lstart *s, bool nobody, char *err, size_t errlen)
+ * user outside, or as root the sandbox's own uid), then go. */
+static int id_maps_write(const struct lstart *s, uint32_t host_uid, char *err, size_t errlen)
 {
-	uid_t ouid = nobody ? SB_NOBODY : geteuid();
-	gid_t ogid = nobody ? SB_NOBODY : getegid();
+	uid_t ouid = host_uid ? host_uid : geteuid();
+	gid_t ogid = host_uid ? host_uid : getegid();
 	char line[64];
 	int r;
 
@@ -1034,7 +1033,7 @@ static int agent_wait_ready(const struct lstart *s, const struct sandbox *sb, ch
 }
 
 /* sb->describe: what isolates this sandbox. */
-static void local_describe(struct sandbox *sb, bool nobody)
+static void local_describe(struct sandbox *sb)
 {
 	/* one kernel: the agent's Landlock is the one we can ask about */
 	long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, 1U /* LANDLOCK_CREATE_RULESET_VERSION */);
@@ -1044,16 +1043,20 @@ static void local_describe(struct sandbox *sb, bool nobody)
 		snprintf(ll, sizeof(ll), "landlock ABI %ld", abi);
 	else
 		snprintf(ll, sizeof(ll), "no landlock");
+	char outside[32];
+	if (sb->host_uid)
+		snprintf(outside, sizeof(outside), "uid %u", (unsigned)sb->host_uid);
+	else
+		snprintf(outside, sizeof(outside), "you");
 	snprintf(sb->describe, sizeof(sb->describe),
 		 "local: user+mount+pid+ipc+uts+net namespaces (uid %u inside = %s outside), private root, %s, "
 		 "seccomp; a shared kernel (weaker than a VM)",
-		 SB_UID, nobody ? "nobody" : "you", ll);
+		 SB_UID, outside, ll);
 }
 
 int sandbox_local_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *err, size_t errlen)
 {
 	struct lstart s = {.go = {-1, -1}, .ep = {-1, -1}, .op = {-1, -1}, .stack = MAP_FAILED, .pid = -1};
-	bool nobody = sandbox_as_nobody();
 	int r;
 
 	if ((r = workspace_check(cfg, err, errlen)) < 0)
@@ -1071,7 +1074,7 @@ int sandbox_local_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char 
 	if ((r = child_fds_open(&s, sb, err, errlen)) < 0 || (r = channel_socket_prepare(sb, err, errlen)) < 0 ||
 	    (r = namespaces_clone(&s, err, errlen)) < 0)
 		goto out;
-	if ((r = id_maps_write(&s, nobody, err, errlen)) < 0 || (r = agent_wait_ready(&s, sb, err, errlen)) < 0) {
+	if ((r = id_maps_write(&s, sb->host_uid, err, errlen)) < 0 || (r = agent_wait_ready(&s, sb, err, errlen)) < 0) {
 		kill_wait(s.pid);
 		goto out;
 	}
@@ -1080,7 +1083,7 @@ int sandbox_local_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char 
 	s.op[0] = -1;
 	sb->impl = s.l;
 	s.l = NULL;
-	local_describe(sb, nobody);
+	local_describe(sb);
 out:
 	lstart_clear(&s);
 	return r;

@@ -69,12 +69,57 @@ idle_stopped() { "$AIRLOCK" status -C "$W" --json | grep -q '"sandbox_state":"id
 up
 SB_DIR=$(sed -n 's/^airlock: sandbox started .*; state in //p' "$T/up.err")
 
+SB_UID=$(cat "$SB_DIR/uid" 2>/dev/null)
 t_started() {
-	[ -n "$SB_DIR" ] && [ -d "$SB_DIR/workspace" ] && [ "$(stat -c %u "$SB_DIR/workspace")" = 65534 ] &&
+	[ -n "$SB_DIR" ] && [ -d "$SB_DIR/workspace" ] && [ -n "$SB_UID" ] &&
+		[ "$(stat -c %u:%g "$SB_DIR/workspace")" = "$SB_UID:$SB_UID" ] &&
 		[ "$(stat -c %a "$SB_DIR/keys/host.key")" = 600 ] &&
-		"$AIRLOCK" status -C "$W" | grep -q '^sandbox     local, running (local: user+mount+pid+ipc+uts+net'
+		"$AIRLOCK" status -C "$W" | grep -q "^sandbox     local, running (local: user+mount+pid+ipc+uts+net namespaces (uid 1000 inside = uid $SB_UID outside)"
 }
-check "up without --guest starts the local sandbox (state dir, nobody-owned copy, 0600 keys, status)" t_started
+check "up without --guest starts the local sandbox (state dir, copy owned by its own uid, 0600 keys, status)" t_started
+
+# A second sandbox (another workspace) beside the first: started by the
+# harness, stopped when its stdin closes.
+W2=$T/work2
+mkdir -p "$W2"
+B_IN=
+start_b() {
+	mkfifo "$T/b.in"
+	"$HARNESS" "$W2" "$AGENT" <"$T/b.in" >"$T/b.out" 2>"$T/b.err" &
+	B_PID=$!
+	PIDS+=("$B_PID")
+	exec {B_IN}>"$T/b.in"
+	wait_line "$T/b.out" '^ready$' 20 || { cat "$T/b.err" >&2; return 1; }
+	B_DIR=$(sed -n 's/^dir //p' "$T/b.out")
+}
+stop_b() {
+	exec {B_IN}>&-
+	wait "$B_PID" 2>/dev/null
+	rm -f "$T/b.in"
+}
+
+t_uids() {
+	local b_uid pid u
+	start_b || return 1
+	b_uid=$(cat "$B_DIR/uid")
+	grep -q "uid 1000 inside = uid $b_uid outside" "$T/b.out" || { cat "$T/b.out" >&2; return 1; }
+	# each its own, from the range, named by no passwd or group entry
+	[ "$SB_UID" != "$b_uid" ] && [ "$SB_UID" != 65534 ] && [ "$b_uid" != 65534 ] || return 1
+	for u in "$SB_UID" "$b_uid"; do
+		[ "$u" -ge 1610612736 ] && [ "$u" -le 1610678271 ] && ! getent passwd "$u" && ! getent group "$u" ||
+			{ echo "uid $u: not a free uid of the range" >&2; return 1; }
+	done
+	[ "$(stat -c %u "$B_DIR/workspace")" = "$b_uid" ] || return 1
+	# the agents run as them outside
+	pid=$(agent_pid) && [ "$(awk '/^Uid:/ {print $2}' "/proc/$pid/status")" = "$SB_UID" ] || return 1
+	pid=$(pgrep -f "airlock-agent .*--root $W2 --key") &&
+		[ "$(awk '/^Uid:/ {print $2}' "/proc/$pid/status")" = "$b_uid" ] || return 1
+	stop_b
+	# kept across a restart
+	start_b && [ "$(cat "$B_DIR/uid")" = "$b_uid" ] && grep -q "= uid $b_uid outside" "$T/b.out" || return 1
+	stop_b
+}
+check "two sandboxes have distinct host uids of their own (not nobody), kept across a restart" t_uids
 
 t_same_path() {
 	[ "$(X -- pwd)" = "$W" ] && [ "$(X -- cat README)" = "hello from the workspace" ] &&
