@@ -63,6 +63,11 @@ struct exec_sys_cfg {
 	/* Name of the parent cgroup created under the agent's own cgroup;
 	 * NULL = "airlock-exec.<agent pid>". A single path component. */
 	const char *cgroup_name;
+	/* Create the parent at the top of each hierarchy (as this mount
+	 * namespace sees it) instead of under our own cgroup: for root whose
+	 * own v2 cgroup holds processes (a systemd session scope), where no
+	 * controller can be enabled below it. */
+	bool top_level;
 };
 
 /* What exec_sys_new found (bit flags, see exec_sys_caps). */
@@ -90,6 +95,35 @@ void exec_sys_free(struct exec_sys *sys);
 unsigned exec_sys_caps(const struct exec_sys *sys);
 /* Human-readable one-line summary of the capabilities, for logs/status. */
 const char *exec_sys_describe(const struct exec_sys *sys);
+
+/* ---- a cgroup for a process tree started elsewhere ----
+ *
+ * The leaves exec_start makes for a command (a v2 leaf, v1 pids/memory
+ * leaves on hybrid hosts) with its limits (pids.max; memory.max with
+ * memory.swap.max 0, or v1 memory.limit_in_bytes and memsw), for a tree
+ * the caller starts itself: the local sandbox puts its whole namespace
+ * in one (doc/SANDBOX.md, "Limits"). */
+
+struct exec_cgroup;
+struct exec_limits;
+
+#define EXEC_CGROUP_PIDS   1u
+#define EXEC_CGROUP_MEMORY 2u
+
+/* Create one under sys with lim's limits (only the limits sys can
+ * enforce: see exec_cgroup_limits). An empty one (nothing tracked) when
+ * sys has no cgroup. *out: exec_cgroup_free. Errors: -errno of mkdir /
+ * writing a limit, -ENOMEM. */
+int exec_cgroup_new(struct exec_sys *sys, const struct exec_limits *lim, struct exec_cgroup **out);
+/* Move pid (and so what it forks from then on) into it. 0 or -errno. */
+int exec_cgroup_attach(struct exec_cgroup *cg, pid_t pid);
+/* EXEC_CGROUP_PIDS | EXEC_CGROUP_MEMORY: the limits it enforces; 0 for
+ * NULL. */
+unsigned exec_cgroup_limits(const struct exec_cgroup *cg);
+/* Its v2 directory (else its v1 pids one), or NULL. */
+const char *exec_cgroup_dir(const struct exec_cgroup *cg);
+/* SIGKILL to what is left in it, rmdir, free. NULL is a no-op. */
+void exec_cgroup_free(struct exec_cgroup *cg);
 
 /* ---- environment ---- */
 
