@@ -72,7 +72,7 @@ idle_stopped() { "$AIRLOCK" status -C "$W" --json | grep -q '"sandbox_state":"id
 up
 SB_DIR=$(sed -n 's/^airlock: sandbox started .*; state in //p' "$T/up.err")
 
-SB_UID=$(cat "$SB_DIR/uid" 2>/dev/null)
+SB_UID=$(cat "$SB_DIR/uid" 2>/dev/null || true)
 t_started() {
 	[ -n "$SB_DIR" ] && [ -d "$SB_DIR/workspace" ] && [ -n "$SB_UID" ] &&
 		[ "$(stat -c %u:%g "$SB_DIR/workspace")" = "$SB_UID:$SB_UID" ] &&
@@ -104,7 +104,7 @@ stop_b() {
 t_uids() {
 	local b_uid pid u
 	start_b || return 1
-	b_uid=$(cat "$B_DIR/uid")
+	b_uid=$(cat "$B_DIR/uid") || return 1
 	grep -q "uid 1000 inside = uid $b_uid outside" "$T/b.out" || { cat "$T/b.out" >&2; return 1; }
 	# each its own, from the range, named by no passwd or group entry
 	[ "$SB_UID" != "$b_uid" ] && [ "$SB_UID" != 65534 ] && [ "$b_uid" != 65534 ] || return 1

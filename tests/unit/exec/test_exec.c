@@ -1180,6 +1180,66 @@ static void test_confine(void **state)
 	loop_free(l);
 }
 
+/* exec_cgroup_*: a tree the caller forks itself (the local sandbox) joins
+ * a cgroup with a pids limit; forks past it fail; freeing kills what is
+ * left and removes it. */
+static void test_cgroup_for_tree(void **state)
+{
+	(void)state;
+	if (!(exec_sys_caps(g_sys) & (EXEC_CAP_CG2_PIDS | EXEC_CAP_CG1_PIDS))) {
+		print_message("SKIP cgroup for a tree: no pids cgroup (%s)\n", exec_sys_describe(g_sys));
+		skip();
+	}
+	struct exec_limits lim = {.pids_max = 16, .memory_max = 64u << 20};
+	struct exec_cgroup *cg = NULL;
+	int go[2], res[2];
+	pid_t pid;
+
+	assert_int_equal(exec_cgroup_new(g_sys, &lim, &cg), 0);
+	assert_true(exec_cgroup_limits(cg) & EXEC_CGROUP_PIDS);
+	assert_non_null(exec_cgroup_dir(cg));
+	assert_int_equal(pipe(go), 0);
+	assert_int_equal(pipe(res), 0);
+	assert_true((pid = fork()) >= 0);
+	if (pid == 0) {
+		char c;
+		int n = 0;
+		close(go[1]);
+		close(res[0]);
+		if (read(go[0], &c, 1) != 1)
+			_exit(2);
+		/* fork sleepers until refused: 16 with ourselves */
+		for (int i = 0; i < 64; i++) {
+			pid_t k = fork();
+			if (k == 0) {
+				pause();
+				_exit(0);
+			}
+			if (k < 0)
+				break;
+			n++;
+		}
+		_exit(write(res[1], &n, sizeof(n)) == (ssize_t)sizeof(n) ? 0 : 3);
+	}
+	close(go[0]);
+	close(res[1]);
+	assert_int_equal(exec_cgroup_attach(cg, pid), 0);
+	assert_int_equal(write(go[1], "g", 1), 1);
+	int n = -1;
+	assert_int_equal(read(res[0], &n, sizeof(n)), (ssize_t)sizeof(n));
+	print_message("cgroup for a tree (%s): %d forks under pids 16\n", exec_cgroup_dir(cg), n);
+	assert_int_equal(n, 15);
+	int st;
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	char dir[4096];
+	snprintf(dir, sizeof(dir), "%s", exec_cgroup_dir(cg));
+	exec_cgroup_free(cg); /* the 15 sleepers die with it */
+	assert_int_equal(access(dir, F_OK), -1);
+	close(go[1]);
+	close(res[0]);
+	exec_cgroup_free(NULL);
+}
+
 /* The seccomp filter's answers, asked straight from a confined child (no
  * execve in between): socket families, io_uring, userfaultfd, x32. */
 
@@ -1388,6 +1448,7 @@ int main(void)
 	    cmocka_unit_test(test_free_inside_callback),
 	    cmocka_unit_test(test_confine),
 	    cmocka_unit_test(test_confine_syscalls),
+	    cmocka_unit_test(test_cgroup_for_tree),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
