@@ -93,9 +93,20 @@ static bool uids_mapped(uint32_t first, uint32_t n)
 	return mapped;
 }
 
-bool sandbox_own_uid(void)
+const struct sandbox_uid_range *sandbox_uid_range(void)
 {
-	return geteuid() == 0 && uids_mapped(SANDBOX_UID_FIRST, SANDBOX_UID_COUNT);
+	static const struct sandbox_uid_range ranges[] = {
+	    {SANDBOX_UID_FIRST, SANDBOX_UID_COUNT},
+	    {SANDBOX_UID_SMALL_FIRST, SANDBOX_UID_SMALL_COUNT},
+	    {SANDBOX_NOBODY, 1},
+	};
+
+	if (geteuid() != 0)
+		return NULL;
+	for (size_t i = 0; i < sizeof(ranges) / sizeof(ranges[0]); i++)
+		if (uids_mapped(ranges[i].first, ranges[i].count))
+			return &ranges[i];
+	return NULL;
 }
 
 /* ---- the sandbox's own host uid (root) ---- */
@@ -132,7 +143,7 @@ static bool uidset_has(const struct uidset *s, uint32_t u)
 }
 
 /* The uid in a sandbox's "uid" file; -ENOENT when it has none, -EINVAL
- * when it holds anything but a uid of the range. */
+ * when it holds anything but a uid. */
 static int uid_file_read(const char *dir, uint32_t *out)
 {
 	char path[PATH_MAX + 8], buf[32], *end;
@@ -149,8 +160,7 @@ static int uid_file_read(const char *dir, uint32_t *out)
 	buf[n] = '\0';
 	errno = 0;
 	unsigned long v = strtoul(buf, &end, 10);
-	if (errno || end == buf || (*end && *end != '\n') || v < SANDBOX_UID_FIRST ||
-	    v - SANDBOX_UID_FIRST >= SANDBOX_UID_COUNT)
+	if (errno || end == buf || (*end && *end != '\n') || v == 0 || v >= UINT32_MAX)
 		return -EINVAL;
 	*out = (uint32_t)v;
 	return 0;
@@ -259,16 +269,17 @@ static int uid_file_write(const char *dir, uint32_t u)
 
 /*
  * sb->host_uid: the uid this sandbox has kept in its "uid" file, or a new
- * one from SANDBOX_UID_FIRST.., starting at a hash of the state directory
- * (two state roots rarely probe the same uids) and taking the first that
- * no other sandbox of this state root holds, no passwd or group entry
- * names, no /etc/subuid or /etc/subgid range holds and no running process
- * has. A kept uid that another sandbox or a database entry claims since is
- * given up for a new one (the files are chowned over by
- * state_subdirs_make). Allocation is serialised
- * by an flock on <state root>/uid.lock. Must hold sb's own lock.
+ * one from range, starting at a hash of the state directory (two state
+ * roots rarely probe the same uids) and taking the first that no other
+ * sandbox of this state root holds, no passwd or group entry names, no
+ * /etc/subuid or /etc/subgid range holds and no running process has. A
+ * kept uid outside range, or that another sandbox or a database entry
+ * claims since, is given up for a new one (the files are chowned over by
+ * state_subdirs_make). Allocation is serialised by an flock on
+ * <state root>/uid.lock. Must hold sb's own lock. The range {nobody, 1}
+ * is nobody, shared, without a file.
  */
-static int sandbox_uid_take(struct sandbox *sb, char *err, size_t errlen)
+static int sandbox_uid_take(struct sandbox *sb, const struct sandbox_uid_range *range, char *err, size_t errlen)
 {
 	struct uidset taken = {0}, procs = {0};
 	char root[PATH_MAX], lock[PATH_MAX + 16];
@@ -276,6 +287,10 @@ static int sandbox_uid_take(struct sandbox *sb, char *err, size_t errlen)
 	uint32_t u = 0;
 	int fd = -1, r;
 
+	if (range->first == SANDBOX_NOBODY) {
+		sb->host_uid = SANDBOX_NOBODY;
+		return 0;
+	}
 	snprintf(root, sizeof(root), "%.*s", (int)(slash - sb->dir), sb->dir);
 	snprintf(lock, sizeof(lock), "%s/uid.lock", root);
 	if ((fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)) < 0 || flock(fd, LOCK_EX) < 0) {
@@ -290,17 +305,18 @@ static int sandbox_uid_take(struct sandbox *sb, char *err, size_t errlen)
 	qsort(taken.v, taken.n, sizeof(*taken.v), u32_cmp);
 	qsort(procs.v, procs.n, sizeof(*procs.v), u32_cmp);
 	/* a kept uid's processes are this sandbox's last run, still dying */
-	if (uid_file_read(sb->dir, &u) == 0 && !uid_claimed(u, &taken)) {
+	if (uid_file_read(sb->dir, &u) == 0 && u >= range->first && u - range->first < range->count &&
+	    !uid_claimed(u, &taken)) {
 		sb->host_uid = u;
 		goto out;
 	}
 	uint8_t h[16];
 	crypto_generichash(h, sizeof(h), (const uint8_t *)sb->dir, strlen(sb->dir), NULL, 0);
 	uint32_t start =
-	    ((uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24) % SANDBOX_UID_COUNT;
+	    ((uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24) % range->count;
 	r = -EUSERS;
-	for (uint32_t k = 0; k < SANDBOX_UID_COUNT && r == -EUSERS; k++) {
-		u = SANDBOX_UID_FIRST + (start + k) % SANDBOX_UID_COUNT;
+	for (uint32_t k = 0; k < range->count && r == -EUSERS; k++) {
+		u = range->first + (start + k) % range->count;
 		if (!uid_claimed(u, &taken) && !uidset_has(&procs, u))
 			r = 0;
 	}
@@ -308,7 +324,7 @@ static int sandbox_uid_take(struct sandbox *sb, char *err, size_t errlen)
 		errmsg_set(err, errlen,
 			   "no free uid left in %u-%u for the sandbox (remove unused ones: airlock down DIR "
 			   "--destroy)",
-			   SANDBOX_UID_FIRST, SANDBOX_UID_FIRST + SANDBOX_UID_COUNT - 1);
+			   range->first, range->first + range->count - 1);
 		goto out;
 	}
 	if ((r = uid_file_write(sb->dir, u)) < 0) {
@@ -535,6 +551,7 @@ static int agent_find(struct sandbox *sb, const struct sandbox_cfg *cfg, char *e
 int sandbox_start(const struct sandbox_cfg *cfg, struct sandbox **out, char *err, size_t errlen)
 {
 	const struct sandbox_backend *be = backend_of(cfg->kind);
+	const struct sandbox_uid_range *range;
 	struct sandbox_common *c;
 	struct sandbox *sb;
 	double t0 = now_ms();
@@ -548,7 +565,8 @@ int sandbox_start(const struct sandbox_cfg *cfg, struct sandbox **out, char *err
 	}
 	sb->kind = cfg->kind;
 	if ((r = state_dir_lock(sb, cfg, &lockfd, err, errlen)) < 0 ||
-	    (cfg->kind == SANDBOX_LOCAL && sandbox_own_uid() && (r = sandbox_uid_take(sb, err, errlen)) < 0) ||
+	    (cfg->kind == SANDBOX_LOCAL && (range = sandbox_uid_range()) &&
+	     (r = sandbox_uid_take(sb, range, err, errlen)) < 0) ||
 	    (r = state_subdirs_make(sb, err, errlen)) < 0 || (r = state_keys_load(sb, err, errlen)) < 0 ||
 	    (r = agent_find(sb, cfg, err, errlen)) < 0)
 		goto fail;

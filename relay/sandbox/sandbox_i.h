@@ -38,14 +38,23 @@ struct sandbox {
 };
 
 /* The local sandbox's own host uids (doc/SANDBOX.md, "State directory"):
- * as root each sandbox gets one of these, gid = uid, kept in <dir>/uid. */
-#define SANDBOX_UID_FIRST 0x60000000u /* 1610612736 */
-#define SANDBOX_UID_COUNT 65536u
+ * as root each sandbox gets one of these, gid = uid, kept in <dir>/uid.
+ * The first range is used when our user namespace maps it, else the
+ * second (a container that maps 65536 ids), else nobody (65534). */
+struct sandbox_uid_range {
+	uint32_t first, count;
+};
+#define SANDBOX_UID_FIRST	0x60000000u /* 1610612736 */
+#define SANDBOX_UID_COUNT	65536u
+#define SANDBOX_UID_SMALL_FIRST 40000u
+#define SANDBOX_UID_SMALL_COUNT 20000u
+#define SANDBOX_NOBODY		65534u
 
-/* Whether the local sandbox gets a host uid of its own: we are root and
- * the range is mapped in our user namespace (a root inside a user
- * namespace that maps only itself runs the sandbox as itself). */
-bool sandbox_own_uid(void);
+/* Where the local sandbox's host uid comes from: NULL when it runs as the
+ * invoking user (we are not root, or root of a user namespace that maps
+ * none of the ranges nor nobody); the range {65534, 1} when only nobody is
+ * mapped. */
+const struct sandbox_uid_range *sandbox_uid_range(void);
 
 /* ---- limits of the local sandbox (sandbox_limits.c; doc/SANDBOX.md, "Limits") ---- */
 
