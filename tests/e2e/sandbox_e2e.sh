@@ -183,8 +183,19 @@ t_seccomp() {
 	grep -q 'rc=1' <<<"$out" && grep -qi 'not permitted' <<<"$out" || { echo "$out" >&2; return 1; }
 	out=$(X -- python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); print(l.ptrace(16, 1, 0, 0), ctypes.get_errno())')
 	[ "$out" = "-1 1" ] || { echo "ptrace: $out" >&2; return 1; }
+	# vsock ignores network namespaces: refused like a family the kernel lacks
+	out=$(X -- python3 -c '
+import socket
+for fam in ("AF_VSOCK", "AF_PACKET", "AF_INET"):
+    try:
+        socket.socket(getattr(socket, fam), socket.SOCK_DGRAM if fam == "AF_PACKET" else socket.SOCK_STREAM).close()
+        print(fam, "ok")
+    except OSError as e:
+        print(fam, e.errno)
+')
+	[ "$out" = "$(printf 'AF_VSOCK 97\nAF_PACKET 97\nAF_INET ok')" ] || { echo "sockets: $out" >&2; return 1; }
 }
-check "seccomp: unshare -U and ptrace fail with EPERM" t_seccomp
+check "seccomp: unshare -U and ptrace fail with EPERM; vsock and packet sockets with EAFNOSUPPORT" t_seccomp
 
 t_landlock() {
 	local out
