@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -69,6 +70,7 @@ struct exec_confine {
 	int abi;
 	uint64_t handled;
 	struct sock_fprog prog;
+	uint64_t file_max; /* RLIMIT_FSIZE of commands; 0: none */
 	char describe[160];
 };
 
@@ -248,6 +250,7 @@ int exec_confine_new(const struct exec_confine_cfg *cfg, struct exec_confine **o
 	if (!(c = mem_calloc(1, sizeof(*c))))
 		return -ENOMEM;
 	c->ruleset_fd = -1;
+	c->file_max = cfg->file_max;
 	c->prog.filter = confine_filter;
 	c->prog.len = (unsigned short)(sizeof(confine_filter) / sizeof(confine_filter[0]));
 	c->abi = ll_abi();
@@ -329,6 +332,10 @@ const char *exec_confine_describe(const struct exec_confine *c)
 
 int exec_confine_apply(const struct exec_confine *c)
 {
+	struct rlimit fsize = {.rlim_cur = (rlim_t)c->file_max, .rlim_max = (rlim_t)c->file_max};
+
+	if (c->file_max && setrlimit(RLIMIT_FSIZE, &fsize) < 0)
+		return -errno;
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
 		return -errno;
 	if (c->ruleset_fd >= 0 && syscall(SYS_landlock_restrict_self, c->ruleset_fd, 0) < 0)

@@ -72,7 +72,7 @@ struct sandbox_limits {
 
 /* The rlimits the sandbox's PID 1 starts with (set by its child side). */
 struct sandbox_rlimits {
-	struct rlimit nproc, data, fsize, core;
+	struct rlimit nproc, data, core;
 	bool data_set;
 };
 

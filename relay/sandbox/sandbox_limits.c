@@ -118,7 +118,6 @@ void sandbox_limits_rlimits(const struct sandbox_limits *lim, struct sandbox_rli
 	 * which counts reservations: V8 reserves tens of GiB for wasm) */
 	r->data_set = !lim->memory_cg;
 	r->data.rlim_cur = r->data.rlim_max = (rlim_t)lim->memory;
-	r->fsize.rlim_cur = r->fsize.rlim_max = (rlim_t)lim->file;
 	r->core.rlim_cur = r->core.rlim_max = 0;
 }
 

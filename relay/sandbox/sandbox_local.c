@@ -474,8 +474,8 @@ static void c_root_readonly(const struct lctx *c)
  * (doc/SANDBOX.md, "Limits"). */
 static void c_rlimits(const struct lctx *c)
 {
-	if (setrlimit(RLIMIT_NPROC, &c->rl.nproc) < 0 || setrlimit(RLIMIT_FSIZE, &c->rl.fsize) < 0 ||
-	    setrlimit(RLIMIT_CORE, &c->rl.core) < 0 || (c->rl.data_set && setrlimit(RLIMIT_DATA, &c->rl.data) < 0))
+	if (setrlimit(RLIMIT_NPROC, &c->rl.nproc) < 0 || setrlimit(RLIMIT_CORE, &c->rl.core) < 0 ||
+	    (c->rl.data_set && setrlimit(RLIMIT_DATA, &c->rl.data) < 0))
 		c_fail(c, STAGE_LIMITS, errno, NULL);
 }
 
@@ -829,7 +829,7 @@ static int agent_key_prepare(struct lkey *k, const struct sandbox *sb, char *err
 /* The agent's command line (doc/SANDBOX.md, "Start", step 7) and
  * environment. */
 static void agent_cmdline_build(struct lexec *x, const struct lkey *k, const struct sandbox *sb,
-				const struct sandbox_cfg *cfg)
+				const struct sandbox_cfg *cfg, const struct sandbox_limits *lim)
 {
 	char hostpub[KEYS_B64_LEN];
 	int na = 0;
@@ -850,6 +850,8 @@ static void agent_cmdline_build(struct lexec *x, const struct lkey *k, const str
 	ARG("--home");
 	ARG("%s", SB_HOME);
 	ARG("--confine");
+	ARG("--file-max");
+	ARG("%llu", (unsigned long long)lim->file);
 	if (cfg->verbose)
 		ARG("-v");
 #undef ARG
@@ -1093,7 +1095,7 @@ int sandbox_local_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char 
 	if ((r = mount_table_build(&s.c->mnt, sb, cfg, &s.l->lim, err, errlen)) < 0 ||
 	    (r = agent_key_prepare(&s.c->key, sb, err, errlen)) < 0)
 		goto out;
-	agent_cmdline_build(&s.c->exec, &s.c->key, sb, cfg);
+	agent_cmdline_build(&s.c->exec, &s.c->key, sb, cfg, &s.l->lim);
 	etc_prepare(&s.c->etc, 0, "/etc/passwd", "airlock:x:1000:1000:airlock sandbox:" SB_HOME ":/bin/sh\n");
 	etc_prepare(&s.c->etc, 1, "/etc/group", "airlock:x:1000:\n");
 	if ((r = child_fds_open(&s, sb, err, errlen)) < 0 || (r = channel_socket_prepare(sb, err, errlen)) < 0 ||

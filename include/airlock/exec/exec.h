@@ -185,6 +185,10 @@ struct exec_confine_cfg {
 	const char *const *hidden;
 	/* -ENOTSUP when Landlock is missing (seccomp is always there). */
 	bool require_landlock;
+	/* RLIMIT_FSIZE of commands (the largest file they may write); 0:
+	 * left as it is. The agent itself keeps its own (it writes the
+	 * host's files, whatever their size). */
+	uint64_t file_max;
 };
 
 /* Build the Landlock ruleset (an fd kept in *out) and the seccomp program
@@ -197,8 +201,8 @@ int exec_confine_new(const struct exec_confine_cfg *cfg, struct exec_confine **o
 void exec_confine_free(struct exec_confine *c);
 /* "landlock ABI 6 (fs, signal scope), seccomp (27 syscalls, ... denied)". */
 const char *exec_confine_describe(const struct exec_confine *c);
-/* In a child right before execve: no_new_privs, Landlock, seccomp.
- * Async-signal-safe. 0 or -errno. */
+/* In a child right before execve: RLIMIT_FSIZE (file_max), no_new_privs,
+ * Landlock, seccomp. Async-signal-safe. 0 or -errno. */
 int exec_confine_apply(const struct exec_confine *c);
 
 /* ---- one command ---- */

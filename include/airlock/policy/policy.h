@@ -128,7 +128,7 @@ struct policy_sandbox_limits {
 	uint64_t pids;	    /* processes and threads of the whole sandbox */
 	uint64_t memory;    /* bytes of memory (with /tmp, which is memory) */
 	uint64_t tmp;	    /* bytes of the /tmp tmpfs */
-	uint64_t workspace; /* bytes of the largest file in the workspace copy and home */
+	uint64_t workspace; /* bytes of the largest file a command writes (copy, home, /tmp) */
 };
 #define POLICY_PIDS_MIN	     32u
 #define POLICY_PIDS_MAX	     4194304u

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/netlink.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -1278,6 +1279,7 @@ enum {
 	P_URING_REGISTER,
 	P_UFFD,
 	P_X32_SOCKET,
+	P_FSIZE,
 	P_N
 };
 
@@ -1342,6 +1344,13 @@ static int sc_probe(int i)
 		r = -1;
 		break;
 #endif
+	case P_FSIZE: {
+		/* file_max became RLIMIT_FSIZE (EFBIG when it did not) */
+		struct rlimit rl;
+		r = getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur == (1u << 20) ? 0 : -1;
+		errno = EFBIG;
+		break;
+	}
 	default:
 		return -1;
 	}
@@ -1397,9 +1406,10 @@ static void test_confine_syscalls(void **state)
 	    {P_URING_REGISTER, "io_uring_register", ENOSYS},
 	    {P_UFFD, "userfaultfd", EPERM},
 	    {P_X32_SOCKET, "x32 socket", EPERM},
+	    {P_FSIZE, "RLIMIT_FSIZE = file_max", 0},
 	};
 	const char *writable[] = {g_rootpath, NULL};
-	struct exec_confine_cfg cfg = {.writable = writable};
+	struct exec_confine_cfg cfg = {.writable = writable, .file_max = 1u << 20};
 	struct exec_confine *c = NULL;
 	int freed[P_N], conf[P_N], bad = 0;
 	char err[512];
