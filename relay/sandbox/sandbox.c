@@ -178,7 +178,7 @@ static int uids_of_sandboxes(const char *root, const char *self, struct uidset *
 		return errno == ENOENT ? 0 : -errno;
 	while (r == 0 && (de = readdir(d))) {
 		uint32_t u;
-		if (de->d_name[0] == '.' ||
+		if (de->d_name[0] == '.' || (de->d_type != DT_DIR && de->d_type != DT_UNKNOWN) ||
 		    (size_t)snprintf(path, sizeof(path), "%s/%s", root, de->d_name) >= sizeof(path) ||
 		    !strcmp(path, self))
 			continue;
@@ -298,18 +298,23 @@ static int sandbox_uid_take(struct sandbox *sb, const struct sandbox_uid_range *
 		errmsg_set(err, errlen, "%s: %s", lock, strerror(errno));
 		goto out;
 	}
-	if ((r = uids_of_sandboxes(root, sb->dir, &taken)) < 0 || (r = uids_of_processes(&procs)) < 0) {
+	if ((r = uids_of_sandboxes(root, sb->dir, &taken)) < 0) {
 		errmsg_set(err, errlen, "finding the uids in use: %s", strerror(-r));
 		goto out;
 	}
 	qsort(taken.v, taken.n, sizeof(*taken.v), u32_cmp);
-	qsort(procs.v, procs.n, sizeof(*procs.v), u32_cmp);
-	/* a kept uid's processes are this sandbox's last run, still dying */
+	/* a kept uid's processes are this sandbox's last run, still dying:
+	 * only a new uid is checked against the running processes */
 	if (uid_file_read(sb->dir, &u) == 0 && u >= range->first && u - range->first < range->count &&
 	    !uid_claimed(u, &taken)) {
 		sb->host_uid = u;
 		goto out;
 	}
+	if ((r = uids_of_processes(&procs)) < 0) {
+		errmsg_set(err, errlen, "finding the uids in use: %s", strerror(-r));
+		goto out;
+	}
+	qsort(procs.v, procs.n, sizeof(*procs.v), u32_cmp);
 	uint8_t h[16];
 	crypto_generichash(h, sizeof(h), (const uint8_t *)sb->dir, strlen(sb->dir), NULL, 0);
 	uint32_t start =
