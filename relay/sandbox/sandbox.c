@@ -137,6 +137,12 @@ static int u32_cmp(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+static void uidset_sort(struct uidset *s)
+{
+	if (s->n) /* qsort's base may not be NULL, even for no elements */
+		qsort(s->v, s->n, sizeof(*s->v), u32_cmp);
+}
+
 static bool uidset_has(const struct uidset *s, uint32_t u)
 {
 	return s->n && bsearch(&u, s->v, s->n, sizeof(*s->v), u32_cmp);
@@ -302,7 +308,7 @@ static int sandbox_uid_take(struct sandbox *sb, const struct sandbox_uid_range *
 		errmsg_set(err, errlen, "finding the uids in use: %s", strerror(-r));
 		goto out;
 	}
-	qsort(taken.v, taken.n, sizeof(*taken.v), u32_cmp);
+	uidset_sort(&taken);
 	/* a kept uid's processes are this sandbox's last run, still dying:
 	 * only a new uid is checked against the running processes */
 	if (uid_file_read(sb->dir, &u) == 0 && u >= range->first && u - range->first < range->count &&
@@ -314,7 +320,7 @@ static int sandbox_uid_take(struct sandbox *sb, const struct sandbox_uid_range *
 		errmsg_set(err, errlen, "finding the uids in use: %s", strerror(-r));
 		goto out;
 	}
-	qsort(procs.v, procs.n, sizeof(*procs.v), u32_cmp);
+	uidset_sort(&procs);
 	uint8_t h[16];
 	crypto_generichash(h, sizeof(h), (const uint8_t *)sb->dir, strlen(sb->dir), NULL, 0);
 	uint32_t start =

@@ -65,6 +65,7 @@ struct sandbox_limits {
 	uint64_t memory;	 /* bytes */
 	uint64_t tmp;		 /* bytes of /tmp */
 	uint64_t file;		 /* bytes of the largest file (RLIMIT_FSIZE) */
+	bool memory_given;	 /* sandbox.limits.memory was set (else the default) */
 	bool pids_cg, memory_cg; /* enforced by the cgroup (else rlimits only) */
 	struct exec_sys *sys;	 /* the cgroup's parent; NULL when none */
 	struct exec_cgroup *cg;	 /* the sandbox's cgroup; NULL when none */

@@ -45,7 +45,8 @@ void sandbox_limits_resolve(const struct policy_sandbox_limits *in, struct sandb
 {
 	memset(out, 0, sizeof(*out));
 	out->pids = in && in->pids ? in->pids : DEFAULT_PIDS;
-	out->memory = in && in->memory ? in->memory : host_ram() / 2;
+	out->memory_given = in && in->memory;
+	out->memory = out->memory_given ? in->memory : host_ram() / 2;
 	if (out->memory < POLICY_MEMORY_MIN)
 		out->memory = POLICY_MEMORY_MIN;
 	out->tmp = in && in->tmp ? in->tmp : DEFAULT_TMP;
@@ -114,9 +115,12 @@ void sandbox_limits_rlimits(const struct sandbox_limits *lim, struct sandbox_rli
 	 * twice that, so the cgroup is what a fork bomb meets (and counts). */
 	uint64_t nproc = lim->pids_cg ? 2 * lim->pids : lim->pids;
 	r->nproc.rlim_cur = r->nproc.rlim_max = (rlim_t)nproc;
-	/* no cgroup: each process's private writable memory (not RLIMIT_AS,
-	 * which counts reservations: V8 reserves tens of GiB for wasm) */
-	r->data_set = !lim->memory_cg;
+	/* no memory cgroup and a memory limit asked for: each process's
+	 * private writable memory (not RLIMIT_AS, which counts reservations:
+	 * V8 reserves tens of GiB for wasm). Not by default: sanitizer builds
+	 * (ASAN maps terabytes of shadow) cannot run under it, and per
+	 * process it does not contain a bomb that forks anyway. */
+	r->data_set = !lim->memory_cg && lim->memory_given;
 	r->data.rlim_cur = r->data.rlim_max = (rlim_t)lim->memory;
 	r->core.rlim_cur = r->core.rlim_max = 0;
 }
@@ -135,8 +139,14 @@ void sandbox_limits_describe(const struct sandbox_limits *lim, char *out, size_t
 
 	size_text(lim->memory, mem, sizeof(mem));
 	size_text(lim->tmp, tmp, sizeof(tmp));
+	if (!lim->memory_cg && !lim->memory_given)
+		snprintf(mem, sizeof(mem), "unlimited");
 	snprintf(out, n, "limits: %" PRIu64 " pids (%s), memory %s (%s), /tmp %s", lim->pids,
-		 lim->pids_cg ? "cgroup" : "rlimit", mem, lim->memory_cg ? "cgroup" : "rlimit per process", tmp);
+		 lim->pids_cg ? "cgroup" : "rlimit", mem,
+		 lim->memory_cg	     ? "cgroup"
+		 : lim->memory_given ? "rlimit per process"
+				     : "no cgroup",
+		 tmp);
 }
 
 void sandbox_limits_release(struct sandbox_limits *lim)
