@@ -74,7 +74,7 @@ struct sandbox_limits {
 /* The rlimits the sandbox's PID 1 starts with (set by its child side). */
 struct sandbox_rlimits {
 	struct rlimit nproc, data, core;
-	bool data_set;
+	bool nproc_set, data_set;
 };
 
 /* in (NULL: none) with the defaults filled in; no cgroup yet. */
@@ -85,7 +85,8 @@ void sandbox_limits_resolve(const struct policy_sandbox_limits *in, struct sandb
 void sandbox_limits_cgroup(struct sandbox_limits *lim);
 /* Move pid into the cgroup (before it forks anything). 0 or -errno. */
 int sandbox_limits_attach(const struct sandbox_limits *lim, pid_t pid);
-void sandbox_limits_rlimits(const struct sandbox_limits *lim, struct sandbox_rlimits *r);
+/* own_uid: the sandbox has a host uid of its own (root). */
+void sandbox_limits_rlimits(const struct sandbox_limits *lim, bool own_uid, struct sandbox_rlimits *r);
 /* "limits: 4096 processes (cgroup), memory 12 GiB (cgroup), ..." */
 void sandbox_limits_describe(const struct sandbox_limits *lim, char *out, size_t n);
 /* Kill what is left in the cgroup and remove it. */

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include "airlock/policy/policy.h"
@@ -107,13 +108,27 @@ int sandbox_limits_attach(const struct sandbox_limits *lim, pid_t pid)
 	return lim->cg ? exec_cgroup_attach(lim->cg, pid) : 0;
 }
 
-void sandbox_limits_rlimits(const struct sandbox_limits *lim, struct sandbox_rlimits *r)
+/* Does RLIMIT_NPROC count per user namespace (ucounts, Linux >= 5.14)? */
+static bool nproc_per_userns(void)
+{
+	struct utsname u;
+	unsigned major = 0, minor = 0;
+
+	if (uname(&u) < 0 || sscanf(u.release, "%u.%u", &major, &minor) != 2)
+		return false;
+	return major > 5 || (major == 5 && minor >= 14);
+}
+
+void sandbox_limits_rlimits(const struct sandbox_limits *lim, bool own_uid, struct sandbox_rlimits *r)
 {
 	/* per uid of the sandbox's own user namespace (Linux >= 5.14; before,
 	 * per host uid, which is the sandbox's own as root): the whole
 	 * sandbox's processes and threads. With pids.max it is a backstop at
-	 * twice that, so the cgroup is what a fork bomb meets (and counts). */
+	 * twice that, so the cgroup is what a fork bomb meets (and counts).
+	 * An older kernel with the invoking user's uid would count all of
+	 * that user's threads (a browser alone has thousands): not set. */
 	uint64_t nproc = lim->pids_cg ? 2 * lim->pids : lim->pids;
+	r->nproc_set = own_uid || nproc_per_userns();
 	r->nproc.rlim_cur = r->nproc.rlim_max = (rlim_t)nproc;
 	/* no memory cgroup and a memory limit asked for: each process's
 	 * private writable memory (not RLIMIT_AS, which counts reservations:

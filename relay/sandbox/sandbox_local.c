@@ -474,7 +474,7 @@ static void c_root_readonly(const struct lctx *c)
  * (doc/SANDBOX.md, "Limits"). */
 static void c_rlimits(const struct lctx *c)
 {
-	if (setrlimit(RLIMIT_NPROC, &c->rl.nproc) < 0 || setrlimit(RLIMIT_CORE, &c->rl.core) < 0 ||
+	if ((c->rl.nproc_set && setrlimit(RLIMIT_NPROC, &c->rl.nproc) < 0) || setrlimit(RLIMIT_CORE, &c->rl.core) < 0 ||
 	    (c->rl.data_set && setrlimit(RLIMIT_DATA, &c->rl.data) < 0))
 		c_fail(c, STAGE_LIMITS, errno, NULL);
 }
@@ -1091,7 +1091,7 @@ int sandbox_local_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char 
 	 * enforces, and the child gets a copy of our memory at clone */
 	sandbox_limits_resolve(cfg->limits, &s.l->lim);
 	sandbox_limits_cgroup(&s.l->lim);
-	sandbox_limits_rlimits(&s.l->lim, &s.c->rl);
+	sandbox_limits_rlimits(&s.l->lim, sb->host_uid != 0, &s.c->rl);
 	if ((r = mount_table_build(&s.c->mnt, sb, cfg, &s.l->lim, err, errlen)) < 0 ||
 	    (r = agent_key_prepare(&s.c->key, sb, err, errlen)) < 0)
 		goto out;
