@@ -79,6 +79,7 @@ struct agent {
 	uint32_t run_uid, run_gid;    /* EXEC_ID_KEEP when the agent is not root */
 	const char *home;	      /* --home: HOME of commands (NULL: exec's default) */
 	struct exec_confine *confine; /* --confine: Landlock + seccomp for commands */
+	uint64_t file_max;	      /* --file-max: RLIMIT_FSIZE of confined commands, 0: none */
 	bool init;		      /* PID 1 of a pid namespace (the local sandbox) */
 };
 
@@ -1033,7 +1034,7 @@ static int confine_setup(struct agent *a, const char *keyfile)
 			return -EINVAL;
 		}
 	}
-	struct exec_confine_cfg cfg = {.writable = writable, .hidden = hidden};
+	struct exec_confine_cfg cfg = {.writable = writable, .hidden = hidden, .file_max = a->file_max};
 	if ((r = exec_confine_new(&cfg, &a->confine, err, sizeof(err))) < 0) {
 		logmsg("--confine: %s", err);
 		return r;
@@ -1082,10 +1083,11 @@ static void usage(FILE *f)
 {
 	fputs("usage: airlock-agent --listen ADDR --root DIR --key FILE (--allow PUBKEY | --allow-file FILE)...\n"
 	      "                     [--psk-file FILE] [--max-sessions N] [--state DIR] [--fsync none|batch|file]\n"
-	      "                     [--run-as USER|UID:GID] [--home DIR] [--confine] [-v]\n"
+	      "                     [--run-as USER|UID:GID] [--home DIR] [--confine [--file-max BYTES]] [-v]\n"
 	      "  --home DIR: HOME of commands (default /tmp)\n"
 	      "  --confine: Landlock and seccomp for commands (they write only ROOT, /tmp and\n"
-	      "             --home; they cannot read the key, state or socket directories)\n"
+	      "             --home; they cannot read the key, state or socket directories);\n"
+	      "             --file-max: the largest file they may write (RLIMIT_FSIZE)\n"
 	      "  --run-as: who runs commands when the agent is root (default: the owner of ROOT\n"
 	      "            when that is not root, else nobody, 65534:65534)\n"
 	      "  --state DIR: where the last applied sync sequence is kept (default ROOT.airlock-state;\n"
@@ -1162,6 +1164,7 @@ static int parse_options(struct agent *a, struct agent_args *o, int argc, char *
 	    {"run-as", required_argument, NULL, 'U'},
 	    {"home", required_argument, NULL, 'H'},
 	    {"confine", no_argument, NULL, 'C'},
+	    {"file-max", required_argument, NULL, 'X'},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
@@ -1222,6 +1225,16 @@ static int parse_options(struct agent *a, struct agent_args *o, int argc, char *
 		case 'C':
 			o->confine = true;
 			break;
+		case 'X': {
+			char *end;
+			errno = 0;
+			a->file_max = strtoull(optarg, &end, 10);
+			if (errno || end == optarg || *end || a->file_max == 0) {
+				logmsg("--file-max '%s': expected a number of bytes > 0", optarg);
+				return 2;
+			}
+			break;
+		}
 		case 'h':
 			usage(stdout);
 			return -1; /* exit 0 */

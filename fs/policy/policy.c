@@ -33,8 +33,9 @@ struct policy {
 	struct policy_execution ex;
 	struct policy_credentials cr;
 	struct policy_egress eg;
-	struct ignore_list include; /* compiled ws.include */
-	struct ignore_list exclude; /* compiled ws.exclude */
+	struct policy_sandbox_limits sb; /* sandbox.limits, 0 = default */
+	struct ignore_list include;	 /* compiled ws.include */
+	struct ignore_list exclude;	 /* compiled ws.exclude */
 };
 
 /* ------------------------------------------------------------------ */
@@ -148,6 +149,11 @@ const struct policy_credentials *policy_credentials(const struct policy *p)
 const struct policy_egress *policy_egress(const struct policy *p)
 {
 	return &p->eg;
+}
+
+const struct policy_sandbox_limits *policy_sandbox_limits(const struct policy *p)
+{
+	return &p->sb;
 }
 
 /* ------------------------------------------------------------------ */
@@ -738,11 +744,86 @@ static int p_egress(struct loader *L, json_t *v)
 	return parse_fields(L, v, FIELDS(egress_fields));
 }
 
+/* sandbox.limits: a count, or a size in bytes as an integer or a string
+ * with a binary suffix ("512M", "4G"), at least min and at most max. */
+static int get_limit(struct loader *L, json_t *v, bool size, uint64_t min, uint64_t max, uint64_t *out)
+{
+	uint64_t x, mul = 1;
+	char q[96];
+
+	if (json_is_integer(v) && json_integer_value(v) >= 0) {
+		x = (uint64_t)json_integer_value(v);
+	} else if (size && json_is_string(v)) {
+		const char *t = json_string_value(v);
+		char *end;
+		errno = 0;
+		x = strtoull(t, &end, 10);
+		if (end != t && end[0] && !end[1] && strchr("KMGT", end[0]))
+			mul = 1ull << (10 * (strchr("KMGT", end[0]) - "KMGT" + 1));
+		else if (end == t || *end || errno)
+			return fail(L, -EINVAL,
+				    "expected a size like \"512M\" or \"4G\" (K, M, G, T: powers of 1024), got %s",
+				    quote(t, q, sizeof(q)));
+		if (x > UINT64_MAX / mul)
+			return fail(L, -EINVAL, "size %s is too large", quote(t, q, sizeof(q)));
+		x *= mul;
+	} else {
+		return fail(L, -EINVAL,
+			    size ? "expected a size (bytes, or a string like \"4G\"), got %s"
+				 : "expected a positive integer, got %s",
+			    type_name(v));
+	}
+	if (x < min || x > max)
+		return fail(L, -EINVAL, "must be between %llu and %llu%s", (unsigned long long)min,
+			    (unsigned long long)max, size ? " bytes" : "");
+	*out = x;
+	return 0;
+}
+
+static int p_lim_pids(struct loader *L, json_t *v)
+{
+	return get_limit(L, v, false, POLICY_PIDS_MIN, POLICY_PIDS_MAX, &L->p->sb.pids);
+}
+
+static int p_lim_memory(struct loader *L, json_t *v)
+{
+	return get_limit(L, v, true, POLICY_MEMORY_MIN, POLICY_SIZE_MAX, &L->p->sb.memory);
+}
+
+static int p_lim_tmp(struct loader *L, json_t *v)
+{
+	return get_limit(L, v, true, POLICY_TMP_MIN, POLICY_SIZE_MAX, &L->p->sb.tmp);
+}
+
+static int p_lim_workspace(struct loader *L, json_t *v)
+{
+	return get_limit(L, v, true, POLICY_WORKSPACE_MIN, POLICY_SIZE_MAX, &L->p->sb.workspace);
+}
+
+static const struct field limits_fields[] = {
+    {"pids", p_lim_pids},
+    {"memory", p_lim_memory},
+    {"tmp", p_lim_tmp},
+    {"workspace", p_lim_workspace},
+};
+
+static int p_sb_limits(struct loader *L, json_t *v)
+{
+	return parse_fields(L, v, FIELDS(limits_fields));
+}
+
+static const struct field sandbox_fields[] = {
+    {"limits", p_sb_limits},
+};
+
+static int p_sandbox(struct loader *L, json_t *v)
+{
+	return parse_fields(L, v, FIELDS(sandbox_fields));
+}
+
 static const struct field top_fields[] = {
-    {"workspace", p_workspace},
-    {"execution", p_execution},
-    {"credentials", p_credentials},
-    {"egress", p_egress},
+    {"workspace", p_workspace}, {"execution", p_execution}, {"credentials", p_credentials},
+    {"egress", p_egress},	{"sandbox", p_sandbox},
 };
 
 /* ------------------------------------------------------------------ */

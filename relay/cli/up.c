@@ -233,6 +233,7 @@ static int start_sandbox(struct up *u)
 	char err[1024];
 
 	u->sandbox.cfg.workspace = u->dir;
+	u->sandbox.cfg.limits = policy_sandbox_limits(u->pol.policy); /* kept: restarts use it again */
 	u->sandbox.ttl_s = pw ? pw->ttl_seconds : -1;
 	snprintf(u->sandbox.guest_name, sizeof(u->sandbox.guest_name), "sandbox %s",
 		 sandbox_kind_name(u->sandbox.cfg.kind));

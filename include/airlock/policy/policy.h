@@ -20,7 +20,12 @@
  *                      "inject": [ { "name": env var name (required),
  *                                    "scope": str, "ttl_seconds": int > 0,
  *                                    "value_from": str } ] },
- *     "egress":      { "default": "deny", "allow": [host pattern] } }
+ *     "egress":      { "default": "deny", "allow": [host pattern] },
+ *     "sandbox":     { "limits": { "pids": int, "memory": size, "tmp": size,
+ *                                  "workspace": size } } }
+ *
+ * A size is bytes (an integer) or a string with a binary suffix: "512M",
+ * "4G" (K, M, G, T = powers of 1024).
  *
  * Globs are gitignore patterns (ignore.h) anchored at the workspace root.
  *
@@ -117,6 +122,21 @@ struct policy_egress {
 	size_t n_allow;
 };
 
+/* sandbox.limits (doc/SANDBOX.md, "Limits"): 0 where unset, meaning the
+ * built-in default. */
+struct policy_sandbox_limits {
+	uint64_t pids;	    /* processes and threads of the whole sandbox */
+	uint64_t memory;    /* bytes of memory (with /tmp, which is memory) */
+	uint64_t tmp;	    /* bytes of the /tmp tmpfs */
+	uint64_t workspace; /* bytes of the largest file a command writes (copy, home, /tmp) */
+};
+#define POLICY_PIDS_MIN	     32u
+#define POLICY_PIDS_MAX	     4194304u
+#define POLICY_MEMORY_MIN    (64ull << 20)
+#define POLICY_TMP_MIN	     (1ull << 20)
+#define POLICY_WORKSPACE_MIN (1ull << 20)
+#define POLICY_SIZE_MAX	     (1ull << 50)
+
 /* Load and validate a policy file. On success *out is a new policy (free
  * with policy_free). On failure returns -EINVAL (bad content: not JSON,
  * duplicate key, unknown key, wrong type, bad value, bad glob), -ENOMEM,
@@ -191,6 +211,7 @@ const struct policy_workspace *policy_workspace(const struct policy *p);
 const struct policy_execution *policy_execution(const struct policy *p);
 const struct policy_credentials *policy_credentials(const struct policy *p);
 const struct policy_egress *policy_egress(const struct policy *p);
+const struct policy_sandbox_limits *policy_sandbox_limits(const struct policy *p);
 
 /* ---- path decisions ---- */
 

@@ -1259,6 +1259,57 @@ static void test_ctx_limits(void **state)
 	policy_free(p);
 }
 
+/* sandbox.limits: counts, sizes as bytes or "512M"/"4G", bounds, unknown
+ * keys and wrong types named. */
+static void test_sandbox_limits(void **state)
+{
+	static const struct {
+		const char *json;
+		int err;
+		uint64_t pids, memory, tmp, workspace; /* when err == 0 */
+		const char *want;		       /* in the message when err != 0 */
+	} cases[] = {
+	    {"{}", 0, 0, 0, 0, 0, NULL},
+	    {"{\"sandbox\":{\"limits\":{\"pids\":512,\"memory\":\"2G\",\"tmp\":\"256M\",\"workspace\":1073741824}}}", 0,
+	     512, 2ull << 30, 256ull << 20, 1ull << 30, NULL},
+	    {"{\"sandbox\":{\"limits\":{\"memory\":\"1T\"}}}", 0, 0, 1ull << 40, 0, 0, NULL},
+	    {"{\"sandbox\":{\"limits\":{\"pids\":8}}}", -EINVAL, 0, 0, 0, 0, "sandbox.limits.pids"},
+	    {"{\"sandbox\":{\"limits\":{\"pids\":\"64\"}}}", -EINVAL, 0, 0, 0, 0, "expected a positive integer"},
+	    {"{\"sandbox\":{\"limits\":{\"memory\":\"2X\"}}}", -EINVAL, 0, 0, 0, 0, "sandbox.limits.memory"},
+	    {"{\"sandbox\":{\"limits\":{\"memory\":\"1M\"}}}", -EINVAL, 0, 0, 0, 0, "must be between"},
+	    {"{\"sandbox\":{\"limits\":{\"tmp\":-1}}}", -EINVAL, 0, 0, 0, 0, "sandbox.limits.tmp"},
+	    {"{\"sandbox\":{\"limits\":{\"workspace\":\"99999999999T\"}}}", -EINVAL, 0, 0, 0, 0, "too large"},
+	    {"{\"sandbox\":{\"limits\":{\"cpu\":2}}}", -EINVAL, 0, 0, 0, 0, "sandbox.limits.cpu"},
+	    {"{\"sandbox\":{\"limit\":{}}}", -EINVAL, 0, 0, 0, 0, "sandbox.limit"},
+	};
+	char dir[64], path[128], err[512];
+
+	(void)state;
+	tu_tmpdir(dir, sizeof(dir), "limits");
+	snprintf(path, sizeof(path), "%s/airlock.json", dir);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct policy *p = NULL;
+		FILE *f = fopen(path, "w");
+		assert_non_null(f);
+		fputs(cases[i].json, f);
+		fclose(f);
+		int r = policy_load(path, &p, err, sizeof(err));
+		if (r != cases[i].err)
+			fail_msg("%s: got %d (%s), want %d", cases[i].json, r, r ? err : "", cases[i].err);
+		if (r == 0) {
+			const struct policy_sandbox_limits *l = policy_sandbox_limits(p);
+			assert_int_equal(l->pids, cases[i].pids);
+			assert_int_equal(l->memory, cases[i].memory);
+			assert_int_equal(l->tmp, cases[i].tmp);
+			assert_int_equal(l->workspace, cases[i].workspace);
+			policy_free(p);
+		} else if (!strstr(err, cases[i].want)) {
+			fail_msg("%s: message \"%s\" lacks \"%s\"", cases[i].json, err, cases[i].want);
+		}
+	}
+	tu_rm_rf(dir);
+}
+
 int main(void)
 {
 	mem_init_json();
@@ -1279,6 +1330,7 @@ int main(void)
 	    cmocka_unit_test(test_ctx_rule_files),
 	    cmocka_unit_test(test_ctx_limits),
 	    cmocka_unit_test(test_match_budget),
+	    cmocka_unit_test(test_sandbox_limits),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
