@@ -844,6 +844,48 @@ static bool over_default_timeout(const json_t *v)
 	return json_integer_value(v) > POLICY_TIMEOUT_DEFAULT_S;
 }
 
+uint64_t policy_memory_default(void)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+
+	return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 2 : 2ull << 30;
+}
+
+/* A validated sandbox.limits value (a count, bytes, or "4G") in units. */
+static uint64_t limit_units(const json_t *v)
+{
+	const char *t = json_string_value(v), *k;
+	char *end;
+	uint64_t x;
+
+	if (!t)
+		return (uint64_t)json_integer_value(v);
+	x = strtoull(t, &end, 10);
+	if (*end && (k = strchr("KMGT", *end)))
+		x <<= 10 * (k - "KMGT" + 1);
+	return x;
+}
+
+static bool over_default_pids(const json_t *v)
+{
+	return limit_units(v) > POLICY_PIDS_DEFAULT;
+}
+
+static bool over_default_memory(const json_t *v)
+{
+	return limit_units(v) > policy_memory_default();
+}
+
+static bool over_default_tmp(const json_t *v)
+{
+	return limit_units(v) > POLICY_TMP_DEFAULT;
+}
+
+static bool over_default_workspace(const json_t *v)
+{
+	return limit_units(v) > POLICY_WORKSPACE_DEFAULT;
+}
+
 /*
  * Every key whose value can loosen the built-in default, with the test of
  * whether this value does. Everything else in the file can only tighten
@@ -856,14 +898,18 @@ static const struct loosening {
 	const char *key; /* dotted path */
 	bool (*loosens)(const json_t *v);
 } loosening_keys[] = {
-    {"execution.local", nonempty},			 /* commands on the host */
-    {"execution.timeout_seconds", over_default_timeout}, /* longer than the relay's default */
-    {"credentials.forward_env", nonempty},		 /* the daemon's environment in the guest */
-    {"credentials.inject", nonempty},			 /* the user's credential sources in the guest */
-    {"workspace.sync.allow_secrets", nonempty},		 /* secrets in the guest */
-    {"workspace.sync.gitignore", is_false},		 /* ignored files in the guest */
-    {"workspace.writeback", nonempty},			 /* guest changes landing on the host */
-    {"egress.allow", nonempty},				 /* hosts the sandbox may reach */
+    {"execution.local", nonempty},			  /* commands on the host */
+    {"execution.timeout_seconds", over_default_timeout},  /* longer than the relay's default */
+    {"credentials.forward_env", nonempty},		  /* the daemon's environment in the guest */
+    {"credentials.inject", nonempty},			  /* the user's credential sources in the guest */
+    {"workspace.sync.allow_secrets", nonempty},		  /* secrets in the guest */
+    {"workspace.sync.gitignore", is_false},		  /* ignored files in the guest */
+    {"workspace.writeback", nonempty},			  /* guest changes landing on the host */
+    {"egress.allow", nonempty},				  /* hosts the sandbox may reach */
+    {"sandbox.limits.pids", over_default_pids},		  /* more processes than the default */
+    {"sandbox.limits.memory", over_default_memory},	  /* more memory */
+    {"sandbox.limits.tmp", over_default_tmp},		  /* a larger /tmp */
+    {"sandbox.limits.workspace", over_default_workspace}, /* larger files */
 };
 
 /* The object that holds the last component of key in root, and that

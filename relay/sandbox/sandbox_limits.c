@@ -31,29 +31,18 @@
  * - file: 32 GiB, the largest single file a command (or the copy) may
  *   write: room for disk images and model weights, not for filling the
  *   disk with one file. */
-#define DEFAULT_PIDS 4096u
-#define DEFAULT_TMP  GiB
-#define DEFAULT_FILE (32 * GiB)
-
-static uint64_t host_ram(void)
-{
-	long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-
-	return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 4 * GiB;
-}
-
 void sandbox_limits_resolve(const struct policy_sandbox_limits *in, struct sandbox_limits *out)
 {
 	memset(out, 0, sizeof(*out));
-	out->pids = in && in->pids ? in->pids : DEFAULT_PIDS;
+	out->pids = in && in->pids ? in->pids : POLICY_PIDS_DEFAULT;
 	out->memory_given = in && in->memory;
-	out->memory = out->memory_given ? in->memory : host_ram() / 2;
+	out->memory = out->memory_given ? in->memory : policy_memory_default();
 	if (out->memory < POLICY_MEMORY_MIN)
 		out->memory = POLICY_MEMORY_MIN;
-	out->tmp = in && in->tmp ? in->tmp : DEFAULT_TMP;
+	out->tmp = in && in->tmp ? in->tmp : POLICY_TMP_DEFAULT;
 	if (out->tmp > out->memory)
 		out->tmp = out->memory;
-	out->file = in && in->workspace ? in->workspace : DEFAULT_FILE;
+	out->file = in && in->workspace ? in->workspace : POLICY_WORKSPACE_DEFAULT;
 }
 
 /* One try at a cgroup under sys for lim; true when it enforces both

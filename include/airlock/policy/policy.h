@@ -135,7 +135,14 @@ struct policy_sandbox_limits {
 #define POLICY_MEMORY_MIN    (64ull << 20)
 #define POLICY_TMP_MIN	     (1ull << 20)
 #define POLICY_WORKSPACE_MIN (1ull << 20)
-#define POLICY_SIZE_MAX	     (1ull << 50)
+/* The built-in limits (doc/SANDBOX.md "Limits" says why these numbers);
+ * the memory default is half the host's RAM (policy_memory_default). An
+ * untrusted policy may only lower them. */
+#define POLICY_PIDS_DEFAULT	 4096u
+#define POLICY_TMP_DEFAULT	 (1ull << 30)
+#define POLICY_WORKSPACE_DEFAULT (32ull << 30)
+uint64_t policy_memory_default(void);
+#define POLICY_SIZE_MAX (1ull << 50)
 
 /* Load and validate a policy file. On success *out is a new policy (free
  * with policy_free). On failure returns -EINVAL (bad content: not JSON,

@@ -149,6 +149,44 @@ static int count_record(const char *ws, const uint8_t *digest, void *ud)
 
 /* An unapproved workspace policy keeps only what tightens the default;
  * approved, all of it applies; a changed byte needs a new approval. */
+/* sandbox.limits in an untrusted file: a value above the built-in
+ * default loosens it and is left out, one below applies. */
+static void test_trust_limits(void **state)
+{
+	(void)state;
+	char cfg[] = "/tmp/airlock-trust-cfg-XXXXXX", dir[] = "/tmp/airlock-trust-ws-XXXXXX";
+	char path[PATH_MAX];
+	struct policy *p;
+
+	assert_non_null(mkdtemp(cfg));
+	assert_non_null(mkdtemp(dir));
+	setenv("XDG_CONFIG_HOME", cfg, 1);
+	snprintf(path, sizeof(path), "%s/airlock.json", dir);
+	put_file(path, "{ \"sandbox\": { \"limits\": { \"pids\": 100000, \"memory\": \"1T\", \"tmp\": \"512M\", "
+		       "\"workspace\": \"64G\" } } }");
+	p = ws_load(dir, NULL);
+	assert_int_equal(policy_trust(p), POLICY_TRUST_UNTRUSTED);
+	assert_int_equal(policy_sandbox_limits(p)->pids, 0);
+	assert_int_equal(policy_sandbox_limits(p)->memory, 0);
+	assert_int_equal(policy_sandbox_limits(p)->workspace, 0);
+	assert_int_equal(policy_sandbox_limits(p)->tmp, 512ull << 20);
+	assert_int_equal(policy_ignored(p)->n, 3);
+	assert_string_equal(policy_ignored(p)->v[0], "sandbox.limits.pids");
+	assert_string_equal(policy_ignored(p)->v[1], "sandbox.limits.memory");
+	assert_string_equal(policy_ignored(p)->v[2], "sandbox.limits.workspace");
+	policy_free(p);
+
+	put_file(path, "{ \"sandbox\": { \"limits\": { \"pids\": 64, \"workspace\": 1048576 } } }");
+	p = ws_load(dir, NULL);
+	assert_int_equal(policy_sandbox_limits(p)->pids, 64);
+	assert_int_equal(policy_sandbox_limits(p)->workspace, 1048576);
+	assert_int_equal(policy_ignored(p)->n, 0);
+	policy_free(p);
+	unlink(path);
+	rmdir(dir);
+	unsetenv("XDG_CONFIG_HOME");
+}
+
 static void test_trust(void **state)
 {
 	(void)state;
@@ -1331,6 +1369,7 @@ int main(void)
 	    cmocka_unit_test(test_ctx_limits),
 	    cmocka_unit_test(test_match_budget),
 	    cmocka_unit_test(test_sandbox_limits),
+	    cmocka_unit_test(test_trust_limits),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
