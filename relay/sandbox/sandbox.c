@@ -281,14 +281,14 @@ static int uid_file_write(const char *dir, uint32_t u)
  * /etc/subuid or /etc/subgid range holds and no running process has. A
  * kept uid outside range, or that another sandbox or a database entry
  * claims since, is given up for a new one (the files are chowned over by
- * state_subdirs_make). Allocation is serialised by an flock on
- * <state root>/uid.lock. Must hold sb's own lock. The range {nobody, 1}
+ * state_subdirs_make). Allocation is serialised by an flock on the
+ * state root directory. Must hold sb's own lock. The range {nobody, 1}
  * is nobody, shared, without a file.
  */
 static int sandbox_uid_take(struct sandbox *sb, const struct sandbox_uid_range *range, char *err, size_t errlen)
 {
 	struct uidset taken = {0}, procs = {0};
-	char root[PATH_MAX], lock[PATH_MAX + 16];
+	char root[PATH_MAX];
 	const char *slash = strrchr(sb->dir, '/');
 	uint32_t u = 0;
 	int fd = -1, r;
@@ -298,10 +298,11 @@ static int sandbox_uid_take(struct sandbox *sb, const struct sandbox_uid_range *
 		return 0;
 	}
 	snprintf(root, sizeof(root), "%.*s", (int)(slash - sb->dir), sb->dir);
-	snprintf(lock, sizeof(lock), "%s/uid.lock", root);
-	if ((fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)) < 0 || flock(fd, LOCK_EX) < 0) {
+	/* the state root itself is the lock: no file is left behind once
+	 * the last sandbox is destroyed */
+	if ((fd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW)) < 0 || flock(fd, LOCK_EX) < 0) {
 		r = -errno;
-		errmsg_set(err, errlen, "%s: %s", lock, strerror(errno));
+		errmsg_set(err, errlen, "locking %s: %s", root, strerror(errno));
 		goto out;
 	}
 	if ((r = uids_of_sandboxes(root, sb->dir, &taken)) < 0) {
