@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "airlock/content/manifest.h"
 #include "airlock/core/loop.h"
 #include "airlock/core/mem.h"
 #include "airlock/mount/journal.h"
@@ -175,23 +176,38 @@ static uint64_t take_notify_time(struct up *u)
 	return atomic_exchange(&u->first_notify_ns, 0);
 }
 
+/* An apply temporary (MANIFEST_RESERVED_PREFIX) at or above path: the
+ * write-back's staging through the mount (doc/SYNC.md §10). Never synced;
+ * as a dirty path it would make the push fall back to a full scan. */
+static bool reserved_path(const char *path)
+{
+	static const char pre[] = MANIFEST_RESERVED_PREFIX;
+
+	for (const char *c = path; c; c = strchr(c, '/') ? strchr(c, '/') + 1 : NULL)
+		if (!strncmp(c, pre, sizeof(pre) - 1))
+			return true;
+	return false;
+}
+
 /* One journal record into the pending set; past PENDING_MAX paths (or a
  * root rescan, or without memory) the set gives way to a full reconcile. */
 static void pending_note(struct up_sync *sy, const struct journal_rec *r)
 {
-	struct sync_hint *h1, *h2 = NULL;
+	struct sync_hint *h1 = NULL, *h2 = NULL;
+	bool skip1 = reserved_path(r->path), skip2 = !r->path2 || reserved_path(r->path2);
 
-	if (sy->pending_full)
+	if (sy->pending_full || (skip1 && skip2))
 		return;
 	if (r->op == JOURNAL_RESCAN && !r->path[0])
 		sy->pending_full = true;
-	else if (!(h1 = pathset_add(&sy->pending, r->path)) ||
-		 (r->path2 && !(h2 = pathset_add(&sy->pending, r->path2))))
+	else if ((!skip1 && !(h1 = pathset_add(&sy->pending, r->path))) ||
+		 (!skip2 && !(h2 = pathset_add(&sy->pending, r->path2))))
 		sy->pending_full = true;
 	else if (sy->pending.n > PENDING_MAX)
 		sy->pending_full = true;
 	else {
-		hint_note(h1, r);
+		if (h1)
+			hint_note(h1, r);
 		if (h2)
 			hint_note(h2, r);
 	}
