@@ -70,9 +70,9 @@ one_tree() { # one_tree NAME FILES
 	echo "# tree $1: $2 files; up (first time: the initial sync) $(echo "$(now_ms) - $t" | bc) ms"
 	"$A" reject -C "$W" --all >/dev/null || true
 	: >"$D/true" && : >"$D/review" && : >"$D/rsync"
-	rm -rf "$D/rsync-dst" && cp -a "$W/." "$D/rsync-dst"
 	local G
 	G=$(guest_copy "$1")
+	rm -rf "$D/rsync-dst" && rsync -a --exclude .made "$G/" "$D/rsync-dst/"
 	for i in $(seq "$N"); do
 		ms "$A" exec -C "$W" -- true >>"$D/true"
 		ms "$A" exec -C "$W" -- sh -c "echo review $i >src/d0/f1.txt" >>"$D/review"
@@ -101,7 +101,7 @@ W=$D/big
 echo "# 10k changed files in the 100k tree (review)"
 up "$W" "$D/review.json"
 trap 'down "$W"' EXIT
-rm -rf "$D/rsync-dst" && cp -a "$W/." "$D/rsync-dst"
+rsync -a --delete --exclude .made "$(guest_copy big)/" "$D/rsync-dst/" # rsync's own starting point: the same tree
 echo "command rewriting 10k files (exec wall, incl. their report)  $(ms "$A" exec -C "$W" -- sh -c 'for d in 0 1 2 3 4 5 6 7 8 9; do sed -i "s/line/LINE/" src/d$d/*.txt; done') ms"
 : >"$D/stat"
 for _ in 1 2 3 4 5; do ms "$A" changes -C "$W" --stat >>"$D/stat"; done

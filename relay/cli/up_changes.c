@@ -38,6 +38,7 @@
 #define SHOW_FILE_MAX (1u << 20)  /* changes --diff: guest bytes per file */
 #define SHOW_MAX      (32u << 20) /* ... and in all */
 #define ADOPTED_MAX   (1u << 20)
+#define PULL_GROUP    512u /* paths per CHG_PULL: each staged file holds an fd until written */
 
 enum pull_kind { PULL_AUTO, PULL_ACCEPT, PULL_SHOW };
 
@@ -225,7 +226,7 @@ static int pull_next_group(struct upull *p)
 	struct buf b;
 	int r;
 
-	while (k < p->n && k - p->gend < WIRE_SYNC_REQ_MAX && bytes + 4 + strlen(p->paths[k]) <= WIRE_PAYLOAD_MAX)
+	while (k < p->n && k - p->gend < PULL_GROUP && bytes + 4 + strlen(p->paths[k]) <= WIRE_PAYLOAD_MAX)
 		bytes += 4 + strlen(p->paths[k++]);
 	p->gstart = p->gend;
 	p->gend = k;
