@@ -159,16 +159,48 @@ static int store_put(struct wb_store *s, struct wb_change *c)
 	return 0;
 }
 
+/* Empty slot j of the index, moving later entries of its cluster back
+ * (open addressing without tombstones). */
+static void unindex_slot(struct wb_store *s, size_t j)
+{
+	size_t mask = s->capidx - 1;
+
+	s->idx[j] = 0;
+	for (size_t k = (j + 1) & mask; s->idx[k]; k = (k + 1) & mask) {
+		size_t home = hash_str(s->v[s->idx[k] - 1].path) & mask;
+		/* k's entry may move to j when j lies cyclically in [home, k) */
+		if ((k > j && (home <= j || home > k)) || (k < j && home <= j && home > k)) {
+			s->idx[j] = s->idx[k];
+			s->idx[k] = 0;
+			j = k;
+		}
+	}
+}
+
+static size_t slot_of(const struct wb_store *s, size_t i)
+{
+	size_t j = hash_str(s->v[i].path) & (s->capidx - 1);
+	while (s->idx[j] != i + 1)
+		j = (j + 1) & (s->capidx - 1);
+	return j;
+}
+
 int wb_store_remove(struct wb_store *s, const char *path)
 {
 	long i = find_idx(s, path);
 
 	if (i < 0)
 		return -ENOENT;
+	unindex_slot(s, slot_of(s, (size_t)i));
 	change_clear(&s->v[i]);
-	s->v[i] = s->v[--s->n];
+	if ((size_t)i != s->n - 1) {
+		/* the last entry moves into i: its slot now says i */
+		s->idx[slot_of(s, s->n - 1)] = (size_t)i + 1;
+		s->v[i] = s->v[s->n - 1];
+	}
+	s->n--;
 	s->sorted = false;
-	return reindex(s) < 0 ? -ENOMEM : 0;
+	return 0;
 }
 
 void wb_store_set_conflict(struct wb_store *s, const char *path)

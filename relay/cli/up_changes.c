@@ -324,7 +324,9 @@ static int pull_group_done(struct upull *p)
 		return 0;
 	}
 	if (!u->chg.apply) {
-		struct apply_opts ao = {.fsync = APPLY_FSYNC_FILE};
+		/* durable by one syncfs of the backing file system per batch
+		 * (below), not an fsync per file through the mount */
+		struct apply_opts ao = {.fsync = APPLY_FSYNC_NONE};
 		if ((r = apply_open(u->dir, &ao, &u->chg.apply)) < 0) {
 			snprintf(p->err, sizeof(p->err), "opening %.300s for the write-back: %s", u->dir, strerror(-r));
 			return r;
@@ -332,6 +334,9 @@ static int pull_group_done(struct upull *p)
 	}
 	r = wb_pull_write(p->wp, u->chg.apply, u->chg.sk, u->chg.pk, u->chg.scope, p->done + p->gstart, err,
 			  sizeof(err));
+	/* on the host's disk before the store forgets them */
+	if (syncfs(u->dirfd) < 0)
+		cmd_err("up: write-back: syncfs of %s: %s", u->dir, strerror(errno));
 	for (size_t i = 0; i < n; i++) {
 		const struct wb_change *c = wb_pull_got(p->wp, i, &why);
 		size_t k = p->gstart + i;

@@ -334,6 +334,22 @@ static void test_store(void **state)
 	it.st_mode = S_IFREG | 0644;
 	assert_int_equal(wb_note(s, pol, NULL, known, &it, NULL, NULL), 0);
 	assert_null(wb_store_find(s, "a"));
+	/* many changes in and out: every lookup still finds exactly what is left */
+	char name[32];
+	for (int k = 0; k < 3000; k++) {
+		snprintf(name, sizeof(name), "many/f%d", k);
+		struct wire_chg_item m = {.path = name, .st_mode = S_IFREG | 0644, .flags = WIRE_CHG_F_HASHED};
+		assert_int_equal(wb_note(s, pol, NULL, known, &m, NULL, NULL), 1);
+	}
+	for (int k = 0; k < 3000; k += 2) {
+		snprintf(name, sizeof(name), "many/f%d", k);
+		assert_int_equal(wb_store_remove(s, name), 0);
+	}
+	for (int k = 0; k < 3000; k++) {
+		snprintf(name, sizeof(name), "many/f%d", k);
+		assert_true((wb_store_find(s, name) != NULL) == (k % 2 == 1));
+	}
+	assert_int_equal(wb_store_remove(s, "many/f0"), -ENOENT);
 	/* a damaged store is refused, never emptied */
 	wb_store_free(s);
 	tu_put_file(dfd, WB_STORE_FILE, "{\"version\":1,\"changes\":[{\"path\":\"../x\"}]}", 41, 0600);
