@@ -423,7 +423,10 @@ void up_exec_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t *d
 		    .timed_out = m.flags & WIRE_EXEC_X_TIMED_OUT,
 		    .duration_ms = m.duration_ms,
 		};
-		/* its changes first: in auto mode on the host before the exit */
+		/* its changes first: in auto mode on the host before the exit,
+		 * which may then come later, when x is gone (the relay's calls
+		 * for cmd meanwhile find no x: the command has ended) */
+		relay_cmd_set_data(cmd, NULL);
 		up_changes_exit(u, x, cmd, &ex);
 		xcmd_free(u, x);
 		return;
