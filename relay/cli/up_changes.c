@@ -34,11 +34,13 @@
 #include "cmd_i.h"
 #include "up_i.h"
 
-#define CAP_NAME      "workspace.writeback_max_mib"
-#define SHOW_FILE_MAX (1u << 20)  /* changes --diff: guest bytes per file */
-#define SHOW_MAX      (32u << 20) /* ... and in all */
-#define ADOPTED_MAX   (1u << 20)
-#define PULL_GROUP    512u /* paths per CHG_PULL: each staged file holds an fd until written */
+#define CAP_NAME       "workspace.writeback_max_mib"
+#define SHOW_FILE_MAX  (1u << 20)  /* changes --diff: guest bytes per file */
+#define SHOW_MAX       (32u << 20) /* ... and in all */
+#define ADOPTED_MAX    (1u << 20)
+#define CONFIRMED_FILE "confirmed.manifest" /* the confirmed state, saved for the next reconcile */
+#define CONFIRMED_MS   2000u		    /* saved at most this often while live */
+#define PULL_GROUP     512u		    /* paths per CHG_PULL: each staged file holds an fd until written */
 
 enum pull_kind { PULL_AUTO, PULL_ACCEPT, PULL_SHOW };
 
@@ -98,9 +100,13 @@ int up_changes_init(struct up *u)
 }
 
 static void pull_free(struct upull *p);
+static void rejected_clear(struct up *u);
+static void save_confirmed(struct up *u, struct sync *engine);
 
 void up_changes_clear(struct up *u)
 {
+	if (u->chg.store && u->sync.engine)
+		save_confirmed(u, u->sync.engine); /* down: exact for the next up's reconcile */
 	while (u->chg.pulls) {
 		struct upull *p = u->chg.pulls;
 		u->chg.pulls = p->next;
@@ -118,6 +124,8 @@ void up_changes_clear(struct up *u)
 	mem_free(u->chg.rejects);
 	mem_free(u->chg.reject_bodies);
 	apply_free(u->chg.apply);
+	manifest_free(u->chg.base);
+	rejected_clear(u);
 	policy_ctx_free(u->chg.pctx);
 	wb_store_free(u->chg.store);
 	if (u->chg.state_fd > 0)
@@ -394,6 +402,9 @@ void up_changes_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t
 
 void up_changes_conn_lost(struct up *u)
 {
+	/* what the guest confirmed last, exactly, for the next reconcile */
+	if (u->chg.store)
+		save_confirmed(u, u->sync.dead);
 	while (u->chg.pulls) {
 		struct upull *p = u->chg.pulls;
 		p->stream = 0;
@@ -622,6 +633,81 @@ static void adopted_drop(struct up *u, size_t i)
 	u->chg.adopted[i] = u->chg.adopted[--u->chg.nadopted];
 }
 
+static int str_cmp(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static bool was_rejected(struct up *u, const char *path)
+{
+	return u->chg.nrejected && bsearch(&path, u->chg.rejected, u->chg.nrejected, sizeof(char *), str_cmp);
+}
+
+static void rejected_clear(struct up *u)
+{
+	for (size_t i = 0; i < u->chg.nrejected; i++)
+		mem_free(u->chg.rejected[i]);
+	mem_free(u->chg.rejected);
+	u->chg.rejected = NULL;
+	u->chg.nrejected = 0;
+}
+
+/* The saved state describes this guest's copy: the same guest key, and
+ * the guest has applied at least the batch it was saved at (a fresh or
+ * replaced copy starts over at 0: everything would look deleted). */
+static bool base_usable(struct up *u)
+{
+	return u->chg.base && u->sync.engine && u->chg.base_seq &&
+	       sync_get_stats(u->sync.engine)->guest_seq >= u->chg.base_seq &&
+	       !sodium_memcmp(u->chg.base_guest, u->conn.g.guest_pub, sizeof(u->chg.base_guest));
+}
+
+static bool entry_same(const struct manifest_entry *a, const struct manifest_entry *b)
+{
+	if (!a || !b)
+		return !a && !b;
+	if (a->type != b->type || a->mode != b->mode)
+		return false;
+	return a->type == MANIFEST_DIR || (a->size == b->size && !memcmp(a->hash, b->hash, CHUNK_HASH_LEN));
+}
+
+/* A reconcile found the guest different from the host at a path no
+ * report named (the agent died before it reported, a background process
+ * wrote after the last report): three ways against the confirmed state
+ * saved before. The guest changed it (its entry differs from the saved
+ * one): a guest change, kept, and a conflict if the host changed it too.
+ * Only the host changed it: the host's version goes to the guest. */
+static bool unreported_change(struct up *u, const struct manifest_change *c, const char *path)
+{
+	long i = manifest_find(u->chg.base, path);
+	const struct manifest_entry *b = i >= 0 ? &u->chg.base->e[i] : NULL, *g = c->old, *h = c->new;
+	struct wb_change gc = {0};
+
+	if (g) {
+		gc.st_mode = (g->type == MANIFEST_DIR	    ? S_IFDIR
+			      : g->type == MANIFEST_SYMLINK ? S_IFLNK
+							    : S_IFREG) |
+			     (g->type == MANIFEST_SYMLINK ? 0777 : g->mode);
+		gc.size = g->size;
+		gc.hashed = true;
+		memcpy(gc.hash, g->hash, CHUNK_HASH_LEN);
+	}
+	if (wb_same(&gc, b) || (g && b && g->type == MANIFEST_DIR && b->type == MANIFEST_DIR))
+		return false; /* the guest still holds the confirmed state: the host changed it */
+	struct wire_chg_item it = {
+	    .path = (char *)path, .st_mode = gc.st_mode, .size = gc.size, .flags = g ? WIRE_CHG_F_HASHED : 0};
+	if (g)
+		memcpy(it.hash, g->hash, CHUNK_HASH_LEN);
+	/* symlink targets are not in a reconstructed entry: protect_check
+	 * treats such a link as leaving the workspace */
+	if (wb_note(u->chg.store, u->pol.policy, u->chg.pctx, u->chg.base, &it, NULL, NULL) <= 0)
+		return false;
+	if (!entry_same(h, b)) /* the host changed it too */
+		wb_store_set_conflict(u->chg.store, path);
+	save_store(u);
+	return true;
+}
+
 bool up_changes_keep(void *ud, const struct manifest_change *c)
 {
 	struct up *u = ud;
@@ -635,6 +721,9 @@ bool up_changes_keep(void *ud, const struct manifest_change *c)
 		if (same)
 			return true;
 	}
+	if (u->chg.store && !wb_store_find(u->chg.store, path) && u->sync.op_full && base_usable(u) &&
+	    !was_rejected(u, path))
+		return unreported_change(u, c, path);
 	if (!u->chg.store || !wb_store_find(u->chg.store, path))
 		return false;
 	if (!u->sync.op_full) {
@@ -646,10 +735,82 @@ bool up_changes_keep(void *ud, const struct manifest_change *c)
 	return true;
 }
 
+/* The confirmed state to CONFIRMED_FILE (temporary name, rename; no
+ * fsync: a stale or lost one only turns an unreported guest change into
+ * a conflict, or leaves it to the old behaviour, never loses a reported one). */
+static void save_confirmed(struct up *u, struct sync *engine)
+{
+	const struct manifest *k = engine ? sync_known(engine) : NULL;
+	struct buf b;
+	char tmp[64];
+
+	if (!k)
+		return;
+	buf_init(&b, (size_t)1 << 31);
+	snprintf(tmp, sizeof(tmp), "%s.tmp", CONFIRMED_FILE);
+	if (manifest_encode(k, &b) == 0) {
+		int fd = openat(u->chg.state_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (fd >= 0) {
+			bool ok = write(fd, buf_ptr(&b), buf_len(&b)) == (ssize_t)buf_len(&b);
+			close(fd);
+			if (!ok || renameat(u->chg.state_fd, tmp, u->chg.state_fd, CONFIRMED_FILE) < 0)
+				unlinkat(u->chg.state_fd, tmp, 0);
+		}
+	}
+	buf_clear(&b);
+	u->chg.base_saved_ms = loop_now_ms();
+	/* whose and when: the guest's key and its sequence (CONFIRMED_FILE.meta) */
+	char meta[160], hex[65];
+	sodium_bin2hex(hex, sizeof(hex), u->conn.g.guest_pub, 32);
+	int n = snprintf(meta, sizeof(meta), "%s %llu\n", hex, (unsigned long long)sync_get_stats(engine)->guest_seq);
+	int fd = openat(u->chg.state_fd, CONFIRMED_FILE ".meta", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
+			0600);
+	if (fd >= 0) {
+		if (write(fd, meta, (size_t)n) != n)
+			ftruncate(fd, 0);
+		close(fd);
+	}
+}
+
+void up_changes_reconcile_begin(struct up *u)
+{
+	struct stat st;
+	int fd;
+
+	manifest_free(u->chg.base);
+	u->chg.base = NULL;
+	u->chg.base_seq = 0;
+	char meta[160] = "", hex[65];
+	unsigned long long seq = 0;
+	if ((fd = openat(u->chg.state_fd, CONFIRMED_FILE ".meta", O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) >= 0) {
+		ssize_t k = read(fd, meta, sizeof(meta) - 1);
+		close(fd);
+		meta[k > 0 ? k : 0] = '\0';
+	}
+	size_t got = 0;
+	if (sscanf(meta, "%64s %llu", hex, &seq) != 2 ||
+	    sodium_hex2bin(u->chg.base_guest, sizeof(u->chg.base_guest), hex, strlen(hex), NULL, &got, NULL) < 0 ||
+	    got != sizeof(u->chg.base_guest))
+		return;
+	u->chg.base_seq = seq;
+	if ((fd = openat(u->chg.state_fd, CONFIRMED_FILE, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+		return;
+	if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 && st.st_size < ((off_t)1 << 31)) {
+		uint8_t *p = mem_alloc((size_t)st.st_size);
+		if (p && pread(fd, p, (size_t)st.st_size, 0) == st.st_size &&
+		    manifest_decode(p, (size_t)st.st_size, MANIFEST_ENTRIES_MAX, &u->chg.base) < 0)
+			u->chg.base = NULL; /* damaged: the reconcile goes without (the old behaviour) */
+		mem_free(p);
+	}
+	close(fd);
+}
+
 void up_changes_synced(struct up *u, bool full)
 {
 	if (!u->chg.store || !u->sync.engine)
 		return;
+	if (full || loop_now_ms() - u->chg.base_saved_ms >= CONFIRMED_MS)
+		save_confirmed(u, u->sync.engine);
 	if (wb_store_prune(u->chg.store, sync_known(u->sync.engine)))
 		save_store(u);
 	if (!full || !u->chg.nrejects)
@@ -659,6 +820,7 @@ void up_changes_synced(struct up *u, bool full)
 		u->sync.pending_full = true;
 		return;
 	}
+	rejected_clear(u); /* their reconcile is done: the host's versions are in the guest */
 	for (size_t i = 0; i < u->chg.nrejects; i++) {
 		relay_changes_done(u->exec.relay, u->chg.rejects[i], "rejected",
 				   u->chg.reject_bodies[i] ? u->chg.reject_bodies[i] : "{}", NULL, NULL);
@@ -842,12 +1004,19 @@ static int op_reject(struct up *u, uint64_t token, const struct relay_changes_re
 		json_decref(rej);
 		return -ENOMEM;
 	}
+	void *nr = n ? mem_realloc(u->chg.rejected, (u->chg.nrejected + n) * sizeof(char *)) : NULL;
+	if (nr)
+		u->chg.rejected = nr;
 	for (size_t i = 0; i < n; i++) {
 		wb_store_remove(u->chg.store, paths[i]);
 		json_array_append_new(rej, json_string(paths[i]));
-		mem_free(paths[i]);
+		if (nr)
+			u->chg.rejected[u->chg.nrejected++] = paths[i];
+		else
+			mem_free(paths[i]);
 	}
 	mem_free(paths);
+	qsort(u->chg.rejected, u->chg.nrejected, sizeof(char *), str_cmp);
 	json_object_set_new(body, "rejected", rej);
 	save_store(u);
 	if (!n || !u->conn.chan) {

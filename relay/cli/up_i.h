@@ -58,6 +58,7 @@ struct relay_cmd;
 struct relay_exit;
 struct relay_changes_ops;
 struct manifest_change;
+struct manifest;
 struct route;
 struct relay_backend_ops;
 struct egress_link_ops;
@@ -174,6 +175,14 @@ struct up_changes {
 	char **reject_bodies;
 	size_t nrejects;
 	bool reject_pending; /* the reconcile running at the reject does not count */
+	/* the confirmed state as last saved (CONFIRMED_FILE), for the
+	 * reconcile's three-way check; loaded when a reconcile starts */
+	struct manifest *base;
+	uint64_t base_saved_ms;
+	uint64_t base_seq;	/* the guest's sequence when it was saved (0: unusable) */
+	char **rejected;	/* rejected paths (sorted) until their reconcile is done: the */
+	size_t nrejected;	/* three-way check must not take them as guest changes again */
+	uint8_t base_guest[32]; /* ... and whose it was */
 };
 
 /* The embedded sandbox (no --guest): doc/SANDBOX.md (up_daemon.c). */
@@ -300,6 +309,8 @@ void up_changes_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t
 void up_changes_exit(struct up *u, struct xcmd *x, struct relay_cmd *cmd, const struct relay_exit *ex);
 /* sync_cfg.keep: a guest change waits, the op is dropped. */
 bool up_changes_keep(void *ud, const struct manifest_change *c);
+/* A reconcile starts: load the last saved confirmed state. */
+void up_changes_reconcile_begin(struct up *u);
 /* A sync operation finished (full: a reconcile). */
 void up_changes_synced(struct up *u, bool full);
 /* The connection is gone: pulls in flight fail. */

@@ -246,6 +246,7 @@ void up_sync_reconcile(struct up *u)
 
 	/* a reconcile covers everything journaled so far */
 	drain_journal(u);
+	up_changes_reconcile_begin(u);
 	pathset_clear(&u->sync.pending);
 	u->sync.pending_full = false;
 	u->sync.op_upto = u->sync.pending_upto > journal_barrier_seq(u->journal) ? u->sync.pending_upto

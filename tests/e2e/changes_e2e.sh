@@ -121,12 +121,25 @@ t_survive() {
 }
 check "unreviewed changes survive down/up (the reconcile keeps them)" t_survive
 
+agent_pid() { pgrep -f "airlock-agent .*--root $W --key"; } # this test's agent only
+kill_agent() { local p; p=$(agent_pid) && kill -KILL $p; }
 t_agent_restart() {
-	pkill -f "airlock-agent .*--root .*" -KILL || return 1
+	kill_agent || return 1
 	for _ in $(seq 1 100); do X -- true 2>/dev/null && break; sleep 0.1; done
 	[ "$(X -- cat keep.txt)" = survivor ] && C --json | grep -q '"path":"keep.txt"'
 }
 check "unreviewed changes survive an agent restart" t_agent_restart
+
+t_unreported() {
+	# no other command ends meanwhile (each exit reports every change so far)
+	(X -- sh -c 'sleep 1; echo unreported >late.txt; sleep 30' >/dev/null 2>&1 &)
+	sleep 4
+	kill_agent || return 1
+	for _ in $(seq 1 100); do X -- true 2>/dev/null && break; sleep 0.1; done
+	[ "$(X -- cat late.txt)" = unreported ] && C --json | grep -q '"path":"late.txt","kind":"create"' &&
+		[ ! -e "$W/late.txt" ]
+}
+check "a change whose command never reported it (the agent killed while it ran) is found by the reconcile and kept" t_unreported
 
 # auto mode: everything matches the globs, only the protected paths wait
 $TO 30 "$AIRLOCK" reject -C "$W" --all >/dev/null
@@ -136,7 +149,7 @@ down && up
 t_auto() {
 	X -- sh -c 'echo auto >src/auto.txt && cat src/auto.txt' >"$T/x.out" 2>"$T/x.err" &&
 		[ "$(cat "$W/src/auto.txt")" = auto ] && grep -q '^airlock: 1 change written back$' "$T/x.err" &&
-		[ "$(C --json)" = '{"version":1,"changes":[]}' ]
+		[ "$(C --json)" = '{"version":1,"changes":[]}' ] || { cat "$T/x.err" >&2; C --json >&2; return 1; }
 }
 check "auto mode: the change is on the host when exec returns (before the exit reached the client)" t_auto
 
