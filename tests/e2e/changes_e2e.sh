@@ -202,4 +202,7 @@ t_cap_low() {
 }
 check "a lowered cap (workspace.writeback_max_mib: 1) refuses a 3 MB write with the host untouched; smaller ones still land" t_cap_low
 
+t_clean() { down && ! grep -qE 'ERROR: [A-Za-z]+Sanitizer|runtime error:' "$T/up.err"; }
+check "down; no sanitizer reports from airlock up" t_clean
+
 finish
