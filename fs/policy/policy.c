@@ -121,26 +121,56 @@ bool policy_writeback_auto(const struct policy *p, const char *relpath, int is_d
 	return m && !(m->flags & IGNORE_NEGATIVE);
 }
 
-bool policy_guest_owned(const struct policy *p, const char *relpath, int is_dir)
+/* The guest_owned pattern that owns path or a directory above it; *above
+ * says it was a directory above. */
+static const struct ignore_pattern *owned_match(const struct policy *p, const char *relpath, int is_dir, bool *above)
 {
 	char buf[POLICY_PATH_MAX + 1];
 	size_t len = strlen(relpath);
 
-	if (len > POLICY_PATH_MAX)
-		return false;
+	*above = false;
+	if (!p->owned.n || len > POLICY_PATH_MAX)
+		return NULL;
 	memcpy(buf, relpath, len + 1);
 	/* the path itself, then each directory above it */
 	for (;;) {
 		const struct ignore_pattern *m = ignore_list_match(&p->owned, buf, len, is_dir);
 		if (m && !(m->flags & IGNORE_NEGATIVE))
-			return true;
+			return m;
 		char *slash = strrchr(buf, '/');
 		if (!slash)
-			return false;
+			return NULL;
 		*slash = '\0';
 		len = (size_t)(slash - buf);
 		is_dir = 1;
+		*above = true;
 	}
+}
+
+bool policy_guest_owned(const struct policy *p, const char *relpath, int is_dir)
+{
+	bool above;
+	return owned_match(p, relpath, is_dir, &above) != NULL;
+}
+
+/* workspace.guest_owned decides like an ignored path: never synced,
+ * compared or deleted; the guest's. */
+static bool owned_verdict(const struct policy *p, const char *relpath, int is_dir, struct policy_verdict *v)
+{
+	char pat[300];
+	bool above;
+	const struct ignore_pattern *m = owned_match(p, relpath, is_dir, &above);
+
+	if (!m)
+		return false;
+	v->reason = POLICY_IGNORED;
+	v->prune = is_dir || above;
+	v->inherited = above;
+	v->ignore = m;
+	v->ignore_src = "workspace.guest_owned";
+	ignore_pattern_format(m, pat, sizeof(pat));
+	snprintf(v->rule, sizeof(v->rule), "guest_owned: %.300s", pat);
+	return true;
 }
 
 int policy_default(struct policy **out)
@@ -1705,6 +1735,8 @@ int policy_check(const struct policy *p, struct policy_ctx *ctx, const char *rel
 
 	v->prune = false;
 	v->inherited = false;
+	if (owned_verdict(p, relpath, is_dir, v))
+		return 0;
 	if (is_dir) {
 		if ((r = get_dir(ctx, relpath, len, &d)) < 0)
 			return r;

@@ -143,7 +143,8 @@ check "a change whose command never reported it (the agent killed while it ran) 
 
 # auto mode: everything matches the globs, only the protected paths wait
 $TO 30 "$AIRLOCK" reject -C "$W" --all >/dev/null
-policy '{"workspace": {"writeback": {"auto": ["**"]}}}'
+AUTO_POLICY='{"workspace": {"writeback": {"auto": ["**"]}, "guest_owned": ["build/"]}}'
+policy "$AUTO_POLICY"
 down && up
 
 t_auto() {
@@ -152,6 +153,12 @@ t_auto() {
 		[ "$(C --json)" = '{"version":1,"changes":[]}' ] || { cat "$T/x.err" >&2; C --json >&2; return 1; }
 }
 check "auto mode: the change is on the host when exec returns (before the exit reached the client)" t_auto
+
+t_owned() {
+	X -- sh -c 'mkdir -p build && echo obj >build/out.o' 2>"$T/x.err" && [ ! -s "$T/x.err" ] && [ ! -e "$W/build" ] &&
+		[ "$(C --json)" = '{"version":1,"changes":[]}' ]
+}
+check "workspace.guest_owned: build/ stays in the guest, not a change, not on the host" t_owned
 
 PROTECTED="airlock.json .git/hooks/pre-commit .vscode/settings.json .claude/settings.json .github/workflows/ci.yml .envrc .env suid fifo out"
 t_protected() {
@@ -168,7 +175,7 @@ for p in sys.argv[2:]:
     assert ch[p]["protected"], (p, ch[p])
 assert "src/fine.txt" not in ch
 PY
-		[ "$(cat "$W/airlock.json")" = '{"workspace": {"writeback": {"auto": ["**"]}}}' ] && [ ! -e "$W/out" ] && [ ! -e "$W/fifo" ]
+		[ "$(cat "$W/airlock.json")" = "$AUTO_POLICY" ] && [ ! -e "$W/out" ] && [ ! -e "$W/fifo" ]
 }
 check "auto mode never writes a protected path (policy file, .git, editor/agent settings, CI, .envrc, .env, setuid, fifo, symlink out); review marks them" t_protected
 
@@ -191,8 +198,10 @@ t_undone() {
 }
 check "a change the guest undoes (the file removed again) no longer waits" t_undone
 
-policy '{"workspace": {"writeback": {"auto": ["**"]}, "writeback_max_mib": 1}}'
+policy '{"workspace": {"writeback": {"auto": ["**"]}, "writeback_max_mib": 1, "guest_owned": ["build/"]}}'
 down && up
+t_owned_kept() { [ "$(X -- cat build/out.o)" = obj ] && [ ! -e "$W/build" ]; }
+check "guest-owned build/ is still in the guest after down/up (never deleted by the reconcile)" t_owned_kept
 t_cap_low() {
 	X -- sh -c 'head -c 3000000 /dev/urandom >big.bin; echo small >small.txt' 2>"$T/x.err" &&
 		grep -q '^airlock: 1 change written back, 1 waits for review' "$T/x.err" && [ ! -e "$W/big.bin" ] &&

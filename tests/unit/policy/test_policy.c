@@ -116,6 +116,41 @@ static void test_full_policy(void **state)
 	policy_free(p);
 }
 
+/* workspace.writeback, writeback_max_mib, guest_owned (doc/SYNC.md §10) */
+static void test_writeback_keys(void **state)
+{
+	(void)state;
+	struct policy *p = load_ok("writeback.json"), *d = NULL;
+	struct policy_ctx *ctx;
+	struct policy_verdict v;
+
+	assert_int_equal(policy_workspace(p)->writeback_auto.n, 3);
+	assert_int_equal(policy_workspace(p)->writeback_max_mib, 16);
+	assert_true(policy_writeback_auto(p, "src/a/b.c", 0));
+	assert_true(policy_writeback_auto(p, "package.json", 0));
+	assert_false(policy_writeback_auto(p, "src/gen/x.c", 0)); /* the "!" pattern */
+	assert_false(policy_writeback_auto(p, "README.md", 0));
+	assert_true(policy_guest_owned(p, "build/out/x", 0));
+	assert_true(policy_guest_owned(p, "src/a.o", 0));
+	assert_false(policy_guest_owned(p, "src/a.c", 0));
+	/* guest-owned paths are decided like ignored ones: never synced */
+	assert_int_equal(policy_ctx_new(p, -1, &ctx), 0);
+	assert_int_equal(policy_check(p, ctx, "build", 1, &v), 0);
+	assert_int_equal(v.reason, POLICY_IGNORED);
+	assert_true(v.prune);
+	assert_non_null(strstr(v.rule, "guest_owned: build/"));
+	assert_int_equal(policy_check(p, ctx, "src/a.c", 0, &v), 0);
+	assert_int_equal(v.reason, POLICY_SYNCED);
+	policy_ctx_free(ctx);
+	policy_free(p);
+	/* the default: review, 1024 MiB, nothing guest-owned */
+	assert_int_equal(policy_default(&d), 0);
+	assert_int_equal(policy_workspace(d)->writeback_auto.n, 0);
+	assert_int_equal(policy_workspace(d)->writeback_max_mib, POLICY_WRITEBACK_MAX_MIB);
+	assert_false(policy_writeback_auto(d, "src/a.c", 0));
+	policy_free(d);
+}
+
 static void test_default_and_workspace_lookup(void **state)
 {
 	(void)state;
@@ -173,6 +208,9 @@ struct bad_case {
 };
 
 static const struct bad_case bad_cases[] = {
+    {"bad-writeback-mode.json", -EINVAL, {": workspace.writeback: expected \"review\" or {\"auto\": [globs]}"}},
+    {"bad-writeback-max.json", -EINVAL, {": workspace.writeback_max_mib: must be greater than 0, got 0"}},
+    {"bad-writeback-key.json", -EINVAL, {": workspace.writeback.manual: unknown key", "auto"}},
     {"bad-unknown-top.json", -EINVAL, {": worksapce: unknown key", "workspace, execution, credentials, egress"}},
     {"bad-unknown-sync.json", -EINVAL, {": workspace.sync.exlude: unknown key", "include, exclude"}},
     {"bad-unknown-inject.json", -EINVAL, {": credentials.inject[1].scop: unknown key", "name, scope"}},
@@ -940,19 +978,13 @@ int main(void)
 {
 	mem_init_json();
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_seed_example_loads),
-	    cmocka_unit_test(test_full_policy),
-	    cmocka_unit_test(test_default_and_workspace_lookup),
-	    cmocka_unit_test(test_bad_policies),
-	    cmocka_unit_test(test_alloc_failures),
-	    cmocka_unit_test(test_include_exclude),
-	    cmocka_unit_test(test_secret_list),
-	    cmocka_unit_test(test_secret_prefilter),
-	    cmocka_unit_test(test_secrets_through_policy),
-	    cmocka_unit_test(test_allow_secrets),
-	    cmocka_unit_test(test_bad_relpaths),
-	    cmocka_unit_test(test_ctx_rule_files),
-	    cmocka_unit_test(test_ctx_limits),
+	    cmocka_unit_test(test_seed_example_loads), cmocka_unit_test(test_full_policy),
+	    cmocka_unit_test(test_writeback_keys),     cmocka_unit_test(test_default_and_workspace_lookup),
+	    cmocka_unit_test(test_bad_policies),       cmocka_unit_test(test_alloc_failures),
+	    cmocka_unit_test(test_include_exclude),    cmocka_unit_test(test_secret_list),
+	    cmocka_unit_test(test_secret_prefilter),   cmocka_unit_test(test_secrets_through_policy),
+	    cmocka_unit_test(test_allow_secrets),      cmocka_unit_test(test_bad_relpaths),
+	    cmocka_unit_test(test_ctx_rule_files),     cmocka_unit_test(test_ctx_limits),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
