@@ -52,6 +52,7 @@ static uint64_t hash_str(const char *s)
 
 static void change_clear(struct wb_change *c)
 {
+	mem_free(c->stash);
 	mem_free(c->path);
 	mem_free(c->target);
 	mem_free(c->by_id);
@@ -134,6 +135,8 @@ static int store_put(struct wb_store *s, struct wb_change *c)
 		c->base_size = o->base_size;
 		memcpy(c->base_hash, o->base_hash, CHUNK_HASH_LEN);
 		c->conflict = o->conflict;
+		if (!c->stash && o->stash && o->seq == c->seq) /* a reload of the same entry */
+			c->stash = o->stash, o->stash = NULL;
 		change_clear(o);
 		*o = *c;
 		return 0;
@@ -203,6 +206,20 @@ int wb_store_remove(struct wb_store *s, const char *path)
 	return 0;
 }
 
+int wb_store_set_stash(struct wb_store *s, const char *path, const char *name)
+{
+	long i = find_idx(s, path);
+	char *n;
+
+	if (i < 0)
+		return -ENOENT;
+	if (!(n = mem_strdup(name)))
+		return -ENOMEM;
+	mem_free(s->v[i].stash);
+	s->v[i].stash = n;
+	return 0;
+}
+
 void wb_store_set_conflict(struct wb_store *s, const char *path)
 {
 	long i = find_idx(s, path);
@@ -244,6 +261,8 @@ static json_t *change_json(const struct wb_change *c)
 		      "target", c->target, "had", c->had, "base", "type", (int)c->base_type, "mode",
 		      (json_int_t)c->base_mode, "size", (json_int_t)c->base_size, "hash", bx, "by",
 		      by ? by : json_null(), "conflict", c->conflict, "seq", (json_int_t)c->seq);
+	if (o && c->stash)
+		json_object_set_new(o, "stash", json_string(c->stash));
 	return o;
 }
 
@@ -297,7 +316,7 @@ static int get_hash(json_t *v, uint8_t out[CHUNK_HASH_LEN])
 static int load_change(json_t *o, struct wb_change *c)
 {
 	json_t *path = json_object_get(o, "path"), *base = json_object_get(o, "base"), *by = json_object_get(o, "by");
-	json_t *tgt = json_object_get(o, "target");
+	json_t *tgt = json_object_get(o, "target"), *stash = json_object_get(o, "stash");
 	json_int_t st_mode, size, bt, bm, bs, seq;
 	int hashed, had, conflict;
 
@@ -310,7 +329,8 @@ static int load_change(json_t *o, struct wb_change *c)
 	    st_mode > 0xffffffffll || size < 0 || bt < 0 || bt > 3 || bm < 0 || bm > 0777 || bs < 0 || seq < 0 ||
 	    get_hash(json_object_get(o, "hash"), c->hash) < 0 ||
 	    get_hash(json_object_get(base, "hash"), c->base_hash) < 0 ||
-	    (tgt && !json_is_string(tgt) && !json_is_null(tgt)))
+	    (tgt && !json_is_string(tgt) && !json_is_null(tgt)) ||
+	    (stash && (!json_is_string(stash) || strchr(json_string_value(stash), '/'))))
 		return -EINVAL;
 	c->st_mode = (uint32_t)st_mode;
 	c->size = (uint64_t)size;
@@ -322,7 +342,8 @@ static int load_change(json_t *o, struct wb_change *c)
 	c->base_mode = (uint32_t)bm;
 	c->base_size = (uint64_t)bs;
 	if (!(c->path = mem_strdup(json_string_value(path))) ||
-	    (json_is_string(tgt) && !(c->target = mem_strdup(json_string_value(tgt))))) {
+	    (json_is_string(tgt) && !(c->target = mem_strdup(json_string_value(tgt)))) ||
+	    (stash && !(c->stash = mem_strdup(json_string_value(stash))))) {
 		change_clear(c);
 		return -ENOMEM;
 	}
@@ -787,6 +808,36 @@ static int on_data(struct wb_pull *p, const uint8_t *data, size_t n)
 		return pull_fail(p, r, "hashing %.200s: %s", g->c.path, strerror(-r));
 	if (memcmp(h, g->c.hash, CHUNK_HASH_LEN))
 		g->why = "its bytes do not match its hash (changed in the guest while pulled: try again)";
+	return 0;
+}
+
+int wb_pull_local(struct wb_pull *p, size_t i, const struct wb_change *c, int fd)
+{
+	struct got *g;
+	uint8_t h[CHUNK_HASH_LEN];
+	int r;
+
+	if (i >= p->cfg.n || p->got[i].c.path || strcmp(c->path, p->paths[i]))
+		return -EINVAL;
+	g = &p->got[i];
+	g->c = *c;
+	g->c.by_id = g->c.by_argv = g->c.stash = NULL;
+	g->c.path = mem_strdup(c->path);
+	g->c.target = c->target ? mem_strdup(c->target) : NULL;
+	if (!g->c.path || (c->target && !g->c.target))
+		return -ENOMEM;
+	if (S_ISREG(c->st_mode)) {
+		if (fd < 0 || (g->fd = dup(fd)) < 0)
+			return -EBADF;
+		if ((r = chunk_fd_hash(p->cfg.chunking, g->fd, c->size, h)) < 0)
+			return r;
+		if (memcmp(h, c->hash, CHUNK_HASH_LEN))
+			g->why = "its kept copy does not match its hash";
+	}
+	bool all = true;
+	for (size_t k = 0; k < p->cfg.n; k++)
+		all &= p->got[k].c.path != NULL;
+	p->ended = all;
 	return 0;
 }
 

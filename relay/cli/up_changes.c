@@ -42,7 +42,7 @@
 #define CONFIRMED_MS   2000u		    /* saved at most this often while live */
 #define PULL_GROUP     512u		    /* paths per CHG_PULL: each staged file holds an fd until written */
 
-enum pull_kind { PULL_AUTO, PULL_ACCEPT, PULL_SHOW };
+enum pull_kind { PULL_AUTO, PULL_ACCEPT, PULL_SHOW, PULL_STASH };
 
 /* One pull from the guest: paths asked in groups that fit one CHG_PULL. */
 struct upull {
@@ -100,6 +100,7 @@ int up_changes_init(struct up *u)
 }
 
 static void pull_free(struct upull *p);
+static int pull_start(struct up *u, struct upull *p);
 static void rejected_clear(struct up *u);
 static void save_confirmed(struct up *u, struct sync *engine);
 
@@ -299,6 +300,93 @@ static void adopt(struct up *u, const struct wb_change *c)
 	u->chg.nadopted++;
 }
 
+/* The file a conflict's guest version is kept in (in the state dir). */
+static void stash_name(const char *path, char out[64])
+{
+	uint8_t h[16];
+	char hex[33];
+
+	crypto_generichash(h, sizeof(h), (const uint8_t *)path, strlen(path), NULL, 0);
+	sodium_bin2hex(hex, sizeof(hex), h, sizeof(h));
+	snprintf(out, 64, "conflict-%s", hex);
+}
+
+/* The guest's versions of conflicts are on the host: keep them, then a
+ * reconcile sends the host's versions to the guest (keep() lets them by). */
+static void stash_group_done(struct upull *p, size_t n)
+{
+	struct up *u = p->u;
+	const char *why;
+	uint8_t buf[64 * 1024];
+
+	for (size_t i = 0; i < n; i++) {
+		const struct wb_change *c = wb_pull_got(p->wp, i, &why);
+		int in = wb_pull_fd(p->wp, i);
+		char name[64], tmp[80];
+		bool ok = c && S_ISREG(c->st_mode) && in >= 0;
+		if (!ok)
+			continue; /* changed meanwhile: its next report says what the guest holds */
+		stash_name(c->path, name);
+		snprintf(tmp, sizeof(tmp), "%s.tmp", name);
+		int out = openat(u->chg.state_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+		for (uint64_t off = 0; ok && out >= 0 && off < c->size;) {
+			ssize_t k = pread(in, buf, sizeof(buf), (off_t)off);
+			ok = k > 0 && write(out, buf, (size_t)k) == k;
+			off += k > 0 ? (uint64_t)k : 0;
+		}
+		ok = ok && out >= 0 && fsync(out) == 0;
+		if (out >= 0)
+			close(out);
+		if (!ok || renameat(u->chg.state_fd, tmp, u->chg.state_fd, name) < 0) {
+			unlinkat(u->chg.state_fd, tmp, 0);
+			cmd_err("up: conflict on %s: could not keep the guest's version (%s); the guest keeps it",
+				c->path, strerror(errno ? errno : EIO));
+			continue;
+		}
+		const struct wb_change *w = wb_store_find(u->chg.store, c->path);
+		if (w && (w->size != c->size || memcmp(w->hash, c->hash, CHUNK_HASH_LEN))) {
+			/* the guest changed it again: what was kept is what it holds */
+			struct wire_chg_item it = {
+			    .path = c->path, .st_mode = c->st_mode, .size = c->size, .flags = WIRE_CHG_F_HASHED};
+			memcpy(it.hash, c->hash, CHUNK_HASH_LEN);
+			wb_note(u->chg.store, u->pol.policy, u->chg.pctx, u->chg.base, &it, w->by_id, w->by_argv);
+			wb_store_set_conflict(u->chg.store, c->path);
+		}
+		wb_store_set_stash(u->chg.store, c->path, name);
+	}
+	save_store(u);
+	u->sync.pending_full = true;
+}
+
+/* A host edit of a waiting change: keep the guest's version on the host,
+ * then the host's goes to the guest. */
+static void stash_start(struct up *u, const struct wb_change *w)
+{
+	struct upull *p;
+
+	for (p = u->chg.pulls; p; p = p->next)
+		for (size_t i = 0; p->kind == PULL_STASH && i < p->n; i++)
+			if (!strcmp(p->paths[i], w->path))
+				return; /* already on its way */
+	if (!S_ISREG(w->st_mode)) {
+		/* nothing to keep but what the store says (a delete, a directory, a link) */
+		wb_store_set_stash(u->chg.store, w->path, "");
+		u->sync.pending_full = true;
+		return;
+	}
+	if (!(p = mem_calloc(1, sizeof(*p))) || !(p->paths = mem_calloc(1, sizeof(char *))) ||
+	    !(p->paths[0] = mem_strdup(w->path))) {
+		if (p)
+			mem_free(p->paths);
+		mem_free(p);
+		return; /* both versions stay where they are */
+	}
+	p->n = 1;
+	p->kind = PULL_STASH;
+	if (pull_start(u, p) < 0)
+		pull_free(p);
+}
+
 /* A group is complete: write it (or keep its bytes for the review). */
 static int pull_group_done(struct upull *p)
 {
@@ -308,6 +396,10 @@ static int pull_group_done(struct upull *p)
 	char err[512] = "";
 	int r;
 
+	if (p->kind == PULL_STASH) {
+		stash_group_done(p, n);
+		return 0;
+	}
 	if (p->kind == PULL_SHOW) {
 		for (size_t i = 0; i < n; i++) {
 			const struct wb_change *c = wb_pull_got(p->wp, i, &why);
@@ -513,7 +605,10 @@ static void pull_finish(struct upull *p, int err)
 		break;
 	}
 	case PULL_ACCEPT: {
-		json_t *acc = json_array(), *ref = json_object_get(p->answer, "refused");
+		json_t *acc = json_incref(json_object_get(p->answer, "accepted")),
+		       *ref = json_object_get(p->answer, "refused");
+		if (!acc)
+			acc = json_array();
 		for (size_t i = 0; i < p->n; i++) {
 			if (p->done[i])
 				json_array_append_new(acc, json_string(p->paths[i]));
@@ -529,6 +624,10 @@ static void pull_finish(struct upull *p, int err)
 		answer(u, p->token, "accepted", json_incref(p->answer));
 		break;
 	}
+	case PULL_STASH:
+		if (err < 0)
+			cmd_err("up: conflict: keeping the guest's version failed (%s); the guest keeps it", p->err);
+		break;
 	case PULL_SHOW:
 		if (err < 0)
 			json_object_set_new(p->answer, "error", json_string(p->err));
@@ -724,12 +823,17 @@ bool up_changes_keep(void *ud, const struct manifest_change *c)
 	if (u->chg.store && !wb_store_find(u->chg.store, path) && u->sync.op_full && base_usable(u) &&
 	    !was_rejected(u, path))
 		return unreported_change(u, c, path);
-	if (!u->chg.store || !wb_store_find(u->chg.store, path))
+	const struct wb_change *w = u->chg.store ? wb_store_find(u->chg.store, path) : NULL;
+	if (!w)
 		return false;
+	if (w->conflict && w->stash)
+		return false; /* the guest's version is kept on the host: the host's goes to the guest */
 	if (!u->sync.op_full) {
-		/* a host edit of a path the guest changed: both versions are
-		 * kept (the host's on the host, the guest's in the guest) */
+		/* a host edit of a path the guest changed: a conflict. The
+		 * guest's version is fetched and kept on the host first, then
+		 * a reconcile sends the host's (stash_start). */
 		wb_store_set_conflict(u->chg.store, path);
+		stash_start(u, w);
 		save_store(u);
 	}
 	return true;
@@ -851,12 +955,28 @@ static int op_list(struct up *u, uint64_t token, const struct relay_changes_req 
 		json_decref(body);
 		return -ENOMEM;
 	}
+	json_t *kept = json_object();
 	for (size_t i = 0; i < json_array_size(arr); i++) {
 		const char *path = json_string_value(json_object_get(json_array_get(arr, i), "path"));
 		const struct wb_change *c = wb_store_find(u->chg.store, path);
-		if (c && S_ISREG(c->st_mode) && c->hashed && (p->paths[n] = mem_strdup(path)))
+		if (c && c->stash && c->stash[0] && S_ISREG(c->st_mode) && c->size <= SHOW_FILE_MAX) {
+			/* the guest holds the host's version now: its own is kept here */
+			int fd = openat(u->chg.state_fd, c->stash, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+			char *data = fd >= 0 ? mem_alloc(c->size + 1) : NULL;
+			if (data && pread(fd, data, c->size, 0) == (ssize_t)c->size) {
+				json_t *o = memchr(data, 0, c->size)
+						? NULL
+						: json_pack("{s:s%}", "text", data, (size_t)c->size);
+				json_object_set_new(kept, path, o ? o : json_pack("{s:b}", "binary", 1));
+			}
+			mem_free(data);
+			if (fd >= 0)
+				close(fd);
+		} else if (c && S_ISREG(c->st_mode) && c->hashed && (p->paths[n] = mem_strdup(path))) {
 			n++;
+		}
 	}
+	json_object_set_new(body, "guest", kept);
 	if (!n || !u->conn.chan) {
 		mem_free(p->paths);
 		mem_free(p);
@@ -867,7 +987,7 @@ static int op_list(struct up *u, uint64_t token, const struct relay_changes_req 
 	p->kind = PULL_SHOW;
 	p->token = token;
 	p->answer = body;
-	p->shown = json_object();
+	p->shown = json_incref(json_object_get(body, "guest"));
 	int r = pull_start(u, p);
 	if (r < 0) {
 		p->answer = NULL;
@@ -927,6 +1047,83 @@ static int pick(struct up *u, const struct relay_changes_req *q, char ***out, si
 	return 0;
 }
 
+/* Accept the conflicts whose guest version is kept on the host: written
+ * from those copies, through the same checked write. Not adopted: the
+ * guest holds the host's version, so the journal's push then sends it
+ * the accepted one. Removes them from paths (*n shrinks). */
+static void accept_stashed(struct up *u, char **paths, size_t *n, json_t *body)
+{
+	struct wb_pull_cfg cfg = {.max_bytes = cap_bytes(u),
+				  .cap_name = CAP_NAME,
+				  .tmp_dirfd = u->chg.state_fd,
+				  .chunking = &chunk_params_default};
+	const char **local = mem_calloc(*n + 1, sizeof(char *));
+	struct wb_pull *wp = NULL;
+	size_t nl = 0, k = 0;
+	char err[512] = "";
+
+	if (!local)
+		return;
+	for (size_t i = 0; i < *n; i++) {
+		const struct wb_change *w = wb_store_find(u->chg.store, paths[i]);
+		if (w && w->conflict && w->stash)
+			local[nl++] = paths[i];
+	}
+	cfg.paths = local;
+	cfg.n = nl;
+	bool *done = nl ? mem_calloc(nl, sizeof(bool)) : NULL;
+	int r = nl && done ? wb_pull_new(&cfg, &wp) : -ENOMEM;
+	for (size_t i = 0; r == 0 && i < nl; i++) {
+		const struct wb_change *w = wb_store_find(u->chg.store, local[i]);
+		int fd = w->stash[0] ? openat(u->chg.state_fd, w->stash, O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
+		r = wb_pull_local(wp, i, w, fd);
+		if (fd >= 0)
+			close(fd);
+	}
+	if (r == 0 && !u->chg.apply) {
+		struct apply_opts ao = {.fsync = APPLY_FSYNC_NONE};
+		r = apply_open(u->dir, &ao, &u->chg.apply);
+	}
+	if (r == 0)
+		r = wb_pull_write(wp, u->chg.apply, u->chg.sk, u->chg.pk, u->chg.scope, done, err, sizeof(err));
+	if (nl)
+		(void)syncfs(u->dirfd);
+	for (size_t i = 0; i < nl; i++) {
+		const char *why = NULL;
+		if (done && done[i]) {
+			const struct wb_change *w = wb_store_find(u->chg.store, local[i]);
+			if (w && w->stash && w->stash[0])
+				unlinkat(u->chg.state_fd, w->stash, 0);
+			wb_store_remove(u->chg.store, local[i]);
+			json_array_append_new(json_object_get(body, "accepted"), json_string(local[i]));
+		} else {
+			if (wp)
+				wb_pull_got(wp, i, &why);
+			json_array_append_new(json_object_get(body, "refused"),
+					      json_pack("{s:s, s:s}", "path", local[i], "why",
+							why	 ? why
+							: err[0] ? err
+								 : strerror(r < 0 ? -r : EIO)));
+		}
+	}
+	if (nl)
+		save_store(u);
+	/* the rest goes through the guest */
+	for (size_t i = 0; i < *n; i++) {
+		bool was_local = false;
+		for (size_t j = 0; j < nl && !was_local; j++)
+			was_local = local[j] == paths[i];
+		if (was_local)
+			mem_free(paths[i]);
+		else
+			paths[k++] = paths[i];
+	}
+	*n = k;
+	wb_pull_free(wp);
+	mem_free(done);
+	mem_free(local);
+}
+
 static int op_accept(struct up *u, uint64_t token, const struct relay_changes_req *q)
 {
 	json_t *body = json_pack("{s:[]}", "refused");
@@ -955,9 +1152,10 @@ static int op_accept(struct up *u, uint64_t token, const struct relay_changes_re
 		relay_changes_done(u->exec.relay, token, NULL, NULL, "over_cap", msg);
 		return 0;
 	}
+	json_object_set_new(body, "accepted", json_array());
+	accept_stashed(u, paths, &n, body);
 	if (!n) {
 		mem_free(paths);
-		json_object_set_new(body, "accepted", json_array());
 		answer(u, token, "accepted", body);
 		return 0;
 	}
@@ -1008,6 +1206,9 @@ static int op_reject(struct up *u, uint64_t token, const struct relay_changes_re
 	if (nr)
 		u->chg.rejected = nr;
 	for (size_t i = 0; i < n; i++) {
+		const struct wb_change *w = wb_store_find(u->chg.store, paths[i]);
+		if (w && w->stash && w->stash[0])
+			unlinkat(u->chg.state_fd, w->stash, 0);
 		wb_store_remove(u->chg.store, paths[i]);
 		json_array_append_new(rej, json_string(paths[i]));
 		if (nr)

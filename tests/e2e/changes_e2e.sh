@@ -106,20 +106,30 @@ t_reject() {
 }
 check "reject puts the host's version back in the guest (a modified file, a created one)" t_reject
 
+guest_is() { [ "$(X -- cat "$1" 2>/dev/null)" = "$2" ]; }
+until_ok() { local i; for ((i = 0; i < 100; i++)); do "$@" && return 0; sleep 0.1; done; return 1; }
 t_conflict() {
 	X -- sh -c 'echo guest-side >app.py' 2>/dev/null && echo host-side >"$W/app.py" &&
-		"$AIRLOCK" sync-wait -C "$W" && C --json >"$T/c.json" &&
+		"$AIRLOCK" sync-wait -C "$W" && until_ok guest_is app.py host-side && C --json >"$T/c.json" &&
 		grep -q '"path":"app.py","kind":"modify"' "$T/c.json" && grep -q '"conflict":true' "$T/c.json" &&
-		[ "$(cat "$W/app.py")" = host-side ] && [ "$(X -- cat app.py)" = guest-side ]
+		[ "$(cat "$W/app.py")" = host-side ] && C --diff app.py >"$T/d.out" && grep -q '^+guest-side$' "$T/d.out" &&
+		grep -q '^-host-side$' "$T/d.out" && ls "$XDG_STATE_HOME"/airlock/*/conflict-* >/dev/null
 }
-check "a guest change plus a host edit of the same file: both kept, marked as a conflict" t_conflict
+check "a guest change plus a host edit of the same file: the host's goes to the guest, the guest's is kept (conflict, diff)" t_conflict
 
 t_survive() {
 	X -- sh -c 'echo survivor >keep.txt' 2>/dev/null && down && up &&
-		[ "$(X -- cat keep.txt)" = survivor ] && [ "$(X -- cat app.py)" = guest-side ] &&
-		C --json | grep -q '"path":"keep.txt"'
+		[ "$(X -- cat keep.txt)" = survivor ] && [ "$(X -- cat app.py)" = host-side ] &&
+		C --json | grep -q '"path":"keep.txt"' && C --json | grep -q '"path":"app.py","kind":"modify".*"conflict":true'
 }
-check "unreviewed changes survive down/up (the reconcile keeps them)" t_survive
+check "unreviewed changes and the kept conflict survive down/up (the reconcile keeps them)" t_survive
+
+t_accept_conflict() {
+	$TO 60 "$AIRLOCK" accept -C "$W" app.py >/dev/null && [ "$(cat "$W/app.py")" = guest-side ] &&
+		until_ok guest_is app.py guest-side && ! C --json | grep -q '"path":"app.py"' &&
+		! ls "$XDG_STATE_HOME"/airlock/*/conflict-* >/dev/null 2>&1
+}
+check "accept of the conflict writes the kept guest version to the host, and the guest gets it back" t_accept_conflict
 
 agent_pid() { pgrep -f "airlock-agent .*--root $W --key"; } # this test's agent only
 kill_agent() { local p; p=$(agent_pid) && kill -KILL $p; }

@@ -71,7 +71,12 @@ struct wb_change {
 	char *by_id;   /* the request id as JSON text, NULL when not known */
 	char *by_argv; /* its argv as a JSON array, NULL when not known */
 	bool conflict; /* the host changed the path too since: both versions kept */
-	uint64_t seq;  /* report order */
+	/* a conflict whose host version went to the guest: the guest's version
+	 * is kept on the host, in the state dir's file of this name ("" when
+	 * there are no bytes to keep: a delete, a directory, a link); NULL
+	 * while the guest still holds its version */
+	char *stash;
+	uint64_t seq; /* report order */
 };
 
 struct wb_store;
@@ -89,6 +94,8 @@ const struct wb_change *wb_store_at(const struct wb_store *s, size_t i);
 const struct wb_change *wb_store_find(const struct wb_store *s, const char *path);
 int wb_store_remove(struct wb_store *s, const char *path); /* 0, or -ENOENT */
 void wb_store_set_conflict(struct wb_store *s, const char *path);
+/* Record where the guest's version of a conflict is kept (copied). */
+int wb_store_set_stash(struct wb_store *s, const char *path, const char *name);
 /* The kind of a change, and for a rename the deleted path it came from
  * (a delete of a file with the same content: the pair is listed once, as
  * the rename). *from is NULL otherwise; *hidden is set for the delete half
@@ -141,6 +148,12 @@ const struct wb_change *wb_pull_got(const struct wb_pull *p, size_t i, const cha
 /* The staged bytes of a received regular file (an fd to read from offset
  * 0, owned by the pull), or -1. */
 int wb_pull_fd(const struct wb_pull *p, size_t i);
+
+/* Take path i as received from a local copy instead of the guest: c
+ * describes it (copied), fd holds a regular file's bytes (dup'ed; -1
+ * otherwise); they are checked against c's hash as a pull's would be.
+ * Once every path is received the pull is complete. 0 or -errno. */
+int wb_pull_local(struct wb_pull *p, size_t i, const struct wb_change *c, int fd);
 
 /* Write every received path beneath the workspace through `a` (apply_open
  * on the workspace), in batches of at most WB_BATCH_MAX bytes, each signed
