@@ -754,11 +754,17 @@ static void rejected_clear(struct up *u)
 /* The saved state describes this guest's copy: the same guest key, and
  * the guest has applied at least the batch it was saved at (a fresh or
  * replaced copy starts over at 0: everything would look deleted). */
-static bool base_usable(struct up *u)
+static const struct manifest *base_usable(struct up *u)
 {
-	return u->chg.base && u->sync.engine && u->chg.base_seq &&
-	       sync_get_stats(u->sync.engine)->guest_seq >= u->chg.base_seq &&
-	       !sodium_memcmp(u->chg.base_guest, u->conn.g.guest_pub, sizeof(u->chg.base_guest));
+	/* a reconcile on a live connection (the journal overflowed): what
+	 * this engine knows the guest confirmed, exactly */
+	if (u->sync.engine && sync_known(u->sync.engine))
+		return sync_known(u->sync.engine);
+	if (u->chg.base && u->sync.engine && u->chg.base_seq &&
+	    sync_get_stats(u->sync.engine)->guest_seq >= u->chg.base_seq &&
+	    !sodium_memcmp(u->chg.base_guest, u->conn.g.guest_pub, sizeof(u->chg.base_guest)))
+		return u->chg.base;
+	return NULL;
 }
 
 static bool entry_same(const struct manifest_entry *a, const struct manifest_entry *b)
@@ -774,12 +780,13 @@ static bool entry_same(const struct manifest_entry *a, const struct manifest_ent
  * report named (the agent died before it reported, a background process
  * wrote after the last report): three ways against the confirmed state
  * saved before. The guest changed it (its entry differs from the saved
- * one): a guest change, kept, and a conflict if the host changed it too.
- * Only the host changed it: the host's version goes to the guest. */
-static bool unreported_change(struct up *u, const struct manifest_change *c, const char *path)
+ * one) and the host did not (its entry is the saved one): a guest change,
+ * kept. Otherwise the host's version goes to the guest, as before. */
+static bool unreported_change(struct up *u, const struct manifest *base, const struct manifest_change *c,
+			      const char *path)
 {
-	long i = manifest_find(u->chg.base, path);
-	const struct manifest_entry *b = i >= 0 ? &u->chg.base->e[i] : NULL, *g = c->old, *h = c->new;
+	long i = manifest_find(base, path);
+	const struct manifest_entry *b = i >= 0 ? &base->e[i] : NULL, *g = c->old, *h = c->new;
 	struct wb_change gc = {0};
 
 	if (g) {
@@ -793,16 +800,20 @@ static bool unreported_change(struct up *u, const struct manifest_change *c, con
 	}
 	if (wb_same(&gc, b) || (g && b && g->type == MANIFEST_DIR && b->type == MANIFEST_DIR))
 		return false; /* the guest still holds the confirmed state: the host changed it */
+	/* Only where the host has not changed it since: a guest that got a
+	 * later push of a path the host changed again (a batch applied but
+	 * not acknowledged when the connection dropped) differs from the
+	 * saved state too, and that is the host's to send. */
+	if (!entry_same(h, b))
+		return false;
 	struct wire_chg_item it = {
 	    .path = (char *)path, .st_mode = gc.st_mode, .size = gc.size, .flags = g ? WIRE_CHG_F_HASHED : 0};
 	if (g)
 		memcpy(it.hash, g->hash, CHUNK_HASH_LEN);
 	/* symlink targets are not in a reconstructed entry: protect_check
 	 * treats such a link as leaving the workspace */
-	if (wb_note(u->chg.store, u->pol.policy, u->chg.pctx, u->chg.base, &it, NULL, NULL) <= 0)
+	if (wb_note(u->chg.store, u->pol.policy, u->chg.pctx, base, &it, NULL, NULL) <= 0)
 		return false;
-	if (!entry_same(h, b)) /* the host changed it too */
-		wb_store_set_conflict(u->chg.store, path);
 	save_store(u);
 	return true;
 }
@@ -820,9 +831,9 @@ bool up_changes_keep(void *ud, const struct manifest_change *c)
 		if (same)
 			return true;
 	}
-	if (u->chg.store && !wb_store_find(u->chg.store, path) && u->sync.op_full && base_usable(u) &&
-	    !was_rejected(u, path))
-		return unreported_change(u, c, path);
+	const struct manifest *base = u->chg.store && u->sync.op_full ? base_usable(u) : NULL;
+	if (base && !wb_store_find(u->chg.store, path) && !was_rejected(u, path))
+		return unreported_change(u, base, c, path);
 	const struct wb_change *w = u->chg.store ? wb_store_find(u->chg.store, path) : NULL;
 	if (!w)
 		return false;
