@@ -36,6 +36,8 @@ struct policy {
 	struct policy_sandbox_limits sb; /* sandbox.limits, 0 = default */
 	struct ignore_list include;	 /* compiled ws.include */
 	struct ignore_list exclude;	 /* compiled ws.exclude */
+	struct ignore_list wb_auto;	 /* compiled ws.writeback_auto */
+	struct ignore_list owned;	 /* compiled ws.guest_owned */
 };
 
 /* ------------------------------------------------------------------ */
@@ -78,6 +80,10 @@ void policy_free(struct policy *p)
 	mem_free((void *)p->eg.allow);
 	ignore_list_clear(&p->include);
 	ignore_list_clear(&p->exclude);
+	ignore_list_clear(&p->wb_auto);
+	ignore_list_clear(&p->owned);
+	list_free(&p->ws.writeback_auto);
+	list_free(&p->ws.guest_owned);
 	mem_free(p);
 }
 
@@ -94,6 +100,7 @@ static struct policy *policy_alloc(const char *source)
 	}
 	p->ws.ttl_seconds = -1;
 	p->ws.gitignore = true;
+	p->ws.writeback_max_mib = POLICY_WRITEBACK_MAX_MIB;
 	p->eg.deny_by_default = true;
 	return p;
 }
@@ -105,9 +112,74 @@ static int policy_compile(struct policy *p)
 
 	if ((r = ignore_list_from_strings(&p->include, "workspace.sync.include", p->ws.include.v, p->ws.include.n)) <
 		0 ||
-	    (r = ignore_list_from_strings(&p->exclude, "workspace.sync.exclude", p->ws.exclude.v, p->ws.exclude.n)) < 0)
+	    (r = ignore_list_from_strings(&p->exclude, "workspace.sync.exclude", p->ws.exclude.v, p->ws.exclude.n)) <
+		0 ||
+	    (r = ignore_list_from_strings(&p->wb_auto, "workspace.writeback.auto", p->ws.writeback_auto.v,
+					  p->ws.writeback_auto.n)) < 0 ||
+	    (r = ignore_list_from_strings(&p->owned, "workspace.guest_owned", p->ws.guest_owned.v,
+					  p->ws.guest_owned.n)) < 0)
 		return r;
 	return 0;
+}
+
+/* ---- write-back keys (doc/SYNC.md "Guest changes and write-back") ---- */
+
+bool policy_writeback_auto(const struct policy *p, const char *relpath, int is_dir)
+{
+	const struct ignore_pattern *m = ignore_list_match(&p->wb_auto, relpath, strlen(relpath), is_dir);
+	return m && !(m->flags & IGNORE_NEGATIVE);
+}
+
+/* The guest_owned pattern that owns path or a directory above it; *above
+ * says it was a directory above. */
+static const struct ignore_pattern *owned_match(const struct policy *p, const char *relpath, int is_dir, bool *above)
+{
+	char buf[POLICY_PATH_MAX + 1];
+	size_t len = strlen(relpath);
+
+	*above = false;
+	if (!p->owned.n || len > POLICY_PATH_MAX)
+		return NULL;
+	memcpy(buf, relpath, len + 1);
+	/* the path itself, then each directory above it */
+	for (;;) {
+		const struct ignore_pattern *m = ignore_list_match(&p->owned, buf, len, is_dir);
+		if (m && !(m->flags & IGNORE_NEGATIVE))
+			return m;
+		char *slash = strrchr(buf, '/');
+		if (!slash)
+			return NULL;
+		*slash = '\0';
+		len = (size_t)(slash - buf);
+		is_dir = 1;
+		*above = true;
+	}
+}
+
+bool policy_guest_owned(const struct policy *p, const char *relpath, int is_dir)
+{
+	bool above;
+	return owned_match(p, relpath, is_dir, &above) != NULL;
+}
+
+/* workspace.guest_owned decides like an ignored path: never synced,
+ * compared or deleted; the guest's. */
+static bool owned_verdict(const struct policy *p, const char *relpath, int is_dir, struct policy_verdict *v)
+{
+	char pat[300];
+	bool above;
+	const struct ignore_pattern *m = owned_match(p, relpath, is_dir, &above);
+
+	if (!m)
+		return false;
+	v->reason = POLICY_IGNORED;
+	v->prune = is_dir || above;
+	v->inherited = above;
+	v->ignore = m;
+	v->ignore_src = "workspace.guest_owned";
+	ignore_pattern_format(m, pat, sizeof(pat));
+	snprintf(v->rule, sizeof(v->rule), "guest_owned: %.300s", pat);
+	return true;
 }
 
 int policy_default(struct policy **out)
@@ -536,6 +608,11 @@ static const struct field sync_fields[] = {
 };
 
 /* workspace */
+static int p_wb_auto(struct loader *L, json_t *v)
+{
+	return get_strings(L, v, &L->p->ws.writeback_auto, check_glob);
+}
+
 static int p_ws_template(struct loader *L, json_t *v)
 {
 	return get_string(L, v, &L->p->ws.template_name, false);
@@ -551,10 +628,41 @@ static int p_ws_sync(struct loader *L, json_t *v)
 	return parse_fields(L, v, sync_fields, sizeof(sync_fields) / sizeof(sync_fields[0]));
 }
 
+/* "review", or {"auto": [globs]} */
+static const struct field writeback_fields[] = {
+    {"auto", p_wb_auto},
+};
+
+static int p_ws_writeback(struct loader *L, json_t *v)
+{
+	if (json_is_string(v)) {
+		if (strcmp(json_string_value(v), "review"))
+			return fail(L, -EINVAL, "expected \"review\" or {\"auto\": [globs]}");
+		list_free(&L->p->ws.writeback_auto);
+		return 0;
+	}
+	if (!json_is_object(v))
+		return fail(L, -EINVAL, "expected \"review\" or {\"auto\": [globs]}, got %s", type_name(v));
+	return parse_fields(L, v, writeback_fields, sizeof(writeback_fields) / sizeof(writeback_fields[0]));
+}
+
+static int p_ws_writeback_max(struct loader *L, json_t *v)
+{
+	return get_int(L, v, 1, &L->p->ws.writeback_max_mib);
+}
+
+static int p_ws_guest_owned(struct loader *L, json_t *v)
+{
+	return get_strings(L, v, &L->p->ws.guest_owned, check_glob);
+}
+
 static const struct field workspace_fields[] = {
     {"template", p_ws_template},
     {"ttl_seconds", p_ws_ttl},
     {"sync", p_ws_sync},
+    {"writeback", p_ws_writeback},
+    {"writeback_max_mib", p_ws_writeback_max},
+    {"guest_owned", p_ws_guest_owned},
 };
 
 /* execution */
@@ -834,6 +942,19 @@ static bool nonempty(const json_t *v)
 	return !((json_is_array(v) && json_array_size(v) == 0) || (json_is_object(v) && json_object_size(v) == 0));
 }
 
+/* workspace.writeback: "review" is the default; auto globs loosen it */
+static bool writeback_loosens(const json_t *v)
+{
+	const json_t *a = json_is_object(v) ? json_object_get(v, "auto") : NULL;
+
+	return json_is_array(a) && json_array_size(a) > 0;
+}
+
+static bool over_default_writeback_cap(const json_t *v)
+{
+	return json_integer_value(v) > POLICY_WRITEBACK_MAX_MIB;
+}
+
 static bool is_false(const json_t *v)
 {
 	return json_is_false(v);
@@ -898,18 +1019,19 @@ static const struct loosening {
 	const char *key; /* dotted path */
 	bool (*loosens)(const json_t *v);
 } loosening_keys[] = {
-    {"execution.local", nonempty},			  /* commands on the host */
-    {"execution.timeout_seconds", over_default_timeout},  /* longer than the relay's default */
-    {"credentials.forward_env", nonempty},		  /* the daemon's environment in the guest */
-    {"credentials.inject", nonempty},			  /* the user's credential sources in the guest */
-    {"workspace.sync.allow_secrets", nonempty},		  /* secrets in the guest */
-    {"workspace.sync.gitignore", is_false},		  /* ignored files in the guest */
-    {"workspace.writeback", nonempty},			  /* guest changes landing on the host */
-    {"egress.allow", nonempty},				  /* hosts the sandbox may reach */
-    {"sandbox.limits.pids", over_default_pids},		  /* more processes than the default */
-    {"sandbox.limits.memory", over_default_memory},	  /* more memory */
-    {"sandbox.limits.tmp", over_default_tmp},		  /* a larger /tmp */
-    {"sandbox.limits.workspace", over_default_workspace}, /* larger files */
+    {"execution.local", nonempty},				 /* commands on the host */
+    {"execution.timeout_seconds", over_default_timeout},	 /* longer than the relay's default */
+    {"credentials.forward_env", nonempty},			 /* the daemon's environment in the guest */
+    {"credentials.inject", nonempty},				 /* the user's credential sources in the guest */
+    {"workspace.sync.allow_secrets", nonempty},			 /* secrets in the guest */
+    {"workspace.sync.gitignore", is_false},			 /* ignored files in the guest */
+    {"workspace.writeback", writeback_loosens},			 /* guest changes landing on the host by themselves */
+    {"workspace.writeback_max_mib", over_default_writeback_cap}, /* larger write-backs */
+    {"egress.allow", nonempty},					 /* hosts the sandbox may reach */
+    {"sandbox.limits.pids", over_default_pids},			 /* more processes than the default */
+    {"sandbox.limits.memory", over_default_memory},		 /* more memory */
+    {"sandbox.limits.tmp", over_default_tmp},			 /* a larger /tmp */
+    {"sandbox.limits.workspace", over_default_workspace},	 /* larger files */
 };
 
 /* The object that holds the last component of key in root, and that
@@ -2048,6 +2170,8 @@ int policy_check(const struct policy *p, struct policy_ctx *ctx, const char *rel
 
 	v->prune = false;
 	v->inherited = false;
+	if (owned_verdict(p, relpath, is_dir, v))
+		return 0;
 	if (is_dir) {
 		if ((r = get_dir(ctx, relpath, len, &d)) < 0)
 			return r;
