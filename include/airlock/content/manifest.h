@@ -100,10 +100,10 @@ void manifest_free(struct manifest *m);
  */
 int manifest_add(struct manifest *m, const struct manifest_entry *e);
 
-/* Sort into tree order, check there are no duplicates and that every
- * parent is a directory entry, and compute directory digests and m->root.
- * Idempotent. Must be called after manifest_add and before the functions
- * below (scan and decode return sealed manifests). */
+/* Sort into tree order (entries added in tree order are only checked: one
+ * pass), check there are no duplicates and that every parent is a
+ * directory entry, and compute directory digests and m->root. Idempotent. Must be called after manifest_add and before
+ * the functions below (scan and decode return sealed manifests). */
 int manifest_seal(struct manifest *m);
 
 /*
