@@ -71,10 +71,13 @@ doc_block '# airlock-claude:' >"$T/bin/airlock-claude"
 chmod 0755 "$T/bin/airlock-claude"
 export PATH=$T/bin:$PATH
 
+# up [ARG...]: airlock up "$W" ARG..., its logs in $T/upN.out/.err (N counts the ups)
+UPN=0
 up() {
-	start_bg up "$AIRLOCK" up "$W" "$@"
+	UPN=$((UPN + 1))
+	start_bg "up$UPN" "$AIRLOCK" up "$W" "$@"
 	UP_PID=$BG_PID
-	wait_line "$T/up.out" "^airlock: $W in sync with sandbox local\$" 30
+	wait_line "$T/up$UPN.out" "^airlock: $W in sync with sandbox local\$" 30
 }
 down() {
 	$TO 30 "$AIRLOCK" down "$W" >"$T/down.out" 2>&1 || { cat "$T/down.out" >&2; return 1; }
@@ -208,6 +211,8 @@ t_control() {
 }
 check "control run without the prefix: the same command ran on the host (host uid, hostname, PID 1, .env present)" t_control
 
+t_no_sanitizer_in_ups() { ! grep -l 'AddressSanitizer\|LeakSanitizer\|runtime error' "$T"/up*.err; }
+
 # ---- write-back (workspace.writeback): needs `airlock changes` ----
 NEW_TXT='hello from the guest'
 NEW_APP='print("rewritten in the guest")'
@@ -232,6 +237,7 @@ if ! $TO 10 "$AIRLOCK" changes --help >/dev/null 2>&1; then
 	skip "auto write-back: write-back not built (no \`airlock changes\`)"
 	skip "review write-back: write-back not built (no \`airlock changes\`)"
 	check "down ends airlock up cleanly" down
+	check "no sanitizer reports from airlock up" t_no_sanitizer_in_ups
 	finish
 	exit $?
 fi
@@ -302,4 +308,5 @@ t_reject() {
 check "review: airlock reject new.txt removes it in the guest; nothing waits any more" t_reject
 
 check "down ends airlock up cleanly" down
+check "no sanitizer reports from airlock up" t_no_sanitizer_in_ups
 finish
