@@ -57,7 +57,15 @@ mkdir -p "$W" "$HOME" "$T/bin"
 ORIG_APP='print("host version")'
 printf '%s\n' "$ORIG_APP" >"$W/app.py"
 echo "HOST_SECRET=do-not-ship-$$" >"$W/.env" # withheld: the guest never has it
-EXTRA_CLEANUP() { "$AIRLOCK" down "$W" >/dev/null 2>&1 || true; }
+# Claude Code keeps per-project state in /tmp/claude-UID/<project path, non-alphanumerics as "-">
+# and leaves a fswatch-probe-* directory there per run: remove what these runs made.
+CC_TMP=/tmp/claude-$(id -u)
+ls -d "$CC_TMP"/fswatch-probe-* >"$T/probes.before" 2>/dev/null || true
+EXTRA_CLEANUP() {
+	"$AIRLOCK" down "$W" >/dev/null 2>&1 || true
+	rm -rf "${CC_TMP:?}/$(printf %s "$W" | sed 's/[^A-Za-z0-9]/-/g')"
+	ls -d "$CC_TMP"/fswatch-probe-* 2>/dev/null | grep -vxFf "$T/probes.before" | xargs -r rm -rf || true
+}
 trap 'EXTRA_CLEANUP; cleanup' EXIT
 
 # The wrapper exactly as doc/EDITORS.md gives it (the ```sh block with the marker line).
