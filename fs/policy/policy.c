@@ -29,6 +29,8 @@ struct policy {
 	struct policy_egress eg;
 	struct ignore_list include; /* compiled ws.include */
 	struct ignore_list exclude; /* compiled ws.exclude */
+	struct ignore_list wb_auto; /* compiled ws.writeback_auto */
+	struct ignore_list owned;   /* compiled ws.guest_owned */
 };
 
 /* ------------------------------------------------------------------ */
@@ -69,6 +71,10 @@ void policy_free(struct policy *p)
 	mem_free((void *)p->eg.allow);
 	ignore_list_clear(&p->include);
 	ignore_list_clear(&p->exclude);
+	ignore_list_clear(&p->wb_auto);
+	ignore_list_clear(&p->owned);
+	list_free(&p->ws.writeback_auto);
+	list_free(&p->ws.guest_owned);
 	mem_free(p);
 }
 
@@ -85,6 +91,7 @@ static struct policy *policy_alloc(const char *source)
 	}
 	p->ws.ttl_seconds = -1;
 	p->ws.gitignore = true;
+	p->ws.writeback_max_mib = POLICY_WRITEBACK_MAX_MIB;
 	p->eg.deny_by_default = true;
 	return p;
 }
@@ -96,9 +103,44 @@ static int policy_compile(struct policy *p)
 
 	if ((r = ignore_list_from_strings(&p->include, "workspace.sync.include", p->ws.include.v, p->ws.include.n)) <
 		0 ||
-	    (r = ignore_list_from_strings(&p->exclude, "workspace.sync.exclude", p->ws.exclude.v, p->ws.exclude.n)) < 0)
+	    (r = ignore_list_from_strings(&p->exclude, "workspace.sync.exclude", p->ws.exclude.v, p->ws.exclude.n)) <
+		0 ||
+	    (r = ignore_list_from_strings(&p->wb_auto, "workspace.writeback.auto", p->ws.writeback_auto.v,
+					  p->ws.writeback_auto.n)) < 0 ||
+	    (r = ignore_list_from_strings(&p->owned, "workspace.guest_owned", p->ws.guest_owned.v,
+					  p->ws.guest_owned.n)) < 0)
 		return r;
 	return 0;
+}
+
+/* ---- write-back keys (doc/SYNC.md "Guest changes and write-back") ---- */
+
+bool policy_writeback_auto(const struct policy *p, const char *relpath, int is_dir)
+{
+	const struct ignore_pattern *m = ignore_list_match(&p->wb_auto, relpath, strlen(relpath), is_dir);
+	return m && !(m->flags & IGNORE_NEGATIVE);
+}
+
+bool policy_guest_owned(const struct policy *p, const char *relpath, int is_dir)
+{
+	char buf[POLICY_PATH_MAX + 1];
+	size_t len = strlen(relpath);
+
+	if (len > POLICY_PATH_MAX)
+		return false;
+	memcpy(buf, relpath, len + 1);
+	/* the path itself, then each directory above it */
+	for (;;) {
+		const struct ignore_pattern *m = ignore_list_match(&p->owned, buf, len, is_dir);
+		if (m && !(m->flags & IGNORE_NEGATIVE))
+			return true;
+		char *slash = strrchr(buf, '/');
+		if (!slash)
+			return false;
+		*slash = '\0';
+		len = (size_t)(slash - buf);
+		is_dir = 1;
+	}
 }
 
 int policy_default(struct policy **out)
@@ -522,6 +564,11 @@ static const struct field sync_fields[] = {
 };
 
 /* workspace */
+static int p_wb_auto(struct loader *L, json_t *v)
+{
+	return get_strings(L, v, &L->p->ws.writeback_auto, check_glob);
+}
+
 static int p_ws_template(struct loader *L, json_t *v)
 {
 	return get_string(L, v, &L->p->ws.template_name, false);
@@ -537,10 +584,41 @@ static int p_ws_sync(struct loader *L, json_t *v)
 	return parse_fields(L, v, sync_fields, sizeof(sync_fields) / sizeof(sync_fields[0]));
 }
 
+/* "review", or {"auto": [globs]} */
+static const struct field writeback_fields[] = {
+    {"auto", p_wb_auto},
+};
+
+static int p_ws_writeback(struct loader *L, json_t *v)
+{
+	if (json_is_string(v)) {
+		if (strcmp(json_string_value(v), "review"))
+			return fail(L, -EINVAL, "expected \"review\" or {\"auto\": [globs]}");
+		list_free(&L->p->ws.writeback_auto);
+		return 0;
+	}
+	if (!json_is_object(v))
+		return fail(L, -EINVAL, "expected \"review\" or {\"auto\": [globs]}, got %s", type_name(v));
+	return parse_fields(L, v, writeback_fields, sizeof(writeback_fields) / sizeof(writeback_fields[0]));
+}
+
+static int p_ws_writeback_max(struct loader *L, json_t *v)
+{
+	return get_int(L, v, 1, &L->p->ws.writeback_max_mib);
+}
+
+static int p_ws_guest_owned(struct loader *L, json_t *v)
+{
+	return get_strings(L, v, &L->p->ws.guest_owned, check_glob);
+}
+
 static const struct field workspace_fields[] = {
     {"template", p_ws_template},
     {"ttl_seconds", p_ws_ttl},
     {"sync", p_ws_sync},
+    {"writeback", p_ws_writeback},
+    {"writeback_max_mib", p_ws_writeback_max},
+    {"guest_owned", p_ws_guest_owned},
 };
 
 /* execution */

@@ -343,6 +343,7 @@ static void teardown(struct up *u)
 		chan_free(u->conn.chan);
 	u->conn.chan = NULL;
 	up_exec_clear(u);
+	up_changes_clear(u);
 	up_sync_clear(u);
 	if (u->loop) {
 		del_timer(u, &u->conn.retry_timer);
@@ -384,8 +385,10 @@ static int setup(struct up *u, const struct up_args *a)
 		cmd_err("up: workspace %s: %s", u->dir, strerror(errno));
 		return 2;
 	}
-	if (up_loop_init(u) < 0 || start_egress(u) < 0 || start_mount(u) < 0 || start_relay(u) < 0)
+	if (up_changes_init(u) < 0 || up_loop_init(u) < 0 || start_egress(u) < 0 || start_mount(u) < 0 ||
+	    start_relay(u) < 0)
 		return 1;
+	relay_set_changes(u->exec.relay, &up_changes_ops, u);
 	return 0;
 }
 

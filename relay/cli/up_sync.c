@@ -153,6 +153,7 @@ static void on_sync_done(int err, const char *why, void *ud)
 	 * when a push changed what is withheld */
 	if (u->sync.op_full || u->sync.withheld != u->sync.withheld_saved)
 		save_withheld(u);
+	up_changes_synced(u, u->sync.op_full);
 	if (u->conn.state == UP_RECONCILING)
 		up_conn_live(u);
 }
@@ -299,6 +300,7 @@ int up_sync_attach(struct up *u, struct chan *c)
 	    .ops = &engine_ops,
 	    .ud = u,
 	    .state_dir = u->state_dir,
+	    .keep = up_changes_keep,
 	};
 
 	return sync_new(c, &cfg, &u->sync.engine);

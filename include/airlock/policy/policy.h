@@ -81,7 +81,13 @@ struct policy_workspace {
 	struct policy_list exclude; /* as written */
 	struct policy_list allow_secrets;
 	bool gitignore; /* default true */
+	/* workspace.writeback: "review" (default: every guest change waits)
+	 * or {"auto": [globs]}: matching changes are written back at once */
+	struct policy_list writeback_auto;
+	int64_t writeback_max_mib;	/* workspace.writeback_max_mib, default POLICY_WRITEBACK_MAX_MIB */
+	struct policy_list guest_owned; /* workspace.guest_owned globs: stay in the guest */
 };
+#define POLICY_WRITEBACK_MAX_MIB 1024 /* default cap on the bytes one write-back brings to the host */
 
 struct policy_execution {
 	struct policy_list local;  /* command prefixes run on the host, as written */
@@ -222,6 +228,13 @@ unsigned policy_ctx_warnings(const struct policy_ctx *ctx, const char **last);
  * made for p. */
 int policy_check(const struct policy *p, struct policy_ctx *ctx, const char *relpath, int is_dir,
 		 struct policy_verdict *v);
+
+/* workspace.writeback auto globs: does a guest change at path match one?
+ * (gitignore-style, the last matching pattern decides, "!" excludes) */
+bool policy_writeback_auto(const struct policy *p, const char *relpath, int is_dir);
+/* workspace.guest_owned: does path (or a directory above it) stay in the
+ * guest, never a guest change? */
+bool policy_guest_owned(const struct policy *p, const char *relpath, int is_dir);
 
 /* ---- built-in secret list (fs/policy/secrets.c, doc/SECRETS.md) ---- */
 
