@@ -53,7 +53,7 @@ export AIRLOCK_SOCKET=$T/relay.sock
 export HOME=$T/hosthome
 TO="timeout -k 2"
 W=$T/work
-mkdir -p "$W" "$HOME" "$T/bin"
+mkdir -p "$W/sub" "$HOME" "$T/bin"
 ORIG_APP='print("host version")'
 printf '%s\n' "$ORIG_APP" >"$W/app.py"
 echo "HOST_SECRET=do-not-ship-$$" >"$W/.env" # withheld: the guest never has it
@@ -200,7 +200,7 @@ check "routed: Claude Code's cwd file is left in the guest's /tmp (doc/EDITORS.m
 
 cat >"$T/cd.json" <<'EOF'
 {"turns": [
-  {"content": [{"type": "tool_use", "name": "Bash", "input": {"command": "mkdir -p sub && cd sub && pwd", "description": "cd"}}]},
+  {"content": [{"type": "tool_use", "name": "Bash", "input": {"command": "cd sub && pwd", "description": "cd"}}]},
   {"content": [{"type": "tool_use", "name": "Bash", "input": {"command": "pwd", "description": "where now"}}]},
   {"content": [{"type": "text", "text": "cd: done"}]}
 ]}
@@ -224,19 +224,15 @@ t_no_sanitizer_in_ups() { ! grep -l 'AddressSanitizer\|LeakSanitizer\|runtime er
 # ---- write-back (workspace.writeback): needs `airlock changes` ----
 NEW_TXT='hello from the guest'
 NEW_APP='print("rewritten in the guest")'
-EDIT="printf '%s\\n' '$NEW_TXT' > new.txt && printf '%s\\n' '$NEW_APP' > app.py && cat app.py"
+# No single quote in it: Claude Code's eval '...' then holds it verbatim, and so does the argv
+# airlock changes reports
+EDIT='echo "hello from the guest" > new.txt && echo "print(\"rewritten in the guest\")" > app.py && cat app.py'
 json_str() { printf '%s' "$1" | "$PY" -c 'import json,sys; print(json.dumps(sys.stdin.read()))'; }
 cat >"$T/edit.json" <<EOF
 {"turns": [
   {"content": [{"type": "tool_use", "name": "Bash", "input": {"command": $(json_str "$EDIT"), "description": "Write two files"}}]},
   {"content": [{"type": "tool_use", "name": "Read", "input": {"file_path": $(json_str "$W/new.txt")}},
                {"type": "tool_use", "name": "Read", "input": {"file_path": $(json_str "$W/app.py")}}]},
-  {"content": [{"type": "text", "text": "edit: done"}]}
-]}
-EOF
-cat >"$T/edit-review.json" <<EOF
-{"turns": [
-  {"content": [{"type": "tool_use", "name": "Bash", "input": {"command": $(json_str "$EDIT"), "description": "Write two files"}}]},
   {"content": [{"type": "text", "text": "edit: done"}]}
 ]}
 EOF
@@ -265,7 +261,8 @@ t_auto() {
 	local reads
 	run_claude auto "$T/edit.json" "$T/bin/airlock-claude" && result_ok auto "edit: done" || return 1
 	# turn 1's Bash output came back; turn 2's Read tool (on the host) saw both files
-	tool_result "$T/auto.log" 1 | grep -qF "rewritten in the guest" || { tool_result "$T/auto.log" 1 >&2; return 1; }
+	tool_result "$T/auto.log" 1 | grep -qF "rewritten in the guest" &&
+		tool_result "$T/auto.log" 1 | grep -qF "airlock: 2 changes written back" || { tool_result "$T/auto.log" 1 >&2; return 1; }
 	reads=$(tool_result "$T/auto.log" 2) || return 1
 	[ "$(printf '%s\n' "$reads" | wc -l)" = 2 ] && ! printf '%s\n' "$reads" | grep -q '"is_error": true' &&
 		printf '%s\n' "$reads" | grep -qF "$NEW_TXT" &&
@@ -280,7 +277,19 @@ t_up_review() { down && reset_host && up; }
 check "down, then up with the default policy (review)" t_up_review
 
 t_review() {
-	run_claude review "$T/edit-review.json" "$T/bin/airlock-claude" && result_ok review "edit: done" || return 1
+	local out reads
+	run_claude review "$T/edit.json" "$T/bin/airlock-claude" && result_ok review "edit: done" || return 1
+	# the Bash result ends with airlock's line; the Read tool (on the host) still sees the host's files
+	out=$(tool_result "$T/review.log" 1) || return 1
+	printf '%s\n' "$out" | grep -qF 'rewritten in the guest' &&
+		printf '%s\n' "$out" | grep -qF 'airlock: 0 changes written back, 2 wait for review (airlock changes)' ||
+		{ echo "Bash tool_result: $out" >&2; return 1; }
+	reads=$(tool_result "$T/review.log" 2) || return 1
+	# (in the order of the tool_use blocks: new.txt, then app.py)
+	printf '%s\n' "$reads" | sed -n 1p | grep -q '^{"is_error": true, "text": "File does not exist' &&
+		printf '%s\n' "$reads" | sed -n 2p | grep -qF 'print(\"host version\")' &&
+		[ "$(printf '%s\n' "$reads" | wc -l)" = 2 ] ||
+		{ echo "Read tool_results: $reads" >&2; return 1; }
 	# nothing on the host yet
 	[ "$(cat "$W/app.py")" = "$ORIG_APP" ] && [ ! -e "$W/new.txt" ] || { echo "the host changed before review" >&2; return 1; }
 	$TO 20 "$AIRLOCK" changes -C "$W" --json >"$T/changes.json" || return 1
@@ -297,7 +306,7 @@ for c in by_path.values():
     assert any(sys.argv[2] in a for a in argv), ("the command is not in argv", argv)
 EOF
 }
-check "review: airlock changes --json lists app.py (modify) and new.txt (create), each with the Bash command in its argv" t_review
+check "review: the Bash result says 2 wait for review, the Read tool still sees the host's files; airlock changes --json lists app.py (modify) and new.txt (create), each with the Bash command in its argv" t_review
 
 t_accept() {
 	$TO 20 "$AIRLOCK" accept -C "$W" app.py >"$T/accept.out" 2>&1 || { cat "$T/accept.out" >&2; return 1; }
