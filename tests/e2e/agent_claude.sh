@@ -53,7 +53,7 @@ export AIRLOCK_SOCKET=$T/relay.sock
 export HOME=$T/hosthome
 TO="timeout -k 2"
 W=$T/work
-mkdir -p "$W/sub" "$HOME" "$T/bin"
+mkdir -p "$W/sub" "$W/.circleci" "$HOME" "$T/bin"
 ORIG_APP='print("host version")'
 printf '%s\n' "$ORIG_APP" >"$W/app.py"
 echo "HOST_SECRET=do-not-ship-$$" >"$W/.env" # withheld: the guest never has it
@@ -272,6 +272,30 @@ t_auto() {
 	[ "$(cat "$W/new.txt")" = "$NEW_TXT" ] && [ "$(cat "$W/app.py")" = "$NEW_APP" ]
 }
 check "auto: turn 1's Bash creates new.txt and rewrites app.py, turn 2's Read tool sees both on the host" t_auto
+
+cat >"$T/protected.json" <<'EOF'
+{"turns": [
+  {"content": [{"type": "tool_use", "name": "Bash", "input": {"command": "echo \"guest note\" > .circleci/notes.txt", "description": "Write a CI file"}}]},
+  {"content": [{"type": "text", "text": "protected: done"}]}
+]}
+EOF
+t_auto_protected() {
+	local out rc=0
+	run_claude protected "$T/protected.json" "$T/bin/airlock-claude" && result_ok protected "protected: done" || return 1
+	out=$(tool_result "$T/protected.log" 1) || return 1
+	printf '%s\n' "$out" | grep -qF 'airlock: 0 changes written back, 1 waits for review (airlock changes)' ||
+		{ echo "Bash tool_result: $out" >&2; return 1; }
+	[ ! -e "$W/.circleci/notes.txt" ] || { echo "a protected path was written back" >&2; return 1; }
+	$TO 20 "$AIRLOCK" changes -C "$W" --json >"$T/changes-prot.json" || return 1
+	"$PY" -c 'import json,sys
+d = json.load(open(sys.argv[1]))
+assert [(c["path"], c["protected"]) for c in d["changes"]] == [(".circleci/notes.txt", "CI definition")], d' \
+		"$T/changes-prot.json" || { cat "$T/changes-prot.json" >&2; return 1; }
+	$TO 20 "$AIRLOCK" reject -C "$W" .circleci/notes.txt >"$T/reject-prot.out" 2>&1 || { cat "$T/reject-prot.out" >&2; return 1; }
+	$TO 20 "$AIRLOCK" exec -C "$W" -- test -e .circleci/notes.txt </dev/null 2>/dev/null || rc=$?
+	[ "$rc" = 1 ] && [ ! -e "$W/.circleci/notes.txt" ]
+}
+check "auto: a protected path matching the auto globs (.circleci/notes.txt) waits for review, marked; reject drops it" t_auto_protected
 
 t_up_review() { down && reset_host && up; }
 check "down, then up with the default policy (review)" t_up_review
