@@ -91,6 +91,8 @@ static void test_each_rule(void **state)
 	    {".devcontainer/devcontainer.json", REG, NULL, PROTECT_TOOL_SETTINGS},
 	    {"proj.code-workspace", REG, NULL, PROTECT_TOOL_SETTINGS},
 	    {".github/copilot-instructions.md", REG, NULL, PROTECT_TOOL_SETTINGS},
+	    {".github/hooks/policy.json", REG, NULL, PROTECT_TOOL_SETTINGS},
+	    {".agents/skills/deploy/SKILL.md", REG, NULL, PROTECT_TOOL_SETTINGS},
 	    {".github/workflows/ci.yml", REG, NULL, PROTECT_CI},
 	    {".github/actions/setup/action.yml", REG, NULL, PROTECT_CI},
 	    {".gitlab-ci.yml", REG, NULL, PROTECT_CI},
