@@ -47,6 +47,7 @@ static const struct protect_rule table[] = {
 	R(".run", TOOL_SETTINGS, "JetBrains shared run configurations"),
 	R(".fleet", TOOL_SETTINGS, "JetBrains Fleet settings and run configurations"),
 	R(".zed", TOOL_SETTINGS, "Zed settings and tasks (language server commands)"),
+	R(".rules", TOOL_SETTINGS, "Zed agent instructions"),
 	R(".helix", TOOL_SETTINGS, "Helix languages.toml (language server commands)"),
 	R(".nvim.lua", TOOL_SETTINGS, "Neovim exrc (executed on start with 'exrc')"),
 	R(".nvimrc", TOOL_SETTINGS, "Neovim exrc (executed on start with 'exrc')"),
