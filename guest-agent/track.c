@@ -448,32 +448,6 @@ int track_take(struct track *t, struct track_dirty **out, size_t *n)
 
 /* ---- describing one path ---- */
 
-static int hash_fd(int fd, uint64_t size, const struct chunk_params *params, uint8_t out[CHUNK_HASH_LEN])
-{
-	uint8_t io[64 * 1024];
-	struct chunk_hasher h;
-	uint64_t off = 0;
-	int r = 0;
-
-	if (size > params->whole_max) {
-		struct chunk *list = NULL;
-		size_t nl = 0;
-		r = chunk_file(params, chunk_read_fd, &fd, size, NULL, NULL, &list, &nl, out);
-		mem_free(list);
-		return r;
-	}
-	chunk_hasher_init(&h);
-	while (off < size && r == 0) {
-		size_t k = size - off < sizeof(io) ? (size_t)(size - off) : sizeof(io);
-		if ((r = chunk_read_fd(&fd, off, io, k)) == 0) {
-			chunk_hasher_update(&h, io, k);
-			off += k;
-		}
-	}
-	chunk_hasher_final(&h, out);
-	return r;
-}
-
 int track_describe(int rootfd, const char *path, const struct chunk_params *params, struct wire_chg_item *it)
 {
 	struct stat st;
@@ -521,7 +495,7 @@ int track_describe(int rootfd, const char *path, const struct chunk_params *para
 		return 0;
 	struct stat fst;
 	if (fstat(fd, &fst) == 0 && S_ISREG(fst.st_mode) && (uint64_t)fst.st_size == it->size &&
-	    hash_fd(fd, it->size, params, it->hash) == 0)
+	    chunk_fd_hash(params, fd, it->size, it->hash) == 0)
 		it->flags = WIRE_CHG_F_HASHED;
 	else
 		memset(it->hash, 0, sizeof(it->hash));

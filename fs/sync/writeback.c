@@ -665,33 +665,6 @@ static int stage_fd(int dirfd)
 	return fd;
 }
 
-/* The staged file's hash, as the guest and the manifests compute it. */
-static int staged_hash(int fd, uint64_t size, const struct chunk_params *params, uint8_t out[CHUNK_HASH_LEN])
-{
-	uint8_t io[64 * 1024];
-	struct chunk_hasher h;
-	uint64_t off = 0;
-	int r = 0;
-
-	if (size > params->whole_max) {
-		struct chunk *list = NULL;
-		size_t nl = 0;
-		r = chunk_file(params, chunk_read_fd, &fd, size, NULL, NULL, &list, &nl, out);
-		mem_free(list);
-		return r;
-	}
-	chunk_hasher_init(&h);
-	while (off < size && r == 0) {
-		size_t k = size - off < sizeof(io) ? (size_t)(size - off) : sizeof(io);
-		if ((r = chunk_read_fd(&fd, off, io, k)) == 0) {
-			chunk_hasher_update(&h, io, k);
-			off += k;
-		}
-	}
-	chunk_hasher_final(&h, out);
-	return r;
-}
-
 static int on_file(struct wb_pull *p, const uint8_t *data, size_t n)
 {
 	struct wire_chg_item it;
@@ -777,7 +750,7 @@ static int on_data(struct wb_pull *p, const uint8_t *data, size_t n)
 	p->left -= n;
 	if (p->left)
 		return 0;
-	int r = staged_hash(g->fd, g->c.size, p->cfg.chunking, h);
+	int r = chunk_fd_hash(p->cfg.chunking, g->fd, g->c.size, h);
 	if (r < 0)
 		return pull_fail(p, r, "hashing %.200s: %s", g->c.path, strerror(-r));
 	if (memcmp(h, g->c.hash, CHUNK_HASH_LEN))

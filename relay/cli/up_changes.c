@@ -542,16 +542,12 @@ void up_changes_exit(struct up *u, struct xcmd *x, struct relay_cmd *cmd, const 
 
 	/* what it reported that still waits */
 	for (size_t i = 0; i < x->nrep; i++) {
-		const struct wb_change *c = u->chg.store ? wb_store_find(u->chg.store, x->rep[i]) : NULL;
-		if (c) {
+		if (u->chg.store && wb_store_find(u->chg.store, x->rep[i]))
 			x->rep[n++] = x->rep[i];
-			if (S_ISREG(c->st_mode))
-				bytes += c->size;
-		} else {
+		else
 			mem_free(x->rep[i]);
-		}
 	}
-	x->nrep = n;
+	x->nrep = 0;
 	if (!n) {
 		relay_cmd_exit(cmd, &ex);
 		return;
@@ -559,26 +555,25 @@ void up_changes_exit(struct up *u, struct xcmd *x, struct relay_cmd *cmd, const 
 	save_store(u);
 	ex.changes = true;
 	ex.waiting = n;
-	/* auto mode: the matching, unprotected ones now, before the exit */
+	/* auto mode: the matching, unprotected ones now, before the exit,
+	 * as far as the cap allows (a file over what is left waits) */
 	size_t na = 0;
+	uint64_t cap = cap_bytes(u);
 	for (size_t i = 0; i < n; i++) {
 		const struct wb_change *c = wb_store_find(u->chg.store, x->rep[i]);
-		if (c && auto_ok(u, c))
+		uint64_t sz = c && S_ISREG(c->st_mode) ? c->size : 0;
+		if (c && auto_ok(u, c) && sz > cap - bytes) {
+			cmd_err("up: write-back of %s after %s refused: %" PRIu64
+				" bytes would go over the cap of %" PRIu64 " MiB (%s); it waits for review",
+				c->path, relay_cmd_name(cmd), sz, cap >> 20, CAP_NAME);
+		} else if (c && auto_ok(u, c)) {
+			bytes += sz;
 			x->rep[na++] = x->rep[i];
-		else
-			mem_free(x->rep[i]);
+			continue;
+		}
+		mem_free(x->rep[i]);
 	}
-	x->nrep = 0;
 	if (!na) {
-		relay_cmd_exit(cmd, &ex);
-		return;
-	}
-	if (bytes > cap_bytes(u)) {
-		cmd_err("up: write-back after %s refused: %" PRIu64 " bytes of changes is over the cap of %" PRIu64
-			" MiB (%s); they wait for review",
-			relay_cmd_name(cmd), bytes, cap_bytes(u) >> 20, CAP_NAME);
-		for (size_t i = 0; i < na; i++)
-			mem_free(x->rep[i]);
 		relay_cmd_exit(cmd, &ex);
 		return;
 	}
