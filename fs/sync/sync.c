@@ -226,6 +226,7 @@ struct sync {
 	 * fresh entries and their ancestors, pold the same part of known; on
 	 * the acknowledgement each anchor (pan) is swapped into known in place */
 	struct manifest *pold;
+	struct manifest *sending; /* sync_sending of such a push: the whole tree */
 	char **pan;
 	size_t npan;
 	/* reconcile */
@@ -473,6 +474,8 @@ static void reconcile_clear(struct sync *s)
 	s->gm = NULL;
 	manifest_free(s->pold);
 	s->pold = NULL;
+	manifest_free(s->sending);
+	s->sending = NULL;
 	for (size_t i = 0; i < s->npan; i++)
 		mem_free(s->pan[i]);
 	mem_free(s->pan);
@@ -563,9 +566,25 @@ const struct manifest *sync_known(const struct sync *s)
 	return s->known;
 }
 
-const struct manifest *sync_sending(const struct sync *s)
+static int known_swap_in_to(struct sync *s, struct manifest *into);
+
+const struct manifest *sync_sending(struct sync *s)
 {
-	return s->busy && s->phase == PH_SEND ? s->hm : NULL;
+	if (!s->busy || s->phase != PH_SEND)
+		return NULL;
+	if (!s->pold || s->sending)
+		return s->pold ? s->sending : s->hm;
+	/* a targeted push: known with the anchors' part of hm in place */
+	struct manifest *m;
+	int r = manifest_new(&s->params, &m);
+	for (size_t i = 0; r == 0 && i < s->known->n; i++)
+		r = manifest_add(m, &s->known->e[i]);
+	if (r < 0 || (r = manifest_seal(m)) < 0 || (r = known_swap_in_to(s, m)) < 0) {
+		manifest_free(m);
+		return NULL;
+	}
+	s->sending = m;
+	return m;
 }
 
 const struct sync_stats *sync_get_stats(const struct sync *s)
@@ -1248,8 +1267,9 @@ static void pump(struct sync *s)
 }
 
 /* An incremental push was acknowledged: each anchor's part of s->hm
- * (what the guest now holds there) replaces that subtree of s->known. */
-static int known_swap_in(struct sync *s)
+ * (what the guest now holds there) replaces that subtree of s->known
+ * (or of `into`, a copy of it). */
+static int known_swap_in_to(struct sync *s, struct manifest *into)
 {
 	int r = 0;
 
@@ -1261,10 +1281,15 @@ static int known_swap_in(struct sync *s)
 		for (size_t j = (size_t)i; i >= 0 && j < s->hm->end[i] && r == 0; j++)
 			r = manifest_add(sub, &s->hm->e[j]);
 		if (r == 0)
-			r = manifest_swap_subtree(s->known, s->pan[a], sub);
+			r = manifest_swap_subtree(into, s->pan[a], sub);
 		manifest_free(sub);
 	}
 	return r;
+}
+
+static int known_swap_in(struct sync *s)
+{
+	return known_swap_in_to(s, s->known);
 }
 
 static void maybe_done(struct sync *s)

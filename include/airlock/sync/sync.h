@@ -225,10 +225,12 @@ const struct sync_stats *sync_get_stats(const struct sync *s);
  * reconcile finished): what a guest change is compared against. Valid
  * until the next operation finishes. */
 const struct manifest *sync_known(const struct sync *s);
-/* The host state the operation in progress is sending (NULL when none is):
- * what the guest may already hold beyond sync_known when the connection
- * drops before the acknowledgements arrive. */
-const struct manifest *sync_sending(const struct sync *s);
+/* The host state the operation in progress is sending (NULL when none is,
+ * or without memory): what the guest may already hold beyond sync_known
+ * when the connection drops before the acknowledgements arrive. The whole
+ * tree: for a targeted push (which holds only the changed part) it is built
+ * when asked, O(entries). Valid until the operation ends. */
+const struct manifest *sync_sending(struct sync *s);
 /* Withheld paths (policy) and skipped entries (special files, errors) of
  * the last scan, each capped at SYNC_RECORDS_MAX; *total counts all. */
 const struct sync_record *sync_withheld(const struct sync *s, size_t *n, uint64_t *total);
