@@ -179,6 +179,7 @@ static void e_run(struct eng *e)
 /* sync_cfg.loop and batch_budget_ns of the next eng_start */
 static bool eng_loop;
 static uint64_t eng_budget_ns;
+static const char *eng_state_dir; /* sync_cfg.state_dir: the host's hash cache */
 
 /* A host engine on `host` and a guest session on `guest`, over a chan pair
  * on one loop, handshake done; max_batch as in sync_cfg. */
@@ -204,6 +205,7 @@ static void eng_start(struct eng *e, const char *host, const char *guest, size_t
 			       .ud = e,
 			       .max_batch = max_batch,
 			       .loop = eng_loop ? e->l : NULL,
+			       .state_dir = eng_state_dir,
 			       .batch_budget_ns = eng_budget_ns};
 	assert_int_equal(sync_new(e->hc, &cfg, &e->s), 0);
 }
@@ -953,13 +955,93 @@ static void test_pump_yields(void **state)
 	eng_budget_ns = 0;
 }
 
+/* Edits made while no engine runs (airlock down, then up): each new
+ * engine loads the hash cache the last one saved and reconciles; an edit
+ * that keeps the size and the mtime (set back with utimensat, so only
+ * ctime moves), a rename and a deleted directory are all found, and a
+ * second up finds nothing more. */
+static void offline_up(const char *host, const char *guest)
+{
+	struct eng e = {0};
+	eng_start(&e, host, guest, 0);
+	assert_int_equal(sync_reconcile(e.s), 0);
+	e_run(&e);
+	assert_true(e.done);
+	if (e.err)
+		fail_msg("reconcile: %s", e.why);
+	eng_stop(&e);
+}
+
+static void test_offline_edits(void **state)
+{
+	(void)state;
+	char host[128], guest[128], sd[128], p[256], q[256];
+	struct stat st;
+
+	snprintf(host, sizeof(host), "%s/oh", dir);
+	snprintf(guest, sizeof(guest), "%s/og", dir);
+	snprintf(sd, sizeof(sd), "%s/ostate", dir);
+	assert_int_equal(mkdir(host, 0755), 0);
+	assert_int_equal(mkdir(guest, 0755), 0);
+	assert_int_equal(mkdir(sd, 0700), 0);
+	snprintf(p, sizeof(p), "%s/d", host);
+	assert_int_equal(mkdir(p, 0755), 0);
+	snprintf(p, sizeof(p), "%s/gone", host);
+	assert_int_equal(mkdir(p, 0755), 0);
+	put(host, "same.txt", "aaaa\n");
+	put(host, "d/old-name", "moved\n");
+	put(host, "gone/x", "x\n");
+	put(host, "gone/y", "y\n");
+	eng_state_dir = sd;
+	offline_up(host, guest);
+	assert_true(has(guest, "same.txt", "aaaa\n"));
+	/* the cache is hot and no longer racy */
+	sleep(1);
+	offline_up(host, guest);
+
+	/* while down: same size, same mtime (to the nanosecond) */
+	snprintf(p, sizeof(p), "%s/same.txt", host);
+	assert_int_equal(stat(p, &st), 0);
+	put(host, "same.txt", "bbbb\n");
+	struct timespec ts[2] = {st.st_atim, st.st_mtim};
+	assert_int_equal(utimensat(AT_FDCWD, p, ts, 0), 0);
+	struct stat st2;
+	assert_int_equal(stat(p, &st2), 0);
+	assert_int_equal(st2.st_size, st.st_size);
+	assert_int_equal(st2.st_mtim.tv_sec, st.st_mtim.tv_sec);
+	assert_int_equal(st2.st_mtim.tv_nsec, st.st_mtim.tv_nsec);
+	/* a rename, a deleted directory */
+	snprintf(p, sizeof(p), "%s/d/old-name", host);
+	snprintf(q, sizeof(q), "%s/d/new-name", host);
+	assert_int_equal(rename(p, q), 0);
+	snprintf(p, sizeof(p), "%s/gone", host);
+	tu_rm_rf(p);
+
+	offline_up(host, guest);
+	assert_true(has(guest, "same.txt", "bbbb\n"));
+	assert_false(exists(guest, "d/old-name"));
+	assert_true(has(guest, "d/new-name", "moved\n"));
+	assert_false(exists(guest, "gone"));
+	assert_same_tree(host, guest);
+	/* once more, with nothing changed: nothing to send */
+	struct eng e = {0};
+	eng_start(&e, host, guest, 0);
+	assert_int_equal(sync_reconcile(e.s), 0);
+	e_run(&e);
+	assert_true(e.done);
+	assert_int_equal(e.err, 0);
+	assert_int_equal(sync_get_stats(e.s)->changes, 0);
+	eng_stop(&e);
+	eng_state_dir = NULL;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_git_config),	     cmocka_unit_test(test_push_targeted),
 	    cmocka_unit_test(test_push_ranged),	     cmocka_unit_test(test_too_large),
 	    cmocka_unit_test(test_withheld_content), cmocka_unit_test(test_push_random),
-	    cmocka_unit_test(test_pump_yields),
+	    cmocka_unit_test(test_pump_yields),	     cmocka_unit_test(test_offline_edits),
 	};
 	if (sodium_init() < 0)
 		return 1;
