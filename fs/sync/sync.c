@@ -2356,6 +2356,12 @@ out:
 	return r;
 }
 
+static int size_cmp(const void *a, const void *b)
+{
+	size_t x = *(const size_t *)a, y = *(const size_t *)b;
+	return x < y ? -1 : x > y;
+}
+
 /* known's entries that hold the anchors (their ancestors), each once,
  * added to every manifest of ms. */
 static int push_ancestors(struct sync *s, char *const *anchors, size_t na, struct manifest **ms, size_t nm)
@@ -2369,8 +2375,10 @@ static int push_ancestors(struct sync *s, char *const *anchors, size_t na, struc
 		for (char *sl = strrchr(p, '/'); sl; sl = strrchr(p, '/')) {
 			*sl = '\0';
 			long i = manifest_find(s->known, p);
-			if (i < 0)
-				return -ESTALE; /* anchor_for checked it: not our idea of the tree */
+			if (i < 0) {
+				r = -ESTALE; /* anchor_for checked it: not our idea of the tree */
+				break;
+			}
 			if (n == cap) {
 				size_t nc = cap ? cap * 2 : 16;
 				size_t *nv = mem_realloc(idx, nc * sizeof(*idx));
@@ -2384,13 +2392,11 @@ static int push_ancestors(struct sync *s, char *const *anchors, size_t na, struc
 			idx[n++] = (size_t)i;
 		}
 	}
-	for (size_t i = 0; i < n && r == 0; i++) {
-		bool seen = false;
-		for (size_t j = 0; j < i && !seen; j++) /* a few per anchor */
-			seen = idx[j] == idx[i];
-		for (size_t k = 0; k < nm && !seen && r == 0; k++)
+	if (n > 1) /* in tree order, each once */
+		qsort(idx, n, sizeof(*idx), size_cmp);
+	for (size_t i = 0; i < n && r == 0; i++)
+		for (size_t k = 0; k < nm && r == 0 && (i == 0 || idx[i] != idx[i - 1]); k++)
 			r = manifest_add(ms[k], &s->known->e[idx[i]]);
-	}
 	mem_free(idx);
 	return r;
 }
@@ -2449,23 +2455,23 @@ static int push_build_small(struct sync *s, char **anchors, size_t na, char *why
 		r = PUSH_FULL; /* not parent-closed: our idea of the tree is off */
 		goto out;
 	}
-	/* A directory the anchors emptied stays only if the policy syncs it. */
+	/* A directory the anchors emptied stays only if the policy syncs it
+	 * (then its parent still holds it: only the anchor's parent can be
+	 * emptied by this push, unless push_build takes over). */
 	for (size_t a = 0; a < na; a++) {
 		char p[MANIFEST_PATH_MAX + 1];
 		strcpy(p, anchors[a]);
-		for (char *sl = strrchr(p, '/'); sl; sl = strrchr(p, '/')) {
-			*sl = '\0';
-			long i = manifest_find(nm, p);
-			if (i >= 0 && nm->end[i] > (size_t)i + 1)
-				break;
-			if (known_holds_outside(s, p, anchors, na))
-				break;
-			struct policy_verdict v;
-			if (policy_check(s->cfg.policy, s->pctx, p, true, &v) < 0 || v.reason != POLICY_SYNCED) {
-				r = PUSH_SLOW;
-				goto out;
-			}
-			break;
+		char *sl = strrchr(p, '/');
+		if (!sl)
+			continue;
+		*sl = '\0';
+		long i = manifest_find(nm, p);
+		if ((i >= 0 && nm->end[i] > (size_t)i + 1) || known_holds_outside(s, p, anchors, na))
+			continue;
+		struct policy_verdict v;
+		if (policy_check(s->cfg.policy, s->pctx, p, true, &v) < 0 || v.reason != POLICY_SYNCED) {
+			r = PUSH_SLOW;
+			goto out;
 		}
 	}
 	manifest_free(s->hm);
