@@ -167,9 +167,11 @@ static void e_timeout(struct loop *l, void *ud)
 	(void)ud;
 	loop_stop(l);
 }
+static uint64_t eng_wait_ms = 10000; /* how long e_run waits for an operation */
+
 static void e_run(struct eng *e)
 {
-	uint64_t id = loop_add_timer(e->l, 10000, e_timeout, e);
+	uint64_t id = loop_add_timer(e->l, eng_wait_ms, e_timeout, e);
 	loop_set_before_sleep(e->l, e_check, e);
 	assert_int_equal(loop_run(e->l), 0);
 	loop_set_before_sleep(e->l, NULL, NULL);
@@ -798,6 +800,7 @@ static void test_push_random(void **state)
 		snprintf(p, sizeof(p), "d%u/%sf%u", i % nd, i % 3 ? "" : "s/", i);
 		put(host, p, "seed\n");
 	}
+	eng_wait_ms = nf > 10000 ? 600000 : 10000; /* the long version's first sync */
 	eng_start(&e, host, guest, 0);
 	assert_int_equal(sync_reconcile(e.s), 0);
 	e_run(&e);
@@ -909,6 +912,7 @@ static void test_push_random(void **state)
 	assert_true(sync_get_push_stats(e.s)->full);
 	assert_int_equal(sync_get_stats(e.s)->changes, 0);
 	eng_stop(&e);
+	eng_wait_ms = 10000;
 }
 
 /* With a loop, batch building yields: a budget of 1 ns finishes a batch
