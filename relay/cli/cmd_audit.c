@@ -86,14 +86,12 @@ int cmd_audit(int argc, char **argv)
 			json = true;
 			break;
 		default:
-			fputs("usage: airlock audit [-C DIR] [--json]\n", stderr);
+			cmd_usage("audit");
 			return 2;
 		}
 	}
-	if (optind != argc) {
-		fputs("usage: airlock audit [-C DIR] [--json]\n", stderr);
+	if (cmd_operands("audit", argc, argv, optind, 0, "") < 0)
 		return 2;
-	}
 	if (audit_read_json(dir, AUDIT_WITHHELD_FILE, &w, err, sizeof(err)) < 0 ||
 	    audit_read_json(dir, AUDIT_EGRESS_FILE, &eg, err, sizeof(err)) < 0) {
 		cmd_err("audit: %s", err);

@@ -331,7 +331,7 @@ static void find_workspace(char *root, const char **rel)
 
 static void exec_usage(void)
 {
-	fputs("usage: airlock exec [-C DIR] [--timeout S] [--tty] [--stdin|--no-stdin] -- CMD [ARG...]\n", stderr);
+	cmd_usage("exec");
 }
 
 static void shell_usage(void)
@@ -724,6 +724,7 @@ int cmd_exec(int argc, char **argv)
 		}
 	}
 	if (optind >= argc) {
+		cmd_err("exec: missing the command to run (airlock exec -- CMD [ARG...])");
 		exec_usage();
 		return 2;
 	}

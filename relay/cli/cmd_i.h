@@ -2,6 +2,9 @@
 #ifndef AIRLOCK_CMD_I_H
 #define AIRLOCK_CMD_I_H
 
+#include <stdbool.h>
+#include <stdio.h>
+
 #include <jansson.h>
 
 /* Private to the airlock CLI: one function per subcommand. Each gets argv
@@ -19,6 +22,44 @@ int cmd_status(int argc, char **argv);
 int cmd_sync_wait(int argc, char **argv);
 int cmd_exec(int argc, char **argv);  /* cmd_exec.c: a relay client */
 int cmd_shell(int argc, char **argv); /* cmd_exec.c: the same client, a shell in the guest */
+
+int cmd_help(int argc, char **argv);	/* help.c: airlock help [CMD] */
+int cmd_version(int argc, char **argv); /* help.c: airlock version [--json] */
+
+/* One command's help (help.c's table): forms one per line without the
+ * leading "airlock ", a one-line summary, option lines or NULL;
+ * passthrough: what follows its options is a guest command, whose own
+ * --help must reach it (exec, shell). */
+struct cmd_help {
+	const char *name;
+	const char *forms;
+	const char *summary;
+	const char *options;
+	bool passthrough;
+};
+
+/* The help row of command name, or NULL. */
+const struct cmd_help *cmd_help_find(const char *name);
+/* Print name's help (forms, summary, options) to f. 0, or -1 when there
+ * is no such command. */
+int cmd_help_print(FILE *f, const char *name);
+/* The top-level help: every command with its main forms. */
+void cmd_help_overview(FILE *f);
+/* After a usage error: name's forms to stderr, and where its options are. */
+void cmd_usage(const char *name);
+/* Exactly n (0 or 1) operands from argv[first] on; else -1 after naming
+ * the missing one (what, e.g. "DIR (the workspace)") or the first extra
+ * one, and the usage. */
+int cmd_operands(const char *cmd, int argc, char **argv, int first, int n, const char *what);
+/* argv (argv[0] = the command) asks for the command's help: --help before
+ * any "--", or -h first; for a passthrough command only as the first
+ * argument, so the guest command's own --help stays its own. */
+bool cmd_wants_help(int argc, char **argv);
+
+/* main.c's command table: the one-line usage of name (NULL: no such
+ * command), and the commands help.c's table has no row for. */
+const char *cmd_table_usage(const char *name);
+void cmd_table_print_unlisted(FILE *f);
 
 /* Print o as one line of compact JSON to stdout and drop the reference
  * (NULL: the json_pack that made it failed). 0, or -1 after saying "out

@@ -253,13 +253,6 @@ static void on_timeout(struct loop *l, void *ud)
 	     x->have_prog ? x->prog.phase : "connect");
 }
 
-static void usage(void)
-{
-	fputs("usage: airlock sync DIR --guest ADDR --key FILE --guest-key PUBKEY [--policy FILE] [--json]\n"
-	      "                        [--psk-file FILE] [--timeout S]\n",
-	      stderr);
-}
-
 /* The command line into g, *policy_file, *dir and *json. 0, or -1 (exit 2). */
 static int parse_args(struct guest_opts *g, const char **policy_file, const char **dir, bool *json, int argc,
 		      char **argv)
@@ -281,12 +274,14 @@ static int parse_args(struct guest_opts *g, const char **policy_file, const char
 		} else if (c == 'j') {
 			*json = true;
 		} else {
-			usage();
+			cmd_usage("sync");
 			return -1;
 		}
 	}
-	if (!guest_opts_complete(g) || optind != argc - 1) {
-		usage();
+	if (cmd_operands("sync", argc, argv, optind, 1, "DIR (the directory to mirror)") < 0)
+		return -1;
+	if (!guest_opts_complete(g)) {
+		cmd_usage("sync");
 		return -1;
 	}
 	*dir = argv[optind];

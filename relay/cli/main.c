@@ -9,6 +9,8 @@
 #include "airlock/core/mem.h"
 #include "cmd_i.h"
 
+/* The dispatch table; usage is the one-line fallback for a command help.c's
+ * table has no row for. */
 struct command {
 	const char *name;
 	int (*fn)(int argc, char **argv);
@@ -29,7 +31,26 @@ static const struct command commands[] = {
     {"shell", cmd_shell,
      "shell [-C DIR] [--timeout S] [-c CMD [NAME [ARG...]]]  login shell (or sh -c CMD) in the guest"},
     {"audit", cmd_audit, "audit [-C DIR] [--json]   withheld paths (with their rule), skipped files, egress denials"},
+    {"version", cmd_version, "version [--json]"},
+    {"help", cmd_help, "help [CMD]"},
 };
+
+#define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+const char *cmd_table_usage(const char *name)
+{
+	for (size_t i = 0; i < NCOMMANDS; i++)
+		if (!strcmp(commands[i].name, name))
+			return commands[i].usage;
+	return NULL;
+}
+
+void cmd_table_print_unlisted(FILE *f)
+{
+	for (size_t i = 0; i < NCOMMANDS; i++)
+		if (!cmd_help_find(commands[i].name))
+			fprintf(f, "  %s\n", commands[i].usage);
+}
 
 void cmd_err(const char *fmt, ...)
 {
@@ -54,13 +75,6 @@ int cmd_print_json(json_t *o)
 	return 0;
 }
 
-static void usage(FILE *f)
-{
-	fputs("usage: airlock COMMAND [ARGS]\n\ncommands:\n", f);
-	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-		fprintf(f, "  %s\n", commands[i].usage);
-}
-
 int main(int argc, char **argv)
 {
 	if (sodium_init() < 0) {
@@ -69,16 +83,22 @@ int main(int argc, char **argv)
 	}
 	mem_init_json();
 	if (argc < 2) {
-		usage(stderr);
+		cmd_help_overview(stderr);
 		return 2;
 	}
-	if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
-		usage(stdout);
-		return 0;
+	if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))
+		return cmd_help(1, argv + 1);
+	if (!strcmp(argv[1], "--version"))
+		return cmd_version(argc - 1, argv + 1);
+	for (size_t i = 0; i < NCOMMANDS; i++) {
+		if (strcmp(argv[1], commands[i].name))
+			continue;
+		if (cmd_wants_help(argc - 1, argv + 1)) {
+			cmd_help_print(stdout, commands[i].name);
+			return 0;
+		}
+		return commands[i].fn(argc - 1, argv + 1);
 	}
-	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-		if (!strcmp(argv[1], commands[i].name))
-			return commands[i].fn(argc - 1, argv + 1);
 	cmd_err("unknown command '%s' (try 'airlock help')", argv[1]);
 	return 2;
 }

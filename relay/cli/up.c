@@ -31,16 +31,6 @@
 #include "cmd_i.h"
 #include "up_i.h"
 
-static void up_usage(void)
-{
-	fputs("usage: airlock up DIR [--policy FILE] [-d]\n"
-	      "           [--sandbox local|vm | --guest ADDR --key FILE --guest-key "
-	      "PUBKEY [--psk-file FILE]]\n"
-	      "  without --guest: the embedded sandbox (--sandbox local, the "
-	      "default; doc/SANDBOX.md)\n",
-	      stderr);
-}
-
 /* -d: fork before anything starts threads; the parent waits for the "in
  * sync" line (or the child's exit) and exits with the outcome. Returns in
  * the child with *ready_fd set; exits in the parent. */
@@ -105,14 +95,12 @@ static int parse_args(struct up *u, struct up_args *a, int argc, char **argv)
 		} else if (c == 's') {
 			a->sandbox = optarg;
 		} else {
-			up_usage();
+			cmd_usage("up");
 			return 2;
 		}
 	}
-	if (optind != argc - 1) {
-		up_usage();
+	if (cmd_operands("up", argc, argv, optind, 1, "DIR (the workspace directory to mount)") < 0)
 		return 2;
-	}
 	a->dir = argv[optind];
 	return 0;
 }
@@ -133,7 +121,7 @@ static int check_guest(struct up *u, const struct up_args *a)
 	}
 	if (!u->sandbox.use) {
 		if (!guest_opts_complete(g)) {
-			up_usage();
+			cmd_usage("up");
 			return 2;
 		}
 		return guest_opts_load_peer(&u->conn.g);

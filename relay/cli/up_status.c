@@ -225,7 +225,7 @@ static int parse_dir_opts(const char *cmd, int argc, char **argv, const char **d
 		}
 	}
 	if (optind != argc)
-		goto bad;
+		return cmd_operands(cmd, argc, argv, optind, 0, "");
 	return 0;
 bad:
 	up_wait_usage(cmd);

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The CLI's conventions: every command's --help (exit 0) and `airlock help
+# CMD`, --version, every --json through a JSON parser, usage errors that
+# name what is missing, and each trap and failure of doc/UP.md ("Refusals
+# and warnings") with a message that names the cause and the fix.
+# usage: cli_e2e.sh AIRLOCK AIRLOCK_AGENT   (the parts that mount need root + /dev/fuse; they skip without)
+# shellcheck source=tests/e2e/lib.sh
+source "$(dirname "$0")/lib.sh"
+
+AIRLOCK=$1
+AGENT=$2
+export XDG_STATE_HOME=$T/state XDG_RUNTIME_DIR=$T/run XDG_CACHE_HOME=$T/cache
+mkdir -p "$XDG_RUNTIME_DIR"
+chmod 700 "$XDG_RUNTIME_DIR"
+TO="timeout -k 2"
+CAN_MOUNT=0
+[ "$(id -u)" = 0 ] && [ -c /dev/fuse ] && CAN_MOUNT=1
+
+# json FILE: FILE is one valid JSON document
+json() { python3 -m json.tool "$1" >/dev/null; }
+# has FILE REGEX...: FILE matches every REGEX (extended, case-insensitive)
+has() {
+	local f=$1 re
+	shift
+	for re in "$@"; do
+		grep -qiE -- "$re" "$f" || { echo "no /$re/ in $f:" >&2; cat "$f" >&2; return 1; }
+	done
+}
+# rc_is WANT CMD...: CMD exits WANT; its stdout and stderr in $T/o, $T/e
+rc_is() {
+	local want=$1 rc=0
+	shift
+	"$@" >"$T/o" 2>"$T/e" || rc=$?
+	[ "$rc" = "$want" ] || { echo "exit $rc, wanted $want: $*" >&2; cat "$T/o" "$T/e" >&2; return 1; }
+}
+
+# ---- help and version ----
+COMMANDS=$("$AIRLOCK" help | sed -n 's/^  \([a-z][a-z-]*\) .*/\1/p; s/^  \([a-z][a-z-]*\)$/\1/p' | sort -u)
+t_commands_listed() {
+	local c
+	for c in up down status sync-wait exec shell audit sync ping keygen pubkey version help; do
+		grep -qx "$c" <<<"$COMMANDS" || { echo "airlock help does not list $c" >&2; return 1; }
+	done
+}
+check "airlock help lists every command" t_commands_listed
+t_help_forms() {
+	rc_is 0 "$AIRLOCK" help && has "$T/o" '^  up DIR .*--sandbox' '^  up DIR --guest ADDR' '^  down DIR \[--destroy\]'
+}
+check "the top-level help shows both forms of up and down --destroy" t_help_forms
+for c in $COMMANDS; do
+	t_help() {
+		rc_is 0 "$AIRLOCK" "$1" --help && has "$T/o" "^airlock $1" &&
+			cp "$T/o" "$T/o1" && rc_is 0 "$AIRLOCK" help "$1" && cmp -s "$T/o" "$T/o1"
+	}
+	check "$c --help and airlock help $c print its help, exit 0" t_help "$c"
+done
+t_help_up() { rc_is 0 "$AIRLOCK" help up && has "$T/o" '--guest ADDR' '--policy FILE' '--sandbox' && ! grep -q '^commands:' "$T/o"; }
+check "airlock help up is up's help, not the general one" t_help_up
+t_exec_passthrough() {
+	# exec's --help after the command is the guest command's: not intercepted
+	rc_is 125 "$AIRLOCK" exec -C "$T" -- ls --help && has "$T/e" 'cannot reach the relay'
+}
+check "exec -- CMD --help is CMD's own --help" t_exec_passthrough
+t_version() {
+	rc_is 0 "$AIRLOCK" --version && has "$T/o" '^airlock [0-9]+\.[0-9]+' &&
+		rc_is 0 "$AIRLOCK" version && has "$T/o" '^airlock [0-9]' &&
+		rc_is 0 "$AIRLOCK" version --json && json "$T/o" && has "$T/o" '"version": *1' '"airlock": *"[0-9]'
+}
+check "--version, version, version --json" t_version
+t_usage_names() {
+	rc_is 2 "$AIRLOCK" up && has "$T/e" 'missing DIR' 'usage: airlock up' &&
+		rc_is 2 "$AIRLOCK" up "$T" --guest unix:/x && has "$T/e" 'missing --key FILE' &&
+		rc_is 2 "$AIRLOCK" up "$T" --guest unix:/x --key /x && has "$T/e" 'missing --guest-key' &&
+		rc_is 2 "$AIRLOCK" ping --key /x --guest-key y && has "$T/e" 'missing --guest ADDR' &&
+		rc_is 2 "$AIRLOCK" sync --guest unix:/x && has "$T/e" 'missing DIR' &&
+		rc_is 2 "$AIRLOCK" down && has "$T/e" 'missing DIR' &&
+		rc_is 2 "$AIRLOCK" status extra && has "$T/e" "unexpected argument 'extra'" &&
+		rc_is 2 "$AIRLOCK" exec && has "$T/e" 'missing the command' &&
+		rc_is 2 "$AIRLOCK" nosuch && has "$T/e" "unknown command 'nosuch'"
+}
+check "usage errors name what is missing (exit 2)" t_usage_names
+#@MORE@
+
+finish
