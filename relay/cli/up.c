@@ -390,7 +390,7 @@ int cmd_up(int argc, char **argv)
 	if ((status = parse_args(&u, &a, argc, argv)) != 0)
 		return status;
 	if ((status = setup(&u, &a)) == 0)
-		status = run(&u) < 0 ? 1 : 0;
+		status = run(&u) < 0 ? 1 : u.stop_signal == SIGINT ? 130 : 0; /* ^C: as a shell reports it */
 	teardown(&u);
 	return status;
 }

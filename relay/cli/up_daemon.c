@@ -123,12 +123,13 @@ static void on_signal(struct loop *l, int fd, uint32_t events, void *ud)
 	(void)events;
 
 	while (read(fd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
-		if (si.ssi_signo == SIGUSR1) /* sync-wait asks for a fresh status */
+		if (si.ssi_signo == SIGUSR1) { /* sync-wait asks for a fresh status */
 			up_status_write(u);
-		else
-			begin_shutdown(u, si.ssi_signo == SIGINT   ? "SIGINT"
-					  : si.ssi_signo == SIGHUP ? "SIGHUP"
-								   : "SIGTERM");
+			continue;
+		}
+		if (!u->stopping)
+			u->stop_signal = (int)si.ssi_signo;
+		begin_shutdown(u, si.ssi_signo == SIGINT ? "SIGINT" : si.ssi_signo == SIGHUP ? "SIGHUP" : "SIGTERM");
 	}
 }
 
@@ -319,6 +320,11 @@ static void on_close(struct chan *c, int err, const char *why, void *ud)
 
 	chan_get_stats(c, &st);
 	u->conn.bytes_closed += st.bytes_out;
+	/* a terminal's ^C reaches the sandbox or agent of a foreground up too,
+	 * and its end of the connection may be seen first: take the signal
+	 * before calling the connection lost */
+	if (!u->stopping && u->sigfd >= 0)
+		on_signal(u->loop, u->sigfd, EPOLLIN, u);
 	if (err < 0 && !u->stopping) {
 		snprintf(u->conn.last_error, sizeof(u->conn.last_error), "%s", why ? why : strerror(-err));
 		cmd_err("connection to %s lost: %s", u->conn.guest, u->conn.last_error);

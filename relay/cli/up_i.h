@@ -169,6 +169,7 @@ struct up {
 	char state_dir[PATH_MAX]; /* audit_dir(DIR) */
 	int dirfd, sigfd, lockfd, ready_fd;
 	bool stopping;
+	int stop_signal; /* the signal that stopped it (SIGINT: exit 130) */
 
 	struct up_conn conn;
 	struct up_sync sync;

@@ -9,7 +9,7 @@ source "$(dirname "$0")/lib.sh"
 
 AIRLOCK=$1
 AGENT=$2
-export XDG_STATE_HOME=$T/state XDG_RUNTIME_DIR=$T/run XDG_CACHE_HOME=$T/cache
+export XDG_STATE_HOME=$T/state XDG_RUNTIME_DIR=$T/run XDG_CACHE_HOME=$T/cache XDG_DATA_HOME=$T/data
 mkdir -p "$XDG_RUNTIME_DIR"
 chmod 700 "$XDG_RUNTIME_DIR"
 TO="timeout -k 2"
@@ -79,6 +79,84 @@ t_usage_names() {
 		rc_is 2 "$AIRLOCK" nosuch && has "$T/e" "unknown command 'nosuch'"
 }
 check "usage errors name what is missing (exit 2)" t_usage_names
+
+# ---- the parts that mount: a real airlock up with the embedded sandbox ----
+if [ "$CAN_MOUNT" != 1 ]; then
+	skip "the traps and failures need root and /dev/fuse (uid $(id -u))"
+	finish
+	exit $?
+fi
+W=$T/work
+mkdir -p "$W/sub"
+echo hello >"$W/a.txt"
+up_d() { $TO 60 "$AIRLOCK" up "$@" -d >"$T/up.out" 2>"$T/up.err"; }
+down_q() { $TO 20 "$AIRLOCK" down "$1" >/dev/null 2>&1 || true; }
+
+if up_d "$W"; then ok "up -d of a plain workspace"; else not_ok "up -d: $(cat "$T/up.err")"; fi
+t_timeout_line() {
+	rc_is 124 "$AIRLOCK" exec -C "$W" --timeout 1 -- sleep 5 &&
+		has "$T/e" "timed out after 1\.[0-9] s" "--timeout 1" &&
+		rc_is 124 "$AIRLOCK" shell -C "$W" --timeout 0.5 -c 'sleep 5' && has "$T/e" 'timed out' "--timeout 0.5"
+}
+check "a timeout says so on stderr, with the limit and where to change it" t_timeout_line
+t_127_line() {
+	rc_is 127 "$AIRLOCK" exec -C "$W" -- no-such-command-xyz &&
+		has "$T/e" "'no-such-command-xyz'.*not found in the sandbox" 'PATH there is /[^ ]*bin' 'full path'
+}
+check "127 says the command was not found in the sandbox, with its PATH there" t_127_line
+t_exit_quiet() { rc_is 3 "$AIRLOCK" exec -C "$W" -- sh -c 'exit 3' && [ ! -s "$T/e" ]; }
+check "an ordinary exit status adds no line" t_exit_quiet
+down_q "$W"
+
+# ^C of a foreground up, as a terminal sends it: to the whole process group
+# (its sandbox or agent too). MODE peer-kill: the peer dies without FINAL at
+# the same instant, and up sees both in one wake (up is stopped meanwhile).
+sigint_up() { # sigint_up LOG MODE CMD...
+	python3 - "$@" <<'PY'
+import os, signal, subprocess, sys, time
+log, mode, cmd = sys.argv[1], sys.argv[2], sys.argv[3:]
+p = subprocess.Popen(cmd, stdout=open(log + ".out", "w"), stderr=open(log + ".err", "w"), start_new_session=True)
+for _ in range(1200):
+    if " in sync with " in open(log + ".out").read():
+        break
+    time.sleep(0.05)
+time.sleep(0.3)
+os.kill(p.pid, signal.SIGSTOP)
+if mode == "peer-kill":
+    os.kill(int(open(log + ".agentpid").read()), signal.SIGKILL)
+    os.kill(p.pid, signal.SIGINT)
+else:
+    os.killpg(p.pid, signal.SIGINT)
+time.sleep(0.5)
+os.kill(p.pid, signal.SIGCONT)
+try:
+    print(p.wait(30))
+except subprocess.TimeoutExpired:
+    p.kill()
+    print("hung")
+PY
+}
+t_ctrl_c() {
+	local rc
+	rc=$(sigint_up "$T/int" group "$AIRLOCK" up "$W")
+	[ "$rc" = 130 ] || { echo "exit $rc, wanted 130" >&2; cat "$T/int.err" >&2; return 1; }
+	! grep -qiE 'FINAL|lost|error' "$T/int.err" || { cat "$T/int.err" >&2; return 1; }
+}
+check "^C of a foreground up (sandbox local) exits 130, no connection error" t_ctrl_c
+make_pair
+t_ctrl_c_peer() {
+	local rc
+	cat >"$T/both.sh" <<SH
+"$AGENT" --listen unix:$T/a.sock --root "$G" --key "$T/gk" --allow "$HPUB" --fsync none --state "$T/agent.state" &
+echo \$! >"$T/intp.agentpid"
+for i in \$(seq 100); do [ -S "$T/a.sock" ] && break; sleep 0.05; done
+exec "$AIRLOCK" up "$W" --guest unix:$T/a.sock --key "$T/hk" --guest-key "$GPUB"
+SH
+	rc=$(sigint_up "$T/intp" peer-kill sh "$T/both.sh")
+	[ "$rc" = 130 ] || { echo "exit $rc, wanted 130" >&2; cat "$T/intp.err" >&2; return 1; }
+	! grep -qE 'FINAL|lost' "$T/intp.err" || { cat "$T/intp.err" >&2; return 1; }
+}
+check "^C while the peer dies in the same instant: 130, no 'peer closed without FINAL'" t_ctrl_c_peer
 #@MORE@
 
 finish
