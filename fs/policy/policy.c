@@ -440,6 +440,11 @@ static int parse_host(const char *s, struct policy_host *h, const char **why)
 
 	h->subdomains = false;
 	h->port = 0;
+	if (strstr(s, "://") || strchr(s, '/')) {
+		*why = "give the host name (\"example.com\", \"*.example.com\" or \"example.com:8443\"), not a URL "
+		       "or a path";
+		return -EINVAL;
+	}
 	if (colon) {
 		char *end;
 		if (!colon[1] || strspn(colon + 1, "0123456789") != strlen(colon + 1)) {

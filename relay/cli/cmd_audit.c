@@ -72,7 +72,7 @@ int cmd_audit(int argc, char **argv)
 	};
 	const char *dir = ".";
 	bool json = false;
-	char err[1024];
+	char err[1024], real[PATH_MAX];
 	void *w = NULL, *eg = NULL;
 	int c, status = 1;
 
@@ -92,6 +92,11 @@ int cmd_audit(int argc, char **argv)
 	}
 	if (cmd_operands("audit", argc, argv, optind, 0, "") < 0)
 		return 2;
+	if ((c = ws_resolve(dir, real, true)) < 0) {
+		cmd_err("audit: %s: %s", dir, strerror(-c));
+		goto out;
+	}
+	dir = real;
 	if (audit_read_json(dir, AUDIT_WITHHELD_FILE, &w, err, sizeof(err)) < 0 ||
 	    audit_read_json(dir, AUDIT_EGRESS_FILE, &eg, err, sizeof(err)) < 0) {
 		cmd_err("audit: %s", err);

@@ -422,6 +422,20 @@ static bool stdin_is_null(void)
 	       a.st_rdev == b.st_rdev;
 }
 
+/* o->dir is the directory under the mount at root, not the mount (a shell
+ * that was in it before airlock up mounted over it): what it writes there
+ * never reaches the sandbox. Say so; the command still runs. */
+static void warn_under_mount(const struct run_opts *o, const char *root)
+{
+	struct stat here, mnt;
+
+	if (mount_is_airlock(root) == 1 && stat(o->dir, &here) == 0 && stat(root, &mnt) == 0 &&
+	    here.st_dev != mnt.st_dev)
+		cmd_err("%s: warning: %s is the directory under the airlock mount of %s, not the mount: files "
+			"written from here never reach the sandbox. Run: cd \"$PWD\"",
+			o->who, !strcmp(o->dir, ".") ? "the current directory" : o->dir, root);
+}
+
 /* The workspace of o->dir (real, rel: o->dir's path below it) and a
  * connection to its relay socket in x->fd. 0, or -1 after saying why. */
 static int connect_workspace(const struct run_opts *o, struct xc *x, char real[PATH_MAX], const char **rel)
@@ -434,6 +448,7 @@ static int connect_workspace(const struct run_opts *o, struct xc *x, char real[P
 		return -1;
 	}
 	find_workspace(real, rel);
+	warn_under_mount(o, real);
 	if ((r = relay_default_path(real, sock, sizeof(sock))) < 0) {
 		cmd_err("%s: relay socket for %s: %s", o->who, real, strerror(-r));
 		return -1;

@@ -2,8 +2,10 @@
 #ifndef AIRLOCK_CMD_I_H
 #define AIRLOCK_CMD_I_H
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include <jansson.h>
 
@@ -60,6 +62,28 @@ bool cmd_wants_help(int argc, char **argv);
  * command), and the commands help.c's table has no row for. */
 const char *cmd_table_usage(const char *name);
 void cmd_table_print_unlisted(FILE *f);
+
+/* ---- workspace.c: which workspace a directory is in, and all of them ---- */
+
+/* path is dir or below it (both absolute, no trailing '/'). */
+bool ws_path_below(const char *path, const char *dir);
+/* The workspace holding dir, into out: the nearest airlock mount or live
+ * airlock up at or above realpath(dir); with records also the nearest
+ * directory with audit records (airlock sync); else realpath(dir) itself.
+ * 0, or -errno from realpath. */
+int ws_resolve(const char *dir, char out[PATH_MAX], bool records);
+/* One workspace of this user: its state directory, the pid of its
+ * airlock up (0: none runs), its directory ("" when no file names it) and
+ * the daemon's status (NULL unless it runs; borrowed for the call). */
+struct ws_info {
+	char state_dir[PATH_MAX];
+	char dir[PATH_MAX];
+	pid_t pid;
+	json_t *status;
+};
+/* fn for every state directory (at most 4096); stops at fn's first
+ * non-zero return, which is returned. */
+int ws_foreach(int (*fn)(const struct ws_info *w, void *ud), void *ud);
 
 /* Print o as one line of compact JSON to stdout and drop the reference
  * (NULL: the json_pack that made it failed). 0, or -1 after saying "out

@@ -66,7 +66,7 @@ static int daemonize(int *ready_fd)
 /* What the command line asks for besides the guest (u->conn.g). */
 struct up_args {
 	const char *dir, *policy_file, *sandbox;
-	bool daemon;
+	bool daemon, allow_home;
 };
 
 /* The command line into u->conn.g and a. 0, or the exit status. */
@@ -78,6 +78,7 @@ static int parse_args(struct up *u, struct up_args *a, int argc, char **argv)
 	    GUEST_OPTS_PSK_LONG,
 	    {"daemon", no_argument, NULL, 'd'},
 	    {"sandbox", required_argument, NULL, 's'},
+	    {"allow-home", no_argument, NULL, 'H'},
 	    {NULL, 0, NULL, 0},
 	};
 	int c, r;
@@ -94,6 +95,8 @@ static int parse_args(struct up *u, struct up_args *a, int argc, char **argv)
 			a->daemon = true;
 		} else if (c == 's') {
 			a->sandbox = optarg;
+		} else if (c == 'H') {
+			a->allow_home = true;
 		} else {
 			cmd_usage("up");
 			return 2;
@@ -163,9 +166,10 @@ static int open_workspace(struct up *u, const struct up_args *a)
 
 	/* a mount left by a crashed up would hide DIR: clear it first */
 	if ((r = mount_clear_stale(a->dir)) == -EBUSY) {
+		const char *shown = realpath(a->dir, u->dir) ? u->dir : a->dir;
 		cmd_err("up: %s is already served by a running airlock (stop it with: "
 			"airlock down %s)",
-			a->dir, a->dir);
+			shown, shown);
 		return 1;
 	} else if (r < 0 && r != -ENOENT && r != -ENOTDIR) {
 		cmd_err("up: %s: %s", a->dir, strerror(-r));
@@ -175,6 +179,9 @@ static int open_workspace(struct up *u, const struct up_args *a)
 		cmd_err("up: workspace %s: %s", a->dir, strerror(errno));
 		return 2;
 	}
+	if ((r = up_check_workspace(u->dir, a->allow_home)) != 0 || (r = up_check_fuse()) != 0)
+		return r;
+	up_warn_processes(u->dir);
 	/* policy once, before the mount: it is read from the backing files */
 	if (policy_load_for_workspace(u->dir, a->policy_file, &u->pol.policy, err, sizeof(err)) < 0) {
 		cmd_err("policy: %s", err);

@@ -262,6 +262,20 @@ void up_status_write(struct up *u);
  * for that), else at most every STATUS_MIN_MS. */
 void up_status_flush(struct up *u, bool settled);
 
+/* ---- up_traps.c: refusals and warnings before anything starts ---- */
+
+/* dir (a realpath) is a directory, not $HOME without allow_home, holds
+ * none of airlock's own state, socket or sandbox directories, and is
+ * neither inside nor around another live workspace. 0, or the exit status
+ * after saying why and what to do. */
+int up_check_workspace(const char *dir, bool allow_home);
+/* /dev/fuse exists and is ours to open, and a user other than root has
+ * fusermount3. 0, or the exit status after saying the cause and the fix. */
+int up_check_fuse(void);
+/* Name the processes whose cwd or open files are below dir: they keep
+ * seeing the directory under the mount. */
+void up_warn_processes(const char *dir);
+
 /* ---- up_state.c ---- */
 
 /* pid of the daemon holding state_dir's pid file, 0 when none runs. */

@@ -13,6 +13,15 @@ export XDG_STATE_HOME=$T/state XDG_RUNTIME_DIR=$T/run XDG_CACHE_HOME=$T/cache XD
 mkdir -p "$XDG_RUNTIME_DIR"
 chmod 700 "$XDG_RUNTIME_DIR"
 TO="timeout -k 2"
+# every workspace this script may have brought up goes down first, whatever failed
+cli_cleanup() {
+	local w
+	for w in "$T/ws/work" "$T/home" "$T/ws/work/sub"; do
+		timeout 20 "$AIRLOCK" down "$w" >/dev/null 2>&1 || true
+	done
+	cleanup
+}
+trap cli_cleanup EXIT
 CAN_MOUNT=0
 [ "$(id -u)" = 0 ] && [ -c /dev/fuse ] && CAN_MOUNT=1
 
@@ -68,9 +77,9 @@ t_version() {
 }
 check "--version, version, version --json" t_version
 t_usage_names() {
-	rc_is 2 "$AIRLOCK" up && has "$T/e" 'missing DIR' 'usage: airlock up' &&
-		rc_is 2 "$AIRLOCK" up "$T" --guest unix:/x && has "$T/e" 'missing --key FILE' &&
-		rc_is 2 "$AIRLOCK" up "$T" --guest unix:/x --key /x && has "$T/e" 'missing --guest-key' &&
+	rc_is 2 $TO 20 "$AIRLOCK" up && has "$T/e" 'missing DIR' 'usage: airlock up' &&
+		rc_is 2 $TO 20 "$AIRLOCK" up "$T" --guest unix:/x && has "$T/e" 'missing --key FILE' &&
+		rc_is 2 $TO 20 "$AIRLOCK" up "$T" --guest unix:/x --key /x && has "$T/e" 'missing --guest-key' &&
 		rc_is 2 "$AIRLOCK" ping --key /x --guest-key y && has "$T/e" 'missing --guest ADDR' &&
 		rc_is 2 "$AIRLOCK" sync --guest unix:/x && has "$T/e" 'missing DIR' &&
 		rc_is 2 "$AIRLOCK" down && has "$T/e" 'missing DIR' &&
@@ -86,7 +95,7 @@ if [ "$CAN_MOUNT" != 1 ]; then
 	finish
 	exit $?
 fi
-W=$T/work
+W=$T/ws/work
 mkdir -p "$W/sub"
 echo hello >"$W/a.txt"
 up_d() { $TO 60 "$AIRLOCK" up "$@" -d >"$T/up.out" 2>"$T/up.err"; }
@@ -143,7 +152,8 @@ t_ctrl_c() {
 	! grep -qiE 'FINAL|lost|error' "$T/int.err" || { cat "$T/int.err" >&2; return 1; }
 }
 check "^C of a foreground up (sandbox local) exits 130, no connection error" t_ctrl_c
-make_pair
+make_pair # (W stays $T/ws/work below)
+W=$T/ws/work
 t_ctrl_c_peer() {
 	local rc
 	cat >"$T/both.sh" <<SH
@@ -157,6 +167,92 @@ SH
 	! grep -qE 'FINAL|lost' "$T/intp.err" || { cat "$T/intp.err" >&2; return 1; }
 }
 check "^C while the peer dies in the same instant: 130, no 'peer closed without FINAL'" t_ctrl_c_peer
+
+# ---- traps: each refused or named before anything starts ----
+t_not_dir() {
+	echo x >"$T/afile"
+	rc_is 2 $TO 20 "$AIRLOCK" up "$T/afile" && has "$T/e" "$T/afile is not a directory" && ! grep -qi policy "$T/e"
+}
+check "up AFILE says it is not a directory (not a policy error)" t_not_dir
+t_home() {
+	mkdir -p "$T/home"
+	HOME=$T/home rc_is 2 $TO 20 "$AIRLOCK" up "$T/home" && has "$T/e" 'home directory' '--allow-home' &&
+		HOME=$T/home up_d "$T/home" --allow-home && down_q "$T/home"
+}
+check "up \$HOME asks for --allow-home (and works with it)" t_home
+t_own_state() {
+	# the default XDG paths under a home given as the workspace: up would hang (the issue's trap)
+	mkdir -p "$T/home2"
+	(unset XDG_STATE_HOME XDG_RUNTIME_DIR XDG_DATA_HOME && HOME=$T/home2 rc_is 2 $TO 20 "$AIRLOCK" up "$T/home2" --allow-home) &&
+		has "$T/e" "holds airlock's own state directory \($T/home2/.local/state/airlock/" 'XDG_STATE_HOME=' &&
+		XDG_RUNTIME_DIR=$T/ws/run rc_is 2 $TO 20 "$AIRLOCK" up "$T/ws" && has "$T/e" "own relay socket" 'XDG_RUNTIME_DIR=.*AIRLOCK_SOCKET' &&
+		XDG_DATA_HOME=$T/ws/data rc_is 2 $TO 20 "$AIRLOCK" up "$T/ws" && has "$T/e" "own sandbox state" 'XDG_DATA_HOME='
+}
+check "up refuses a workspace holding airlock's own state, socket or sandbox dirs, naming the setting" t_own_state
+t_url_policy() {
+	mkdir -p "$T/urlws"
+	echo '{"egress": {"allow": ["https://example.com"]}}' >"$T/urlws/airlock.json"
+	rc_is 2 $TO 20 "$AIRLOCK" up "$T/urlws" && has "$T/e" 'egress.allow\[0\]' 'give the host name' && ! grep -q 'port must' "$T/e"
+}
+check "a URL in egress.allow: the message says to give the host name" t_url_policy
+
+# a shell already in DIR before the mount (the issue's first trap)
+(cd "$W" && exec sleep 300) &
+SLEEPER=$!
+PIDS+=("$SLEEPER")
+t_procs_named() {
+	up_d "$W" && has "$T/up.err" "pid $SLEEPER \(sleep, cwd\)" 'will not see the mount' 'cd "\$PWD"'
+}
+check "up names the processes whose cwd is below DIR, with the fix" t_procs_named
+kill "$SLEEPER" 2>/dev/null || true
+t_exec_under() {
+	# a shell whose cwd was taken before the mount: the directory under it
+	down_q "$W"
+	rc_is 0 bash -c "cd '$W' && '$AIRLOCK' up '$W' -d >/dev/null 2>&1 && '$AIRLOCK' exec -- true" &&
+		has "$T/e" 'directory under the airlock mount' 'cd "\$PWD"' &&
+		rc_is 0 bash -c "cd '$W' && '$AIRLOCK' exec -- true" && ! grep -q 'under the airlock mount' "$T/e"
+}
+check "exec warns when its cwd is the directory under the mount, not when it is on it" t_exec_under
+t_subdir() {
+	rc_is 0 bash -c "cd '$W/sub' && '$AIRLOCK' status" && has "$T/o" "^workspace +$W " &&
+		rc_is 0 bash -c "cd '$W/sub' && '$AIRLOCK' sync-wait --timeout 20" &&
+		rc_is 0 bash -c "cd '$W/sub' && '$AIRLOCK' audit" && has "$T/o" 'last sync scan' &&
+		rc_is 0 bash -c "cd '$W/sub' && '$AIRLOCK' status --json" && json "$T/o"
+}
+check "status, sync-wait and audit work from a subdirectory of the workspace" t_subdir
+t_nested() {
+	rc_is 2 $TO 20 "$AIRLOCK" up "$W/sub" && has "$T/e" "inside the live workspace $W" "airlock down $W" &&
+		rc_is 2 $TO 20 "$AIRLOCK" up "$T/ws" && has "$T/e" "holds the live workspace $W" "airlock down $W"
+}
+check "a workspace inside or around a live one is refused" t_nested
+down_q "$W"
+t_status_none() {
+	mkdir -p "$T/none/sub"
+	rc_is 1 bash -c "cd '$T/none/sub' && '$AIRLOCK' status" && [ ! -s "$T/o" ] &&
+		has "$T/e" "no airlock up runs for $T/none/sub" 'airlock up DIR' &&
+		rc_is 1 bash -c "cd '$T/none/sub' && '$AIRLOCK' status --json" && json "$T/o" &&
+		has "$T/o" '"running": *false' '"version": *1' "\"dir\": *\"$T/none/sub\""
+}
+check "status without a daemon: stderr, the resolved path; --json still valid JSON" t_status_none
+t_no_fuse_access() {
+	local nr=$T/nr
+	mkdir -p "$nr/w"
+	chown -R 65534:65534 "$nr"
+	chmod 755 "$T"
+	if setpriv --reuid=65534 --regid=65534 --clear-groups test -r /dev/fuse -a -w /dev/fuse; then
+		echo "(uid 65534 can open /dev/fuse here: nothing to test)"
+		return 0
+	fi
+	rc_is 1 setpriv --reuid=65534 --regid=65534 --clear-groups env -i HOME="$nr" PATH=/usr/bin:/bin \
+		"$AIRLOCK" up "$nr/w" &&
+		has "$T/e" '/dev/fuse' 'Permission denied' 'chmod 0666 /dev/fuse' && ! grep -q 'sandbox started' "$T/e" &&
+		[ ! -e "$nr/.local/share/airlock/sandboxes" ] && [ -z "$(pgrep -u 65534 -f "root $nr/w" || true)" ]
+}
+if command -v setpriv >/dev/null; then
+	check "non-root without /dev/fuse access: the cause and the fix, nothing started" t_no_fuse_access
+else
+	skip "no setpriv: the non-root /dev/fuse case"
+fi
 #@MORE@
 
 finish
