@@ -103,16 +103,20 @@ int cmd_audit(int argc, char **argv)
 		goto out;
 	}
 	if (json) {
-		json_t *o = json_object();
-		if (!o || json_object_set(o, "sync", w ? (json_t *)w : json_null()) < 0 ||
-		    json_object_set(o, "egress", eg ? (json_t *)eg : json_null()) < 0 ||
-		    json_dumpf(o, stdout, JSON_COMPACT) < 0) {
-			json_decref(o);
+		/* nothing recorded yet: the same shapes, empty (doc/JSON.md "audit") */
+		if (!w)
+			w = json_pack("{s:i, s:s, s:n, s:n, s:[], s:i, s:i, s:[], s:i, s:i}", "version", 1, "workspace",
+				      dir, "policy", "time", "withheld", "withheld_total", 0, "withheld_omitted", 0,
+				      "skipped", "skipped_total", 0, "skipped_omitted", 0);
+		if (!eg)
+			eg = json_pack("{s:i, s:[], s:i, s:i}", "version", 1, "denials", "denials_total", 0,
+				       "denials_omitted", 0);
+		if (!w || !eg ||
+		    cmd_print_json(json_pack("{s:i, s:s, s:O, s:O}", "version", 1, "workspace", dir, "sync",
+					     (json_t *)w, "egress", (json_t *)eg)) < 0) {
 			cmd_err("out of memory");
 			goto out;
 		}
-		json_decref(o);
-		fputc('\n', stdout);
 	} else {
 		if (!w)
 			printf("no sync recorded for %s yet (run airlock sync)\n", dir);

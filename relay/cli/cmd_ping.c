@@ -476,9 +476,10 @@ static void measure(struct ping *p, struct ping_result *res)
 
 static int report_json(const struct ping *p, const char *guest, const struct ping_result *res)
 {
-	json_t *o = json_pack("{s:s, s:f, s:f, s:{s:I, s:I, s:f, s:f, s:f, s:f}}", "guest", guest, "connect_ms",
-			      res->conn_ms, "handshake_ms", res->hs_ms, "rtt_us", "n", (json_int_t)p->received, "size",
-			      (json_int_t)p->size, "p50", res->p50, "p99", res->p99, "min", res->mn, "max", res->mx);
+	json_t *o =
+	    json_pack("{s:i, s:s, s:f, s:f, s:{s:I, s:I, s:f, s:f, s:f, s:f}}", "version", 1, "guest", guest,
+		      "connect_ms", res->conn_ms, "handshake_ms", res->hs_ms, "rtt_us", "n", (json_int_t)p->received,
+		      "size", (json_int_t)p->size, "p50", res->p50, "p99", res->p99, "min", res->mn, "max", res->mx);
 	struct rusage ru;
 
 	if (o && getrusage(RUSAGE_SELF, &ru) == 0)

@@ -365,12 +365,12 @@ static int report_json(const struct synccmd *x, const char *dir, double secs)
 	const struct sync_stats *st = sync_get_stats(x->sync);
 	uint64_t wire = x->last.bytes_out + x->last.bytes_in;
 	json_t *o = json_pack(
-	    "{s:s, s:s, s:b, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
+	    "{s:i, s:s, s:s, s:b, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
 	    "s:I, "
 	    "s:I, s:I, s:I, s:I, s:I}",
-	    "workspace", dir, "guest", x->guest, "ok", 1, "seconds", secs, "files_sent", (json_int_t)st->files,
-	    "symlinks_sent", (json_int_t)st->symlinks, "dirs_made", (json_int_t)st->dirs, "chmods",
-	    (json_int_t)st->chmods, "deleted", (json_int_t)st->deleted, "changes", (json_int_t)st->changes,
+	    "version", 1, "workspace", dir, "guest", x->guest, "ok", 1, "seconds", secs, "files_sent",
+	    (json_int_t)st->files, "symlinks_sent", (json_int_t)st->symlinks, "dirs_made", (json_int_t)st->dirs,
+	    "chmods", (json_int_t)st->chmods, "deleted", (json_int_t)st->deleted, "changes", (json_int_t)st->changes,
 	    "content_bytes", (json_int_t)st->content_bytes, "batch_bytes", (json_int_t)st->batch_bytes, "batches",
 	    (json_int_t)st->batches, "wire_bytes", (json_int_t)wire, "wire_bytes_out", (json_int_t)x->last.bytes_out,
 	    "wire_bytes_in", (json_int_t)x->last.bytes_in, "withheld", (json_int_t)st->withheld, "skipped",

@@ -52,6 +52,13 @@ void cmd_table_print_unlisted(FILE *f)
 			fprintf(f, "  %s\n", commands[i].usage);
 }
 
+/* --json's promise of a document on stdout, failures included: the
+ * first error said (cmd_err) and whether a document went out. */
+static struct {
+	char first_err[1024];
+	bool printed;
+} json_out;
+
 void cmd_err(const char *fmt, ...)
 {
 	va_list ap;
@@ -61,6 +68,11 @@ void cmd_err(const char *fmt, ...)
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
 	fputc('\n', stderr);
+	if (!json_out.first_err[0]) {
+		va_start(ap, fmt);
+		vsnprintf(json_out.first_err, sizeof(json_out.first_err), fmt, ap);
+		va_end(ap);
+	}
 }
 
 int cmd_print_json(json_t *o)
@@ -70,9 +82,30 @@ int cmd_print_json(json_t *o)
 		cmd_err("out of memory");
 		return -1;
 	}
+	json_out.printed = true;
 	json_decref(o);
 	fputc('\n', stdout);
 	return 0;
+}
+
+/* argv asks for --json (before any "--"). */
+static bool wants_json(int argc, char **argv)
+{
+	for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+		if (!strcmp(argv[i], "--json"))
+			return true;
+	return false;
+}
+
+/* A command run with --json that failed without printing its document
+ * prints the failure document instead (doc/JSON.md "Failure"). */
+static int json_failure(const char *cmd, int status)
+{
+	if (status != 0 && !json_out.printed)
+		cmd_print_json(json_pack("{s:i, s:b, s:s, s:i, s:s}", "version", 1, "ok", 0, "command", cmd, "exit",
+					 status, "error",
+					 json_out.first_err[0] ? json_out.first_err : "failed (see stderr)"));
+	return status;
 }
 
 int main(int argc, char **argv)
@@ -97,7 +130,8 @@ int main(int argc, char **argv)
 			cmd_help_print(stdout, commands[i].name);
 			return 0;
 		}
-		return commands[i].fn(argc - 1, argv + 1);
+		int status = commands[i].fn(argc - 1, argv + 1);
+		return wants_json(argc - 1, argv + 1) ? json_failure(commands[i].name, status) : status;
 	}
 	cmd_err("unknown command '%s' (try 'airlock help')", argv[1]);
 	return 2;

@@ -317,7 +317,8 @@ static int status_fail(bool json, const char *dir, const char *msg)
 {
 	cmd_err("status: %s", msg);
 	if (json)
-		cmd_print_json(json_pack("{s:i, s:b, s:s, s:s}", "version", 1, "running", 0, "dir", dir, "error", msg));
+		cmd_print_json(json_pack("{s:i, s:b, s:b, s:s, s:s}", "version", 1, "ok", 0, "running", 0, "dir", dir,
+					 "error", msg));
 	return 1;
 }
 
@@ -348,8 +349,11 @@ int cmd_status(int argc, char **argv)
 	}
 	json_object_set_new(st, "running", json_true());
 	if (json) {
-		json_dumpf(st, stdout, JSON_COMPACT);
-		fputc('\n', stdout);
+		json_incref(st);
+		if (cmd_print_json(st) < 0) {
+			json_decref(st);
+			return 1;
+		}
 	} else {
 		print_status(st, pid);
 	}

@@ -25,8 +25,18 @@ trap cli_cleanup EXIT
 CAN_MOUNT=0
 [ "$(id -u)" = 0 ] && [ -c /dev/fuse ] && CAN_MOUNT=1
 
-# json FILE: FILE is one valid JSON document
-json() { python3 -m json.tool "$1" >/dev/null; }
+SCHEMAS=$(cd "$(dirname "$0")/../../doc/schema" && pwd)
+SCHEMA_CHECK=$(dirname "$0")/../harness/schema_check.py
+# json FILE [SCHEMA]: FILE is one valid JSON document (and valid against doc/schema/SCHEMA.schema.json;
+# without python3-jsonschema only the parse is checked, said once)
+json() {
+	python3 -m json.tool "$1" >/dev/null || return 1
+	[ -n "${2:-}" ] || return 0
+	local rc=0
+	python3 "$SCHEMA_CHECK" "$SCHEMAS" "$2" "$1" || rc=$?
+	[ "$rc" = 77 ] && { [ -n "${SAID_NOSCHEMA:-}" ] || echo "(no python3-jsonschema: schemas not checked)"; SAID_NOSCHEMA=1; return 0; }
+	return "$rc"
+}
 # has FILE REGEX...: FILE matches every REGEX (extended, case-insensitive)
 has() {
 	local f=$1 re
@@ -73,7 +83,7 @@ check "exec -- CMD --help is CMD's own --help" t_exec_passthrough
 t_version() {
 	rc_is 0 "$AIRLOCK" --version && has "$T/o" '^airlock [0-9]+\.[0-9]+' &&
 		rc_is 0 "$AIRLOCK" version && has "$T/o" '^airlock [0-9]' &&
-		rc_is 0 "$AIRLOCK" version --json && json "$T/o" && has "$T/o" '"version": *1' '"airlock": *"[0-9]'
+		rc_is 0 "$AIRLOCK" version --json && json "$T/o" version && has "$T/o" '"version": *1' '"airlock": *"[0-9]'
 }
 check "--version, version, version --json" t_version
 t_usage_names() {
@@ -88,6 +98,22 @@ t_usage_names() {
 		rc_is 2 "$AIRLOCK" nosuch && has "$T/e" "unknown command 'nosuch'"
 }
 check "usage errors name what is missing (exit 2)" t_usage_names
+t_json_failures() {
+	# every --json, failing: still one valid document on stdout, with version, ok false and the error
+	rc_is 1 "$AIRLOCK" status -C "$T" --json && json "$T/o" status && has "$T/o" '"ok": *false' '"error": *"no airlock up' &&
+		rc_is 1 "$AIRLOCK" audit -C "$T/nonexistent" --json && json "$T/o" failure && has "$T/o" '"error": *"audit: ' &&
+		rc_is 2 "$AIRLOCK" ping --json && json "$T/o" failure && has "$T/o" '"exit": *2' 'missing --guest' &&
+		rc_is 2 "$AIRLOCK" sync "$T" --guest "unix:$T/none.sock" --key "$T/k" --guest-key AAAA --json &&
+		json "$T/o" failure && has "$T/o" 'not a public key'
+}
+check "--json failures are valid JSON documents (status, audit, ping, sync)" t_json_failures
+t_audit_empty() {
+	mkdir -p "$T/fresh"
+	rc_is 0 "$AIRLOCK" audit -C "$T/fresh" --json && json "$T/o" audit &&
+		python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["version"]==1
+assert d["egress"]["denials"]==[] and d["sync"]["withheld"]==[] and d["sync"]["skipped"]==[], d' "$T/o"
+}
+check "audit --json with nothing recorded: version, [] lists, never null" t_audit_empty
 
 # ---- the parts that mount: a real airlock up with the embedded sandbox ----
 if [ "$CAN_MOUNT" != 1 ]; then
@@ -217,7 +243,8 @@ t_subdir() {
 	rc_is 0 bash -c "cd '$W/sub' && '$AIRLOCK' status" && has "$T/o" "^workspace +$W " &&
 		rc_is 0 bash -c "cd '$W/sub' && '$AIRLOCK' sync-wait --timeout 20" &&
 		rc_is 0 bash -c "cd '$W/sub' && '$AIRLOCK' audit" && has "$T/o" 'last sync scan' &&
-		rc_is 0 bash -c "cd '$W/sub' && '$AIRLOCK' status --json" && json "$T/o"
+		rc_is 0 bash -c "cd '$W/sub' && '$AIRLOCK' status --json" && json "$T/o" status &&
+		rc_is 0 bash -c "cd '$W/sub' && '$AIRLOCK' audit --json" && json "$T/o" audit
 }
 check "status, sync-wait and audit work from a subdirectory of the workspace" t_subdir
 t_nested() {
