@@ -31,6 +31,9 @@ static const struct command commands[] = {
     {"shell", cmd_shell,
      "shell [-C DIR] [--timeout S] [-c CMD [NAME [ARG...]]]  login shell (or sh -c CMD) in the guest"},
     {"audit", cmd_audit, "audit [-C DIR] [--json]   withheld paths (with their rule), skipped files, egress denials"},
+    {"list", cmd_list, "list [--json]"},
+    {"logs", cmd_logs, "logs [-f] [-n N] [DIR]"},
+    {"gc", cmd_gc, "gc [--dry-run] [--older-than DAYS]"},
     {"version", cmd_version, "version [--json]"},
     {"help", cmd_help, "help [CMD]"},
 };

@@ -215,6 +215,8 @@ static int take_state(struct up *u, const struct up_args *a)
 			cmd_err("up: pid file in %s: %s", u->state_dir, strerror(-r));
 		return 1;
 	}
+	if ((r = up_log_start(u->state_dir)) < 0)
+		cmd_err("up: warning: no log in %s/%s: %s", u->state_dir, UP_LOG_FILE, strerror(-r));
 	return 0;
 }
 
@@ -399,5 +401,6 @@ int cmd_up(int argc, char **argv)
 	if ((status = setup(&u, &a)) == 0)
 		status = run(&u) < 0 ? 1 : u.stop_signal == SIGINT ? 130 : 0; /* ^C: as a shell reports it */
 	teardown(&u);
+	up_log_stop();
 	return status;
 }

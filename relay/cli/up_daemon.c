@@ -277,23 +277,13 @@ void up_conn_live(struct up *u)
 		fflush(stdout);
 		return;
 	}
-	/* -d: tell the parent, then log to the state dir */
-	char log[PATH_MAX + 32];
-	int fd;
+	/* -d: tell the parent, then only the log (up_log.c) hears from us */
 	dprintf(u->ready_fd, "airlock: relay socket %s\n", u->exec.sock);
 	dprintf(u->ready_fd, "airlock: %s in sync with %s\n", u->dir, u->conn.guest);
 	close(u->ready_fd);
 	u->ready_fd = -1;
-	snprintf(log, sizeof(log), "%s/%s", u->state_dir, UP_LOG_FILE);
-	if ((fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600)) >= 0) {
-		dup2(fd, STDOUT_FILENO);
-		dup2(fd, STDERR_FILENO);
-		close(fd);
-	}
-	if ((fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0) {
-		dup2(fd, STDIN_FILENO);
-		close(fd);
-	}
+	up_log_detach();
+	fprintf(stderr, "airlock: %s in sync with %s (in the background)\n", u->dir, u->conn.guest);
 }
 
 static void on_retry(struct loop *l, void *ud)

@@ -38,7 +38,8 @@
 
 #define UP_PID_FILE    "up.pid"	     /* pid, flock'ed by the daemon while it runs */
 #define UP_STATUS_FILE "status.json" /* written by the daemon, read by status/sync-wait */
-#define UP_LOG_FILE    "up.log"	     /* the daemon's stderr after -d */
+#define UP_LOG_FILE    "up.log"	     /* the daemon's stderr, timestamped (up_log.c) */
+#define UP_LOG_MAX     (1 << 20)     /* up.log is rotated to up.log.1 past this */
 #define STATUS_MIN_MS  100u	     /* status file rewritten at most this often */
 #define BACKOFF_MIN_MS 100u
 #define BACKOFF_MAX_MS 5000u
@@ -261,6 +262,16 @@ void up_status_write(struct up *u);
 /* Write it if it changed: at once when settled (sync-wait and status wait
  * for that), else at most every STATUS_MIN_MS. */
 void up_status_flush(struct up *u, bool settled);
+
+/* ---- up_log.c: the daemon's log ---- */
+
+/* From here on stderr also goes to state_dir's up.log, timestamped (and to
+ * the terminal until up_log_detach). 0 or -errno (then nothing changed). */
+int up_log_start(const char *state_dir);
+/* -d is in sync: stop echoing to the terminal; stdout goes to the log too. */
+void up_log_detach(void);
+/* Restore stdout and stderr, close the log. */
+void up_log_stop(void);
 
 /* ---- up_traps.c: refusals and warnings before anything starts ---- */
 

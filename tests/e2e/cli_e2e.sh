@@ -280,6 +280,49 @@ if command -v setpriv >/dev/null; then
 else
 	skip "no setpriv: the non-root /dev/fuse case"
 fi
+
+# ---- list, logs, gc ----
+t_list() {
+	rc_is 0 "$AIRLOCK" list --json && json "$T/o" list && has "$T/o" '"workspaces": *\[\]' &&
+		up_d "$W" && rc_is 0 "$AIRLOCK" list --json && json "$T/o" list &&
+		python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); w=[x for x in d["workspaces"] if x["dir"]==sys.argv[2]]
+assert len(w)==1 and w[0]["running"] and w[0]["pid"]>0 and w[0]["kind"]=="local" and w[0]["state"]=="live", d' "$T/o" "$W" &&
+		rc_is 0 "$AIRLOCK" list && has "$T/o" "^$W +live +local +[0-9]+"
+}
+t_list_fresh() {
+	local rc=0
+	XDG_STATE_HOME=$T/emptystate t_list || rc=1
+	XDG_STATE_HOME=$T/emptystate down_q "$W"
+	return $rc
+}
+check "list [--json]: [] with none, then the running workspace (state, kind, pid)" t_list_fresh
+t_logs() {
+	local lp
+	start_bg upfg "$AIRLOCK" up "$W" # foreground: no -d, still logged
+	wait_line "$T/upfg.out" 'in sync with' 30 || return 1
+	rc_is 0 "$AIRLOCK" logs "$W" &&
+		has "$T/o" "^==> daemon: .*/up.log <==" "^20[0-9-]{8}T[0-9:]{8}\.[0-9]{3}Z airlock: $W mounted" '^==> agent: .*agent.log <==' || return 1
+	"$AIRLOCK" logs -f -n 0 -C "$W/sub" >"$T/logf.out" 2>&1 &
+	lp=$!
+	PIDS+=("$lp")
+	sleep 0.5
+	$TO 20 "$AIRLOCK" down "$W" >/dev/null 2>&1
+	wait_line "$T/logf.out" 'Z airlock: stopping \(SIGTERM\)' 10 || return 1
+	kill "$lp"
+}
+check "logs: the daemon's timestamped log without -d, the agent's, -f follows from a subdirectory" t_logs
+t_gc() {
+	local gw=$T/gone gsb
+	mkdir -p "$gw"
+	up_d "$gw" && down_q "$gw" && rm -rf "$gw" &&
+		gsb=$(sed -n 's/.*state in \(.*\)$/\1/p' "$T/up.err") && [ -d "$gsb" ] &&
+		rc_is 0 "$AIRLOCK" list && has "$T/o" "^$gw .*directory gone: airlock gc" &&
+		rc_is 0 "$AIRLOCK" gc --dry-run && has "$T/o" "would remove .*\($gw\), its directory is gone" &&
+		rc_is 0 "$AIRLOCK" gc && has "$T/o" 'removed the state of [0-9]+ workspace' &&
+		rc_is 0 "$AIRLOCK" list --json && { ! grep -q "\"$gw\"" "$T/o" || { cat "$T/o" >&2; false; }; } && [ ! -e "$gsb" ] &&
+		rc_is 0 "$AIRLOCK" list && has "$T/o" "^$W +stopped"
+}
+check "gc removes the state (and sandbox state) of a workspace whose directory is gone, keeps the rest" t_gc
 #@MORE@
 
 finish
