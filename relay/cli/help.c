@@ -84,7 +84,8 @@ static const struct cmd_help help_rows[] = {
     {"pubkey", "pubkey FILE", "print the public key of a private key file", NULL, false},
     {"list", "list [--json]", "every workspace of yours: state, kind, pid, pending changes, sandbox, idle TTL",
      "  --json                 one JSON object (doc/JSON.md)\n", false},
-    {"logs", "logs [-f] [-n N] [DIR | -C DIR]", "the daemon's log (timestamped, with or without -d) and the sandbox agent's",
+    {"logs", "logs [-f] [-n N] [DIR | -C DIR]",
+     "the daemon's log (timestamped, with or without -d) and the sandbox agent's",
      "  DIR                    the workspace (default: the one holding the current directory)\n"
      "  -f, --follow           keep printing what is appended\n"
      "  -n, --lines N          the last N lines of each (default 200)\n",
@@ -93,6 +94,10 @@ static const struct cmd_help help_rows[] = {
      "  --dry-run              only say what would go\n"
      "  --older-than DAYS      also stopped workspaces unused for DAYS (their sandbox state too)\n",
      false},
+    {"doctor", "doctor [--json]",
+     "check what airlock needs from this host (FUSE, namespaces, Landlock, seccomp, qemu, KVM, cgroups, stale "
+     "mounts and sockets, shells below a mount), each problem with its fix",
+     "  --json                 one JSON object (doc/JSON.md)\n", false},
     /* More rows here: one per command (trust, changes, accept, reject are
      * added with their commands); `CMD --help` and `airlock help CMD` use
      * them without further code. */

@@ -34,6 +34,7 @@ static const struct command commands[] = {
     {"list", cmd_list, "list [--json]"},
     {"logs", cmd_logs, "logs [-f] [-n N] [DIR]"},
     {"gc", cmd_gc, "gc [--dry-run] [--older-than DAYS]"},
+    {"doctor", cmd_doctor, "doctor [--json]"},
     {"version", cmd_version, "version [--json]"},
     {"help", cmd_help, "help [CMD]"},
 };

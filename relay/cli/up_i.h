@@ -286,6 +286,10 @@ int up_check_fuse(void);
 /* Name the processes whose cwd or open files are below dir: they keep
  * seeing the directory under the mount. */
 void up_warn_processes(const char *dir);
+/* fn for each process (but this one) whose cwd or an open file is below
+ * dir: its pid, command and "cwd" or "open file PATH". How many. */
+unsigned up_procs_below(const char *dir, void (*fn)(const char *pid, const char *comm, const char *what, void *ud),
+			void *ud);
 
 /* ---- up_state.c ---- */
 

@@ -148,15 +148,16 @@ static bool proc_below(const char *pid, const char *dir, char *what, size_t n)
 	return false;
 }
 
-void up_warn_processes(const char *dir)
+unsigned up_procs_below(const char *dir, void (*fn)(const char *pid, const char *comm, const char *what, void *ud),
+			void *ud)
 {
-	char self[16], names[NAMED_MAX][PATH_MAX + 64];
+	char self[16];
 	unsigned procs = 0, hits = 0;
 	struct dirent *de;
 	DIR *d;
 
 	if (!(d = opendir("/proc")))
-		return;
+		return 0;
 	snprintf(self, sizeof(self), "%d", (int)getpid());
 	while ((de = readdir(d)) && procs++ < PROC_MAX) {
 		char what[PATH_MAX + 16], comm[64] = "?", path[64 + NAME_MAX];
@@ -171,19 +172,40 @@ void up_warn_processes(const char *dir)
 				comm[strcspn(comm, "\n")] = '\0';
 			fclose(f);
 		}
-		if (hits < NAMED_MAX)
-			snprintf(names[hits], sizeof(names[hits]), "%s (%s, %s)", de->d_name, comm, what);
+		fn(de->d_name, comm, what, ud);
 		hits++;
 	}
 	closedir(d);
-	if (!hits)
+	return hits;
+}
+
+struct named {
+	char names[NAMED_MAX][PATH_MAX + 64];
+	unsigned n;
+};
+
+static void name_one(const char *pid, const char *comm, const char *what, void *ud)
+{
+	struct named *nm = ud;
+
+	if (nm->n < NAMED_MAX)
+		snprintf(nm->names[nm->n++], sizeof(nm->names[0]), "%s (%s, %s)", pid, comm, what);
+}
+
+void up_warn_processes(const char *dir)
+{
+	static struct named nm;
+	unsigned hits;
+
+	nm.n = 0;
+	if (!(hits = up_procs_below(dir, name_one, &nm)))
 		return;
 	fprintf(stderr,
 		"airlock: up: %u process%s below %s will not see the mount (what they write stays out of "
 		"the sandbox):\n",
 		hits, hits == 1 ? "" : "es", dir);
-	for (unsigned i = 0; i < hits && i < NAMED_MAX; i++)
-		fprintf(stderr, "airlock:   pid %s\n", names[i]);
+	for (unsigned i = 0; i < nm.n; i++)
+		fprintf(stderr, "airlock:   pid %s\n", nm.names[i]);
 	if (hits > NAMED_MAX)
 		fprintf(stderr, "airlock:   ... and %u more\n", hits - NAMED_MAX);
 	fprintf(stderr, "airlock: in each such shell run: cd \"$PWD\" (editors: reopen the files)\n");

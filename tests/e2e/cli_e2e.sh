@@ -16,7 +16,7 @@ TO="timeout -k 2"
 # every workspace this script may have brought up goes down first, whatever failed
 cli_cleanup() {
 	local w
-	for w in "$T/ws/work" "$T/home" "$T/ws/work/sub"; do
+	for w in "$T/ws/work" "$T/home" "$T/ws/work/sub" "$T/stale" "$T/gone"; do
 		timeout 20 "$AIRLOCK" down "$w" >/dev/null 2>&1 || true
 	done
 	cleanup
@@ -107,6 +107,18 @@ t_json_failures() {
 		json "$T/o" failure && has "$T/o" 'not a public key'
 }
 check "--json failures are valid JSON documents (status, audit, ping, sync)" t_json_failures
+t_doctor() {
+	local rc=0
+	"$AIRLOCK" doctor --json >"$T/o" 2>"$T/e" || rc=$?
+	json "$T/o" doctor && { [ "$rc" = 0 ] || [ "$rc" = 1 ]; } &&
+		python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); n={c["name"] for c in d["checks"]}
+need={"fuse","fusermount3","user namespaces","landlock","seccomp","qemu","kvm","cgroups","mounts"}
+assert need <= n, need - n
+assert all(c["fix"] for c in d["checks"] if c["status"] != "ok"), d
+assert (int(sys.argv[2]) == 0) == d["ok"], d' "$T/o" "$rc" &&
+		"$AIRLOCK" doctor >"$T/o" 2>&1 || [ $? = 1 ] && has "$T/o" '^ok +fuse' 'failed, [0-9]+ warning'
+}
+check "doctor [--json]: every check, a fix for each problem, exit 1 only on a failure" t_doctor
 t_audit_empty() {
 	mkdir -p "$T/fresh"
 	rc_is 0 "$AIRLOCK" audit -C "$T/fresh" --json && json "$T/o" audit &&
@@ -230,6 +242,11 @@ t_procs_named() {
 	up_d "$W" && has "$T/up.err" "pid $SLEEPER \(sleep, cwd\)" 'will not see the mount' 'cd "\$PWD"'
 }
 check "up names the processes whose cwd is below DIR, with the fix" t_procs_named
+t_doctor_shell() {
+	"$AIRLOCK" doctor >"$T/o" 2>&1 || true
+	has "$T/o" "pid $SLEEPER \(sleep\) has its cwd in the directory under a mount" 'fix: in that shell: cd "\$PWD"'
+}
+check "doctor names a shell whose cwd is below a mount, with the fix" t_doctor_shell
 kill "$SLEEPER" 2>/dev/null || true
 t_exec_under() {
 	# a shell whose cwd was taken before the mount: the directory under it
@@ -322,6 +339,15 @@ t_gc() {
 		rc_is 0 "$AIRLOCK" list --json && { ! grep -q "\"$gw\"" "$T/o" || { cat "$T/o" >&2; false; }; } && [ ! -e "$gsb" ] &&
 		rc_is 0 "$AIRLOCK" list && has "$T/o" "^$W +stopped"
 }
+t_doctor_stale() {
+	local sw=$T/stale pid
+	mkdir -p "$sw"
+	up_d "$sw" && pid=$(sed -n 's/.*in the background as pid \([0-9]*\).*/\1/p' "$T/up.err") && [ -n "$pid" ] &&
+		kill -9 "$pid" && sleep 0.5 && { "$AIRLOCK" doctor >"$T/o" 2>&1; [ $? = 1 ]; } &&
+		has "$T/o" "FAIL +stale mount +$sw is an airlock mount whose daemon is gone" 'fix: airlock down DIR' &&
+		$TO 20 "$AIRLOCK" down "$sw" >/dev/null 2>&1 && ! grep -q " $sw " /proc/self/mounts
+}
+check "doctor finds the stale mount of a killed up (FAIL, fix airlock down); down clears it" t_doctor_stale
 check "gc removes the state (and sandbox state) of a workspace whose directory is gone, keeps the rest" t_gc
 #@MORE@
 
