@@ -735,12 +735,24 @@ static int p_egress(struct loader *L, json_t *v)
 	return parse_fields(L, v, FIELDS(egress_fields));
 }
 
+/* "$schema": where editors find the JSON Schema (doc/schema/airlock.schema.json);
+ * any string, not read. */
+static int p_schema(struct loader *L, json_t *v)
+{
+	if (!json_is_string(v))
+		return fail(L, -EINVAL, "expected a string (the JSON Schema's URL or path), got %s", type_name(v));
+	return 0;
+}
+
+/* clang-format off */
 static const struct field top_fields[] = {
     {"workspace", p_workspace},
     {"execution", p_execution},
     {"credentials", p_credentials},
     {"egress", p_egress},
+    {"$schema", p_schema},
 };
+/* clang-format on */
 
 /*
  * The key path at byte offset `off` of a JSON text, for parser errors that

@@ -27,7 +27,9 @@ int cmd_shell(int argc, char **argv); /* cmd_exec.c: the same client, a shell in
 
 int cmd_logs(int argc, char **argv);   /* cmd_logs.c */
 int cmd_doctor(int argc, char **argv); /* cmd_doctor.c */
-int cmd_list(int argc, char **argv);   /* cmd_list.c: list, gc */
+int cmd_init(int argc, char **argv);   /* cmd_policy.c: init, policy check/explain */
+int cmd_policy(int argc, char **argv);
+int cmd_list(int argc, char **argv); /* cmd_list.c: list, gc */
 int cmd_gc(int argc, char **argv);
 int cmd_help(int argc, char **argv);	/* help.c: airlock help [CMD] */
 int cmd_version(int argc, char **argv); /* help.c: airlock version [--json] */

@@ -98,6 +98,15 @@ static const struct cmd_help help_rows[] = {
      "check what airlock needs from this host (FUSE, namespaces, Landlock, seccomp, qemu, KVM, cgroups, stale "
      "mounts and sockets, shells below a mount), each problem with its fix",
      "  --json                 one JSON object (doc/JSON.md)\n", false},
+    {"init", "init [DIR] [--force]",
+     "write a starter airlock.json for DIR from what it holds (package.json, pyproject.toml, go.mod, Cargo.toml "
+     "...: their registries on egress.allow)",
+     "  --force                replace an existing airlock.json\n", false},
+    {"policy", "policy check [FILE]\npolicy explain [-C DIR] PATH...",
+     "check a policy file as up would load it; say which rule syncs or withholds each PATH",
+     "  FILE                   default: the workspace's airlock.json\n"
+     "  -C DIR                 the workspace (default: the one holding the current directory)\n",
+     false},
     /* More rows here: one per command (trust, changes, accept, reject are
      * added with their commands); `CMD --help` and `airlock help CMD` use
      * them without further code. */

@@ -35,6 +35,8 @@ static const struct command commands[] = {
     {"logs", cmd_logs, "logs [-f] [-n N] [DIR]"},
     {"gc", cmd_gc, "gc [--dry-run] [--older-than DAYS]"},
     {"doctor", cmd_doctor, "doctor [--json]"},
+    {"init", cmd_init, "init [DIR] [--force]"},
+    {"policy", cmd_policy, "policy check [FILE] | policy explain [-C DIR] PATH..."},
     {"version", cmd_version, "version [--json]"},
     {"help", cmd_help, "help [CMD]"},
 };

@@ -107,6 +107,25 @@ t_json_failures() {
 		json "$T/o" failure && has "$T/o" 'not a public key'
 }
 check "--json failures are valid JSON documents (status, audit, ping, sync)" t_json_failures
+t_init() {
+	local p=$T/proj
+	mkdir -p "$p/src" "$p/deps"
+	echo '{}' >"$p/package.json"
+	echo 'module x' >"$p/go.mod"
+	echo x >"$p/.env"
+	echo 'deps/' >"$p/.gitignore"
+	touch "$p/src/a.c" "$p/deps/d.js"
+	rc_is 0 "$AIRLOCK" init "$p" && has "$T/o" "wrote $p/airlock.json" 'package.json \(npm\)' 'go.mod \(Go modules\)' &&
+		json "$p/airlock.json" airlock && has "$p/airlock.json" '"\$schema"' 'registry.npmjs.org' 'proxy.golang.org' &&
+		rc_is 1 "$AIRLOCK" init "$p" && has "$T/e" 'exists' 'airlock policy check' '--force' &&
+		rc_is 0 "$AIRLOCK" policy check "$p/airlock.json" && has "$T/o" 'valid \(3 egress hosts' &&
+		rc_is 0 bash -c "cd '$p/src' && '$AIRLOCK' policy check" &&
+		rc_is 0 "$AIRLOCK" policy explain -C "$p" "$p/.env" "$p/src/a.c" "$p/deps/d.js" &&
+		has "$T/o" '^\.env: withheld by secret: ' '^src/a\.c: synced' '^deps/d\.js: withheld by gitignore: \.gitignore:1: deps/' &&
+		echo '{"$schema": "x", "egress": {"allow": ["https://example.com/x"]}}' >"$T/url.json" &&
+		rc_is 2 "$AIRLOCK" policy check "$T/url.json" && has "$T/e" 'egress.allow\[0\]' 'give the host name'
+}
+check "init writes a starter policy from the detected files (valid, with \$schema); policy check and explain" t_init
 t_doctor() {
 	local rc=0
 	"$AIRLOCK" doctor --json >"$T/o" 2>"$T/e" || rc=$?
