@@ -19,7 +19,7 @@
  * "  OPTION  what it does", or NULL. */
 static const struct cmd_help help_rows[] = {
     {"up",
-     "up DIR [--sandbox local|vm] [--policy FILE] [-d] [--allow-home]\n"
+     "up DIR [--sandbox local|vm] [--policy FILE] [-d] [--allow-home] [--quiet]\n"
      "up DIR --guest ADDR --key FILE --guest-key PUBKEY [--psk-file FILE] [--policy FILE] [-d]",
      "mount DIR over itself, keep the sandbox's copy of it in sync, serve its relay socket",
      "  --sandbox local|vm     start the embedded sandbox (default local; doc/SANDBOX.md, doc/VM.md)\n"
@@ -29,7 +29,9 @@ static const struct cmd_help help_rows[] = {
      "  --psk-file FILE        an extra pre-shared key, with --guest\n"
      "  --policy FILE          the policy (default: DIR/airlock.json, else the built-in one)\n"
      "  -d, --daemon           run in the background once DIR is in sync (log: airlock logs DIR)\n"
-     "  --allow-home           allow DIR to be $HOME (every dotfile the policy does not withhold is copied)\n",
+     "  --allow-home           allow DIR to be $HOME (every dotfile the policy does not withhold is copied)\n"
+     "  --quiet                no progress during the initial sync (a redrawn line on a terminal, else a line every 5 "
+     "s)\n",
      false},
     {"down", "down DIR [--destroy]", "stop airlock up for DIR and unmount it",
      "  --destroy              also remove the sandbox's state (its workspace copy, home, keys)\n", false},

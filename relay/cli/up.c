@@ -79,6 +79,7 @@ static int parse_args(struct up *u, struct up_args *a, int argc, char **argv)
 	    {"daemon", no_argument, NULL, 'd'},
 	    {"sandbox", required_argument, NULL, 's'},
 	    {"allow-home", no_argument, NULL, 'H'},
+	    {"quiet", no_argument, NULL, 'q'},
 	    {NULL, 0, NULL, 0},
 	};
 	int c, r;
@@ -97,6 +98,8 @@ static int parse_args(struct up *u, struct up_args *a, int argc, char **argv)
 			a->sandbox = optarg;
 		} else if (c == 'H') {
 			a->allow_home = true;
+		} else if (c == 'q') {
+			u->progress.quiet = true;
 		} else {
 			cmd_usage("up");
 			return 2;

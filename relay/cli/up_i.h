@@ -124,6 +124,14 @@ struct up_latency {
 	size_t n, next;
 };
 
+/* Progress of the first sync and reconciles, on stderr (up_sync.c):
+ * a line redrawn on a terminal, periodic lines otherwise. */
+struct up_progress {
+	bool quiet; /* --quiet */
+	bool drawn; /* a terminal line is showing */
+	uint64_t t0_ms, last_ms;
+};
+
 /* The status file's throttle (up_status.c). */
 struct up_status {
 	uint64_t last_ms, timer;
@@ -179,6 +187,7 @@ struct up {
 	struct up_policy pol;
 	struct up_exec exec;
 	struct up_sandbox sandbox;
+	struct up_progress progress;
 
 	_Atomic uint64_t first_notify_ns; /* set by FUSE threads, taken by the loop */
 	atomic_bool mount_gone;
@@ -268,6 +277,9 @@ void up_status_flush(struct up *u, bool settled);
 /* From here on stderr also goes to state_dir's up.log, timestamped (and to
  * the terminal until up_log_detach). 0 or -errno (then nothing changed). */
 int up_log_start(const char *state_dir);
+/* The terminal's stderr while it is ours (-1 after up_log_detach): for
+ * progress lines that are redrawn, not logged. */
+int up_log_term_fd(void);
 /* -d is in sync: stop echoing to the terminal; stdout goes to the log too. */
 void up_log_detach(void);
 /* Restore stdout and stderr, close the log. */

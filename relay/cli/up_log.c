@@ -125,6 +125,11 @@ int up_log_start(const char *state_dir)
 	return 0;
 }
 
+int up_log_term_fd(void)
+{
+	return lg.f ? lg.term : STDERR_FILENO;
+}
+
 void up_log_detach(void)
 {
 	int null;

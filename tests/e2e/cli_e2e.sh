@@ -16,7 +16,7 @@ TO="timeout -k 2"
 # every workspace this script may have brought up goes down first, whatever failed
 cli_cleanup() {
 	local w
-	for w in "$T/ws/work" "$T/home" "$T/ws/work/sub" "$T/stale" "$T/gone"; do
+	for w in "$T/ws/work" "$T/home" "$T/ws/work/sub" "$T/stale" "$T/gone" "$T/many"; do
 		timeout 20 "$AIRLOCK" down "$w" >/dev/null 2>&1 || true
 	done
 	cleanup
@@ -367,6 +367,15 @@ t_doctor_stale() {
 		$TO 20 "$AIRLOCK" down "$sw" >/dev/null 2>&1 && ! grep -q " $sw " /proc/self/mounts
 }
 check "doctor finds the stale mount of a killed up (FAIL, fix airlock down); down clears it" t_doctor_stale
+t_progress() {
+	local pw=$T/many i
+	mkdir -p "$pw"
+	for i in $(seq 400); do head -c 20000 /dev/urandom >"$pw/f$i"; done
+	up_d "$pw" && has "$T/up.err" "^airlock: $pw: scan\.\.\." && down_q "$pw" &&
+		rm -rf "$XDG_DATA_HOME/airlock/sandboxes" && # a fresh sandbox: everything is sent again
+		up_d "$pw" --quiet && ! grep -qE "^airlock: $pw: (scan|send|reconcile)" "$T/up.err" && down_q "$pw"
+}
+check "up shows the initial sync's progress (periodic lines when not a terminal); --quiet does not" t_progress
 check "gc removes the state (and sandbox state) of a workspace whose directory is gone, keeps the rest" t_gc
 #@MORE@
 
