@@ -57,7 +57,7 @@ rc_is() {
 COMMANDS=$("$AIRLOCK" help | sed -n 's/^  \([a-z][a-z-]*\) .*/\1/p; s/^  \([a-z][a-z-]*\)$/\1/p' | sort -u)
 t_commands_listed() {
 	local c
-	for c in up down status sync-wait exec shell audit sync ping keygen pubkey version help; do
+	for c in up down status sync-wait exec shell audit sync ping keygen pubkey list logs doctor gc init policy version help; do
 		grep -qx "$c" <<<"$COMMANDS" || { echo "airlock help does not list $c" >&2; return 1; }
 	done
 }
