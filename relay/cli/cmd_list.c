@@ -7,6 +7,7 @@
  * --older-than, of stopped ones untouched for that long.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -19,7 +20,26 @@
 #include <jansson.h>
 
 #include "airlock/sandbox/sandbox.h"
+#include "airlock/sync/writeback.h"
 #include "cmd_i.h"
+
+/* How many guest changes wait for review in state_dir's store; -1 when
+ * it cannot be read (a damaged store: `airlock changes` says why). */
+static long changes_waiting(const char *state_dir)
+{
+	char err[256];
+	struct wb_store *st = NULL;
+	long n = -1;
+	int fd = open(state_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -1;
+	if (wb_store_open(fd, &st, err, sizeof(err)) == 0)
+		n = (long)wb_store_count(st);
+	wb_store_free(st);
+	close(fd);
+	return n;
+}
 
 /* One workspace as list shows it; NULL without memory. */
 static json_t *entry_json(const struct ws_info *w)
@@ -42,6 +62,8 @@ static json_t *entry_json(const struct ws_info *w)
 	json_object_set_new(o, "pid", w->pid ? json_integer(w->pid) : json_null());
 	json_object_set_new(o, "pending",
 			    st ? json_integer(json_integer_value(json_object_get(st, "pending"))) : json_null());
+	long wait = changes_waiting(w->state_dir);
+	json_object_set_new(o, "changes_waiting", wait >= 0 ? json_integer(wait) : json_null());
 	json_object_set_new(o, "sandbox_state",
 			    json_string(st && kind ? json_string_value(json_object_get(st, "sandbox_state"))
 					: have_sb  ? "kept"
@@ -93,18 +115,22 @@ int cmd_list(int argc, char **argv)
 	if (json_array_size(a) == 0)
 		printf("no workspaces yet (airlock up DIR starts one)\n");
 	else
-		printf("%-44s %-12s %-8s %-8s %-8s %s\n", "WORKSPACE", "STATE", "KIND", "PID", "PENDING", "SANDBOX");
+		printf("%-44s %-12s %-8s %-8s %-8s %-8s %s\n", "WORKSPACE", "STATE", "KIND", "PID", "PENDING",
+		       "CHANGES", "SANDBOX");
 	json_array_foreach(a, i, e)
 	{
-		json_t *pid = json_object_get(e, "pid"), *pend = json_object_get(e, "pending");
-		char pids[24] = "-", pends[24] = "-";
+		json_t *pid = json_object_get(e, "pid"), *pend = json_object_get(e, "pending"),
+		       *chg = json_object_get(e, "changes_waiting");
+		char pids[24] = "-", pends[24] = "-", chgs[24] = "?";
 		if (json_is_integer(pid))
 			snprintf(pids, sizeof(pids), "%" JSON_INTEGER_FORMAT, json_integer_value(pid));
 		if (json_is_integer(pend))
 			snprintf(pends, sizeof(pends), "%" JSON_INTEGER_FORMAT, json_integer_value(pend));
-		printf("%-44s %-12s %-8s %-8s %-8s %s%s\n", json_string_value(json_object_get(e, "dir")),
+		if (json_is_integer(chg))
+			snprintf(chgs, sizeof(chgs), "%" JSON_INTEGER_FORMAT, json_integer_value(chg));
+		printf("%-44s %-12s %-8s %-8s %-8s %-8s %s%s\n", json_string_value(json_object_get(e, "dir")),
 		       json_string_value(json_object_get(e, "state")), json_string_value(json_object_get(e, "kind")),
-		       pids, pends, json_string_value(json_object_get(e, "sandbox_state")),
+		       pids, pends, chgs, json_string_value(json_object_get(e, "sandbox_state")),
 		       json_is_true(json_object_get(e, "exists")) ? "" : "  (directory gone: airlock gc)");
 	}
 	json_decref(a);
