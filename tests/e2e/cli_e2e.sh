@@ -347,6 +347,18 @@ t_logs() {
 	kill "$lp"
 }
 check "logs: the daemon's timestamped log without -d, the agent's, -f follows from a subdirectory" t_logs
+t_log_rotate() {
+	local log
+	log=$(sed -n 's/^==> daemon: \(.*\/up\.log\) <==$/\1/p' "$T/o" | head -n 1)
+	[ -f "$log" ] || { echo "no daemon log named in: $(cat "$T/o")" >&2; return 1; }
+	head -c 1048576 /dev/zero | tr '\0' x >>"$log" # full: the next line rotates it
+	up_d "$W" || return 1
+	local old=$(stat -c %s "$log.1" 2>/dev/null || echo 0) new=$(stat -c %s "$log")
+	down_q "$W"
+	[ "$old" -ge 1048576 ] && [ "$new" -lt 65536 ] && grep -q "Z airlock: $W mounted" "$log" ||
+		{ echo "after a full log: up.log.1 $old bytes, up.log $new bytes" >&2; return 1; }
+}
+check "logs: a full up.log is rotated to up.log.1 (at most two files of 1 MiB)" t_log_rotate
 t_gc() {
 	local gw=$T/gone gsb
 	mkdir -p "$gw"
