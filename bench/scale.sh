@@ -97,6 +97,7 @@ gen small small
 [ -n "${SCALE_1M:-}" ] && gen 1m 1m
 
 ROWS=()
+declare -A EDIT EDIT99 INIT UNCH RINIT RUNCH LEDIT
 row() { ROWS+=("| $* |"); echo "# $*" >&2; }
 med() { sort -g | awk '{ v[NR] = $1 } END { printf "%.3f", v[int((NR + 1) / 2)] }'; }
 now() { date +%s.%N; }
@@ -200,7 +201,7 @@ agent_pid() { # the airlock-agent beneath the daemon PID $1
 
 # airlock NAME: every airlock figure on tree NAME
 airlock_run() {
-	local name=$1 files mib t0 init unch p50 p99 n tmo st
+	local name=$1 files mib t0 init unch p50 p99 tmo st
 	export XDG_STATE_HOME=$T/$name.state XDG_DATA_HOME=$T/$name.data
 	W=$T/$name.work
 	cp -a "$C/$name" "$W"
@@ -231,7 +232,7 @@ airlock_run() {
 	local probe
 	probe=$(cat "$T/probe.out")
 	[ "${GUEST:-sandbox}" = agent ] || G=$(echo "$XDG_DATA_HOME"/airlock/sandboxes/*/workspace)
-	read -r p50 p99 n tmo <<<"$(python3 "$T/drive.py" "$W" "$G" "$N")"
+	read -r p50 p99 _ tmo <<<"$(python3 "$T/drive.py" "$W" "$G" "$N")"
 	"$AIRLOCK" sync-wait -C "$W" --timeout 60 >/dev/null
 	st=$("$AIRLOCK" status -C "$W" --json)
 	local ap50 ap99 pid apid e50 e99 pmax p99s pn
@@ -267,7 +268,7 @@ airlock_run() {
 	[ -n "${AP:-}" ] && { kill "$AP"; wait "$AP" 2>/dev/null || true; AP=; }
 	read -r pmax p99s pn <<<"$probe"
 	row "airlock | $name ($files files, $mib MiB) | $init | $unch | $p50 / $p99 ($tmo timeouts) | $ap50 / $ap99 | $e50 / $e99 | $rss_d | $rss_a | $pmax / $p99s ($pn)"
-	eval "EDIT_$name=$p50 EDIT99_$name=$p99 INIT_$name=$init UNCH_$name=$unch"
+	EDIT[$name]=$p50 EDIT99[$name]=$p99 INIT[$name]=$init UNCH[$name]=$unch
 	rm -rf "$T/$name.work" "$T/$name.data" "$T/$name.state" "$T/$name.guest" "$T/$name.agent-state"
 }
 
@@ -285,11 +286,11 @@ rsync_run() {
 	done
 	unch=$(med <"$T/unch")
 	row "rsync -a | $name | $init | $unch | - | - | - | - | - | -"
-	eval "RINIT_$name=$init RUNCH_$name=$unch"
+	RINIT[$name]=$init RUNCH[$name]=$unch
 }
 
 lsyncd_run() {
-	local name=$1 p50 p99 n tmo S D
+	local name=$1 p50 p99 tmo S D
 	S=$T/$name.lsrc D=$T/$name.rs
 	command -v lsyncd >/dev/null || { row "lsyncd | not installed | | | | | | |"; return 0; }
 	cp -a "$C/$name" "$S"
@@ -302,12 +303,12 @@ EOF
 	lsyncd "$T/lsyncd.lua" >"$T/lsyncd.out" 2>&1 &
 	LP=$!
 	for _ in $(seq 1200); do grep -q "Startup of .* finished" "$T/lsyncd.log" && break; sleep 0.1; done
-	read -r p50 p99 n tmo <<<"$(python3 "$T/drive.py" "$S" "$D" "$N")"
+	read -r p50 p99 _ tmo <<<"$(python3 "$T/drive.py" "$S" "$D" "$N")"
 	kill "$LP" 2>/dev/null || true
 	wait "$LP" 2>/dev/null || true
 	LP=
 	row "lsyncd delay=0 | $name | - | - | $p50 / $p99 ($tmo timeouts) | - | - | - | - | -"
-	eval "LEDIT_$name=$p50"
+	LEDIT[$name]=$p50
 	rm -rf "$S" "$D"
 }
 
@@ -329,9 +330,9 @@ echo
 r() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "-" }'; }
 for t in $TREES; do
 	[ "$t" = small ] && continue
-	echo "ratios, $t: edit p50 vs the 100-file tree $(r "$(eval echo \$EDIT_$t)" "$EDIT_small")," \
-		"p99 $(r "$(eval echo \$EDIT99_$t)" "$EDIT99_small");" \
-		"initial sync vs rsync -a $(r "$(eval echo \$INIT_$t)" "$(eval echo \${RINIT_$t:-0})");" \
-		"unchanged up vs rsync no-op $(r "$(eval echo \$UNCH_$t)" "$(eval echo \${RUNCH_$t:-0})");" \
-		"edit p50 vs lsyncd $(r "$(eval echo \$EDIT_$t)" "$(eval echo \${LEDIT_$t:-0})")"
+	echo "ratios, $t: edit p50 vs the 100-file tree $(r "${EDIT[$t]}" "${EDIT[small]}")," \
+		"p99 $(r "${EDIT99[$t]}" "${EDIT99[small]}");" \
+		"initial sync vs rsync -a $(r "${INIT[$t]}" "${RINIT[$t]:-0}");" \
+		"unchanged up vs rsync no-op $(r "${UNCH[$t]}" "${RUNCH[$t]:-0}");" \
+		"edit p50 vs lsyncd $(r "${EDIT[$t]}" "${LEDIT[$t]:-0}")"
 done
