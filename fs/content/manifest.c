@@ -294,15 +294,22 @@ int manifest_seal(struct manifest *m)
 
 	if (m->sealed)
 		return 0;
-	if (m->n > 1)
+	/* The scanner adds in tree order already: one pass tells, and a
+	 * strictly increasing list has no duplicates either. */
+	size_t in_order = 1;
+	while (in_order < m->n && manifest_path_cmp(m->e[in_order - 1].path, m->e[in_order].path) < 0)
+		in_order++;
+	if (in_order < m->n) {
 		qsort(m->e, m->n, sizeof(*m->e), entry_cmp);
-	for (size_t i = 1; i < m->n; i++)
-		if (manifest_path_cmp(m->e[i - 1].path, m->e[i].path) == 0)
-			return -EEXIST;
+		for (size_t i = 1; i < m->n; i++)
+			if (manifest_path_cmp(m->e[i - 1].path, m->e[i].path) == 0)
+				return -EEXIST;
+	}
 	size_t *end = mem_realloc(m->end, (m->n ? m->n : 1) * sizeof(size_t));
 	if (!end)
 		return -ENOMEM;
 	m->end = end;
+	m->endcap = m->n ? m->n : 1;
 	/* Ancestor chain; a path of MANIFEST_PATH_MAX bytes has at most
 	 * MANIFEST_PATH_MAX / 2 + 1 components. */
 	size_t depth_max = MANIFEST_PATH_MAX / 2 + 1;
@@ -337,6 +344,174 @@ int manifest_seal(struct manifest *m)
 	m->sealed = true;
 out:
 	mem_free(stack);
+	return r;
+}
+
+/* ---- editing a sealed manifest in place ---- */
+
+/* p is `anchor` or beneath it. */
+static bool at_or_under(const char *p, const char *anchor, size_t al)
+{
+	return strncmp(p, anchor, al) == 0 && (p[al] == '\0' || p[al] == '/');
+}
+
+/* First index whose path is >= path in tree order. */
+static size_t lower_bound(const struct manifest *m, const char *path)
+{
+	size_t lo = 0, hi = m->n;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (manifest_path_cmp(m->e[mid].path, path) < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* Order sub (entries at or under anchor), check it is a parent-closed
+ * subtree rooted at anchor, and fill lend[] with each entry's subtree end
+ * relative to sub. */
+static int sub_check(struct manifest *sub, const char *anchor, size_t al, size_t *lend)
+{
+	size_t *stack = NULL, sp = 0;
+	int r = 0;
+
+	if (sub->n == 0)
+		return 0;
+	if (sub->n > 1)
+		qsort(sub->e, sub->n, sizeof(*sub->e), entry_cmp);
+	if (strcmp(sub->e[0].path, anchor) != 0)
+		return at_or_under(sub->e[0].path, anchor, al) ? -ENOENT : -EINVAL;
+	if (!(stack = mem_alloc((sub->n < MANIFEST_PATH_MAX / 2 + 1 ? sub->n + 1 : MANIFEST_PATH_MAX / 2 + 1) *
+				sizeof(size_t))))
+		return -ENOMEM;
+	for (size_t i = 0; i < sub->n; i++) {
+		const char *p = sub->e[i].path;
+		if (!at_or_under(p, anchor, al)) {
+			r = -EINVAL;
+			goto out;
+		}
+		if (i > 0 && manifest_path_cmp(sub->e[i - 1].path, p) == 0) {
+			r = -EEXIST;
+			goto out;
+		}
+		size_t pl = strlen(p);
+		while (sp > 0) {
+			const char *t = sub->e[stack[sp - 1]].path;
+			size_t tl = strlen(t);
+			if (tl < pl && memcmp(t, p, tl) == 0 && p[tl] == '/')
+				break;
+			lend[stack[--sp]] = i;
+		}
+		const char *slash = strrchr(p, '/');
+		if (i > 0 && (sp == 0 || strlen(sub->e[stack[sp - 1]].path) != (size_t)(slash - p))) {
+			r = -ENOENT;
+			goto out;
+		}
+		if (sub->e[i].type == MANIFEST_DIR)
+			stack[sp++] = i;
+		else
+			lend[i] = i + 1;
+	}
+	while (sp > 0)
+		lend[stack[--sp]] = sub->n;
+out:
+	mem_free(stack);
+	return r;
+}
+
+int manifest_swap_subtree(struct manifest *m, const char *anchor, struct manifest *sub)
+{
+	size_t al = strlen(anchor), na = 0, *lend = NULL, *anc = NULL;
+	struct manifest_entry *old = NULL;
+	int r;
+
+	if (!m->sealed || sub == m || manifest_path_check(anchor, al) < 0)
+		return -EINVAL;
+	if (m->params.min != sub->params.min || m->params.avg != sub->params.avg || m->params.max != sub->params.max ||
+	    m->params.whole_max != sub->params.whole_max)
+		return -EINVAL;
+	if (!(lend = mem_alloc((sub->n ? sub->n : 1) * sizeof(size_t))))
+		return -ENOMEM;
+	if ((r = sub_check(sub, anchor, al, lend)) < 0)
+		goto out;
+	/* The anchor's ancestors, shallowest first: each a directory of m. */
+	for (size_t i = 0; i < al; i++)
+		na += anchor[i] == '/';
+	if (!(anc = mem_alloc((na ? na : 1) * sizeof(size_t)))) {
+		r = -ENOMEM;
+		goto out;
+	}
+	{
+		char p[MANIFEST_PATH_MAX + 1];
+		size_t k = 0;
+		memcpy(p, anchor, al + 1);
+		for (size_t i = 0; i < al; i++) {
+			if (anchor[i] != '/')
+				continue;
+			p[i] = '\0';
+			long idx = manifest_find(m, p);
+			p[i] = '/';
+			if (idx < 0 || m->e[idx].type != MANIFEST_DIR) {
+				r = -ENOENT;
+				goto out;
+			}
+			anc[k++] = (size_t)idx;
+		}
+	}
+	long ai = manifest_find(m, anchor);
+	size_t lo = ai >= 0 ? (size_t)ai : lower_bound(m, anchor);
+	size_t hi = ai >= 0 ? m->end[ai] : lo;
+	size_t k = sub->n, nold = hi - lo, newn = m->n - nold + k;
+	/* Everything that can fail, before anything moves. */
+	if (k > nold && (r = reserve_entries(m, k - nold)) < 0)
+		goto out;
+	if (newn > m->endcap) {
+		size_t *ne = mem_realloc(m->end, newn * sizeof(size_t));
+		if (!ne) {
+			r = -ENOMEM;
+			goto out;
+		}
+		m->end = ne;
+		m->endcap = newn;
+	}
+	if (!(old = mem_alloc((nold ? nold : 1) * sizeof(*old)))) {
+		r = -ENOMEM;
+		goto out;
+	}
+	memcpy(old, m->e + lo, nold * sizeof(*old));
+	if (k != nold) {
+		memmove(m->e + lo + k, m->e + hi, (m->n - hi) * sizeof(*m->e));
+		memmove(m->end + lo + k, m->end + hi, (m->n - hi) * sizeof(size_t));
+		for (size_t i = lo + k; i < newn; i++)
+			m->end[i] = m->end[i] - nold + k;
+		for (size_t i = 0; i < na; i++)
+			m->end[anc[i]] = m->end[anc[i]] - nold + k;
+	}
+	if (k)
+		memcpy(m->e + lo, sub->e, k * sizeof(*m->e));
+	for (size_t j = 0; j < k; j++)
+		m->end[lo + j] = lo + lend[j];
+	m->n = newn;
+	mem_free(sub->e);
+	sub->e = old;
+	old = NULL;
+	sub->n = sub->cap = nold;
+	sub->sealed = false;
+	/* Digests: the new entries' directories bottom up, then the ancestors. */
+	for (size_t j = k; j-- > 0;)
+		if (m->e[lo + j].type == MANIFEST_DIR)
+			digest_range(m, lo + j + 1, m->end[lo + j], m->e[lo + j].hash);
+	for (size_t i = na; i-- > 0;)
+		digest_range(m, anc[i] + 1, m->end[anc[i]], m->e[anc[i]].hash);
+	digest_range(m, 0, m->n, m->root);
+	r = 0;
+out:
+	mem_free(old);
+	mem_free(anc);
+	mem_free(lend);
 	return r;
 }
 
@@ -812,15 +987,60 @@ static int scan_entry(struct scan *s, int dfd, const char *name, unsigned depth)
 	return 0;
 }
 
+/* The names of a directory, packed (each NUL-terminated) in names, their
+ * offsets in off. */
+struct dir_names {
+	char *names;
+	size_t len, cap;
+	size_t *off;
+	size_t n, offcap;
+};
+
+static int dir_names_add(struct dir_names *dn, const char *name)
+{
+	size_t nl = strlen(name) + 1;
+	if (dn->len + nl > dn->cap) {
+		size_t nc = dn->cap ? dn->cap : 4096;
+		while (dn->len + nl > nc)
+			nc *= 2;
+		char *nv = mem_realloc(dn->names, nc);
+		if (!nv)
+			return -ENOMEM;
+		dn->names = nv;
+		dn->cap = nc;
+	}
+	if (dn->n == dn->offcap) {
+		size_t nc = dn->offcap ? dn->offcap * 2 : 64;
+		size_t *nv = mem_realloc(dn->off, nc * sizeof(*nv));
+		if (!nv)
+			return -ENOMEM;
+		dn->off = nv;
+		dn->offcap = nc;
+	}
+	memcpy(dn->names + dn->len, name, nl);
+	dn->off[dn->n++] = dn->len;
+	dn->len += nl;
+	return 0;
+}
+
+static int name_off_cmp(const void *a, const void *b, void *names)
+{
+	return strcmp((const char *)names + *(const size_t *)a, (const char *)names + *(const size_t *)b);
+}
+
 /* Scan the directory open at fd (taken over and closed), whose relative
- * path is s->path. Returns <0 fatal, 1 when the directory could not be
- * read (reported), 0 otherwise. */
+ * path is s->path. Its names are read first and visited in byte order:
+ * siblings in byte order, each directory's subtree right after it, is
+ * tree order, so the manifest is built sorted and the seal does not sort.
+ * Returns <0 fatal, 1 when the directory could not be read (reported), 0
+ * otherwise. */
 static int scan_dir(struct scan *s, int fd, unsigned depth)
 {
 	DIR *d = fdopendir(fd);
 	struct dirent *de;
+	struct dir_names dn = {0};
 	size_t plen = s->plen;
-	int r = 0;
+	int r = 0, rerr = 0;
 
 	if (!d) {
 		int err = errno;
@@ -833,16 +1053,18 @@ static int scan_dir(struct scan *s, int fd, unsigned depth)
 	for (;;) {
 		errno = 0;
 		if (!(de = readdir(d))) {
-			if (errno) {
-				s->path[plen] = '\0';
-				report(s, MANIFEST_SKIP_ERROR, errno);
-				r = 1;
-			}
+			rerr = errno;
 			break;
 		}
-		const char *name = de->d_name;
-		if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
 			continue;
+		if ((r = dir_names_add(&dn, de->d_name)) < 0)
+			goto out;
+	}
+	if (dn.n > 1)
+		qsort_r(dn.off, dn.n, sizeof(*dn.off), name_off_cmp, dn.names);
+	for (size_t k = 0; k < dn.n; k++) {
+		const char *name = dn.names + dn.off[k];
 		size_t nl = strlen(name);
 		size_t o = plen;
 		if (o)
@@ -861,6 +1083,14 @@ static int scan_dir(struct scan *s, int fd, unsigned depth)
 		if (r < 0)
 			break;
 	}
+	if (r >= 0 && rerr) {
+		s->path[plen] = '\0';
+		report(s, MANIFEST_SKIP_ERROR, rerr);
+		r = 1;
+	}
+out:
+	mem_free(dn.names);
+	mem_free(dn.off);
 	closedir(d);
 	return r;
 }

@@ -222,6 +222,13 @@ struct sync {
 	struct manifest *hm;	/* host, this run */
 	struct manifest *known; /* what the guest confirmed last (host view) */
 	struct manifest *gm;	/* guest, reconstructed (managed paths only) */
+	/* an incremental push (push_build_small): hm holds only the anchors'
+	 * fresh entries and their ancestors, pold the same part of known; on
+	 * the acknowledgement each anchor (pan) is swapped into known in place */
+	struct manifest *pold;
+	struct manifest *sending; /* sync_sending of such a push: the whole tree */
+	char **pan;
+	size_t npan;
 	/* reconcile */
 	uint8_t guest_root[CHUNK_HASH_LEN];
 	bool have_state;
@@ -238,6 +245,7 @@ struct sync {
 	uint64_t next_seq;
 	struct inflight fl[SYNC_BATCHES_IN_FLIGHT];
 	size_t nfl;
+	uint64_t pump_timer; /* the next pump, after yielding to the loop */
 	/* changes skipped because the file changed or vanished while sent:
 	 * the guest still has their old side (fixed up in maybe_done) */
 	size_t *van;
@@ -464,6 +472,15 @@ static void reconcile_clear(struct sync *s)
 	s->nvan = s->capvan = 0;
 	manifest_free(s->gm);
 	s->gm = NULL;
+	manifest_free(s->pold);
+	s->pold = NULL;
+	manifest_free(s->sending);
+	s->sending = NULL;
+	for (size_t i = 0; i < s->npan; i++)
+		mem_free(s->pan[i]);
+	mem_free(s->pan);
+	s->pan = NULL;
+	s->npan = 0;
 }
 
 int sync_new(struct chan *c, const struct sync_cfg *cfg, struct sync **out)
@@ -520,6 +537,8 @@ void sync_free(struct sync *s)
 	if (!s)
 		return;
 	scan_stop(s);
+	if (s->pump_timer)
+		loop_del_timer(s->cfg.loop, s->pump_timer);
 	reconcile_clear(s);
 	syncmsg_inbox_clear(&s->in);
 	syncmsg_outbox_clear(&s->out);
@@ -547,9 +566,25 @@ const struct manifest *sync_known(const struct sync *s)
 	return s->known;
 }
 
-const struct manifest *sync_sending(const struct sync *s)
+static int known_swap_in_to(struct sync *s, struct manifest *into);
+
+const struct manifest *sync_sending(struct sync *s)
 {
-	return s->busy && s->phase == PH_SEND ? s->hm : NULL;
+	if (!s->busy || s->phase != PH_SEND)
+		return NULL;
+	if (!s->pold || s->sending)
+		return s->pold ? s->sending : s->hm;
+	/* a targeted push: known with the anchors' part of hm in place */
+	struct manifest *m;
+	int r = manifest_new(&s->params, &m);
+	for (size_t i = 0; r == 0 && i < s->known->n; i++)
+		r = manifest_add(m, &s->known->e[i]);
+	if (r < 0 || (r = manifest_seal(m)) < 0 || (r = known_swap_in_to(s, m)) < 0) {
+		manifest_free(m);
+		return NULL;
+	}
+	s->sending = m;
+	return m;
 }
 
 const struct sync_stats *sync_get_stats(const struct sync *s)
@@ -1114,10 +1149,26 @@ out:
 	return r;
 }
 
+static void pump(struct sync *s);
+
+static void pump_later(struct loop *l, void *ud)
+{
+	(void)l;
+	struct sync *s = ud;
+	s->pump_timer = 0;
+	pump(s);
+}
+
 /* Build and queue batches while fewer than SYNC_BATCHES_IN_FLIGHT are
- * unacknowledged and nothing else waits for the socket. */
+ * unacknowledged and nothing else waits for the socket. Once the budget
+ * (sync_cfg.batch_budget_ns) is spent the batch being built is finished,
+ * and after a batch, with a loop, the rest waits for a zero-delay timer:
+ * reading and compressing a batch of thousands of small files must not
+ * keep down, status or exec waiting. */
 static void pump(struct sync *s)
 {
+	uint64_t t0 = loop_now_ns(), budget = s->cfg.batch_budget_ns ? s->cfg.batch_budget_ns : SYNC_PUMP_BUDGET_NS;
+	unsigned built = 0;
 	int r;
 
 	if ((r = syncmsg_outbox_flush(&s->out, s->chan, s->stream)) < 0) {
@@ -1126,7 +1177,14 @@ static void pump(struct sync *s)
 	}
 	while (s->busy && s->phase == PH_SEND && s->out.queued == 0 && s->nfl < SYNC_BATCHES_IN_FLIGHT &&
 	       s->ci < s->nchanges) {
+		if (built && s->cfg.loop && loop_now_ns() - t0 >= budget) {
+			if (!s->pump_timer)
+				s->pump_timer = loop_add_timer(s->cfg.loop, 0, pump_later, s);
+			if (s->pump_timer)
+				return; /* without memory for the timer: go on now */
+		}
 		struct inflight f = {.seq = s->next_seq};
+		size_t ops = 0;
 		delta_builder_reset(s->b, s->next_seq);
 		s->batch_first = s->ci;
 		while (s->ci < s->nchanges) {
@@ -1182,6 +1240,8 @@ static void pump(struct sync *s)
 			s->ci++;
 			if (delta_builder_size(s->b) >= s->cfg.batch_target)
 				break;
+			if ((++ops & 31) == 0 && loop_now_ns() - t0 >= budget)
+				break;
 		}
 		if (delta_builder_ops(s->b) == 0)
 			break;
@@ -1195,6 +1255,7 @@ static void pump(struct sync *s)
 		s->st.batches++;
 		s->next_seq++;
 		s->fl[s->nfl++] = f;
+		built++;
 		if ((r = syncmsg_outbox_push(&s->out, WIRE_SYNC_BATCH, bytes, n)) < 0 ||
 		    (r = syncmsg_outbox_flush(&s->out, s->chan, s->stream)) < 0) {
 			fail(s, r, "sending a batch: %s", strerror(-r));
@@ -1203,6 +1264,32 @@ static void pump(struct sync *s)
 		progress(s, "send");
 	}
 	maybe_done(s);
+}
+
+/* An incremental push was acknowledged: each anchor's part of s->hm
+ * (what the guest now holds there) replaces that subtree of s->known
+ * (or of `into`, a copy of it). */
+static int known_swap_in_to(struct sync *s, struct manifest *into)
+{
+	int r = 0;
+
+	for (size_t a = 0; a < s->npan && r == 0; a++) {
+		struct manifest *sub;
+		if ((r = manifest_new(&s->params, &sub)) < 0)
+			break;
+		long i = manifest_find(s->hm, s->pan[a]);
+		for (size_t j = (size_t)i; i >= 0 && j < s->hm->end[i] && r == 0; j++)
+			r = manifest_add(sub, &s->hm->e[j]);
+		if (r == 0)
+			r = manifest_swap_subtree(into, s->pan[a], sub);
+		manifest_free(sub);
+	}
+	return r;
+}
+
+static int known_swap_in(struct sync *s)
+{
+	return known_swap_in_to(s, s->known);
 }
 
 static void maybe_done(struct sync *s)
@@ -1224,9 +1311,21 @@ static void maybe_done(struct sync *s)
 			return;
 		}
 	}
-	manifest_free(s->known);
-	s->known = s->hm;
-	s->hm = NULL;
+	if (s->pold) {
+		int r = known_swap_in(s);
+		manifest_free(s->hm);
+		s->hm = NULL;
+		if (r < 0) {
+			manifest_free(s->known);
+			s->known = NULL;
+			fail(s, r, "recording what the guest holds: %s", strerror(-r));
+			return;
+		}
+	} else {
+		manifest_free(s->known);
+		s->known = s->hm;
+		s->hm = NULL;
+	}
 	reconcile_clear(s);
 	progress(s, "done");
 	finish_op(s, 0, NULL);
@@ -1249,7 +1348,7 @@ static void keep_guest_changes(struct sync *s)
 static int start_send(struct sync *s)
 {
 	int r;
-	const struct manifest *old = s->gm ? s->gm : s->known;
+	const struct manifest *old = s->gm ? s->gm : s->pold ? s->pold : s->known;
 
 	mem_free(s->changes);
 	s->changes = NULL;
@@ -1784,6 +1883,7 @@ static void scan_then(struct sync *s, int r, const char *why, bool for_push)
  * about the same and keeps the audit record exact. */
 #define PUSH_ANCHORS_MAX 4096u
 #define PUSH_FULL	 1 /* anchor_for: scan the whole tree instead */
+#define PUSH_SLOW	 2 /* push_build_small: use push_build */
 
 /* The anchor for dirty path p into out (MANIFEST_PATH_MAX + 1 bytes), 0;
  * PUSH_FULL when only a full scan is right. */
@@ -2256,6 +2356,146 @@ out:
 	return r;
 }
 
+static int size_cmp(const void *a, const void *b)
+{
+	size_t x = *(const size_t *)a, y = *(const size_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* known's entries that hold the anchors (their ancestors), each once,
+ * added to every manifest of ms. */
+static int push_ancestors(struct sync *s, char *const *anchors, size_t na, struct manifest **ms, size_t nm)
+{
+	size_t *idx = NULL, n = 0, cap = 0;
+	int r = 0;
+
+	for (size_t a = 0; a < na && r == 0; a++) {
+		char p[MANIFEST_PATH_MAX + 1];
+		strcpy(p, anchors[a]);
+		for (char *sl = strrchr(p, '/'); sl; sl = strrchr(p, '/')) {
+			*sl = '\0';
+			long i = manifest_find(s->known, p);
+			if (i < 0) {
+				r = -ESTALE; /* anchor_for checked it: not our idea of the tree */
+				break;
+			}
+			if (n == cap) {
+				size_t nc = cap ? cap * 2 : 16;
+				size_t *nv = mem_realloc(idx, nc * sizeof(*idx));
+				if (!nv) {
+					r = -ENOMEM;
+					break;
+				}
+				idx = nv;
+				cap = nc;
+			}
+			idx[n++] = (size_t)i;
+		}
+	}
+	if (n > 1) /* in tree order, each once */
+		qsort(idx, n, sizeof(*idx), size_cmp);
+	for (size_t i = 0; i < n && r == 0; i++)
+		for (size_t k = 0; k < nm && r == 0 && (i == 0 || idx[i] != idx[i - 1]); k++)
+			r = manifest_add(ms[k], &s->known->e[idx[i]]);
+	mem_free(idx);
+	return r;
+}
+
+/* Does directory `dir` of known hold anything outside the anchors? */
+static bool known_holds_outside(const struct sync *s, const char *dir, char *const *anchors, size_t na)
+{
+	long i = manifest_find(s->known, dir);
+	if (i < 0)
+		return false;
+	for (size_t j = (size_t)i + 1; j < s->known->end[i];) {
+		if (anchor_holding(anchors, na, s->known->e[j].path) < 0)
+			return true;
+		j = s->known->end[j]; /* the anchor itself comes first in its range */
+	}
+	return false;
+}
+
+/* The incremental push: s->hm = the anchors' fresh entries and their
+ * ancestors, s->pold = the same part of s->known, so the diff of the two
+ * is the diff of the whole trees at a cost that does not depend on the
+ * tree's size; known itself changes only on the acknowledgement
+ * (known_swap_in). PUSH_SLOW where push_build must decide (the generated
+ * .git/config, a DESCEND directory the anchors may have emptied), PUSH_FULL
+ * or -errno like push_build. */
+static int push_build_small(struct sync *s, char **anchors, size_t na, char *why, size_t whylen)
+{
+	struct scan_ctx x = {.s = s};
+	struct manifest *nm = NULL, *om = NULL;
+	int r;
+
+	for (size_t a = 0; a < na; a++)
+		if (path_under(SYNC_GIT_CONFIG, anchors[a]))
+			return PUSH_SLOW;
+	records_drop_under(&s->withheld, anchors, na);
+	records_drop_under(&s->skipped, anchors, na);
+	if ((r = manifest_new(&s->params, &nm)) < 0 || (r = manifest_new(&s->params, &om)) < 0)
+		goto out;
+	struct manifest *both[2] = {nm, om};
+	if ((r = push_ancestors(s, anchors, na, both, 2)) < 0)
+		goto out;
+	for (size_t a = 0; a < na; a++) {
+		long i = manifest_find(s->known, anchors[a]);
+		for (size_t j = (size_t)i; i >= 0 && j < s->known->end[i] && r == 0; j++)
+			r = manifest_add(om, &s->known->e[j]);
+		if (r == 0)
+			r = push_scan_anchor(s, &x, anchors[a], nm);
+		if (r < 0)
+			goto out;
+	}
+	if (x.err) {
+		r = x.err;
+		goto out;
+	}
+	if ((r = manifest_seal(om)) < 0 || (r = manifest_seal(nm)) < 0) {
+		r = PUSH_FULL; /* not parent-closed: our idea of the tree is off */
+		goto out;
+	}
+	/* A directory the anchors emptied stays only if the policy syncs it
+	 * (then its parent still holds it: only the anchor's parent can be
+	 * emptied by this push, unless push_build takes over). */
+	for (size_t a = 0; a < na; a++) {
+		char p[MANIFEST_PATH_MAX + 1];
+		strcpy(p, anchors[a]);
+		char *sl = strrchr(p, '/');
+		if (!sl)
+			continue;
+		*sl = '\0';
+		long i = manifest_find(nm, p);
+		if ((i >= 0 && nm->end[i] > (size_t)i + 1) || known_holds_outside(s, p, anchors, na))
+			continue;
+		struct policy_verdict v;
+		if (policy_check(s->cfg.policy, s->pctx, p, true, &v) < 0 || v.reason != POLICY_SYNCED) {
+			r = PUSH_SLOW;
+			goto out;
+		}
+	}
+	manifest_free(s->hm);
+	s->hm = nm;
+	nm = NULL;
+	if ((r = withhold_contents(s, false)) < 0)
+		goto out;
+	s->pold = om;
+	om = NULL;
+	s->st.withheld = s->withheld.total;
+	s->st.withheld_changes = s->withheld.changes;
+	s->st.skipped = s->skipped.total;
+	s->st.host_entries = s->known->n + s->hm->n - s->pold->n;
+	r = 0;
+out:
+	if (r == -ESTALE)
+		r = PUSH_FULL;
+	if (r < 0 && !why[0])
+		snprintf(why, whylen, "deciding the changed paths: %s", strerror(-r));
+	manifest_free(nm);
+	manifest_free(om);
+	return r;
+}
+
 static int push_start(struct sync *s, const char *const *paths, size_t n)
 {
 	char why[512] = "";
@@ -2305,20 +2545,30 @@ static int push_start(struct sync *s, const char *const *paths, size_t n)
 		}
 		na = k;
 		s->push.anchors = na;
-		if ((r = push_build(s, anchors, na, why, sizeof(why))) == PUSH_FULL)
+		r = push_build_small(s, anchors, na, why, sizeof(why));
+		if (r == 0) {
+			s->pan = anchors; /* swapped into known on the acknowledgement */
+			s->npan = na;
+			anchors = NULL;
+			na = 0;
+		} else if (r == PUSH_SLOW) {
+			r = push_build(s, anchors, na, why, sizeof(why));
+		}
+		if (r == PUSH_FULL)
 			full = true;
 		else if (r < 0)
 			goto out;
 	} else if (!full) {
 		/* nothing dirty: the state stays what the guest confirmed */
-		if ((r = manifest_new(&s->params, &s->hm)) < 0)
-			goto out;
-		for (size_t i = 0; i < s->known->n && r == 0; i++)
-			r = manifest_add(s->hm, &s->known->e[i]);
-		if (r < 0 || (r = manifest_seal(s->hm)) < 0)
+		manifest_free(s->hm);
+		s->hm = NULL;
+		if ((r = manifest_new(&s->params, &s->hm)) < 0 || (r = manifest_seal(s->hm)) < 0 ||
+		    (r = manifest_new(&s->params, &s->pold)) < 0 || (r = manifest_seal(s->pold)) < 0)
 			goto out;
 	}
 	if (full) {
+		manifest_free(s->pold);
+		s->pold = NULL;
 		/* a full scan against what the guest confirmed, no round trip;
 		 * start_send follows it (scan_then) */
 		s->push.full = true;

@@ -72,6 +72,7 @@ struct manifest {
 	/* private */
 	size_t cap;
 	size_t *end; /* dirs: index one past the subtree; others: i + 1 */
+	size_t endcap;
 	bool sealed;
 };
 
@@ -99,11 +100,28 @@ void manifest_free(struct manifest *m);
  */
 int manifest_add(struct manifest *m, const struct manifest_entry *e);
 
-/* Sort into tree order, check there are no duplicates and that every
- * parent is a directory entry, and compute directory digests and m->root.
- * Idempotent. Must be called after manifest_add and before the functions
- * below (scan and decode return sealed manifests). */
+/* Sort into tree order (entries added in tree order are only checked: one
+ * pass), check there are no duplicates and that every parent is a
+ * directory entry, and compute directory digests and m->root. Idempotent. Must be called after manifest_add and before
+ * the functions below (scan and decode return sealed manifests). */
 int manifest_seal(struct manifest *m);
+
+/*
+ * Edit a sealed manifest in place: exchange its subtree at `anchor` (the
+ * entry `anchor` and, for a directory, everything beneath it; possibly
+ * nothing) with the entries of `sub` (built with manifest_add, same chunk
+ * params, any order). Afterwards m holds sub's entries in that place,
+ * still sealed, and sub holds what m had there, in tree order (unsealed:
+ * their parents are in m), so a second call with the same sub undoes the
+ * first. sub must be empty or hold `anchor` itself plus entries beneath it
+ * whose parents are directories of sub; anchor's parent must be a
+ * directory of m (or the root): -EINVAL, -EEXIST or -ENOENT otherwise, and
+ * m is unchanged on any error. Work: sorting sub, the digests of the new
+ * directories and of anchor's ancestors (one record per child of each),
+ * the root's, and when the entry count changes a move of the entries after
+ * the anchor (memmove) -- no sort, check or digest of the rest of m.
+ */
+int manifest_swap_subtree(struct manifest *m, const char *anchor, struct manifest *sub);
 
 /* Index of `path` in a sealed manifest, or -1. */
 long manifest_find(const struct manifest *m, const char *path);

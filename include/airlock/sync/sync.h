@@ -56,6 +56,8 @@ struct sync;
 /* A batch is finished once it holds this many bytes (a single larger
  * file still goes in one batch, up to WIRE_SYNC_MSG_MAX). */
 #define SYNC_BATCH_TARGET (8u << 20)
+/* Default sync_cfg.batch_budget_ns: 20 ms of batch building per turn of the loop. */
+#define SYNC_PUMP_BUDGET_NS (20ull * 1000 * 1000)
 /* Batches sent and not yet acknowledged. */
 #define SYNC_BATCHES_IN_FLIGHT 2u
 #define SYNC_GIT_CONFIG	       ".git/config"
@@ -129,8 +131,14 @@ struct sync_cfg {
 	void *ud;
 	/* The loop the engine runs on: full host scans then run on a worker
 	 * thread and the loop keeps serving meanwhile (doc/SYNC.md, "Bounds on
-	 * ignore rules"). NULL: they run inline, on the caller's thread. */
+	 * ignore rules"). NULL: they run inline, on the caller's thread. With
+	 * a loop, building batches also yields to it: see batch_budget_ns. */
 	struct loop *loop;
+	/* Time one pump may spend building batches on the loop (0:
+	 * SYNC_PUMP_BUDGET_NS): a batch is finished early once it is spent,
+	 * and with a loop the next one is built from a zero-delay timer, so
+	 * a tree of many small files never holds the loop for long. */
+	uint64_t batch_budget_ns;
 	/* Guest changes waiting for the user (doc/SYNC.md "Guest changes and
 	 * write-back"): asked about every op a reconcile or push would send;
 	 * true drops the op, so the guest keeps its version. NULL: none. */
@@ -217,10 +225,12 @@ const struct sync_stats *sync_get_stats(const struct sync *s);
  * reconcile finished): what a guest change is compared against. Valid
  * until the next operation finishes. */
 const struct manifest *sync_known(const struct sync *s);
-/* The host state the operation in progress is sending (NULL when none is):
- * what the guest may already hold beyond sync_known when the connection
- * drops before the acknowledgements arrive. */
-const struct manifest *sync_sending(const struct sync *s);
+/* The host state the operation in progress is sending (NULL when none is,
+ * or without memory): what the guest may already hold beyond sync_known
+ * when the connection drops before the acknowledgements arrive. The whole
+ * tree: for a targeted push (which holds only the changed part) it is built
+ * when asked, O(entries). Valid until the operation ends. */
+const struct manifest *sync_sending(struct sync *s);
 /* Withheld paths (policy) and skipped entries (special files, errors) of
  * the last scan, each capped at SYNC_RECORDS_MAX; *total counts all. */
 const struct sync_record *sync_withheld(const struct sync *s, size_t *n, uint64_t *total);

@@ -868,6 +868,186 @@ static void test_alloc_failures(void **state)
 	tu_rm_rf(tmp_root);
 }
 
+/* ---- in-place edits (manifest_swap_subtree) against a full rebuild ---- */
+
+/* m must equal what sealing a fresh copy of its entries gives: same order,
+ * same digests, same subtree ends, same bytes. */
+static void check_rebuild(const struct manifest *m)
+{
+	struct manifest *f;
+	struct buf a, b;
+
+	assert_int_equal(manifest_new(&m->params, &f), 0);
+	for (size_t i = m->n; i-- > 0;) /* reversed: the seal must sort */
+		assert_int_equal(manifest_add(f, &m->e[i]), 0);
+	assert_int_equal(manifest_seal(f), 0);
+	assert_int_equal(f->n, m->n);
+	for (size_t i = 0; i < m->n; i++)
+		assert_int_equal(f->end[i], m->end[i]);
+	assert_memory_equal(f->root, m->root, CHUNK_HASH_LEN);
+	buf_init(&a, 64u << 20);
+	buf_init(&b, 64u << 20);
+	assert_int_equal(manifest_encode(m, &a), 0);
+	assert_int_equal(manifest_encode(f, &b), 0);
+	assert_int_equal(buf_len(&a), buf_len(&b));
+	assert_memory_equal(buf_ptr(&a), buf_ptr(&b), buf_len(&a));
+	struct manifest *d;
+	assert_int_equal(manifest_decode(buf_ptr(&a), buf_len(&a), 0, &d), 0);
+	manifest_free(d);
+	buf_clear(&a);
+	buf_clear(&b);
+	manifest_free(f);
+}
+
+static void encode_to(const struct manifest *m, struct buf *out)
+{
+	buf_reset(out);
+	assert_int_equal(manifest_encode(m, out), 0);
+}
+
+/* A random subtree at `anchor` into sub: a file, a symlink, or a
+ * directory with a few children (some directories themselves). */
+static void random_sub(uint64_t *rs, const char *anchor, int depth, struct manifest *sub)
+{
+	uint32_t t = tu_rand(rs, depth > 2 ? 2 : 4);
+	struct manifest_entry e = ent(anchor, MANIFEST_FILE, 0644, tu_rand(rs, 2000), (uint8_t)tu_rand(rs, 256), NULL);
+	if (t == 1)
+		e = ent(anchor, MANIFEST_SYMLINK, 0, 0, 0, tu_rand(rs, 2) ? "a" : "../b/c");
+	else if (t >= 2)
+		e = ent(anchor, MANIFEST_DIR, tu_rand(rs, 2) ? 0755 : 0700, 0, 0, NULL);
+	assert_int_equal(manifest_add(sub, &e), 0);
+	if (t < 2 || strlen(anchor) > 200)
+		return;
+	static const char *names[] = {"x", "x.c", "y", "a b", "z!", "x-"};
+	uint32_t first = tu_rand(rs, 6), nk = tu_rand(rs, 4);
+	for (uint32_t i = 0; i < nk; i++) { /* distinct names */
+		char p[MANIFEST_PATH_MAX + 1];
+		snprintf(p, sizeof(p), "%s/%s", anchor, names[(first + i) % 6]);
+		random_sub(rs, p, depth + 1, sub);
+	}
+}
+
+static void random_path(uint64_t *rs, const struct manifest *m, char *p)
+{
+	static const char *names[] = {"a", "b", "a.b", "a!", "c", "dir", "f.txt"};
+	const char *parent = "";
+	if (m->n && tu_rand(rs, 4)) {
+		const struct manifest_entry *e = &m->e[tu_rand(rs, (uint32_t)m->n)];
+		if (e->type == MANIFEST_DIR)
+			parent = e->path;
+	}
+	snprintf(p, MANIFEST_PATH_MAX + 1, "%s%s%s", parent, parent[0] ? "/" : "", names[tu_rand(rs, 7)]);
+}
+
+static void test_swap_subtree_random(void **state)
+{
+	(void)state;
+	uint64_t rs = 0x5ca1e0013ULL;
+	struct manifest *m, *sub;
+	struct buf before, after;
+	char p[MANIFEST_PATH_MAX + 1], q[MANIFEST_PATH_MAX + 1];
+
+	buf_init(&before, 64u << 20);
+	buf_init(&after, 64u << 20);
+	assert_int_equal(manifest_new(&small, &m), 0);
+	assert_int_equal(manifest_seal(m), 0);
+	for (int step = 0; step < 3000; step++) {
+		uint32_t op = tu_rand(&rs, 10);
+		assert_int_equal(manifest_new(&small, &sub), 0);
+		encode_to(m, &before);
+		if (op < 5) { /* insert or replace at a random path */
+			random_path(&rs, m, p);
+			random_sub(&rs, p, 0, sub);
+			assert_int_equal(manifest_swap_subtree(m, p, sub), 0);
+			if (tu_rand(&rs, 8) == 0) { /* undo: the old subtree back */
+				assert_int_equal(manifest_swap_subtree(m, p, sub), 0);
+				encode_to(m, &after);
+				assert_int_equal(buf_len(&before), buf_len(&after));
+				assert_memory_equal(buf_ptr(&before), buf_ptr(&after), buf_len(&after));
+			}
+		} else if (op < 7 && m->n) { /* delete */
+			strcpy(p, m->e[tu_rand(&rs, (uint32_t)m->n)].path);
+			assert_int_equal(manifest_swap_subtree(m, p, sub), 0);
+			assert_true(sub->n >= 1);
+			assert_int_equal(manifest_find(m, p), -1);
+		} else if (m->n) { /* rename: take the subtree out, put it back elsewhere */
+			strcpy(p, m->e[tu_rand(&rs, (uint32_t)m->n)].path);
+			random_path(&rs, m, q);
+			size_t pl = strlen(p);
+			if (!strncmp(q, p, pl) && (q[pl] == '/' || !q[pl])) {
+				manifest_free(sub);
+				continue; /* into itself */
+			}
+			assert_int_equal(manifest_swap_subtree(m, p, sub), 0);
+			struct manifest *moved;
+			assert_int_equal(manifest_new(&small, &moved), 0);
+			for (size_t i = 0; i < sub->n; i++) {
+				struct manifest_entry e = sub->e[i];
+				char np[MANIFEST_PATH_MAX + 1];
+				snprintf(np, sizeof(np), "%s%s", q, sub->e[i].path + pl);
+				e.path = np;
+				if (strlen(np) > 250)
+					break;
+				assert_int_equal(manifest_add(moved, &e), 0);
+			}
+			if (moved->n == sub->n) {
+				/* where q's parent went away with p: refused, m unchanged */
+				encode_to(m, &before);
+				int r = manifest_swap_subtree(m, q, moved);
+				if (r == -ENOENT) {
+					encode_to(m, &after);
+					assert_memory_equal(buf_ptr(&before), buf_ptr(&after), buf_len(&after));
+				} else {
+					assert_int_equal(r, 0);
+				}
+			}
+			manifest_free(moved);
+		}
+		manifest_free(sub);
+		check_rebuild(m);
+	}
+	/* refusals leave m as it was */
+	encode_to(m, &before);
+	assert_int_equal(manifest_new(&small, &sub), 0);
+	struct manifest_entry e = ent("nowhere/x", MANIFEST_FILE, 0644, 1, 1, NULL);
+	assert_int_equal(manifest_add(sub, &e), 0);
+	assert_int_equal(manifest_swap_subtree(m, "nowhere/x", sub), -ENOENT);
+	assert_int_equal(manifest_swap_subtree(m, "other", sub), -EINVAL);
+	e = ent("nowhere/x/y", MANIFEST_FILE, 0644, 1, 1, NULL);
+	assert_int_equal(manifest_add(sub, &e), 0);
+	assert_int_equal(manifest_swap_subtree(m, "nowhere", sub), -ENOENT);
+	manifest_free(sub);
+	assert_int_equal(manifest_new(&small, &sub), 0);
+	e = ent("n", MANIFEST_FILE, 0644, 1, 1, NULL);
+	assert_int_equal(manifest_add(sub, &e), 0);
+	assert_int_equal(manifest_add(sub, &e), 0);
+	assert_int_equal(manifest_swap_subtree(m, "n", sub), -EEXIST);
+	manifest_free(sub);
+	encode_to(m, &after);
+	assert_int_equal(buf_len(&before), buf_len(&after));
+	assert_memory_equal(buf_ptr(&before), buf_ptr(&after), buf_len(&after));
+	/* and under allocation failures */
+	for (unsigned k = 1; k < 8; k++) {
+		assert_int_equal(manifest_new(&small, &sub), 0);
+		e = ent("new-one", MANIFEST_DIR, 0755, 0, 0, NULL);
+		assert_int_equal(manifest_add(sub, &e), 0);
+		mem_fail_at(k, 0);
+		int r = manifest_swap_subtree(m, "new-one", sub);
+		mem_fail_at(0, 0);
+		if (r == 0)
+			assert_int_equal(manifest_swap_subtree(m, "new-one", sub), 0);
+		else
+			assert_int_equal(r, -ENOMEM);
+		encode_to(m, &after);
+		assert_memory_equal(buf_ptr(&before), buf_ptr(&after), buf_len(&after));
+		manifest_free(sub);
+	}
+	check_rebuild(m);
+	buf_clear(&before);
+	buf_clear(&after);
+	manifest_free(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -877,6 +1057,7 @@ int main(void)
 	    cmocka_unit_test(test_scan_filter),		 cmocka_unit_test(test_diff),
 	    cmocka_unit_test(test_level_reader),	 cmocka_unit_test(test_tree_reconcile),
 	    cmocka_unit_test(test_recon_rejects),	 cmocka_unit_test(test_alloc_failures),
+	    cmocka_unit_test(test_swap_subtree_random),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

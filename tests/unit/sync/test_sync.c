@@ -20,6 +20,7 @@
 
 #include "testutil.h"
 
+#include "airlock/content/manifest.h"
 #include "airlock/core/chan.h"
 #include "airlock/core/loop.h"
 #include "airlock/core/mem.h"
@@ -166,14 +167,21 @@ static void e_timeout(struct loop *l, void *ud)
 	(void)ud;
 	loop_stop(l);
 }
+static uint64_t eng_wait_ms = 10000; /* how long e_run waits for an operation */
+
 static void e_run(struct eng *e)
 {
-	uint64_t id = loop_add_timer(e->l, 10000, e_timeout, e);
+	uint64_t id = loop_add_timer(e->l, eng_wait_ms, e_timeout, e);
 	loop_set_before_sleep(e->l, e_check, e);
 	assert_int_equal(loop_run(e->l), 0);
 	loop_set_before_sleep(e->l, NULL, NULL);
 	loop_del_timer(e->l, id);
 }
+
+/* sync_cfg.loop and batch_budget_ns of the next eng_start */
+static bool eng_loop;
+static uint64_t eng_budget_ns;
+static const char *eng_state_dir; /* sync_cfg.state_dir: the host's hash cache */
 
 /* A host engine on `host` and a guest session on `guest`, over a chan pair
  * on one loop, handshake done; max_batch as in sync_cfg. */
@@ -197,7 +205,10 @@ static void eng_start(struct eng *e, const char *host, const char *guest, size_t
 			       .guest_pub = gpub,
 			       .ops = &e_ops,
 			       .ud = e,
-			       .max_batch = max_batch};
+			       .max_batch = max_batch,
+			       .loop = eng_loop ? e->l : NULL,
+			       .state_dir = eng_state_dir,
+			       .batch_budget_ns = eng_budget_ns};
 	assert_int_equal(sync_new(e->hc, &cfg, &e->s), 0);
 }
 
@@ -727,12 +738,314 @@ static void test_withheld_content(void **state)
 	eng_stop(&e);
 }
 
+/* ---- a seeded random workload of targeted pushes converges exactly ---- */
+
+/* The manifest root digest of a tree (what both sides would compare). */
+static void tree_root(const char *root, uint8_t out[CHUNK_HASH_LEN], size_t *n)
+{
+	struct manifest *m;
+	int fd = open(root, O_RDONLY | O_DIRECTORY);
+	assert_true(fd >= 0);
+	struct manifest_scan_opts o = {0};
+	assert_int_equal(manifest_scan(fd, &o, &m), 0);
+	memcpy(out, m->root, CHUNK_HASH_LEN);
+	*n = m->n;
+	manifest_free(m);
+	close(fd);
+}
+
+static void assert_same_tree(const char *a, const char *b)
+{
+	uint8_t ra[CHUNK_HASH_LEN], rb[CHUNK_HASH_LEN];
+	size_t na, nb;
+	tree_root(a, ra, &na);
+	tree_root(b, rb, &nb);
+	assert_int_equal(na, nb);
+	assert_memory_equal(ra, rb, CHUNK_HASH_LEN);
+}
+
+/* Each step changes the host tree the way an editor or a build would
+ * (edit, same-size rewrite, create in an old or a new directory, delete a
+ * file or a whole directory, rename a file or a directory, chmod) and
+ * pushes only the paths the journal would name. The guest must equal the
+ * host after every check, and a full push at the end (the root dirty: a
+ * full scan against what the engine believes the guest has) must find
+ * nothing to send: the engine's confirmed state, edited in place push by
+ * push, is exactly the tree. AIRLOCK_SYNC_RANDOM_FILES (default 3000)
+ * sets the tree's size, AIRLOCK_SYNC_RANDOM_STEPS (default 300) the steps. */
+static void test_push_random(void **state)
+{
+	(void)state;
+	struct eng e = {0};
+	char host[128], guest[128], p[200], q[200], r2[200], a[400], b[400];
+	const char *env = getenv("AIRLOCK_SYNC_RANDOM_FILES");
+	unsigned nf = env ? (unsigned)strtoul(env, NULL, 10) : 3000;
+	env = getenv("AIRLOCK_SYNC_RANDOM_STEPS");
+	unsigned steps = env ? (unsigned)strtoul(env, NULL, 10) : 300;
+	unsigned nd = nf / 50 + 1, fresh = 0;
+	uint64_t rs = 0x72616e646f6d31ULL;
+
+	snprintf(host, sizeof(host), "%s/randhost", dir);
+	snprintf(guest, sizeof(guest), "%s/randguest", dir);
+	if (mkdir(host, 0755) != 0)
+		fail_msg("mkdir %s: %s", host, strerror(errno));
+	assert_int_equal(mkdir(guest, 0755), 0);
+	for (unsigned d = 0; d < nd; d++) {
+		snprintf(p, sizeof(p), "%s/d%u", host, d);
+		assert_int_equal(mkdir(p, 0755), 0);
+		snprintf(p, sizeof(p), "%s/d%u/s", host, d);
+		assert_int_equal(mkdir(p, 0755), 0);
+	}
+	for (unsigned i = 0; i < nf; i++) {
+		snprintf(p, sizeof(p), "d%u/%sf%u", i % nd, i % 3 ? "" : "s/", i);
+		put(host, p, "seed\n");
+	}
+	eng_wait_ms = nf > 10000 ? 600000 : 10000; /* the long version's first sync */
+	eng_start(&e, host, guest, 0);
+	assert_int_equal(sync_reconcile(e.s), 0);
+	e_run(&e);
+	assert_true(e.done);
+	assert_int_equal(e.err, 0);
+	assert_same_tree(host, guest);
+
+	for (unsigned st = 0; st < steps; st++) {
+		const char *dirty[2] = {p, q};
+		size_t nd2 = 1;
+		unsigned d = tu_rand(&rs, nd), op = tu_rand(&rs, 9);
+		char text[64];
+		snprintf(text, sizeof(text), op == 1 ? "seed\n" : "step %u %u\n", st, tu_rand(&rs, 1000));
+		/* a random existing entry of d%u: a file, or s/ */
+		snprintf(r2, sizeof(r2), "d%u", d);
+		snprintf(a, sizeof(a), "%s/%s", host, r2);
+		if (!exists(host, r2)) {
+			assert_int_equal(mkdir(a, 0755), 0);
+			snprintf(p, sizeof(p), "d%u", d);
+			e_push(&e, dirty, 1);
+			continue;
+		}
+		switch (op) {
+		case 0: /* edit or create a file */
+		case 1: /* the same size (and, often, the same second) */
+			snprintf(p, sizeof(p), "d%u/f%u", d, tu_rand(&rs, nf));
+			put(host, p, text);
+			break;
+		case 2: /* a file in a new directory: only the file is named */
+			snprintf(a, sizeof(a), "%s/d%u/n%u", host, d, fresh);
+			assert_int_equal(mkdir(a, 0755), 0);
+			snprintf(p, sizeof(p), "d%u/n%u/x", d, fresh++);
+			put(host, p, text);
+			break;
+		case 3: /* delete a file (maybe one that is not there) */
+			snprintf(p, sizeof(p), "d%u/f%u", d, tu_rand(&rs, nf));
+			snprintf(a, sizeof(a), "%s/%s", host, p);
+			(void)unlink(a);
+			break;
+		case 4: /* delete a whole directory */
+			snprintf(p, sizeof(p), "d%u/s", d);
+			snprintf(a, sizeof(a), "%s/%s", host, p);
+			tu_rm_rf(a);
+			break;
+		case 5: /* rename a file into another directory */
+			snprintf(p, sizeof(p), "d%u/f%u", d, tu_rand(&rs, nf));
+			snprintf(q, sizeof(q), "d%u/r%u", tu_rand(&rs, nd), st);
+			snprintf(a, sizeof(a), "%s/%s", host, p);
+			snprintf(b, sizeof(b), "%s/%s", host, q);
+			if (exists(host, q) || rename(a, b) != 0)
+				put(host, p, text);
+			else
+				nd2 = 2;
+			break;
+		case 6: /* rename a directory */
+			snprintf(p, sizeof(p), "d%u", d);
+			snprintf(q, sizeof(q), "d%u", nd + fresh++);
+			snprintf(a, sizeof(a), "%s/%s", host, p);
+			snprintf(b, sizeof(b), "%s/%s", host, q);
+			assert_int_equal(rename(a, b), 0);
+			snprintf(a, sizeof(a), "%s/%s", host, p); /* and back, to keep d%u */
+			assert_int_equal(mkdir(a, 0755), 0);
+			nd2 = 2;
+			break;
+		case 7: /* chmod */
+			snprintf(p, sizeof(p), "d%u/f%u", d, tu_rand(&rs, nf));
+			snprintf(a, sizeof(a), "%s/%s", host, p);
+			(void)chmod(a, tu_rand(&rs, 2) ? 0600 : 0644);
+			break;
+		default: /* two files of one push in different directories */
+			snprintf(p, sizeof(p), "d%u/f%u", d, tu_rand(&rs, nf));
+			snprintf(q, sizeof(q), "d%u/s/g%u", tu_rand(&rs, nd), st);
+			put(host, p, text);
+			snprintf(r2, sizeof(r2), "%s", q);
+			*strrchr(r2, '/') = '\0';
+			snprintf(a, sizeof(a), "%s/%s", host, r2);
+			if (!exists(host, r2))
+				assert_int_equal(mkdir(a, 0755), 0);
+			put(host, q, text);
+			nd2 = 2;
+			break;
+		}
+		if (st % 10 == 0) {
+			/* in flight: what it sends is the whole host tree */
+			e.done = false;
+			assert_int_equal(sync_push_paths(e.s, dirty, nd2), 0);
+			const struct manifest *snd = sync_sending(e.s);
+			if (snd) {
+				uint8_t hr[CHUNK_HASH_LEN];
+				size_t hn;
+				tree_root(host, hr, &hn);
+				assert_int_equal(snd->n, hn);
+				assert_memory_equal(snd->root, hr, CHUNK_HASH_LEN);
+			}
+			if (!e.done)
+				e_run(&e);
+			assert_true(e.done);
+			assert_int_equal(e.err, 0);
+		} else {
+			e_push(&e, dirty, nd2);
+		}
+		assert_false(sync_get_push_stats(e.s)->full);
+		if (st % 25 == 24)
+			assert_same_tree(host, guest);
+	}
+	assert_same_tree(host, guest);
+	const char *root[] = {""};
+	e_push(&e, root, 1);
+	assert_true(sync_get_push_stats(e.s)->full);
+	assert_int_equal(sync_get_stats(e.s)->changes, 0);
+	eng_stop(&e);
+	eng_wait_ms = 10000;
+}
+
+/* With a loop, batch building yields: a budget of 1 ns finishes a batch
+ * every 32 files and builds the next one from a timer; the sync still
+ * converges, over many batches (counted, not timed). The full scan runs
+ * on the worker thread, as under airlock up. */
+static void test_pump_yields(void **state)
+{
+	(void)state;
+	struct eng e = {0};
+	char host[128], guest[128], p[64];
+
+	snprintf(host, sizeof(host), "%s/yh", dir);
+	snprintf(guest, sizeof(guest), "%s/yg", dir);
+	assert_int_equal(mkdir(host, 0755), 0);
+	assert_int_equal(mkdir(guest, 0755), 0);
+	for (int i = 0; i < 640; i++) {
+		snprintf(p, sizeof(p), "f%d", i);
+		put(host, p, "small\n");
+	}
+	eng_loop = true;
+	eng_budget_ns = 1;
+	eng_start(&e, host, guest, 0);
+	assert_int_equal(sync_reconcile(e.s), 0);
+	e_run(&e);
+	assert_true(e.done);
+	assert_int_equal(e.err, 0);
+	assert_true(sync_get_stats(e.s)->batches >= 640 / 32);
+	assert_same_tree(host, guest);
+	/* a push of many paths too */
+	const char *paths[100];
+	char names[100][16];
+	for (int i = 0; i < 100; i++) {
+		snprintf(names[i], sizeof(names[i]), "f%d", i * 3);
+		put(host, names[i], "edited!\n");
+		paths[i] = names[i];
+	}
+	uint64_t before = sync_get_stats(e.s)->batches;
+	e_push(&e, paths, 100);
+	assert_true(sync_get_stats(e.s)->batches - before >= 100 / 32);
+	assert_same_tree(host, guest);
+	eng_stop(&e);
+	eng_loop = false;
+	eng_budget_ns = 0;
+}
+
+/* Edits made while no engine runs (airlock down, then up): each new
+ * engine loads the hash cache the last one saved and reconciles; an edit
+ * that keeps the size and the mtime (set back with utimensat, so only
+ * ctime moves), a rename and a deleted directory are all found, and a
+ * second up finds nothing more. */
+static void offline_up(const char *host, const char *guest)
+{
+	struct eng e = {0};
+	eng_start(&e, host, guest, 0);
+	assert_int_equal(sync_reconcile(e.s), 0);
+	e_run(&e);
+	assert_true(e.done);
+	if (e.err)
+		fail_msg("reconcile: %s", e.why);
+	eng_stop(&e);
+}
+
+static void test_offline_edits(void **state)
+{
+	(void)state;
+	char host[128], guest[128], sd[128], p[256], q[256];
+	struct stat st;
+
+	snprintf(host, sizeof(host), "%s/oh", dir);
+	snprintf(guest, sizeof(guest), "%s/og", dir);
+	snprintf(sd, sizeof(sd), "%s/ostate", dir);
+	assert_int_equal(mkdir(host, 0755), 0);
+	assert_int_equal(mkdir(guest, 0755), 0);
+	assert_int_equal(mkdir(sd, 0700), 0);
+	snprintf(p, sizeof(p), "%s/d", host);
+	assert_int_equal(mkdir(p, 0755), 0);
+	snprintf(p, sizeof(p), "%s/gone", host);
+	assert_int_equal(mkdir(p, 0755), 0);
+	put(host, "same.txt", "aaaa\n");
+	put(host, "d/old-name", "moved\n");
+	put(host, "gone/x", "x\n");
+	put(host, "gone/y", "y\n");
+	eng_state_dir = sd;
+	offline_up(host, guest);
+	assert_true(has(guest, "same.txt", "aaaa\n"));
+	/* the cache is hot and no longer racy */
+	sleep(1);
+	offline_up(host, guest);
+
+	/* while down: same size, same mtime (to the nanosecond) */
+	snprintf(p, sizeof(p), "%s/same.txt", host);
+	assert_int_equal(stat(p, &st), 0);
+	put(host, "same.txt", "bbbb\n");
+	struct timespec ts[2] = {st.st_atim, st.st_mtim};
+	assert_int_equal(utimensat(AT_FDCWD, p, ts, 0), 0);
+	struct stat st2;
+	assert_int_equal(stat(p, &st2), 0);
+	assert_int_equal(st2.st_size, st.st_size);
+	assert_int_equal(st2.st_mtim.tv_sec, st.st_mtim.tv_sec);
+	assert_int_equal(st2.st_mtim.tv_nsec, st.st_mtim.tv_nsec);
+	/* a rename, a deleted directory */
+	snprintf(p, sizeof(p), "%s/d/old-name", host);
+	snprintf(q, sizeof(q), "%s/d/new-name", host);
+	assert_int_equal(rename(p, q), 0);
+	snprintf(p, sizeof(p), "%s/gone", host);
+	tu_rm_rf(p);
+
+	offline_up(host, guest);
+	assert_true(has(guest, "same.txt", "bbbb\n"));
+	assert_false(exists(guest, "d/old-name"));
+	assert_true(has(guest, "d/new-name", "moved\n"));
+	assert_false(exists(guest, "gone"));
+	assert_same_tree(host, guest);
+	/* once more, with nothing changed: nothing to send */
+	struct eng e = {0};
+	eng_start(&e, host, guest, 0);
+	assert_int_equal(sync_reconcile(e.s), 0);
+	e_run(&e);
+	assert_true(e.done);
+	assert_int_equal(e.err, 0);
+	assert_int_equal(sync_get_stats(e.s)->changes, 0);
+	eng_stop(&e);
+	eng_state_dir = NULL;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_git_config),	     cmocka_unit_test(test_push_targeted),
 	    cmocka_unit_test(test_push_ranged),	     cmocka_unit_test(test_too_large),
-	    cmocka_unit_test(test_withheld_content),
+	    cmocka_unit_test(test_withheld_content), cmocka_unit_test(test_push_random),
+	    cmocka_unit_test(test_pump_yields),	     cmocka_unit_test(test_offline_edits),
 	};
 	if (sodium_init() < 0)
 		return 1;
