@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * airlock exec [-C DIR] [--timeout S] [--tty] [--stdin|--no-stdin] -- CMD [ARG...]
- * airlock shell [-C DIR] [--timeout S] [-c CMD [NAME [ARG...]]]   (see cmd_shell)
+ * airlock shell [-C DIR] [--timeout S] [--bash] [-c CMD [NAME [ARG...]]]   (see cmd_shell)
  *
  * Run from a directory below the workspace (or -C one), the command runs in
  * the same directory of the guest's copy: the workspace is the nearest
@@ -353,7 +353,8 @@ static void exec_usage(void)
 
 static void shell_usage(void)
 {
-	fputs("usage: airlock shell [-C DIR] [--timeout S] [-l] [-i] [-c CMD [NAME [ARG...]]]\n", stderr);
+	fputs("usage: airlock shell [-C DIR] [--timeout S] [--bash] [-l|--login] [-i] [-c CMD [NAME [ARG...]]]\n",
+	      stderr);
 }
 
 /* What to run and how: filled by cmd_exec and cmd_shell. */
@@ -692,6 +693,16 @@ out:
 	return x.status;
 }
 
+/* An option getopt did not know, named with our prefix (getopt's own
+ * message would carry the subcommand as the program name). */
+static void bad_option(const char *who, char **argv)
+{
+	if (optopt && optopt != '?')
+		cmd_err("%s: unknown option '-%c' (or it needs an argument)", who, optopt);
+	else
+		cmd_err("%s: unknown option '%s'", who, argv[optind - 1]);
+}
+
 static bool parse_timeout(const char *who, const char *arg, double *out)
 {
 	char *end;
@@ -717,6 +728,7 @@ int cmd_exec(int argc, char **argv)
 	int c;
 
 	optind = 1;
+	opterr = 0;
 	while ((c = getopt_long(argc, argv, "+C:", opts, NULL)) != -1) {
 		switch (c) {
 		case 'C':
@@ -736,6 +748,7 @@ int cmd_exec(int argc, char **argv)
 			o.tty = true;
 			break;
 		default:
+			bad_option("exec", argv);
 			exec_usage();
 			return 2;
 		}
@@ -750,36 +763,57 @@ int cmd_exec(int argc, char **argv)
 }
 
 /*
- * airlock shell [-C DIR] [--timeout S] [-l] [-i] [-c CMD [NAME [ARG...]]]
+ * airlock shell [-C DIR] [--timeout S] [--bash] [-l|--login] [-i] [-c CMD [NAME [ARG...]]]
  *
  * Without -c: an interactive login shell in the sandbox, bash when the
- * guest has it, else sh, on a pty when our stdin is a terminal. It is
- * interactive, so its timeout defaults to the longest the relay allows
- * rather than the policy's per-command default.
+ * guest has it (or always with --bash), else sh, on a pty when our stdin is
+ * a terminal. It is interactive, so its timeout defaults to the longest
+ * the relay allows rather than the policy's per-command default.
  *
- * With -c: CMD is one shell command string, run by the guest's sh -c (NAME
- * and ARGs become $0, $1, ... as with sh -c), on a pty only when our stdin
- * and stdout are both terminals; the exit status is CMD's. This is what
- * makes airlock usable wherever a tool takes a shell path and runs
- * "SHELL -c STRING" (doc/EDITORS.md). -l and -i are accepted and ignored,
- * for tools that pass them to every shell.
+ * With -c: CMD is one shell command string, run by the guest's sh -c (bash
+ * -c with --bash; NAME and ARGs become $0, $1, ... as with sh -c), on a pty
+ * only when our stdin and stdout are both terminals; the exit status is
+ * CMD's. This is what makes airlock usable wherever a tool takes a shell
+ * path and runs "SHELL -c STRING" (doc/EDITORS.md). -l, --login and -i are
+ * accepted and ignored, for tools that pass them to every shell (a login
+ * shell's profile is the host's business: the guest's environment is the
+ * policy's). With --bash, bash's own set options (-e -u -x -v -f -o NAME,
+ * -O NAME) are passed to the guest's bash, and --norc, --noprofile
+ * are accepted and ignored, so a wrapper named bash takes what tools pass.
  */
 #define LOGIN_SHELL	  "if command -v bash >/dev/null 2>&1; then exec bash -l; fi; exec sh -l"
 #define SHELL_TIMEOUT_MAX (30.0 * 86400)
+#define SHELL_ARGV_MAX	  64
+
+/* Append one word to the guest argv; false when it is full. */
+static bool sh_push(char **sh, int *n, const char *w)
+{
+	if (*n >= SHELL_ARGV_MAX - 1)
+		return false;
+	sh[(*n)++] = (char *)w;
+	return true;
+}
 
 int cmd_shell(int argc, char **argv)
 {
 	static const struct option opts[] = {
 	    {"timeout", required_argument, NULL, 't'},
+	    {"bash", no_argument, NULL, 'B'},
+	    {"login", no_argument, NULL, 'l'},
+	    {"interactive", no_argument, NULL, 'i'},
+	    {"norc", no_argument, NULL, 'N'},
+	    {"noprofile", no_argument, NULL, 'N'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct run_opts o = {.who = "shell", .dir = ".", .stdin_mode = -1};
 	const char *cmd = NULL;
-	char *sh[64];
-	int c;
+	char *sh[SHELL_ARGV_MAX], *setopts[SHELL_ARGV_MAX];
+	int c, n = 0, nset = 0;
+	bool bash = false, ok = true;
 
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "+C:c:li", opts, NULL)) != -1) {
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, "+C:c:lieuxvfo:O:", opts, NULL)) != -1) {
 		switch (c) {
 		case 'C':
 			o.dir = optarg;
@@ -791,37 +825,68 @@ int cmd_shell(int argc, char **argv)
 		case 'c':
 			cmd = optarg;
 			break;
+		case 'B':
+			bash = true;
+			break;
 		case 'l':
 		case 'i':
+		case 'N':
 			break;
+		case 'e':
+		case 'u':
+		case 'x':
+		case 'v':
+		case 'f':
+		case 'o':
+		case 'O': {
+			/* bash's set options, for the guest's bash (refused below without --bash) */
+			static const char *const flag[128] = {['e'] = "-e", ['u'] = "-u", ['x'] = "-x", ['v'] = "-v",
+							      ['f'] = "-f", ['o'] = "-o", ['O'] = "-O"};
+			ok = ok && nset + 2 < SHELL_ARGV_MAX;
+			if (ok) {
+				setopts[nset++] = (char *)flag[c];
+				if (c == 'o' || c == 'O')
+					setopts[nset++] = optarg;
+			}
+			break;
+		}
 		default:
+			bad_option("shell", argv);
 			shell_usage();
 			return 2;
 		}
 	}
-	sh[0] = "sh";
-	sh[1] = "-c";
+	if (nset && !bash) {
+		cmd_err("shell: '%s' is an option of bash: add --bash (sh -c takes no options here)", setopts[0]);
+		return 2;
+	}
+	ok = ok && sh_push(sh, &n, bash ? "bash" : "sh");
+	for (int i = 0; i < nset; i++)
+		ok = ok && sh_push(sh, &n, setopts[i]);
 	if (cmd) {
-		if (argc - optind > (int)(sizeof(sh) / sizeof(sh[0])) - 3) {
-			cmd_err("shell: at most %zu arguments after -c CMD", sizeof(sh) / sizeof(sh[0]) - 3);
-			return 2;
-		}
-		sh[2] = (char *)cmd;
+		ok = ok && sh_push(sh, &n, "-c") && sh_push(sh, &n, cmd);
 		for (int i = optind; i < argc; i++)
-			sh[3 + i - optind] = argv[i];
-		o.argc = 3 + argc - optind;
+			ok = ok && sh_push(sh, &n, argv[i]);
 		o.tty = isatty(STDIN_FILENO) && isatty(STDOUT_FILENO);
 	} else {
 		if (optind < argc) {
 			shell_usage();
 			return 2;
 		}
-		sh[2] = LOGIN_SHELL;
-		o.argc = 3;
+		if (bash)
+			ok = ok && sh_push(sh, &n, "-l");
+		else
+			ok = ok && sh_push(sh, &n, "-c") && sh_push(sh, &n, LOGIN_SHELL);
 		o.tty = isatty(STDIN_FILENO);
 		if (!o.timeout)
 			o.timeout = SHELL_TIMEOUT_MAX;
 	}
+	if (!ok) {
+		cmd_err("shell: at most %d words for the guest's shell", SHELL_ARGV_MAX - 1);
+		return 2;
+	}
+	sh[n] = NULL;
 	o.argv = sh;
+	o.argc = n;
 	return run_remote(&o);
 }

@@ -4,10 +4,13 @@
 # (pty in the guest, window size and resize, ^C, ^Z, jobs and fg, exit
 # status, the local terminal restored), exec --tty (isatty, size, exit
 # status and death by signal as without a tty), shell -c (status, $0 and
-# arguments, pty only on a terminal); then the editor setups of
-# doc/EDITORS.md exactly as documented: the wrappers are taken from the doc,
-# Claude Code's CLAUDE_CODE_SHELL_PREFIX quoting and command wrapping are
-# reproduced, and SHELL -l -c (Cline, Continue) goes through airlock-sh.
+# arguments, pty only on a terminal), shell --bash and the options tools
+# pass to a shell; then the editor setups of doc/EDITORS.md: the installed
+# wrappers (tools/wrappers, as meson builds them), Claude Code's
+# CLAUDE_CODE_SHELL_PREFIX quoting and command wrapping as 2.1.332 does it
+# (/bin/bash -c, no login shell), SHELL -l -c (Cline, Continue) through
+# airlock-sh, and a bash found on PATH (Gemini CLI) through the bash shim.
+# tests/e2e/agent_*.sh drive the real CLIs.
 # usage: shell_e2e.sh AIRLOCK AIRLOCK_AGENT   (root + /dev/fuse, else skipped: exit 77)
 # shellcheck source=tests/e2e/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -71,28 +74,60 @@ doc_block() {
 		inb && /^```$/ { inb = 0; if (buf ~ m) printf "%s", buf; next }
 		inb { buf = buf $0 "\n" }' "$SRC/doc/EDITORS.md"
 }
-mkdir -p "$T/bin"
+# The wrappers as meson builds them (tools/wrappers: installed by meson
+# install, calling the installed airlock unless AIRLOCK_BIN says otherwise).
+WRAP=$(dirname "$AIRLOCK")/tools/wrappers
+mkdir -p "$T/bin" "$T/shim"
 ln -s "$AIRLOCK" "$T/bin/airlock"
-doc_block '# airlock-sh:' >"$T/bin/airlock-sh"
+install -m 0755 "$WRAP/airlock-sh" "$WRAP/airlock-bash" "$T/bin/"
+install -m 0755 "$WRAP/bash" "$T/shim/bash"
 doc_block '# airlock-claude:' >"$T/bin/airlock-claude"
-chmod 0755 "$T/bin/airlock-sh" "$T/bin/airlock-claude"
-export PATH=$T/bin:$PATH
-# Claude Code runs its commands with a login shell (bash -c -l), which resets
-# PATH from /etc/profile; the user's own profile puts airlock back on it
+chmod 0755 "$T/bin/airlock-claude"
+export PATH=$T/bin:$PATH AIRLOCK_BIN=$AIRLOCK
 mkdir -p "$T/home"
-echo "PATH=$T/bin:\$PATH" >"$T/home/.bash_profile"
+
+t_bash() {
+	local rc=0 out err
+	# the options tools pass to any shell: -l, --login, -i, -lc
+	out=$($TO 20 airlock-sh --login -i -c 'echo "$0"; exit 3' </dev/null) || rc=$?
+	[ "$rc" = 3 ] && [ "$out" = sh ] || { echo "airlock-sh --login -i -c: rc $rc '$out'" >&2; return 1; }
+	# bash-only syntax the models write: [[ ]], read -t, here-strings, arrays, shopt, declare, process substitution
+	out=$($TO 20 airlock-bash -lc 'shopt -s extglob; declare -A m=([k]=v); read -t 1 x <<<"hi"
+		[[ $x == h* ]] && echo "$x ${m[k]} $(cat <(echo ps)) ${BASH_VERSION%%.*}" ; id -u' </dev/null) || {
+		echo "airlock-bash -lc: rc $? '$out'" >&2
+		return 1
+	}
+	[ "${out%%$'\n'*}" = "hi v ps 5" ] && [ "${out#*$'\n'}" = 65534 ] || { echo "bash syntax: '$out'" >&2; return 1; }
+	# bash's set options reach the guest's bash: -e -o pipefail stops at the failing pipe
+	rc=0
+	out=$($TO 20 airlock-bash -e -o pipefail -c 'false | true; echo reached' </dev/null) || rc=$?
+	[ "$rc" = 1 ] && [ -z "$out" ] || { echo "-e -o pipefail: rc $rc '$out'" >&2; return 1; }
+	# a bash found on PATH (Gemini CLI's way): the shim, in the guest
+	out=$(PATH=$T/shim:$PATH; $TO 20 bash -c 'cat guest-only.txt; echo "${BASH_VERSINFO[0]}"' </dev/null) || return 1
+	[ "$out" = $'only the guest has this\n5' ] || { echo "bash shim: '$out'" >&2; return 1; }
+	# options we do not know: our prefix and the option, status 2; a bash option without --bash is refused
+	rc=0
+	err=$($TO 20 airlock-sh --bogus -c true 2>&1 </dev/null) || rc=$?
+	[ "$rc" = 2 ] && [ "${err%%$'\n'*}" = "airlock: shell: unknown option '--bogus'" ] ||
+		{ echo "--bogus: rc $rc '$err'" >&2; return 1; }
+	rc=0
+	err=$($TO 20 airlock shell -e -c true 2>&1 </dev/null) || rc=$?
+	[ "$rc" = 2 ] && [ "${err#*--bash}" != "$err" ] || { echo "-e without --bash: rc $rc '$err'" >&2; return 1; }
+}
+check "shell --bash: -l/--login/-i/-lc accepted, bash syntax and set options in the guest, the bash shim, unknown options named" t_bash
 
 # Claude Code's CLAUDE_CODE_SHELL_PREFIX: the prefix up to its first " -"
 # (after the last '/') quoted as one path, its flags, then the command string
-# quoted as one argument (shell-quote style), run by Claude Code's shell.
+# quoted as one argument (shell-quote style), run by /bin/bash -c (2.1.332:
+# not a login shell).
 q() { printf "'%s'" "$(printf %s "$1" | sed "s/'/'\\\\''/g")"; }
 claude_run() {
 	local prefix=$1 cmd=$2 tail=${1##*/} head
 	if [ "${tail#* -}" != "$tail" ]; then
 		head=${prefix%%" -${tail#* -}"}
-		HOME=$T/home bash -c -l "$(q "$head") -${tail#* -} $(q "$cmd")"
+		HOME=$T/home /bin/bash -c "$(q "$head") -${tail#* -} $(q "$cmd")"
 	else
-		HOME=$T/home bash -c -l "$(q "$prefix") $(q "$cmd")"
+		HOME=$T/home /bin/bash -c "$(q "$prefix") $(q "$cmd")"
 	fi
 }
 
