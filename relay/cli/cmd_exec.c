@@ -52,6 +52,7 @@
 #include "airlock/mount/mount.h"
 #include "airlock/server/relay.h"
 #include "cmd_i.h"
+#include "shell_cwd_i.h"
 
 #define EXEC_FAILED 125
 #define STDIN_CHUNK (32u * 1024u)
@@ -74,6 +75,7 @@ struct xc {
 	bool chunk_busy; /* the relay answered busy: send it again */
 	uint64_t retry_at_ms;
 	unsigned backoff_ms;
+	struct shell_cwd *cwd; /* --cwd-file: its line taken out of stderr */
 };
 
 static uint64_t now_ms(void)
@@ -84,7 +86,7 @@ static uint64_t now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-static int write_all(int fd, const void *p, size_t n)
+int cmd_write_all(int fd, const void *p, size_t n)
 {
 	const char *c = p;
 
@@ -113,9 +115,9 @@ static int send_req(struct xc *x, json_t *o)
 	if (!line)
 		return -ENOMEM;
 	size_t n = strlen(line);
-	r = write_all(x->fd, line, n);
+	r = cmd_write_all(x->fd, line, n);
 	if (r == 0)
-		r = write_all(x->fd, "\n", 1);
+		r = cmd_write_all(x->fd, "\n", 1);
 	mem_free(line); /* jansson allocates through mem_* (mem_init_json) */
 	return r;
 }
@@ -139,8 +141,16 @@ static int send_chunk(struct xc *x)
 	return send_req(x, json_pack("{s:s, s:s}", "id", FENCE_ID, "op", "status"));
 }
 
+/* Command output to our fd (stderr through the --cwd-file filter). */
+static int out_write(struct xc *x, int fd, const void *p, size_t n)
+{
+	if (x->cwd && fd == STDERR_FILENO)
+		return shell_cwd_filter(x->cwd, fd, p, n);
+	return cmd_write_all(fd, p, n);
+}
+
 /* Output data of an stdout/stderr event to fd. */
-static int emit(json_t *ev, int fd)
+static int emit(struct xc *x, json_t *ev, int fd)
 {
 	const char *t = json_string_value(json_object_get(ev, "data"));
 	const char *b = json_string_value(json_object_get(ev, "data_b64"));
@@ -149,7 +159,7 @@ static int emit(json_t *ev, int fd)
 	int r;
 
 	if (t)
-		return write_all(fd, t, json_string_length(json_object_get(ev, "data")));
+		return out_write(x, fd, t, json_string_length(json_object_get(ev, "data")));
 	if (!b)
 		return 0;
 	n = strlen(b);
@@ -159,7 +169,7 @@ static int emit(json_t *ev, int fd)
 		mem_free(bin);
 		return -EBADMSG;
 	}
-	r = write_all(fd, bin, n);
+	r = out_write(x, fd, bin, n);
 	mem_free(bin);
 	return r;
 }
@@ -206,7 +216,7 @@ static int fast_output(struct xc *x, const char *p, size_t n)
 			mem_free(bin);
 			return 0; /* not what it looked like: the JSON path decides */
 		}
-		if (write_all(k ? STDERR_FILENO : STDOUT_FILENO, bin, len) < 0)
+		if (out_write(x, k ? STDERR_FILENO : STDOUT_FILENO, bin, len) < 0)
 			output_gone(x);
 		mem_free(bin);
 		return 1;
@@ -258,7 +268,7 @@ static void on_event(struct xc *x, json_t *ev)
 	if (!strcmp(event, "started")) {
 		x->started = true;
 	} else if (!strcmp(event, "stdout") || !strcmp(event, "stderr")) {
-		if (emit(ev, !strcmp(event, "stdout") ? STDOUT_FILENO : STDERR_FILENO) < 0)
+		if (emit(x, ev, !strcmp(event, "stdout") ? STDOUT_FILENO : STDERR_FILENO) < 0)
 			output_gone(x);
 	} else if (!strcmp(event, "dropped")) {
 		cmd_err("exec: %" JSON_INTEGER_FORMAT " bytes of %s were lost",
@@ -361,10 +371,11 @@ static void shell_usage(void)
 struct run_opts {
 	const char *who; /* "exec" or "shell", for messages */
 	const char *dir;
-	double timeout;	   /* seconds; 0 = the policy's default */
-	int stdin_mode;	   /* 1 pass stdin, 0 /dev/null, -1 pass it unless it is a terminal */
-	bool tty;	   /* a pty in the guest; ours in raw mode when it is a terminal */
-	char *const *argv; /* argc strings */
+	double timeout;	      /* seconds; 0 = the policy's default */
+	int stdin_mode;	      /* 1 pass stdin, 0 /dev/null, -1 pass it unless it is a terminal */
+	bool tty;	      /* a pty in the guest; ours in raw mode when it is a terminal */
+	const char *cwd_file; /* shell --cwd-file: argv is SHELL_CWD_SCRIPT's, REL and MARK appended */
+	char *const *argv;    /* argc strings */
 	int argc;
 };
 
@@ -496,7 +507,10 @@ static int exec_request(const struct run_opts *o, const struct xc *x, const char
 	for (int i = 0; i < o->argc; i++)
 		if (json_array_append_new(av, json_string(o->argv[i])) < 0)
 			goto nomem;
-	if (json_array_size(av) != (size_t)o->argc) {
+	if (o->cwd_file && (json_array_append_new(av, json_string(rel)) < 0 ||
+			    json_array_append_new(av, json_string(x->cwd->mark)) < 0))
+		goto nomem;
+	if (json_array_size(av) != (size_t)o->argc + (o->cwd_file ? 2 : 0)) {
 		json_decref(req);
 		return -EILSEQ;
 	}
@@ -643,6 +657,7 @@ static int run_once(const struct run_opts *o, struct xc *x, int sfd, bool *winch
 static int run_remote(const struct run_opts *o)
 {
 	static struct xc x;
+	static struct shell_cwd cwd;
 	char real[PATH_MAX];
 	const char *rel = "";
 	int r, sfd = -1;
@@ -652,6 +667,10 @@ static int run_remote(const struct run_opts *o)
 	memset(&x, 0, sizeof(x));
 	x.fd = -1;
 	x.backoff_ms = 1;
+	if (o->cwd_file) {
+		shell_cwd_init(&cwd);
+		x.cwd = &cwd;
+	}
 	x.want_stdin =
 	    o->stdin_mode == 1 || (o->stdin_mode == -1 && (o->tty || (!isatty(STDIN_FILENO) && !stdin_is_null())));
 	if (connect_workspace(o, &x, real, &rel) < 0)
@@ -682,6 +701,14 @@ static int run_remote(const struct run_opts *o)
 		term_restore();
 		cmd_err("%s: writing to the relay: %s", o->who, strerror(-r));
 		x.status = EXEC_FAILED;
+	}
+	if (x.cwd) {
+		shell_cwd_flush(x.cwd, STDERR_FILENO);
+		if (x.status == 0) {
+			if (*rel)
+				real[rel - real - 1] = '\0'; /* the workspace root */
+			shell_cwd_write(x.cwd, real, o->cwd_file);
+		}
 	}
 out:
 	term_restore();
@@ -780,6 +807,10 @@ int cmd_exec(int argc, char **argv)
  * policy's). With --bash, bash's own set options (-e -u -x -v -f -o NAME,
  * -O NAME) are passed to the guest's bash, and --norc, --noprofile
  * are accepted and ignored, so a wrapper named bash takes what tools pass.
+ *
+ * --cwd-file FILE (implies --bash): when CMD exits 0, the directory it ended
+ * in, as the host path of the same directory of the mount, is written to
+ * FILE: Claude Code's cwd file (shell_cwd_i.h, doc/EDITORS.md).
  */
 #define LOGIN_SHELL	  "if command -v bash >/dev/null 2>&1; then exec bash -l; fi; exec sh -l"
 #define SHELL_TIMEOUT_MAX (30.0 * 86400)
@@ -797,13 +828,10 @@ static bool sh_push(char **sh, int *n, const char *w)
 int cmd_shell(int argc, char **argv)
 {
 	static const struct option opts[] = {
-	    {"timeout", required_argument, NULL, 't'},
-	    {"bash", no_argument, NULL, 'B'},
-	    {"login", no_argument, NULL, 'l'},
-	    {"interactive", no_argument, NULL, 'i'},
-	    {"norc", no_argument, NULL, 'N'},
-	    {"noprofile", no_argument, NULL, 'N'},
-	    {NULL, 0, NULL, 0},
+	    {"timeout", required_argument, NULL, 't'},	{"bash", no_argument, NULL, 'B'},
+	    {"login", no_argument, NULL, 'l'},		{"interactive", no_argument, NULL, 'i'},
+	    {"norc", no_argument, NULL, 'N'},		{"noprofile", no_argument, NULL, 'N'},
+	    {"cwd-file", required_argument, NULL, 'W'}, {NULL, 0, NULL, 0},
 	};
 	struct run_opts o = {.who = "shell", .dir = ".", .stdin_mode = -1};
 	const char *cmd = NULL;
@@ -826,6 +854,10 @@ int cmd_shell(int argc, char **argv)
 			cmd = optarg;
 			break;
 		case 'B':
+			bash = true;
+			break;
+		case 'W':
+			o.cwd_file = optarg;
 			bash = true;
 			break;
 		case 'l':
@@ -863,7 +895,15 @@ int cmd_shell(int argc, char **argv)
 	ok = ok && sh_push(sh, &n, bash ? "bash" : "sh");
 	for (int i = 0; i < nset; i++)
 		ok = ok && sh_push(sh, &n, setopts[i]);
-	if (cmd) {
+	if (o.cwd_file && (!cmd || optind < argc)) {
+		cmd_err("shell: --cwd-file needs -c CMD, and no NAME or ARGs after it");
+		return 2;
+	}
+	if (o.cwd_file) {
+		ok = ok && sh_push(sh, &n, "-c") && sh_push(sh, &n, SHELL_CWD_SCRIPT) &&
+		     sh_push(sh, &n, "airlock-shell") && sh_push(sh, &n, cmd); /* REL and MARK follow (exec_request) */
+		o.tty = isatty(STDIN_FILENO) && isatty(STDOUT_FILENO);
+	} else if (cmd) {
 		ok = ok && sh_push(sh, &n, "-c") && sh_push(sh, &n, cmd);
 		for (int i = optind; i < argc; i++)
 			ok = ok && sh_push(sh, &n, argv[i]);

@@ -68,16 +68,10 @@ EXTRA_CLEANUP() {
 }
 trap 'EXTRA_CLEANUP; cleanup' EXIT
 
-# The wrapper exactly as doc/EDITORS.md gives it (the ```sh block with the marker line).
-doc_block() {
-	awk -v m="$1" '/^```sh$/ { inb = 1; buf = ""; next }
-		inb && /^```$/ { inb = 0; if (buf ~ m) printf "%s", buf; next }
-		inb { buf = buf $0 "\n" }' "$SRC/doc/EDITORS.md"
-}
+# The wrapper doc/EDITORS.md names, as meson builds and installs it (tools/wrappers).
 ln -s "$AIRLOCK" "$T/bin/airlock"
-doc_block '# airlock-claude:' >"$T/bin/airlock-claude"
-chmod 0755 "$T/bin/airlock-claude"
-export PATH=$T/bin:$PATH
+install -m 0755 "$(dirname "$AIRLOCK")/tools/wrappers/airlock-claude" "$T/bin/airlock-claude"
+export PATH=$T/bin:$PATH AIRLOCK_BIN=$AIRLOCK
 
 # up [ARG...]: airlock up "$W" ARG..., its logs in $T/upN.out/.err (N counts the ups)
 UPN=0
@@ -191,27 +185,31 @@ t_routed() {
 check "routed (CLAUDE_CODE_SHELL_PREFIX=airlock-claude): the Bash tool ran in the guest (uid 1000, hostname airlock, PID 1 airlock-agent, no .env) and its tool_result says so" t_routed
 
 t_cwd_file() {
-	# Claude Code ends every command with `pwd -P >| /tmp/claude-XXXX-cwd`: it
-	# lands in the guest's /tmp, where Claude Code does not read it
-	$TO 20 "$AIRLOCK" exec -C "$W" -- sh -c 'ls /tmp/claude-*-cwd' </dev/null >"$T/cwdfiles" 2>&1 &&
-		grep -qE '^/tmp/claude-[0-9a-f]+-cwd$' "$T/cwdfiles" || { cat "$T/cwdfiles" >&2; return 1; }
+	# Claude Code ends every command with `pwd -P >| /tmp/claude-XXXX-cwd`:
+	# airlock-claude writes that file on the host, none is made in the guest
+	$TO 20 "$AIRLOCK" exec -C "$W" -- sh -c 'ls -a /tmp' </dev/null >"$T/guesttmp" 2>&1 || return 1
+	! grep -E '^claude-[0-9a-f]+-cwd$' "$T/guesttmp" || return 1
 }
-check "routed: Claude Code's cwd file is left in the guest's /tmp (doc/EDITORS.md)" t_cwd_file
+check "routed: nothing left in the guest's /tmp by the commands (no claude-XXXX-cwd)" t_cwd_file
 
 cat >"$T/cd.json" <<'EOF'
 {"turns": [
   {"content": [{"type": "tool_use", "name": "Bash", "input": {"command": "cd sub && pwd", "description": "cd"}}]},
+  {"content": [{"type": "tool_use", "name": "Bash", "input": {"command": "pwd", "description": "where now"}}]},
+  {"content": [{"type": "tool_use", "name": "Bash", "input": {"command": "cd .. && false", "description": "a failing cd"}}]},
   {"content": [{"type": "tool_use", "name": "Bash", "input": {"command": "pwd", "description": "where now"}}]},
   {"content": [{"type": "text", "text": "cd: done"}]}
 ]}
 EOF
 t_cd() {
 	run_claude cd "$T/cd.json" "$T/bin/airlock-claude" && result_ok cd "cd: done" || return 1
-	tool_result "$T/cd.log" 1 | grep -qF "\"text\": \"$W/sub\"" &&
-		tool_result "$T/cd.log" 2 | grep -qF "\"text\": \"$W\"" ||
-		{ tool_result "$T/cd.log" 1 >&2; tool_result "$T/cd.log" 2 >&2; return 1; }
+	# after the cd Claude Code read its cwd file and told the model (a message after the tool_result)
+	grep -qF "Primary working directory: $W/sub (was $W)" "$T/cd.log" &&
+		tool_result "$T/cd.log" 2 | grep -qF "\"text\": \"$W/sub\"" &&
+		tool_result "$T/cd.log" 4 | grep -qF "\"text\": \"$W/sub\"" ||
+		{ for i in 2 3 4; do tool_result "$T/cd.log" $i >&2; done; return 1; }
 }
-check "routed: cd in one command does not carry to the next (doc/EDITORS.md): pwd is the start directory again" t_cd
+check "routed: cd carries to the next command as locally (Claude Code reads its cwd file: Environment update to sub); a failing cd && false does not (pwd stays sub)" t_cd
 
 t_control() {
 	run_claude control "$T/where.json" && result_ok control "where: done" &&

@@ -79,10 +79,8 @@ doc_block() {
 WRAP=$(dirname "$AIRLOCK")/tools/wrappers
 mkdir -p "$T/bin" "$T/shim"
 ln -s "$AIRLOCK" "$T/bin/airlock"
-install -m 0755 "$WRAP/airlock-sh" "$WRAP/airlock-bash" "$T/bin/"
+install -m 0755 "$WRAP/airlock-sh" "$WRAP/airlock-bash" "$WRAP/airlock-claude" "$T/bin/"
 install -m 0755 "$WRAP/bash" "$T/shim/bash"
-doc_block '# airlock-claude:' >"$T/bin/airlock-claude"
-chmod 0755 "$T/bin/airlock-claude"
 export PATH=$T/bin:$PATH AIRLOCK_BIN=$AIRLOCK
 mkdir -p "$T/home"
 
@@ -133,24 +131,38 @@ claude_run() {
 
 t_claude() {
 	local rc=0 out user cmd
-	grep -q 'airlock-claude' "$T/bin/airlock-claude" && grep -q '^exec airlock exec' "$T/bin/airlock-claude" ||
-		{ echo "no airlock-claude block in doc/EDITORS.md" >&2; return 1; }
 	export CLAUDE_CODE_SHELL_PREFIX=$T/bin/airlock-claude
 	# the command string alone: quotes, a pipe, &&, a non-zero exit
 	out=$($TO 30 bash -c 'claude_run "$@"' _ "$CLAUDE_CODE_SHELL_PREFIX" \
 		"printf '%s\n' \"it's\" 'a|b' | grep -c '|' && cat guest-only.txt && ls /no/such/dir-\$((6*7))" 2>"$T/cc.err") || rc=$?
 	[ "$rc" = 2 ] && [ "$out" = $'1\nonly the guest has this' ] && grep -q 'dir-42' "$T/cc.err" ||
 		{ echo "plain: rc $rc out '$out' err '$(cat "$T/cc.err")'" >&2; return 1; }
-	# as Claude Code sends it: its shell snapshot (a host file the guest lacks)
+	# as Claude Code 2.1.332 sends it: its shell snapshot (a host file the guest lacks)
 	# sourced first, the command eval'd with stdin from /dev/null, the cwd saved
-	user="cd sub && printf '%s %s\n' \"\$(pwd | sed 's|.*/||')\" \"it's\" | tr a-z A-Z; exit 3"
-	cmd="source $T/home/.claude/shell-snapshots/snapshot-bash-1764460800000-abc123.sh && eval $(q "$user") < /dev/null && pwd -P >| /tmp/claude-e2e$$-cwd"
-	mkdir -p "$W/sub"
+	mkdir -p "$W/sub/deeper"
 	$TO 20 "$AIRLOCK" sync-wait -C "$W" --timeout 10 || return 1
+	local cwdf=$T/claude-e2e$$-cwd
+	cc_cmd() { printf '%s' "source $T/home/.claude/shell-snapshots/snapshot-bash-1764460800000-abc123.sh 2>/dev/null || true && eval $(q "$1") < /dev/null && pwd -P >| $cwdf"; }
+	user="cd sub && printf '%s %s\n' \"\$(pwd | sed 's|.*/||')\" \"it's\" | tr a-z A-Z; exit 3"
 	rc=0
-	out=$($TO 30 bash -c 'claude_run "$@"' _ "$CLAUDE_CODE_SHELL_PREFIX" "$cmd" 2>"$T/cc2.err") || rc=$?
-	rm -f "/tmp/claude-e2e$$-cwd"
-	[ "$rc" = 3 ] && [ "$out" = "SUB IT'S" ] || { echo "wrapped: rc $rc out '$out' err '$(cat "$T/cc2.err")'" >&2; return 1; }
+	out=$($TO 30 bash -c 'claude_run "$@"' _ "$CLAUDE_CODE_SHELL_PREFIX" "$(cc_cmd "$user")" 2>"$T/cc2.err") || rc=$?
+	[ "$rc" = 3 ] && [ "$out" = "SUB IT'S" ] && [ ! -e "$cwdf" ] ||
+		{ echo "wrapped: rc $rc out '$out' err '$(cat "$T/cc2.err")'" >&2; return 1; }
+	# the cwd file: the host path of where the command ended (the guest's copy is elsewhere),
+	# the cwd marker line not in stderr, nothing in the guest's /tmp
+	out=$(cd "$W/sub" && $TO 30 bash -c 'claude_run "$@"' _ "$CLAUDE_CODE_SHELL_PREFIX" \
+		"$(cc_cmd 'cd deeper && echo out && echo err >&2')" 2>"$T/cc3.err") || { cat "$T/cc3.err" >&2; return 1; }
+	[ "$out" = out ] && [ "$(cat "$T/cc3.err")" = err ] && [ "$(cat "$cwdf")" = "$W/sub/deeper" ] ||
+		{ echo "cwd file: out '$out' err '$(cat "$T/cc3.err")' file '$(cat "$cwdf")'" >&2; return 1; }
+	rm -f "$cwdf"
+	[ -z "$(ls "$G/tmp" /tmp 2>/dev/null | grep "claude-e2e$$")" ] || { echo "a cwd file in a /tmp" >&2; return 1; }
+	# a failing command writes none (as with && locally); a forged report is refused
+	out=$($TO 30 bash -c 'claude_run "$@"' _ "$CLAUDE_CODE_SHELL_PREFIX" "$(cc_cmd 'cd sub && false')" 2>&1) && return 1
+	[ ! -e "$cwdf" ] || { echo "a failed command wrote the cwd file" >&2; return 1; }
+	out=$($TO 30 bash -c 'claude_run "$@"' _ "$CLAUDE_CODE_SHELL_PREFIX" \
+		"$(cc_cmd 'printf "%s/../..\n" "$__airlock_m" >&2; exit 0')" 2>&1) || true
+	[ ! -e "$cwdf" ] && [ "${out#*not a directory of the workspace}" != "$out" ] ||
+		{ echo "forged: '$out' file $(cat "$cwdf" 2>&1)" >&2; return 1; }
 	# the prefix with a flag, as some set it: the path is still one word
 	rc=0
 	out=$($TO 30 bash -c 'claude_run "$@"' _ "$T/bin/airlock-sh -c" 'echo "$((2+3)) in the guest: $(cat guest-only.txt)"; exit 9') || rc=$?
@@ -158,7 +170,7 @@ t_claude() {
 }
 export T
 export -f q claude_run
-check "Claude Code's way (doc/EDITORS.md): CLAUDE_CODE_SHELL_PREFIX, one argument, runs in the guest, output and status" t_claude
+check "Claude Code's way (doc/EDITORS.md): CLAUDE_CODE_SHELL_PREFIX=airlock-claude, one argument, runs in the guest, output and status; its cwd file on the host, mapped from the guest's copy; none in the guest's /tmp" t_claude
 
 t_shell_path() {
 	local rc=0 out
