@@ -40,6 +40,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <termios.h>
 #include <time.h>
 #include <unistd.h>
@@ -76,6 +77,7 @@ struct xc {
 	uint64_t retry_at_ms;
 	unsigned backoff_ms;
 	struct shell_cwd *cwd; /* --cwd-file: its line taken out of stderr */
+	char sock[PATH_MAX];   /* the relay's socket, for the guard */
 };
 
 static uint64_t now_ms(void)
@@ -452,7 +454,7 @@ static bool stdin_is_null(void)
  * connection to its relay socket in x->fd. 0, or -1 after saying why. */
 static int connect_workspace(const struct run_opts *o, struct xc *x, char real[PATH_MAX], const char **rel)
 {
-	char sock[PATH_MAX];
+	char *sock = x->sock;
 	int r;
 
 	if (!realpath(o->dir, real)) {
@@ -460,7 +462,7 @@ static int connect_workspace(const struct run_opts *o, struct xc *x, char real[P
 		return -1;
 	}
 	cmd_find_workspace(real, rel);
-	if ((r = relay_default_path(real, sock, sizeof(sock))) < 0) {
+	if ((r = relay_default_path(real, sock, sizeof(x->sock))) < 0) {
 		cmd_err("%s: relay socket for %s: %s", o->who, real, strerror(-r));
 		return -1;
 	}
@@ -653,6 +655,62 @@ static int run_once(const struct run_opts *o, struct xc *x, int sfd, bool *winch
 	return 0;
 }
 
+/*
+ * The guard: a command started through us ends when we do, as a local
+ * child would, even when we are killed with SIGKILL (an agent CLI's timeout
+ * kills the process group it started). A child in its own session holds
+ * the read end of a pipe; when we end without saying we are done (a byte),
+ * it sees end of file and cancels the command over its own connection.
+ * The relay keeps commands of closed connections running (doc/RELAY.md
+ * "Commands outlive connections"); that is for clients that reattach, not
+ * for us. -1 when there is no guard (said why; the command runs anyway).
+ */
+static int guard_start(const struct xc *x, pid_t *pid)
+{
+	int p[2];
+	char c;
+
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return -1;
+	if ((*pid = fork()) < 0) {
+		close(p[0]);
+		close(p[1]);
+		return -1;
+	}
+	if (*pid == 0) {
+		int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+		close(p[1]);
+		close(x->fd); /* the connection is the parent's: let it close when the parent ends */
+		for (int fd = 0; fd < 3 && null >= 0; fd++)
+			dup2(null, fd); /* nor hold the output pipes of whoever started us */
+		setsid();
+		ssize_t n;
+		while ((n = read(p[0], &c, 1)) < 0 && errno == EINTR)
+			;
+		if (n == 0) { /* our parent ended without a word */
+			char line[160];
+			int fd = cmd_connect_relay(x->sock);
+			int k = snprintf(line, sizeof(line), "{\"id\":\"%s\",\"op\":\"cancel\"}\n", x->id);
+			if (fd >= 0 && k > 0 && (size_t)k < sizeof(line) && cmd_write_all(fd, line, (size_t)k) == 0)
+				while (read(fd, line, sizeof(line)) < 0 && errno == EINTR) /* the hello: it was read */
+					;
+		}
+		_exit(0);
+	}
+	close(p[0]);
+	return p[1];
+}
+
+static void guard_stop(int fd, pid_t pid)
+{
+	if (fd < 0)
+		return;
+	(void)!write(fd, "x", 1);
+	close(fd);
+	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+		;
+}
+
 /* Run one command through the relay and return the exit status to use. */
 static int run_remote(const struct run_opts *o)
 {
@@ -660,7 +718,8 @@ static int run_remote(const struct run_opts *o)
 	static struct shell_cwd cwd;
 	char real[PATH_MAX];
 	const char *rel = "";
-	int r, sfd = -1;
+	int r, sfd = -1, guard = -1;
+	pid_t guard_pid = -1;
 	bool winch = false; /* a resize to send once the command has started */
 	json_t *req = NULL;
 
@@ -693,6 +752,7 @@ static int run_remote(const struct run_opts *o)
 		goto out;
 	}
 	x.status = 0;
+	guard = guard_start(&x, &guard_pid);
 	if (o->tty)
 		term_raw(STDIN_FILENO); /* keys (^C, ^Z, ^D) go to the guest's terminal as bytes */
 	while (!x.done && (r = run_once(o, &x, sfd, &winch)) == 0)
@@ -711,6 +771,7 @@ static int run_remote(const struct run_opts *o)
 		}
 	}
 out:
+	guard_stop(guard, guard_pid);
 	term_restore();
 	buf_clear(&x.in);
 	if (x.fd >= 0)

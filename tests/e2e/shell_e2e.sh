@@ -180,6 +180,26 @@ t_shell_path() {
 }
 check "SHELL=airlock-sh: SHELL -l -c COMMAND (Cline background execution, Continue) runs in the guest" t_shell_path
 
+t_kill9() {
+	local pid i left
+	"$AIRLOCK" shell -c 'echo up; sleep 78; echo never' </dev/null >"$T/k9.out" 2>&1 &
+	pid=$!
+	for ((i = 0; i < 200; i++)); do
+		grep -q up "$T/k9.out" && break
+		sleep 0.05
+	done
+	kill -KILL "$pid"
+	wait "$pid" 2>/dev/null || true
+	for ((i = 0; i < 100; i++)); do
+		left=$($TO 20 "$AIRLOCK" exec -- sh -c 'ps -eo args | grep "^sleep 78" || true' </dev/null) || return 1
+		[ -z "$left" ] && return 0
+		sleep 0.05
+	done
+	echo "still running in the guest after the client was killed: $left" >&2
+	return 1
+}
+check "a client killed with SIGKILL (an agent's timeout) takes its command in the guest with it" t_kill9
+
 cd /
 check "down ends airlock up cleanly" t_up_down
 check "no sanitizer reports from airlock up or the agent" t_no_sanitizer_reports
