@@ -80,6 +80,19 @@ t_control() {
 }
 check "control run without BASH_ENV: the same suite ran on the host (host uid, hostname, PID 1, .env, egress open)" t_control
 
+# Codex reads a command's stdout and stderr pipes as they fill, so locally the model sees the
+# lines interleaved as written (o1 e1 o2 e2). Between two pipes the guest agent reads the order is
+# not kept (each stream's own is); doc/EDITORS.md says so
+SAME_NAMES=(exit quotes bash background cd pwd)
+t_same() { suite_same routed control "${SAME_NAMES[@]}"; }
+check "routed and on the host, the model got the same text for: ${SAME_NAMES[*]}" t_same
+t_order() {
+	local got
+	got=$(results routed "$(suite_turn order)") || return 1
+	grep -qE 'o1\\n(.*\\n)?o2' <<<"$got" && grep -qE 'e1\\n(.*\\n)?e2' <<<"$got" || { echo "$got" >&2; return 1; }
+}
+check "routed: stdout's lines and stderr's lines each in their own order" t_order
+
 # exec_command yields after yield_time_ms and leaves the command running in a session; Codex
 # ends its sessions when it exits: the command must not go on in the guest
 cat >"$T/timeout.json" <<'JSON'
