@@ -143,10 +143,11 @@ static int send_chunk(struct xc *x)
 	return send_req(x, json_pack("{s:s, s:s}", "id", FENCE_ID, "op", "status"));
 }
 
-/* Command output to our fd (stderr through the --cwd-file filter). */
+/* Command output to our fd (through the --cwd-file filter: its line comes on
+ * stderr, or on stdout when the two are merged). */
 static int out_write(struct xc *x, int fd, const void *p, size_t n)
 {
-	if (x->cwd && fd == STDERR_FILENO)
+	if (x->cwd)
 		return shell_cwd_filter(x->cwd, fd, p, n);
 	return cmd_write_all(fd, p, n);
 }
@@ -877,6 +878,18 @@ int cmd_exec(int argc, char **argv)
 #define SHELL_TIMEOUT_MAX (30.0 * 86400)
 #define SHELL_ARGV_MAX	  64
 
+/* Our stdout and stderr are one file that is not a terminal (a tool that
+ * reads a command's output as one stream, in the order it was written):
+ * then the guest's bash writes both to one pipe too, and the relay keeps
+ * that order (two pipes have none between them). */
+static bool output_merged(void)
+{
+	struct stat a, b;
+
+	return fstat(STDOUT_FILENO, &a) == 0 && fstat(STDERR_FILENO, &b) == 0 && a.st_dev == b.st_dev &&
+	       a.st_ino == b.st_ino && !isatty(STDOUT_FILENO);
+}
+
 /* Append one word to the guest argv; false when it is full. */
 static bool sh_push(char **sh, int *n, const char *w)
 {
@@ -960,6 +973,16 @@ int cmd_shell(int argc, char **argv)
 		cmd_err("shell: --cwd-file needs -c CMD, and no NAME or ARGs after it");
 		return 2;
 	}
+	char *merged = NULL;
+	if (cmd && output_merged()) {
+		if (!(merged = mem_alloc(strlen(cmd) + sizeof("exec 2>&1\n")))) {
+			cmd_err("shell: out of memory");
+			return 2;
+		}
+		strcpy(merged, "exec 2>&1\n");
+		strcat(merged, cmd);
+		cmd = merged;
+	}
 	if (o.cwd_file) {
 		ok = ok && sh_push(sh, &n, "-c") && sh_push(sh, &n, SHELL_CWD_SCRIPT) &&
 		     sh_push(sh, &n, "airlock-shell") && sh_push(sh, &n, cmd); /* REL and MARK follow (exec_request) */
@@ -984,10 +1007,13 @@ int cmd_shell(int argc, char **argv)
 	}
 	if (!ok) {
 		cmd_err("shell: at most %d words for the guest's shell", SHELL_ARGV_MAX - 1);
+		mem_free(merged);
 		return 2;
 	}
 	sh[n] = NULL;
 	o.argv = sh;
 	o.argc = n;
-	return run_remote(&o);
+	int st = run_remote(&o);
+	mem_free(merged);
+	return st;
 }

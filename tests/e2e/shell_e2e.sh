@@ -103,6 +103,11 @@ t_bash() {
 	# a bash found on PATH (Gemini CLI's way): the shim, in the guest
 	out=$(PATH=$T/shim:$PATH; $TO 20 bash -c 'cat guest-only.txt; echo "${BASH_VERSINFO[0]}"' </dev/null) || return 1
 	[ "$out" = $'only the guest has this\n5' ] || { echo "bash shim: '$out'" >&2; return 1; }
+	# stdout and stderr one file (a tool reading one stream): the order as written; two files: each its own
+	$TO 20 airlock-bash -c 'for i in 1 2 3; do echo "o$i"; echo "e$i" >&2; done' </dev/null >"$T/merged" 2>&1 || return 1
+	[ "$(tr '\n' ' ' <"$T/merged")" = "o1 e1 o2 e2 o3 e3 " ] || { echo "merged: $(cat "$T/merged")" >&2; return 1; }
+	out=$($TO 20 airlock-sh -c 'echo o1; echo e1 >&2' </dev/null 2>"$T/e.only") && [ "$out" = o1 ] &&
+		[ "$(cat "$T/e.only")" = e1 ] || { echo "separate: '$out' '$(cat "$T/e.only")'" >&2; return 1; }
 	# options we do not know: our prefix and the option, status 2; a bash option without --bash is refused
 	rc=0
 	err=$($TO 20 airlock-sh --bogus -c true 2>&1 </dev/null) || rc=$?

@@ -416,11 +416,14 @@ def results(log, turn):
             return json.dumps(c)
         return c if isinstance(c, str) else json.dumps(c)
 
-    if api == "anthropic":
-        last = body["messages"][-1]["content"]
-        for b in last if isinstance(last, list) else []:
-            if b.get("type") == "tool_result":
-                out.append({"is_error": b.get("is_error", False), "text": text_of(b.get("content"))})
+    if api == "anthropic":  # the user messages after the last assistant one (Claude Code may add notes)
+        for m in reversed(body["messages"]):
+            if m.get("role") == "assistant":
+                break
+            blocks = m.get("content")
+            for b in reversed(blocks if isinstance(blocks, list) else []):
+                if b.get("type") == "tool_result":
+                    out.insert(0, {"is_error": b.get("is_error", False), "text": text_of(b.get("content"))})
     elif api == "chat":
         for m in reversed(body["messages"]):
             if m.get("role") == "assistant":
