@@ -5,6 +5,8 @@
 # usage: agent_client_node.sh AIRLOCK AIRLOCK_AGENT   (root + /dev/fuse + node, else skipped: exit 77)
 # shellcheck source=tests/e2e/lib.sh
 source "$(dirname "$0")/lib.sh"
+# shellcheck source=tests/e2e/agent_lib.sh
+source "$(dirname "$0")/agent_lib.sh"
 
 AIRLOCK=$1
 AGENT=$2
@@ -20,12 +22,7 @@ make_pair # $T/hk, $T/gk, HPUB, GPUB; W=$T/work, G=$T/guest
 mkdir -p "$W/sub"
 chmod 0777 "$G" # commands run as nobody in the guest: let them write the workspace copy
 echo "HOST_SECRET=x" >"$W/.env"
-start_bg agent "$AGENT" --listen "unix:$T/a.sock" --root "$G" --key "$T/gk" --allow "$HPUB" \
-	--state "$T/agent.state" --fsync none
-wait_line "$T/agent.out" '^ready' 10
-start_bg up "$AIRLOCK" up "$W" --guest "unix:$T/a.sock" --key "$T/hk" --guest-key "$GPUB"
-UP_PID=$BG_PID
-wait_line "$T/up.out" "^airlock: $W in sync with unix:$T/a.sock\$" 20
+pair_up
 
 t_node() {
 	(cd "$SRC/clients/node" && AIRLOCK_TEST_W=$W timeout 120 node --test test/) >"$T/node.out" 2>&1 ||

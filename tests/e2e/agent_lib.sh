@@ -67,6 +67,17 @@ wait_file() {
 	return 1
 }
 
+# pair_up: a guest agent on $G and `airlock up "$W"` to it over a unix socket, no sandbox
+# (make_pair first): for the tests that need the relay and not the CLIs
+pair_up() {
+	start_bg agent "$AGENT" --listen "unix:$T/a.sock" --root "$G" --key "$T/gk" --allow "$HPUB" \
+		--state "$T/agent.state" --fsync none
+	wait_line "$T/agent.out" '^ready' 10
+	start_bg up "$AIRLOCK" up "$W" --guest "unix:$T/a.sock" --key "$T/hk" --guest-key "$GPUB"
+	UP_PID=$BG_PID
+	wait_line "$T/up.out" "^airlock: $W in sync with unix:$T/a.sock\$" 20
+}
+
 pin_of() { node -p 'require(process.argv[1]).dependencies[process.argv[2]]' "$SRC/tests/agents/package.json" "$1"; }
 
 UPN=0

@@ -14,6 +14,8 @@
 # usage: shell_e2e.sh AIRLOCK AIRLOCK_AGENT   (root + /dev/fuse, else skipped: exit 77)
 # shellcheck source=tests/e2e/lib.sh
 source "$(dirname "$0")/lib.sh"
+# shellcheck source=tests/e2e/agent_lib.sh
+source "$(dirname "$0")/agent_lib.sh"
 
 AIRLOCK=$1
 AGENT=$2
@@ -32,12 +34,7 @@ TO="timeout -k 2"
 
 make_pair # $T/hk, $T/gk, HPUB, GPUB; W=$T/work, G=$T/guest
 
-start_bg agent "$AGENT" --listen "unix:$T/a.sock" --root "$G" --key "$T/gk" --allow "$HPUB" \
-	--state "$T/agent.state" --fsync none
-wait_line "$T/agent.out" '^ready' 10
-start_bg up "$AIRLOCK" up "$W" --guest "unix:$T/a.sock" --key "$T/hk" --guest-key "$GPUB"
-UP_PID=$BG_PID
-wait_line "$T/up.out" "^airlock: $W in sync with unix:$T/a.sock\$" 20
+pair_up
 echo "only the guest has this" >"$G/guest-only.txt" # after the first reconcile, which would remove it
 cd "$W"
 
