@@ -170,6 +170,8 @@ check "routed and on the host, the model got the same text for: ${SAME_NAMES[*]}
 
 t_no_sanitizer_in_ups() { ! grep -l 'AddressSanitizer\|LeakSanitizer\|runtime error' "$T"/up*.err; }
 
+bench_cli run_claude Bash "$TEMPLATE" "$T/bin/airlock-claude" ""
+
 # ---- write-back (workspace.writeback): needs `airlock changes` ----
 NEW_TXT='hello from the guest'
 NEW_APP='print("rewritten in the guest")'

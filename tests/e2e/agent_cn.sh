@@ -89,5 +89,7 @@ t_timeout() {
 }
 check "routed: the Bash tool's timeout stops the command, in the guest too" t_timeout
 
+bench_cli run_cn Bash "$TEMPLATE" "$T/bin/airlock-bash" /bin/bash
+
 check "down ends airlock up cleanly" agent_down
 finish

@@ -86,11 +86,7 @@ check "control run without BASH_ENV: the same suite ran on the host (host uid, h
 SAME_NAMES=(exit quotes bash background cd pwd)
 t_same() { suite_same routed control "${SAME_NAMES[@]}"; }
 check "routed and on the host, the model got the same text for: ${SAME_NAMES[*]}" t_same
-t_order() {
-	local got
-	got=$(results routed "$(suite_turn order)") || return 1
-	grep -qE 'o1\\n(.*\\n)?o2' <<<"$got" && grep -qE 'e1\\n(.*\\n)?e2' <<<"$got" || { echo "$got" >&2; return 1; }
-}
+t_order() { suite_stream_order routed; }
 check "routed: stdout's lines and stderr's lines each in their own order" t_order
 
 # exec_command yields after yield_time_ms and leaves the command running in a session; Codex
@@ -112,6 +108,8 @@ t_timeout() {
 	[ -z "$got" ] || { echo "still running in the guest: $got" >&2; return 1; }
 }
 check "routed: a command still running after yield_time_ms is stopped in the guest when Codex ends" t_timeout
+
+bench_cli run_codex exec_command "$TEMPLATE" routed ""
 
 check "down ends airlock up cleanly" agent_down
 finish

@@ -169,6 +169,13 @@ suite_same() {
 	[ "$bad" = 0 ]
 }
 SAME_NAMES=(exit quotes bash background order cd pwd)
+# suite_stream_order RUN: the order command's stdout lines in their order, and its stderr lines in
+# theirs (for a CLI that reads the two from separate pipes: between them no order is kept)
+suite_stream_order() {
+	local got
+	got=$(results "$1" "$(suite_turn order)") || return 1
+	grep -qE 'o1\\n(.*\\n)?o2' <<<"$got" && grep -qE 'e1\\n(.*\\n)?e2' <<<"$got" || { echo "$got" >&2; return 1; }
+}
 
 # suite_check RUN WHERE: each turn's result, as the CLI sent it to the model.
 suite_check() {
@@ -201,4 +208,35 @@ suite_check() {
 		esac || { echo "$name ($where): ${got:0:600}" >&2; bad=1; }
 	done
 	[ "$bad" = 0 ]
+}
+
+# bench_cli RUNFN TOOL TEMPLATE ROUTED CONTROL: with AIRLOCK_AGENT_BENCH=N set (bench/agents.sh), the CLI
+# runs N turns of one short command, routed (RUNFN RUN SCRIPT ROUTED) and on the host (... CONTROL);
+# a command's time is the gap between the model requests before and after it (the CLI's own work
+# included, the same in both). Prints one "bench: NAME routed_p50 host_p50 ratio" line.
+bench_cli() {
+	local fn=$1 tool=$2 template=$3 routed=$4 control=$5 n=${AIRLOCK_AGENT_BENCH:-}
+	[ -n "$n" ] || return 0
+	"$PY" - "$T/bench.json" "$tool" "$template" "$n" <<'PYEOF'
+import json, sys
+file, tool, template, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+inp = json.loads(template.replace("@CMD@", "echo bench"))
+turns = [{"content": [{"type": "tool_use", "name": tool, "input": inp}]} for _ in range(n)]
+turns.append({"content": [{"type": "text", "text": "suite: done"}]})
+json.dump({"turns": turns}, open(file, "w"))
+PYEOF
+	"$fn" bench-routed "$T/bench.json" "$routed" && "$fn" bench-host "$T/bench.json" "$control" || return 1
+	"$PY" - "$T/bench-routed.log" "$T/bench-host.log" "$AGENT_NAME" <<'PYEOF'
+import json, statistics, sys
+def p50(log):
+    t = {}
+    for line in open(log):
+        r = json.loads(line)
+        if not r.get("side") and "turn" in r:
+            t.setdefault(r["turn"], r["t"])
+    gaps = [(t[k] - t[k - 1]) * 1000 for k in sorted(t) if k - 1 in t]
+    return statistics.median(gaps), len(gaps)
+(a, na), (b, nb) = p50(sys.argv[1]), p50(sys.argv[2])
+print("bench: %s routed_p50_ms %.0f host_p50_ms %.0f ratio %.2f (n=%d/%d)" % (sys.argv[3], a, b, a / b, na, nb))
+PYEOF
 }

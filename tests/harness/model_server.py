@@ -42,7 +42,8 @@ request past the end of the script gets the text "end of script" and is
 logged with "past_end": true.
 
 LOG gets one JSON object per line per request, written and flushed before
-the reply: {"n", "method", "path", "side", "turn", "past_end", "body"}
+the reply: {"n", "t" (when it arrived, Unix seconds), "method", "path", "side", "turn",
+"past_end", "body"}
 (body parsed when it is JSON, else its length). PORTFILE gets the port,
 written once listening. The server runs until killed; bodies over 64 MiB
 are refused with 413.
@@ -51,6 +52,7 @@ import json
 import os
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MAX_BODY = 64 << 20
@@ -94,7 +96,7 @@ class State:
     def record(self, entry):
         with self.lock:
             self.n += 1
-            entry = dict(entry, n=self.n)
+            entry = dict(entry, n=self.n, t=time.time())
             self.log.write(json.dumps(entry, sort_keys=True) + "\n")
             self.log.flush()
 
