@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One agent command through airlock vs the same command run locally by the same CLI, per CLI
 # (Claude Code, Gemini CLI, Codex, Continue's cn at the versions tests/agents pins): each CLI runs
-# N turns of `echo bench` against the scripted model server, routed as doc/EDITORS.md says and on
+# N turns of `echo bench I` against the scripted model server, routed as doc/EDITORS.md says and on
 # the host; a command's time is the gap between the model requests before and after it (the CLI's
 # own work between two turns included, the same in both runs). p50 of N per run, and the ratio.
 # It runs tests/e2e/agent_*.sh with AIRLOCK_AGENT_BENCH=N (their bench_cli step).

@@ -211,7 +211,7 @@ suite_check() {
 }
 
 # bench_cli RUNFN TOOL TEMPLATE ROUTED CONTROL: with AIRLOCK_AGENT_BENCH=N set (bench/agents.sh), the CLI
-# runs N turns of one short command, routed (RUNFN RUN SCRIPT ROUTED) and on the host (... CONTROL);
+# runs N turns of one short command (echo bench I), routed (RUNFN RUN SCRIPT ROUTED) and on the host (... CONTROL);
 # a command's time is the gap between the model requests before and after it (the CLI's own work
 # included, the same in both). Prints one "bench: NAME routed_p50 host_p50 ratio" line.
 bench_cli() {
@@ -220,8 +220,9 @@ bench_cli() {
 	"$PY" - "$T/bench.json" "$tool" "$template" "$n" <<'PYEOF'
 import json, sys
 file, tool, template, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-inp = json.loads(template.replace("@CMD@", "echo bench"))
-turns = [{"content": [{"type": "tool_use", "name": tool, "input": inp}]} for _ in range(n)]
+# a different command each turn: Gemini CLI stops a run that repeats one tool call (loop detection)
+turns = [{"content": [{"type": "tool_use", "name": tool, "input": json.loads(template.replace("@CMD@", "echo bench %d" % i))}]}
+         for i in range(n)]
 turns.append({"content": [{"type": "text", "text": "suite: done"}]})
 json.dump({"turns": turns}, open(file, "w"))
 PYEOF
