@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * airlock exec [-C DIR] [--timeout S] [--tty] [--stdin|--no-stdin] -- CMD [ARG...]
- * airlock shell [-C DIR] [--timeout S] [-c CMD [NAME [ARG...]]]   (see cmd_shell)
+ * airlock shell [-C DIR] [--timeout S] [--bash] [-c CMD [NAME [ARG...]]]   (see cmd_shell)
  *
  * Run from a directory below the workspace (or -C one), the command runs in
  * the same directory of the guest's copy: the workspace is the nearest
@@ -40,6 +40,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <termios.h>
 #include <time.h>
 #include <unistd.h>
@@ -52,6 +53,7 @@
 #include "airlock/mount/mount.h"
 #include "airlock/server/relay.h"
 #include "cmd_i.h"
+#include "shell_cwd_i.h"
 
 #define EXEC_FAILED 125
 #define STDIN_CHUNK (32u * 1024u)
@@ -76,6 +78,8 @@ struct xc {
 	bool chunk_busy; /* the relay answered busy: send it again */
 	uint64_t retry_at_ms;
 	unsigned backoff_ms;
+	struct shell_cwd *cwd; /* --cwd-file: its line taken out of stderr */
+	char sock[PATH_MAX];   /* the relay's socket, for the guard */
 };
 
 static uint64_t now_ms(void)
@@ -86,7 +90,7 @@ static uint64_t now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-static int write_all(int fd, const void *p, size_t n)
+int cmd_write_all(int fd, const void *p, size_t n)
 {
 	const char *c = p;
 
@@ -115,9 +119,9 @@ static int send_req(struct xc *x, json_t *o)
 	if (!line)
 		return -ENOMEM;
 	size_t n = strlen(line);
-	r = write_all(x->fd, line, n);
+	r = cmd_write_all(x->fd, line, n);
 	if (r == 0)
-		r = write_all(x->fd, "\n", 1);
+		r = cmd_write_all(x->fd, "\n", 1);
 	mem_free(line); /* jansson allocates through mem_* (mem_init_json) */
 	return r;
 }
@@ -141,8 +145,17 @@ static int send_chunk(struct xc *x)
 	return send_req(x, json_pack("{s:s, s:s}", "id", FENCE_ID, "op", "status"));
 }
 
+/* Command output to our fd (through the --cwd-file filter: its line comes on
+ * stderr, or on stdout when the two are merged). */
+static int out_write(struct xc *x, int fd, const void *p, size_t n)
+{
+	if (x->cwd)
+		return shell_cwd_filter(x->cwd, fd, p, n);
+	return cmd_write_all(fd, p, n);
+}
+
 /* Output data of an stdout/stderr event to fd. */
-static int emit(json_t *ev, int fd)
+static int emit(struct xc *x, json_t *ev, int fd)
 {
 	const char *t = json_string_value(json_object_get(ev, "data"));
 	const char *b = json_string_value(json_object_get(ev, "data_b64"));
@@ -151,7 +164,7 @@ static int emit(json_t *ev, int fd)
 	int r;
 
 	if (t)
-		return write_all(fd, t, json_string_length(json_object_get(ev, "data")));
+		return out_write(x, fd, t, json_string_length(json_object_get(ev, "data")));
 	if (!b)
 		return 0;
 	n = strlen(b);
@@ -161,7 +174,7 @@ static int emit(json_t *ev, int fd)
 		mem_free(bin);
 		return -EBADMSG;
 	}
-	r = write_all(fd, bin, n);
+	r = out_write(x, fd, bin, n);
 	mem_free(bin);
 	return r;
 }
@@ -208,7 +221,7 @@ static int fast_output(struct xc *x, const char *p, size_t n)
 			mem_free(bin);
 			return 0; /* not what it looked like: the JSON path decides */
 		}
-		if (write_all(k ? STDERR_FILENO : STDOUT_FILENO, bin, len) < 0)
+		if (out_write(x, k ? STDERR_FILENO : STDOUT_FILENO, bin, len) < 0)
 			output_gone(x);
 		mem_free(bin);
 		return 1;
@@ -260,7 +273,7 @@ static void on_event(struct xc *x, json_t *ev)
 	if (!strcmp(event, "started")) {
 		x->started = true;
 	} else if (!strcmp(event, "stdout") || !strcmp(event, "stderr")) {
-		if (emit(ev, !strcmp(event, "stdout") ? STDOUT_FILENO : STDERR_FILENO) < 0)
+		if (emit(x, ev, !strcmp(event, "stdout") ? STDOUT_FILENO : STDERR_FILENO) < 0)
 			output_gone(x);
 	} else if (!strcmp(event, "dropped")) {
 		cmd_err("exec: %" JSON_INTEGER_FORMAT " bytes of %s were lost",
@@ -356,17 +369,19 @@ static void exec_usage(void)
 
 static void shell_usage(void)
 {
-	fputs("usage: airlock shell [-C DIR] [--timeout S] [-l] [-i] [-c CMD [NAME [ARG...]]]\n", stderr);
+	fputs("usage: airlock shell [-C DIR] [--timeout S] [--bash] [-l|--login] [-i] [-c CMD [NAME [ARG...]]]\n",
+	      stderr);
 }
 
 /* What to run and how: filled by cmd_exec and cmd_shell. */
 struct run_opts {
 	const char *who; /* "exec" or "shell", for messages */
 	const char *dir;
-	double timeout;	   /* seconds; 0 = the policy's default */
-	int stdin_mode;	   /* 1 pass stdin, 0 /dev/null, -1 pass it unless it is a terminal */
-	bool tty;	   /* a pty in the guest; ours in raw mode when it is a terminal */
-	char *const *argv; /* argc strings */
+	double timeout;	      /* seconds; 0 = the policy's default */
+	int stdin_mode;	      /* 1 pass stdin, 0 /dev/null, -1 pass it unless it is a terminal */
+	bool tty;	      /* a pty in the guest; ours in raw mode when it is a terminal */
+	const char *cwd_file; /* shell --cwd-file: argv is SHELL_CWD_SCRIPT's, REL and MARK appended */
+	char *const *argv;    /* argc strings */
 	int argc;
 };
 
@@ -457,7 +472,7 @@ static void warn_under_mount(const struct run_opts *o, const char *root)
  * connection to its relay socket in x->fd. 0, or -1 after saying why. */
 static int connect_workspace(const struct run_opts *o, struct xc *x, char real[PATH_MAX], const char **rel)
 {
-	char sock[PATH_MAX];
+	char *sock = x->sock;
 	int r;
 
 	if (!realpath(o->dir, real)) {
@@ -466,7 +481,7 @@ static int connect_workspace(const struct run_opts *o, struct xc *x, char real[P
 	}
 	cmd_find_workspace(real, rel);
 	warn_under_mount(o, real);
-	if ((r = relay_default_path(real, sock, sizeof(sock))) < 0) {
+	if ((r = relay_default_path(real, sock, sizeof(x->sock))) < 0) {
 		cmd_err("%s: relay socket for %s: %s", o->who, real, strerror(-r));
 		return -1;
 	}
@@ -513,7 +528,10 @@ static int exec_request(const struct run_opts *o, const struct xc *x, const char
 	for (int i = 0; i < o->argc; i++)
 		if (json_array_append_new(av, json_string(o->argv[i])) < 0)
 			goto nomem;
-	if (json_array_size(av) != (size_t)o->argc) {
+	if (o->cwd_file && (json_array_append_new(av, json_string(rel)) < 0 ||
+			    json_array_append_new(av, json_string(x->cwd->mark)) < 0))
+		goto nomem;
+	if (json_array_size(av) != (size_t)o->argc + (o->cwd_file ? 2 : 0)) {
 		json_decref(req);
 		return -EILSEQ;
 	}
@@ -719,19 +737,81 @@ static void explain_exit(const struct run_opts *o, const struct xc *x, const cha
 		o->who, o->argc >= 3 && !strcmp(o->argv[0], "sh") ? o->argv[2] : o->argv[0], path);
 }
 
+/*
+ * The guard: a command started through us ends when we do, as a local
+ * child would, even when we are killed with SIGKILL (an agent CLI's timeout
+ * kills the process group it started). A child in its own session holds
+ * the read end of a pipe; when we end without saying we are done (a byte),
+ * it sees end of file and cancels the command over its own connection.
+ * The relay keeps commands of closed connections running (doc/RELAY.md
+ * "Commands outlive connections"); that is for clients that reattach, not
+ * for us. -1 when there is no guard (said why; the command runs anyway).
+ */
+static int guard_start(const struct xc *x, pid_t *pid)
+{
+	int p[2];
+	char c;
+
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return -1;
+	if ((*pid = fork()) < 0) {
+		close(p[0]);
+		close(p[1]);
+		return -1;
+	}
+	if (*pid == 0) {
+		int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+		close(p[1]);
+		close(x->fd); /* the connection is the parent's: let it close when the parent ends */
+		for (int fd = 0; fd < 3 && null >= 0; fd++)
+			dup2(null, fd); /* nor hold the output pipes of whoever started us */
+		setsid();
+		ssize_t n;
+		while ((n = read(p[0], &c, 1)) < 0 && errno == EINTR)
+			;
+		if (n == 0) { /* our parent ended without a word */
+			char line[160];
+			int fd = cmd_connect_relay(x->sock);
+			int k = snprintf(line, sizeof(line), "{\"id\":\"%s\",\"op\":\"cancel\"}\n", x->id);
+			if (fd >= 0 && k > 0 && (size_t)k < sizeof(line) && cmd_write_all(fd, line, (size_t)k) == 0)
+				while (read(fd, line, sizeof(line)) < 0 && errno == EINTR) /* the hello: it was read */
+					;
+		}
+		_exit(0);
+	}
+	close(p[0]);
+	return p[1];
+}
+
+static void guard_stop(int fd, pid_t pid)
+{
+	if (fd < 0)
+		return;
+	(void)!write(fd, "x", 1);
+	close(fd);
+	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+		;
+}
+
 /* Run one command through the relay and return the exit status to use. */
 static int run_remote(const struct run_opts *o)
 {
 	static struct xc x;
+	static struct shell_cwd cwd;
 	char real[PATH_MAX];
 	const char *rel = "";
-	int r, sfd = -1;
+	int r, sfd = -1, guard = -1;
+	pid_t guard_pid = -1;
 	bool winch = false; /* a resize to send once the command has started */
 	json_t *req = NULL;
 
 	memset(&x, 0, sizeof(x));
 	x.fd = -1;
 	x.backoff_ms = 1;
+	if (o->cwd_file) {
+		shell_cwd_init(&cwd);
+		x.cwd = &cwd;
+	}
 	x.want_stdin =
 	    o->stdin_mode == 1 || (o->stdin_mode == -1 && (o->tty || (!isatty(STDIN_FILENO) && !stdin_is_null())));
 	if (connect_workspace(o, &x, real, &rel) < 0)
@@ -754,6 +834,7 @@ static int run_remote(const struct run_opts *o)
 		goto out;
 	}
 	x.status = 0;
+	guard = guard_start(&x, &guard_pid);
 	if (o->tty)
 		term_raw(STDIN_FILENO); /* keys (^C, ^Z, ^D) go to the guest's terminal as bytes */
 	while (!x.done && (r = run_once(o, &x, sfd, &winch)) == 0)
@@ -766,7 +847,16 @@ static int run_remote(const struct run_opts *o)
 	term_restore();
 	if (x.done)
 		explain_exit(o, &x, real, rel);
+	if (x.cwd) {
+		shell_cwd_flush(x.cwd, STDERR_FILENO);
+		if (x.status == 0) {
+			if (*rel)
+				real[rel - real - 1] = '\0'; /* the workspace root */
+			shell_cwd_write(x.cwd, real, o->cwd_file);
+		}
+	}
 out:
+	guard_stop(guard, guard_pid);
 	term_restore();
 	buf_clear(&x.in);
 	if (x.fd >= 0)
@@ -774,6 +864,16 @@ out:
 	if (sfd >= 0)
 		close(sfd);
 	return x.status;
+}
+
+/* An option getopt did not know, named with our prefix (getopt's own
+ * message would carry the subcommand as the program name). */
+static void bad_option(const char *who, char **argv)
+{
+	if (optopt && optopt != '?')
+		cmd_err("%s: unknown option '-%c' (or it needs an argument)", who, optopt);
+	else
+		cmd_err("%s: unknown option '%s'", who, argv[optind - 1]);
 }
 
 static bool parse_timeout(const char *who, const char *arg, double *out)
@@ -801,6 +901,7 @@ int cmd_exec(int argc, char **argv)
 	int c;
 
 	optind = 1;
+	opterr = 0;
 	while ((c = getopt_long(argc, argv, "+C:", opts, NULL)) != -1) {
 		switch (c) {
 		case 'C':
@@ -820,6 +921,7 @@ int cmd_exec(int argc, char **argv)
 			o.tty = true;
 			break;
 		default:
+			bad_option("exec", argv);
 			exec_usage();
 			return 2;
 		}
@@ -835,36 +937,70 @@ int cmd_exec(int argc, char **argv)
 }
 
 /*
- * airlock shell [-C DIR] [--timeout S] [-l] [-i] [-c CMD [NAME [ARG...]]]
+ * airlock shell [-C DIR] [--timeout S] [--bash] [-l|--login] [-i] [-c CMD [NAME [ARG...]]]
  *
  * Without -c: an interactive login shell in the sandbox, bash when the
- * guest has it, else sh, on a pty when our stdin is a terminal. It is
- * interactive, so its timeout defaults to the longest the relay allows
- * rather than the policy's per-command default.
+ * guest has it (or always with --bash), else sh, on a pty when our stdin is
+ * a terminal. It is interactive, so its timeout defaults to the longest
+ * the relay allows rather than the policy's per-command default.
  *
- * With -c: CMD is one shell command string, run by the guest's sh -c (NAME
- * and ARGs become $0, $1, ... as with sh -c), on a pty only when our stdin
- * and stdout are both terminals; the exit status is CMD's. This is what
- * makes airlock usable wherever a tool takes a shell path and runs
- * "SHELL -c STRING" (doc/EDITORS.md). -l and -i are accepted and ignored,
- * for tools that pass them to every shell.
+ * With -c: CMD is one shell command string, run by the guest's sh -c (bash
+ * -c with --bash; NAME and ARGs become $0, $1, ... as with sh -c), on a pty
+ * only when our stdin and stdout are both terminals; the exit status is
+ * CMD's. This is what makes airlock usable wherever a tool takes a shell
+ * path and runs "SHELL -c STRING" (doc/EDITORS.md). -l, --login and -i are
+ * accepted and ignored, for tools that pass them to every shell (a login
+ * shell's profile is the host's business: the guest's environment is the
+ * policy's). With --bash, bash's own set options (-e -u -x -v -f -o NAME,
+ * -O NAME) are passed to the guest's bash, and --norc, --noprofile
+ * are accepted and ignored, so a wrapper named bash takes what tools pass.
+ *
+ * --cwd-file FILE (implies --bash): when CMD exits 0, the directory it ended
+ * in, as the host path of the same directory of the mount, is written to
+ * FILE: Claude Code's cwd file (shell_cwd_i.h, doc/EDITORS.md).
  */
 #define LOGIN_SHELL	  "if command -v bash >/dev/null 2>&1; then exec bash -l; fi; exec sh -l"
 #define SHELL_TIMEOUT_MAX (30.0 * 86400)
+#define SHELL_ARGV_MAX	  64
+
+/* Our stdout and stderr are one file that is not a terminal (a tool that
+ * reads a command's output as one stream, in the order it was written):
+ * then the guest's bash writes both to one pipe too, and the relay keeps
+ * that order (two pipes have none between them). */
+static bool output_merged(void)
+{
+	struct stat a, b;
+
+	return fstat(STDOUT_FILENO, &a) == 0 && fstat(STDERR_FILENO, &b) == 0 && a.st_dev == b.st_dev &&
+	       a.st_ino == b.st_ino && !isatty(STDOUT_FILENO);
+}
+
+/* Append one word to the guest argv; false when it is full. */
+static bool sh_push(char **sh, int *n, const char *w)
+{
+	if (*n >= SHELL_ARGV_MAX - 1)
+		return false;
+	sh[(*n)++] = (char *)w;
+	return true;
+}
 
 int cmd_shell(int argc, char **argv)
 {
 	static const struct option opts[] = {
-	    {"timeout", required_argument, NULL, 't'},
-	    {NULL, 0, NULL, 0},
+	    {"timeout", required_argument, NULL, 't'},	{"bash", no_argument, NULL, 'B'},
+	    {"login", no_argument, NULL, 'l'},		{"interactive", no_argument, NULL, 'i'},
+	    {"norc", no_argument, NULL, 'N'},		{"noprofile", no_argument, NULL, 'N'},
+	    {"cwd-file", required_argument, NULL, 'W'}, {NULL, 0, NULL, 0},
 	};
 	struct run_opts o = {.who = "shell", .dir = ".", .stdin_mode = -1};
 	const char *cmd = NULL;
-	char *sh[64];
-	int c;
+	char *sh[SHELL_ARGV_MAX], *setopts[SHELL_ARGV_MAX];
+	int c, n = 0, nset = 0;
+	bool bash = false, ok = true;
 
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "+C:c:li", opts, NULL)) != -1) {
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, "+C:c:lieuxvfo:O:", opts, NULL)) != -1) {
 		switch (c) {
 		case 'C':
 			o.dir = optarg;
@@ -876,37 +1012,93 @@ int cmd_shell(int argc, char **argv)
 		case 'c':
 			cmd = optarg;
 			break;
+		case 'B':
+			bash = true;
+			break;
+		case 'W':
+			o.cwd_file = optarg;
+			bash = true;
+			break;
 		case 'l':
 		case 'i':
+		case 'N':
 			break;
+		case 'e':
+		case 'u':
+		case 'x':
+		case 'v':
+		case 'f':
+		case 'o':
+		case 'O': {
+			/* bash's set options, for the guest's bash (refused below without --bash) */
+			static const char *const flag[128] = {['e'] = "-e", ['u'] = "-u", ['x'] = "-x", ['v'] = "-v",
+							      ['f'] = "-f", ['o'] = "-o", ['O'] = "-O"};
+			ok = ok && nset + 2 < SHELL_ARGV_MAX;
+			if (ok) {
+				setopts[nset++] = (char *)flag[c];
+				if (c == 'o' || c == 'O')
+					setopts[nset++] = optarg;
+			}
+			break;
+		}
 		default:
+			bad_option("shell", argv);
 			shell_usage();
 			return 2;
 		}
 	}
-	sh[0] = "sh";
-	sh[1] = "-c";
-	if (cmd) {
-		if (argc - optind > (int)(sizeof(sh) / sizeof(sh[0])) - 3) {
-			cmd_err("shell: at most %zu arguments after -c CMD", sizeof(sh) / sizeof(sh[0]) - 3);
+	if (nset && !bash) {
+		cmd_err("shell: '%s' is an option of bash: add --bash (sh -c takes no options here)", setopts[0]);
+		return 2;
+	}
+	ok = ok && sh_push(sh, &n, bash ? "bash" : "sh");
+	for (int i = 0; i < nset; i++)
+		ok = ok && sh_push(sh, &n, setopts[i]);
+	if (o.cwd_file && (!cmd || optind < argc)) {
+		cmd_err("shell: --cwd-file needs -c CMD, and no NAME or ARGs after it");
+		return 2;
+	}
+	char *merged = NULL;
+	if (cmd && output_merged()) {
+		if (!(merged = mem_alloc(strlen(cmd) + sizeof("exec 2>&1\n")))) {
+			cmd_err("shell: out of memory");
 			return 2;
 		}
-		sh[2] = (char *)cmd;
+		strcpy(merged, "exec 2>&1\n");
+		strcat(merged, cmd);
+		cmd = merged;
+	}
+	if (o.cwd_file) {
+		ok = ok && sh_push(sh, &n, "-c") && sh_push(sh, &n, SHELL_CWD_SCRIPT) &&
+		     sh_push(sh, &n, "airlock-shell") && sh_push(sh, &n, cmd); /* REL and MARK follow (exec_request) */
+		o.tty = isatty(STDIN_FILENO) && isatty(STDOUT_FILENO);
+	} else if (cmd) {
+		ok = ok && sh_push(sh, &n, "-c") && sh_push(sh, &n, cmd);
 		for (int i = optind; i < argc; i++)
-			sh[3 + i - optind] = argv[i];
-		o.argc = 3 + argc - optind;
+			ok = ok && sh_push(sh, &n, argv[i]);
 		o.tty = isatty(STDIN_FILENO) && isatty(STDOUT_FILENO);
 	} else {
 		if (optind < argc) {
 			shell_usage();
 			return 2;
 		}
-		sh[2] = LOGIN_SHELL;
-		o.argc = 3;
+		if (bash)
+			ok = ok && sh_push(sh, &n, "-l");
+		else
+			ok = ok && sh_push(sh, &n, "-c") && sh_push(sh, &n, LOGIN_SHELL);
 		o.tty = isatty(STDIN_FILENO);
 		if (!o.timeout)
 			o.timeout = SHELL_TIMEOUT_MAX;
 	}
+	if (!ok) {
+		cmd_err("shell: at most %d words for the guest's shell", SHELL_ARGV_MAX - 1);
+		mem_free(merged);
+		return 2;
+	}
+	sh[n] = NULL;
 	o.argv = sh;
-	return run_remote(&o);
+	o.argc = n;
+	int st = run_remote(&o);
+	mem_free(merged);
+	return st;
 }

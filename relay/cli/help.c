@@ -52,12 +52,16 @@ static const struct cmd_help help_rows[] = {
      "  --stdin, --no-stdin    pass our stdin (default: when it is not a terminal)\n"
      "  exit 125: the command could not be run at all (the reason is printed); 127: not found in the guest\n",
      true},
-    {"shell", "shell [-C DIR] [--timeout S]\nshell [-C DIR] [--timeout S] -c CMD [NAME [ARG...]]",
-     "a login shell in the guest, or CMD run there by sh -c (for tools that take a shell path)",
+    {"shell",
+     "shell [-C DIR] [--timeout S] [--bash]\nshell [-C DIR] [--timeout S] [--bash] [-l|--login] [-i] -c CMD [NAME "
+     "[ARG...]]",
+     "a login shell in the guest, or CMD run there by sh -c (bash -c with --bash; for tools that take a shell path)",
      "  -C DIR                 run from DIR (default: the current directory)\n"
      "  --timeout S            kill the shell after S seconds (default: 30 days without -c)\n"
-     "  -c CMD                 run CMD with the guest's sh -c; NAME and ARGs become $0, $1, ...\n"
-     "  -l, -i                 accepted and ignored\n",
+     "  --bash                 bash instead of sh (agents write bash); bash's -e -u -x -v -f -o -O pass through\n"
+     "  -c CMD                 run CMD with the guest's shell; NAME and ARGs become $0, $1, ...\n"
+     "  -l, --login, -i, --norc, --noprofile   accepted (a guest shell has no host profile to read)\n"
+     "  --cwd-file FILE        with -c: write the host path of the directory CMD ended in to FILE (Claude Code)\n",
      true},
     {"audit", "audit [-C DIR] [--json]", "withheld paths (with their rule), skipped files, egress denials",
      "  -C DIR                 the workspace (default: the one holding the current directory)\n"

@@ -29,7 +29,7 @@ static const struct command commands[] = {
     {"exec", cmd_exec,
      "exec [-C DIR] [--timeout S] [--tty] [--stdin|--no-stdin] -- CMD [ARG...]  run CMD in the guest"},
     {"shell", cmd_shell,
-     "shell [-C DIR] [--timeout S] [-c CMD [NAME [ARG...]]]  login shell (or sh -c CMD) in the guest"},
+     "shell [-C DIR] [--timeout S] [--bash] [-c CMD [NAME [ARG...]]]  login shell (or sh/bash -c CMD) in the guest"},
     {"trust", cmd_trust, "trust [DIR] | --revoke [DIR] | --list  approve DIR/airlock.json as it is now"},
     {"audit", cmd_audit, "audit [-C DIR] [--json]   withheld paths (with their rule), skipped files, egress denials"},
     {"changes", cmd_changes, "changes [-C DIR] [--json] [--stat|--diff] [PATH...]  what commands changed in the guest"},

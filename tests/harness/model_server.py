@@ -1,13 +1,22 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """A scripted model server on 127.0.0.1 for the agent-CLI tests
-(tests/e2e/agent_*.sh): it speaks the Anthropic Messages API (POST
-/v1/messages, streaming with SSE or not; POST /v1/messages/count_tokens),
+(tests/e2e/agent_*.sh): it speaks
+  - the Anthropic Messages API (POST /v1/messages, streaming with SSE or
+    not; POST /v1/messages/count_tokens): Claude Code;
+  - OpenAI Chat Completions (POST .../chat/completions, SSE or not) and
+    Responses (POST .../responses, SSE or not): Continue's cn, Codex;
+  - Gemini's generateContent and streamGenerateContent (POST
+    .../models/M:generateContent, ...:streamGenerateContent?alt=sse,
+    ...:countTokens): Gemini CLI;
 answers the agent's requests from a script, and logs every request it
-receives, so that a test can assert what the CLI sent back (the
-tool_result of a command with its output). Python 3 standard library only.
+receives, so that a test can assert what the CLI sent back (the tool
+result of a command with its output). Python 3 standard library only.
 
   model_server.py SCRIPT LOG PORTFILE
+  model_server.py --results LOG TURN   print the tool results the main-loop
+                                       request for TURN carried (any API), one
+                                       JSON {"is_error", "text"} per line
 
 SCRIPT is a JSON file: {"turns": [TURN, ...]}, each TURN an assistant
 message's content blocks and stop reason:
@@ -17,11 +26,15 @@ message's content blocks and stop reason:
    "stop_reason": "tool_use"}
   {"content": [{"type": "text", "text": "done"}]}       (stop_reason end_turn)
 
-Which turn answers a request is decided by the conversation it carries,
-not by arrival order: a request with N assistant messages in "messages"
-gets turn N (so a retried request gets the same answer again). Only the
-agent's main loop is scripted: a request that offers the script's tools
-(every tool_use name of the script among its "tools"). Anything else the
+The same script serves every API: a tool_use becomes a function call
+(Chat: tool_calls; Responses: a function_call item; Gemini: a functionCall
+part) with "input" as its arguments. Which turn answers a request is
+decided by the conversation it carries, not by arrival order: a request
+with N assistant turns (Anthropic/Chat: assistant messages; Responses:
+runs of function_call / assistant message items; Gemini: runs of "model"
+contents) gets turn N (so a retried request gets the same answer again).
+Only the agent's main loop is scripted: a request that offers the
+script's tools (every tool_use name of the script among its tools). Anything else the
 CLI asks on the side (a title or topic for the session, a quota probe,
 a summary: requests without those tools) gets a short text reply
 ("SIDE_REPLY", "airlock test") and is logged with "side": true. A main
@@ -29,7 +42,8 @@ request past the end of the script gets the text "end of script" and is
 logged with "past_end": true.
 
 LOG gets one JSON object per line per request, written and flushed before
-the reply: {"n", "method", "path", "side", "turn", "past_end", "body"}
+the reply: {"n", "t" (when it arrived, Unix seconds), "method", "path", "side", "turn",
+"past_end", "body"}
 (body parsed when it is JSON, else its length). PORTFILE gets the port,
 written once listening. The server runs until killed; bodies over 64 MiB
 are refused with 413.
@@ -38,6 +52,7 @@ import json
 import os
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MAX_BODY = 64 << 20
@@ -81,17 +96,52 @@ class State:
     def record(self, entry):
         with self.lock:
             self.n += 1
-            entry = dict(entry, n=self.n)
+            entry = dict(entry, n=self.n, t=time.time())
             self.log.write(json.dumps(entry, sort_keys=True) + "\n")
             self.log.flush()
 
 
-def is_main(body, script):
+def tool_names(body):
+    """The names of the tools a request offers, in any of the APIs."""
     names = set()
     for t in body.get("tools") or []:
-        if isinstance(t, dict) and isinstance(t.get("name"), str):
+        if not isinstance(t, dict):
+            continue
+        if isinstance(t.get("name"), str):  # Anthropic, Responses
             names.add(t["name"])
-    return bool(script.tools) and script.tools <= names
+        fn = t.get("function")
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):  # Chat
+            names.add(fn["name"])
+        for d in t.get("functionDeclarations") or t.get("function_declarations") or []:  # Gemini
+            if isinstance(d, dict) and isinstance(d.get("name"), str):
+                names.add(d["name"])
+    return names
+
+
+def is_main(body, script):
+    return bool(script.tools) and script.tools <= tool_names(body)
+
+
+def runs(items, is_model):
+    """How many runs of consecutive model-side items a conversation holds."""
+    n, prev = 0, False
+    for it in items or []:
+        m = isinstance(it, dict) and is_model(it)
+        if m and not prev:
+            n += 1
+        prev = m
+    return n
+
+
+def turn_of(api, body):
+    if api == "gemini":
+        return runs(body.get("contents"), lambda c: c.get("role") == "model")
+    if api == "responses":
+        inp = body.get("input")
+        return runs(inp if isinstance(inp, list) else [], lambda it: it.get("type") in (
+            "function_call", "custom_tool_call", "local_shell_call", "reasoning") or (
+            it.get("role") == "assistant"))
+    return sum(1 for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "assistant")
 
 
 def message(state, body, content, stop_reason):
@@ -199,15 +249,19 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return self.reply(413, {"type": "error", "error": {"type": "request_too_large", "message": "body"}})
         entry = {"method": "POST", "path": self.path, "body": body}
-        if path == "/v1/messages/count_tokens":
+        if path.endswith("/messages/count_tokens"):
             st.record(dict(entry, side=True))
             return self.reply(200, {"input_tokens": 100})
-        if path != "/v1/messages" or not isinstance(body, dict):
+        api = api_of(path)
+        if not api or not isinstance(body, dict):
             st.record(dict(entry, side=True))
             return self.reply(404, {"type": "error", "error": {"type": "not_found_error", "message": "not scripted"}})
+        if api == "gemini" and path.endswith(":countTokens"):
+            st.record(dict(entry, side=True))
+            return self.reply(200, {"totalTokens": 100})
         turns = st.script.turns
         if is_main(body, st.script):
-            turn = sum(1 for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "assistant")
+            turn = turn_of(api, body)
             entry.update(side=False, turn=turn)
             if turn < len(turns):
                 t = turns[turn]
@@ -220,13 +274,183 @@ class Handler(BaseHTTPRequestHandler):
         else:
             entry["side"] = True
             msg = message(st, body, [{"type": "text", "text": SIDE_REPLY}], "end_turn")
+        entry["api"] = api
         st.record(entry)
-        if body.get("stream"):
+        stream = body.get("stream") or (api == "gemini" and ":streamGenerateContent" in path)
+        if api == "chat":
+            return self.reply(200, chat_sse(msg) if stream else chat_msg(msg),
+                              "text/event-stream" if stream else "application/json")
+        if api == "responses":
+            return self.reply(200, responses_sse(msg) if stream else responses_msg(msg),
+                              "text/event-stream" if stream else "application/json")
+        if api == "gemini":
+            if stream:
+                return self.reply(200, b"data: " + json.dumps(gemini_msg(msg)).encode() + b"\r\n\r\n",
+                                  "text/event-stream")
+            return self.reply(200, gemini_msg(msg))
+        if stream:
             return self.reply(200, sse(msg), "text/event-stream")
         return self.reply(200, msg)
 
 
+def api_of(path):
+    if path == "/v1/messages":
+        return "anthropic"
+    if path.endswith("/chat/completions"):
+        return "chat"
+    if path.endswith("/responses"):
+        return "responses"
+    if "/models/" in path and (":generateContent" in path or ":streamGenerateContent" in path or
+                               ":countTokens" in path):
+        return "gemini"
+    return None
+
+
+def chat_msg(msg):
+    text = "".join(b["text"] for b in msg["content"] if b["type"] == "text")
+    calls = [{"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": json.dumps(b["input"])}}
+             for b in msg["content"] if b["type"] == "tool_use"]
+    m = {"role": "assistant", "content": text or None}
+    if calls:
+        m["tool_calls"] = calls
+    return {"id": msg["id"], "object": "chat.completion", "created": 1767225600, "model": msg["model"],
+            "choices": [{"index": 0, "message": m, "finish_reason": "tool_calls" if calls else "stop"}],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19}}
+
+
+def chat_sse(msg):
+    full = chat_msg(msg)
+    m = full["choices"][0]["message"]
+    out = []
+
+    def chunk(delta, finish=None, usage=None):
+        c = {"id": full["id"], "object": "chat.completion.chunk", "created": full["created"], "model": full["model"],
+             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        if usage:
+            c["usage"] = usage
+        out.append("data: %s\n\n" % json.dumps(c))
+
+    chunk({"role": "assistant", "content": ""})
+    if m["content"]:
+        chunk({"content": m["content"]})
+    for i, tc in enumerate(m.get("tool_calls") or []):
+        chunk({"tool_calls": [{"index": i, "id": tc["id"], "type": "function",
+                               "function": {"name": tc["function"]["name"], "arguments": ""}}]})
+        chunk({"tool_calls": [{"index": i, "function": {"arguments": tc["function"]["arguments"]}}]})
+    chunk({}, full["choices"][0]["finish_reason"], full["usage"])
+    out.append("data: [DONE]\n\n")
+    return "".join(out).encode()
+
+
+def responses_items(msg):
+    items = []
+    for b in msg["content"]:
+        if b["type"] == "tool_use":
+            items.append({"type": "function_call", "id": "fc" + b["id"], "call_id": b["id"], "name": b["name"],
+                          "arguments": json.dumps(b["input"]), "status": "completed"})
+        else:
+            items.append({"type": "message", "id": "m" + msg["id"], "role": "assistant", "status": "completed",
+                          "content": [{"type": "output_text", "text": b["text"], "annotations": []}]})
+    return items
+
+
+def responses_msg(msg):
+    return {"id": "resp" + msg["id"], "object": "response", "created_at": 1767225600, "status": "completed",
+            "model": msg["model"], "output": responses_items(msg),
+            "usage": {"input_tokens": 12, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 7,
+                      "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 19}}
+
+
+def responses_sse(msg):
+    full = responses_msg(msg)
+    out = []
+    seq = [0]
+
+    def ev(name, data):
+        data = dict(data, type=name, sequence_number=seq[0])
+        seq[0] += 1
+        out.append("event: %s\ndata: %s\n\n" % (name, json.dumps(data)))
+
+    ev("response.created", {"response": dict(full, status="in_progress", output=[])})
+    for i, it in enumerate(full["output"]):
+        if it["type"] == "message":
+            ev("response.output_item.added", {"output_index": i, "item": dict(it, content=[], status="in_progress")})
+            ev("response.output_text.delta", {"output_index": i, "item_id": it["id"], "content_index": 0,
+                                              "delta": it["content"][0]["text"]})
+        else:
+            ev("response.output_item.added", {"output_index": i, "item": dict(it, arguments="", status="in_progress")})
+            ev("response.function_call_arguments.delta", {"output_index": i, "item_id": it["id"],
+                                                          "delta": it["arguments"]})
+        ev("response.output_item.done", {"output_index": i, "item": it})
+    ev("response.completed", {"response": full})
+    return "".join(out).encode()
+
+
+def gemini_msg(msg):
+    parts = []
+    for b in msg["content"]:
+        if b["type"] == "tool_use":
+            parts.append({"functionCall": {"name": b["name"], "args": b["input"], "id": b["id"]}})
+        else:
+            parts.append({"text": b["text"]})
+    return {"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}],
+            "usageMetadata": {"promptTokenCount": 12, "candidatesTokenCount": 7, "totalTokenCount": 19},
+            "modelVersion": msg["model"], "responseId": msg["id"]}
+
+
+def results(log, turn):
+    """The tool results the last main-loop request for turn TURN carried."""
+    reqs = [json.loads(line) for line in open(log, encoding="utf-8")]
+    main = [r for r in reqs if not r.get("side") and r.get("turn") == turn]
+    if not main:
+        sys.exit("no main-loop request for turn %d" % turn)
+    r = main[-1]
+    body, api = r["body"], r.get("api", "anthropic")
+    out = []
+
+    def text_of(c):
+        if isinstance(c, list):
+            return "".join(x.get("text", "") for x in c if isinstance(x, dict))
+        if isinstance(c, dict):
+            for k in ("output", "llmContent", "content", "error"):
+                if k in c:
+                    return text_of(c[k])
+            return json.dumps(c)
+        return c if isinstance(c, str) else json.dumps(c)
+
+    if api == "anthropic":  # the user messages after the last assistant one (Claude Code may add notes)
+        for m in reversed(body["messages"]):
+            if m.get("role") == "assistant":
+                break
+            blocks = m.get("content")
+            for b in reversed(blocks if isinstance(blocks, list) else []):
+                if b.get("type") == "tool_result":
+                    out.insert(0, {"is_error": b.get("is_error", False), "text": text_of(b.get("content"))})
+    elif api == "chat":
+        for m in reversed(body["messages"]):
+            if m.get("role") == "assistant":
+                break
+            if m.get("role") == "tool":
+                out.insert(0, {"is_error": False, "text": text_of(m.get("content"))})
+    elif api == "responses":
+        for it in reversed(body["input"]):
+            if it.get("type") in ("function_call", "custom_tool_call"):
+                break
+            if it.get("type") in ("function_call_output", "custom_tool_call_output"):
+                out.insert(0, {"is_error": False, "text": text_of(it.get("output"))})
+    elif api == "gemini":
+        last = body["contents"][-1]
+        for p in last.get("parts") or []:
+            if "functionResponse" in p:
+                out.append({"is_error": False, "text": text_of(p["functionResponse"].get("response"))})
+    for o in out:
+        print(json.dumps(o))
+
+
 def main(argv):
+    if len(argv) == 4 and argv[1] == "--results":
+        results(argv[2], int(argv[3]))
+        return 0
     if len(argv) != 4:
         print("usage: model_server.py SCRIPT LOG PORTFILE", file=sys.stderr)
         return 2
