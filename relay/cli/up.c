@@ -33,11 +33,13 @@
 
 static void up_usage(void)
 {
-	fputs("usage: airlock up DIR [--policy FILE] [-d]\n"
+	fputs("usage: airlock up DIR [--policy FILE] [-d] [--allow-other]\n"
 	      "           [--sandbox local|vm | --guest ADDR --key FILE --guest-key "
 	      "PUBKEY [--psk-file FILE]]\n"
 	      "  without --guest: the embedded sandbox (--sandbox local, the "
-	      "default; doc/SANDBOX.md)\n",
+	      "default; doc/SANDBOX.md)\n"
+	      "  --allow-other: other users (sudo, services) may use DIR too (needs "
+	      "user_allow_other in /etc/fuse.conf unless root)\n",
 	      stderr);
 }
 
@@ -76,7 +78,7 @@ static int daemonize(int *ready_fd)
 /* What the command line asks for besides the guest (u->conn.g). */
 struct up_args {
 	const char *dir, *policy_file, *sandbox;
-	bool daemon;
+	bool daemon, allow_other;
 };
 
 /* The command line into u->conn.g and a. 0, or the exit status. */
@@ -88,6 +90,7 @@ static int parse_args(struct up *u, struct up_args *a, int argc, char **argv)
 	    GUEST_OPTS_PSK_LONG,
 	    {"daemon", no_argument, NULL, 'd'},
 	    {"sandbox", required_argument, NULL, 's'},
+	    {"allow-other", no_argument, NULL, 'O'},
 	    {NULL, 0, NULL, 0},
 	};
 	int c, r;
@@ -104,6 +107,8 @@ static int parse_args(struct up *u, struct up_args *a, int argc, char **argv)
 			a->daemon = true;
 		} else if (c == 's') {
 			a->sandbox = optarg;
+		} else if (c == 'O') {
+			a->allow_other = true;
 		} else {
 			up_usage();
 			return 2;
@@ -213,6 +218,13 @@ static int take_state(struct up *u, const struct up_args *a)
 		cmd_err("up: -d: %s", strerror(-r));
 		return 1;
 	}
+	/* the real files, opened before the mount covers them (a restarted
+	 * daemon inherits this descriptor: DIR is covered then) */
+	if ((u->dirfd = open(u->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+		cmd_err("up: workspace %s: %s", u->dir, strerror(errno));
+		return 2;
+	}
+	up_supervise(u); /* returns in the daemon */
 	if ((r = up_take_pid_file(u, &other)) < 0) {
 		if (r == -EBUSY)
 			cmd_err("up: airlock up is already running for %s (pid %d); stop it "
@@ -259,16 +271,30 @@ static int start_egress(struct up *u)
 	return 0;
 }
 
-static int start_mount(struct up *u)
+/* The mount, or (a restarted daemon) the live mount the supervisor kept. */
+static int start_mount(struct up *u, const struct up_args *a)
 {
-	struct mount_opts mo = {.on_exit = up_on_mount_exit, .ud = u};
+	struct mount_opts mo = {.on_exit = up_on_mount_exit, .ud = u, .allow_other = a->allow_other};
 	int r;
 
+	if (u->super.epoch) {
+		mo.adopt_fd = u->super.fuse_fd;
+		mo.backing_fd = u->dirfd;
+		mo.adopt_init = u->super.init;
+		mo.adopt_init_len = u->super.init_len;
+		mo.epoch = u->super.epoch;
+	}
 	if ((r = mount_start(u->dir, u->journal, &mo, &u->mount)) < 0) {
-		cmd_err("up: cannot mount over %s: %s%s", u->dir, strerror(-r),
-			r == -ENODEV || r == -EPERM ? " (needs /dev/fuse and permission to mount)" : "");
+		cmd_err("up: cannot %s %s: %s%s", u->super.epoch ? "resume the mount of" : "mount over", u->dir,
+			strerror(-r),
+			r == -ENODEV || r == -EPERM
+			    ? (a->allow_other && r == -EPERM ? " (--allow-other needs user_allow_other in "
+							       "/etc/fuse.conf when not root)"
+							     : " (needs /dev/fuse and permission to mount)")
+			    : "");
 		return -1;
 	}
+	up_super_hand_mount(u);
 	return 0;
 }
 
@@ -382,14 +408,20 @@ static int setup(struct up *u, const struct up_args *a)
 		return st;
 	if (!u->sandbox.use && (st = guest_opts_load_keys(&u->conn.g)) != 0)
 		return st;
-	if ((st = take_state(u, a)) != 0 || (u->sandbox.use && (st = start_sandbox(u)) != 0))
+	if ((st = take_state(u, a)) != 0)
 		return st;
-	/* the real files, opened before the mount covers them */
-	if ((u->dirfd = open(u->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
-		cmd_err("up: workspace %s: %s", u->dir, strerror(errno));
-		return 2;
+	if (u->super.epoch) {
+		/* restarted after a crash: DIR waits for us, serve it first */
+		u->conn.announced = true; /* the "in sync" line was the first daemon's */
+		if (up_loop_init(u) < 0 || start_mount(u, a) < 0)
+			return 1;
+		if (u->sandbox.use && (st = start_sandbox(u)) != 0)
+			return st;
+		return start_egress(u) < 0 || start_relay(u) < 0 ? 1 : 0;
 	}
-	if (up_loop_init(u) < 0 || start_egress(u) < 0 || start_mount(u) < 0 || start_relay(u) < 0)
+	if (u->sandbox.use && (st = start_sandbox(u)) != 0)
+		return st;
+	if (up_loop_init(u) < 0 || start_egress(u) < 0 || start_mount(u, a) < 0 || start_relay(u) < 0)
 		return 1;
 	return 0;
 }
@@ -402,6 +434,7 @@ int cmd_up(int argc, char **argv)
 
 	memset(&u, 0, sizeof(u));
 	u.dirfd = u.sigfd = u.lockfd = u.ready_fd = -1;
+	u.super.sock = u.super.fuse_fd = -1;
 	u.conn.backoff_ms = BACKOFF_MIN_MS;
 	guest_opts_init(&u.conn.g, "up", 0);
 	if ((status = parse_args(&u, &a, argc, argv)) != 0)

@@ -161,6 +161,20 @@ struct up_sandbox {
 	char guest_name[PATH_MAX + 32]; /* what conn.guest shows for a sandbox */
 };
 
+/* The supervisor (up_super.c): in the supervisor, the mount it keeps; in
+ * a daemon it restarted, what it inherited and why it was restarted. */
+struct up_super {
+	int sock;    /* daemon: where the mount is handed over, -1 after */
+	int fuse_fd; /* the mount's /dev/fuse once handed over, else -1 */
+	void *init;  /* the kernel's FUSE_INIT request (mount_init_request) */
+	size_t init_len;
+	unsigned short epoch; /* node id epoch; > 0: a restarted daemon */
+	unsigned restarts;
+	uint64_t crash_ms; /* CLOCK_REALTIME of the last crash, ms */
+	char last_crash[128];
+	pid_t daemon_pid;
+};
+
 struct up {
 	struct loop *loop;
 	struct journal *journal;
@@ -177,6 +191,7 @@ struct up {
 	struct up_policy pol;
 	struct up_exec exec;
 	struct up_sandbox sandbox;
+	struct up_super super;
 
 	_Atomic uint64_t first_notify_ns; /* set by FUSE threads, taken by the loop */
 	atomic_bool mount_gone;
@@ -187,6 +202,17 @@ static inline void up_mark_dirty(struct up *u)
 {
 	u->status.dirty = true;
 }
+
+/* ---- up_super.c ---- */
+
+/* Fork the daemon and supervise it: returns 0 in the daemon (also in each
+ * restarted one, with u->super.epoch > 0); the supervisor never returns:
+ * it exits with the daemon's status once the daemon stops cleanly, and
+ * restarts it on the same mount when it dies after having handed the mount
+ * over (up_super_hand_mount). Call before any thread exists. */
+int up_supervise(struct up *u);
+/* Daemon: the mount is live; hand its connection to the supervisor. */
+void up_super_hand_mount(struct up *u);
 
 /* ---- up_daemon.c ---- */
 

@@ -136,6 +136,10 @@ static json_t *status_json(struct up *u)
 	    (json_int_t)((uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec), "socket", u->exec.sock);
 	if (o)
 		json_object_set_new(o, "policy_ignored", ignored_json(u->pol.policy));
+	if (o)
+		json_object_update_new(o, json_pack("{s:I, s:s, s:I}", "restarts", (json_int_t)u->super.restarts,
+						    "last_crash", u->super.last_crash, "crash_ms",
+						    (json_int_t)u->super.crash_ms));
 	if (o && u->sandbox.use)
 		json_object_update_new(o, sandbox_json(&u->sandbox));
 	if (o && u->exec.egress)
@@ -328,6 +332,15 @@ static void print_status(json_t *st, pid_t pid)
 		       json_integer_value(json_object_get(eg, "denials")));
 	if (lerr && *lerr)
 		printf("last error  %s\n", lerr);
+	const char *crash = json_string_value(json_object_get(st, "last_crash"));
+	if (crash && *crash) {
+		time_t at = (time_t)(json_integer_value(json_object_get(st, "crash_ms")) / 1000);
+		char when[64];
+		strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", localtime(&at));
+		printf("restarts    %" JSON_INTEGER_FORMAT " (last: the daemon %s at %s; restarted on the same mount, "
+		       "the guest reconciled)\n",
+		       json_integer_value(json_object_get(st, "restarts")), crash, when);
+	}
 }
 
 int cmd_status(int argc, char **argv)

@@ -15,6 +15,7 @@
  */
 
 #include <stdbool.h>
+#include <stddef.h>
 
 struct journal;
 struct mount;
@@ -31,6 +32,19 @@ struct mount_opts {
 	 * called for mount_stop(). May be NULL. */
 	void (*on_exit)(void *ud);
 	void *ud;
+	/* Resume a live mount whose server died (a supervisor kept its
+	 * /dev/fuse descriptor, doc/MOUNT.md "Surviving a crash"): with
+	 * adopt_init set, dir must be the canonical absolute path the mount
+	 * covers, adopt_fd that mount's /dev/fuse descriptor (duplicated, the
+	 * caller keeps its own), adopt_init/adopt_init_len what
+	 * mount_init_request() gave the first server, backing_fd a directory
+	 * descriptor of dir opened before it was mounted, and epoch a number
+	 * (1..65535) no earlier server of this mount used: node ids of earlier
+	 * servers are then answered ESTALE. */
+	int adopt_fd, backing_fd;
+	const void *adopt_init;
+	size_t adopt_init_len;
+	unsigned short epoch;
 };
 
 /* Mount the passthrough filesystem over dir, journaling into j (which must
@@ -48,6 +62,13 @@ int mount_start(const char *dir, struct journal *j, const struct mount_opts *opt
  * directory again. NULL is a no-op. */
 void mount_stop(struct mount *m);
 
+/* The mount's /dev/fuse descriptor (owned by m; a supervisor keeps a
+ * duplicate), and the FUSE_INIT request the kernel sent when it was mounted
+ * (owned by m; *len 0 and NULL when it was not kept): what a new server
+ * needs to resume the mount (mount_opts.adopt_init). */
+int mount_fuse_fd(const struct mount *m);
+const void *mount_init_request(const struct mount *m, size_t *len);
+
 /* The absolute, canonical path the mount covers (owned by m). */
 const char *mount_path(const struct mount *m);
 
@@ -56,6 +77,11 @@ const char *mount_path(const struct mount *m);
  * not root); returns 0 when dir is (now) not an airlock mount, -EBUSY when a
  * live airlock process serves it, or -errno. */
 int mount_clear_stale(const char *dir);
+
+/* Detach the mount on dir lazily (umount2 MNT_DETACH, or fusermount3 -uz
+ * when not root), whatever serves it: for a supervisor giving up. dir must
+ * be canonical (it is not looked up: the mount may hang). 0 or -errno. */
+int mount_detach(const char *dir);
 
 /* 1 when dir is the root of an airlock FUSE mount, 0 when not, -errno. */
 int mount_is_airlock(const char *dir);

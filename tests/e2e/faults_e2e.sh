@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Faults never leave the workspace unusable: kill -9 of the daemon (the
+# supervisor keeps the FUSE connection and restarts it on the same mount),
+# of the agent, of both, SIGSTOP of either, each during a seeded random
+# workload, then an exact comparison of guest and host minus withheld paths.
+# usage: faults_e2e.sh AIRLOCK AIRLOCK_AGENT FSWORKLOAD   (root + /dev/fuse, else skipped: exit 77)
+# FAULTS_ROUNDS=N (default 2) rounds per fault kind; FAULTS_SEED=S the first seed.
+# shellcheck source=tests/e2e/lib.sh
+source "$(dirname "$0")/lib.sh"
+
+AIRLOCK=$1
+AGENT=$2
+WORKLOAD=$3
+ROUNDS=${FAULTS_ROUNDS:-2}
+SEED=${FAULTS_SEED:-$RANDOM}
+if [ "$(id -u)" != 0 ] || [ ! -c /dev/fuse ]; then
+	echo "skip - faults_e2e needs root and /dev/fuse (uid $(id -u), /dev/fuse $([ -c /dev/fuse ] && echo present || echo missing))"
+	exit 77
+fi
+export XDG_STATE_HOME=$T/state
+TO="timeout -k 2"
+echo "# seed $SEED, $ROUNDS rounds per fault (FAULTS_SEED=$SEED reproduces)"
+
+make_pair # $T/hk, $T/gk, HPUB, GPUB; W=$T/work, G=$T/guest
+
+AGENT_PID=
+start_agent() {
+	start_bg agent "$AGENT" --listen "unix:$T/a.sock" --root "$G" --key "$T/gk" --allow "$HPUB" \
+		--state "$T/agent.state" --fsync none
+	AGENT_PID=$BG_PID
+	wait_line "$T/agent.out" '^ready' 10
+}
+UP_PID=
+start_up() {
+	start_bg up "$AIRLOCK" up "$W" --guest "unix:$T/a.sock" --key "$T/hk" --guest-key "$GPUB" "$@"
+	UP_PID=$BG_PID
+	wait_line "$T/up.out" "^airlock: $W in sync with unix:$T/a.sock\$" 20
+}
+syncwait() { $TO 40 "$AIRLOCK" sync-wait -C "$W" --timeout "${1:-30}"; }
+sjson() { "$AIRLOCK" status -C "$W" --json | grep -o "\"$1\":[^,}]*" | head -1 | cut -d: -f2-; }
+daemon_pid() { sjson pid; }
+
+listing() {
+	(cd "$1" && find . -mindepth 1 -printf '%P\t%y\t%m\t%s\t%l\n' | LC_ALL=C sort) >"$2.meta"
+	(cd "$1" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum) >"$2.sums"
+	cat "$2.meta" "$2.sums" >"$2"
+}
+same_tree() {
+	listing "$W" "$T/h.lst"
+	listing "$G" "$T/g.lst"
+	if ! diff -u "$T/h.lst" "$T/g.lst" >"$T/diff.out"; then
+		head -20 "$T/diff.out" >&2
+		return 1
+	fi
+}
+
+start_agent
+mkdir -p "$W/sub"
+printf 'before\n' >"$W/sub/f"
+start_up
+
+# ---- kill -9 of the daemon: DIR stays the workspace ----
+t_daemon_crash() {
+	local pid new t0 t1 ms i
+	pid=$(daemon_pid)
+	[ -n "$pid" ] || { echo "no daemon pid" >&2; return 1; }
+	# a shell whose cwd is DIR, and an editor writing through it
+	(cd "$W" && sleep 1 && ls >"$T/cwd.ls" 2>&1 && echo ok >"$T/cwd.rc" || echo fail >"$T/cwd.rc") &
+	for ((i = 0; i < 200; i++)); do printf 'line %d\n' "$i" >>"$W/edited"; done
+	t0=$(date +%s%N)
+	kill -9 "$pid"
+	# the first access after the crash waits for the restarted daemon
+	if ! printf 'after\n' >>"$W/edited" || ! grep -q '^line 199$' "$W/edited"; then
+		echo "DIR unusable after the crash: $(ls "$W" 2>&1 | head -1)" >&2
+		return 1
+	fi
+	t1=$(date +%s%N)
+	ms=$(((t1 - t0) / 1000000))
+	echo "# DIR usable again ${ms} ms after kill -9 of the daemon"
+	wait_line "$T/cwd.rc" . 5 || return 1
+	[ "$(cat "$T/cwd.rc")" = ok ] || { echo "cwd shell: $(cat "$T/cwd.ls")" >&2; return 1; }
+	grep -qx 'sub' "$T/cwd.ls" || { echo "cwd ls: $(cat "$T/cwd.ls")" >&2; return 1; }
+	[ "$(cat "$W/sub/f")" = before ] || return 1
+	[ "$(wc -l <"$W/edited")" = 201 ] || { echo "edited has $(wc -l <"$W/edited") lines" >&2; return 1; }
+	for ((i = 0; i < 500; i++)); do
+		new=$(daemon_pid 2>/dev/null || true)
+		[ -n "$new" ] && [ "$new" != "$pid" ] && break
+		sleep 0.01
+	done
+	[ -n "$new" ] && [ "$new" != "$pid" ] || { echo "no new daemon" >&2; return 1; }
+	echo new >"$W/sub/g"
+	syncwait 30 || return 1
+	[ "$(sjson restarts)" = 1 ] || { echo "status restarts: $(sjson restarts)" >&2; return 1; }
+	"$AIRLOCK" status -C "$W" | grep -q 'killed by signal 9' || { "$AIRLOCK" status -C "$W" >&2; return 1; }
+	same_tree
+}
+check "kill -9 of the daemon: DIR keeps working (cwd shell, writes), the restarted daemon converges" t_daemon_crash
+
+# ---- seeded workloads with kill -9 of the daemon in the middle ----
+t_crash_workload() {
+	local r s pid
+	for ((r = 0; r < ROUNDS; r++)); do
+		s=$((SEED + r))
+		"$WORKLOAD" "$W" "$s" 3000 >/dev/null &
+		local wl=$!
+		sleep 0.$((RANDOM % 5 + 1))
+		pid=$(daemon_pid)
+		kill -9 "$pid"
+		wait "$wl" || { echo "workload seed $s failed after the crash" >&2; return 1; }
+		syncwait 60 || { echo "seed $s: no convergence" >&2; return 1; }
+		same_tree || { echo "seed $s: trees differ" >&2; return 1; }
+	done
+}
+check "kill -9 of the daemon during a seeded workload ($ROUNDS rounds): guest equals host" t_crash_workload
+
+t_down_after_crash() {
+	kill -9 "$(daemon_pid)"
+	$TO 15 "$AIRLOCK" down "$W" || return 1
+	local rc=0
+	wait "$UP_PID" || rc=$?
+	[ "$rc" = 0 ] || { echo "up exited $rc" >&2; tail -5 "$T/up.err" >&2; return 1; }
+	! mountpoint -q "$W"
+}
+check "down right after a crash stops the restarted daemon, first time" t_down_after_crash
+
+finish
