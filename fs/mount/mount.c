@@ -36,6 +36,7 @@
 #include <sys/fsuid.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
@@ -47,6 +48,7 @@
 
 #include "airlock/core/mem.h"
 #include "airlock/mount/journal.h"
+#include "airlock/mount/keep.h"
 
 #define AIRLOCK_FSTYPE "fuse.airlock"
 
@@ -63,6 +65,18 @@ struct inode {
 	 * after a rename: then that eviction just misses); protected by lock */
 	fuse_ino_t parent;
 	char *name;
+	/* not 0: an earlier server's node id this inode answers for (kept by
+	 * the supervisor, mount_opts.kept); such an inode is in the alias
+	 * table, not the (dev, ino) one, and lives until the kernel forgets
+	 * that id */
+	fuse_ino_t alias;
+};
+
+/* A node id change queued for the supervisor (keep.h). */
+struct keep_item {
+	uint64_t nodeid;
+	uint32_t op;
+	int fd; /* KEEP_ADD: a duplicate, closed once sent */
 };
 
 struct mount {
@@ -104,6 +118,17 @@ struct mount {
 	bool adopted;	      /* the reaper first drops the kernel's old entries */
 	void *init;	      /* the kernel's FUSE_INIT request, as it came */
 	size_t init_len;
+	struct inode **abuckets; /* aliases by node id (power of two); protected by lock */
+	size_t nabuckets;
+	/* the node stream to a supervisor (keep.h), sent by the keeper thread */
+	int keeper_fd; /* -1: none */
+	pthread_t keeper;
+	bool keeper_started;
+	pthread_mutex_t keep_lock;
+	pthread_cond_t keep_cond;
+	struct keep_item *kq; /* protected by keep_lock */
+	size_t kq_n, kq_cap;  /* protected by keep_lock */
+	bool keep_stop;	      /* protected by keep_lock */
 };
 
 /* ---- helpers ---- */
@@ -127,17 +152,66 @@ static fuse_ino_t node_id(const struct mount *m, const struct inode *in)
 {
 	if (in == &m->root)
 		return FUSE_ROOT_ID;
+	if (in->alias)
+		return in->alias;
 	return (fuse_ino_t)(uintptr_t)in | ((fuse_ino_t)m->epoch << NODE_EPOCH_SHIFT);
 }
 
-/* The inode of a node id, or NULL for an id of an earlier server. */
+static size_t alias_bucket(const struct mount *m, fuse_ino_t id)
+{
+	uint64_t h = (uint64_t)id * 0x9e3779b97f4a7c15ull;
+
+	return (size_t)(h ^ (h >> 31)) & (m->nabuckets - 1);
+}
+
+/* The inode of a node id: ours, or an earlier server's the supervisor
+ * kept; NULL for one it did not keep. */
 static struct inode *node_of(struct mount *m, fuse_ino_t ino)
 {
+	struct inode *in = NULL;
+
 	if (ino == FUSE_ROOT_ID)
 		return &m->root;
-	if ((ino >> NODE_EPOCH_SHIFT) != m->epoch)
+	if ((ino >> NODE_EPOCH_SHIFT) == m->epoch)
+		return (struct inode *)(uintptr_t)(ino & NODE_ADDR_MASK);
+	if (!m->nabuckets)
 		return NULL;
-	return (struct inode *)(uintptr_t)(ino & NODE_ADDR_MASK);
+	pthread_mutex_lock(&m->lock);
+	for (in = m->abuckets[alias_bucket(m, ino)]; in && in->alias != ino; in = in->hnext)
+		;
+	pthread_mutex_unlock(&m->lock);
+	return in;
+}
+
+/* Queue a node id change for the supervisor; fd (KEEP_ADD) is duplicated.
+ * Best effort: an id it misses answers ESTALE after a crash. Called with
+ * m->lock held (lock order: lock, then keep_lock). */
+static void keep_push(struct mount *m, uint32_t op, fuse_ino_t id, int fd)
+{
+	int dup = -1;
+
+	if (m->keeper_fd < 0)
+		return;
+	if (op == KEEP_ADD && (dup = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0)
+		return;
+	pthread_mutex_lock(&m->keep_lock);
+	if (m->kq_n == m->kq_cap && m->kq_cap < (1u << 20)) {
+		size_t cap = m->kq_cap ? m->kq_cap * 2 : 256;
+		struct keep_item *q = mem_realloc(m->kq, cap * sizeof(*q));
+		if (q) {
+			m->kq = q;
+			m->kq_cap = cap;
+		}
+	}
+	if (m->kq_n < m->kq_cap && !m->keep_stop) {
+		m->kq[m->kq_n++] = (struct keep_item){.nodeid = id, .op = op, .fd = dup};
+		if (m->kq_n == 1)
+			pthread_cond_signal(&m->keep_cond);
+		dup = -1;
+	}
+	pthread_mutex_unlock(&m->keep_lock);
+	if (dup >= 0)
+		close(dup);
 }
 
 /* node_of for a request: NULL after answering ESTALE. */
@@ -393,6 +467,7 @@ static struct inode *table_ref(struct mount *m, const struct stat *st, int *fd, 
 		in->hnext = m->buckets[b];
 		m->buckets[b] = in;
 		m->ninodes++;
+		keep_push(m, KEEP_ADD, node_id(m, in), in->fd);
 		if (m->ninodes >= m->reap_high)
 			pthread_cond_signal(&m->reap_cond); /* cheap without a waiter */
 	}
@@ -409,6 +484,18 @@ static void table_unref(struct mount *m, struct inode *in, uint64_t n)
 	if (in == &m->root)
 		return;
 	pthread_mutex_lock(&m->lock);
+	if (in->alias) { /* the kernel forgets an earlier server's id only whole */
+		for (pp = &m->abuckets[alias_bucket(m, in->alias)]; *pp; pp = &(*pp)->hnext) {
+			if (*pp == in) {
+				*pp = in->hnext;
+				break;
+			}
+		}
+		keep_push(m, KEEP_DROP, in->alias, -1);
+		pthread_mutex_unlock(&m->lock);
+		inode_free(m, in);
+		return;
+	}
 	in->nlookup = in->nlookup > n ? in->nlookup - n : 0;
 	if (in->nlookup == 0) {
 		for (pp = &m->buckets[bucket_of(m, in->dev, in->ino)]; *pp; pp = &(*pp)->hnext) {
@@ -419,6 +506,7 @@ static void table_unref(struct mount *m, struct inode *in, uint64_t n)
 		}
 		m->ninodes--;
 		dead = true;
+		keep_push(m, KEEP_DROP, node_id(m, in), -1);
 	}
 	pthread_mutex_unlock(&m->lock);
 	if (dead)
@@ -1695,12 +1783,15 @@ static int raise_fd_limit(void)
 	return rl.rlim_cur > INT_MAX ? INT_MAX : (int)rl.rlim_cur;
 }
 
+static void keeper_stop(struct mount *m);
+
 static void mount_free(struct mount *m)
 {
 	size_t i;
 
 	if (!m)
 		return;
+	keeper_stop(m);
 	if (m->se)
 		fuse_session_destroy(m->se);
 	for (i = 0; m->buckets && i < m->nbuckets; i++) {
@@ -1712,6 +1803,21 @@ static void mount_free(struct mount *m)
 		}
 	}
 	mem_free(m->buckets);
+	for (i = 0; m->abuckets && i < m->nabuckets; i++) {
+		struct inode *in, *next;
+
+		for (in = m->abuckets[i]; in; in = next) {
+			next = in->hnext;
+			inode_free(m, in);
+		}
+	}
+	mem_free(m->abuckets);
+	for (i = 0; i < m->kq_n; i++)
+		if (m->kq[i].fd >= 0)
+			close(m->kq[i].fd);
+	mem_free(m->kq);
+	pthread_cond_destroy(&m->keep_cond);
+	pthread_mutex_destroy(&m->keep_lock);
 	if (m->root.fd >= 0)
 		close(m->root.fd);
 	pthread_cond_destroy(&m->reap_cond);
@@ -1799,6 +1905,116 @@ static void resend_pending(struct mount *m)
 	}
 }
 
+/* Keeper thread: the connection first, then node id changes in batches,
+ * to the supervisor (keep.h). A failed send ends the stream: the ids not
+ * sent answer ESTALE after a crash, nothing else changes. */
+static int keep_send(int sock, const struct keep_msg *h, const void *data, size_t len, const int *fds, size_t nfd)
+{
+	char cbuf[CMSG_SPACE(KEEP_BATCH * sizeof(int))];
+	struct iovec iov[2] = {{.iov_base = (void *)h, .iov_len = sizeof(*h)},
+			       {.iov_base = (void *)data, .iov_len = len}};
+	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+	struct cmsghdr *c;
+
+	if (nfd) {
+		memset(cbuf, 0, sizeof(cbuf));
+		mh.msg_control = cbuf;
+		mh.msg_controllen = CMSG_SPACE(nfd * sizeof(int));
+		if (!(c = CMSG_FIRSTHDR(&mh)))
+			return -EINVAL;
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(nfd * sizeof(int));
+		memcpy(CMSG_DATA(c), fds, nfd * sizeof(int));
+	}
+	return sendmsg(sock, &mh, MSG_NOSIGNAL) < 0 ? neg_errno() : 0;
+}
+
+static void *keeper_main(void *arg)
+{
+	struct mount *m = arg;
+	struct keep_rec rec[KEEP_BATCH];
+	struct keep_item items[KEEP_BATCH];
+	struct keep_msg h = {.type = KEEP_CONN, .n = (uint32_t)m->init_len};
+	int fds[KEEP_BATCH], cfd = fuse_session_fd(m->se);
+	bool ok = m->init && keep_send(m->keeper_fd, &h, m->init, m->init_len, &cfd, 1) == 0;
+
+	pthread_mutex_lock(&m->keep_lock);
+	for (;;) {
+		size_t n, i, nfd = 0;
+
+		while (!m->kq_n && !m->keep_stop)
+			pthread_cond_wait(&m->keep_cond, &m->keep_lock);
+		if (m->keep_stop && !m->kq_n)
+			break;
+		n = m->kq_n < KEEP_BATCH ? m->kq_n : KEEP_BATCH;
+		memcpy(items, m->kq, n * sizeof(*items));
+		memmove(m->kq, m->kq + n, (m->kq_n - n) * sizeof(*m->kq));
+		m->kq_n -= n;
+		pthread_mutex_unlock(&m->keep_lock);
+		for (i = 0; i < n; i++) {
+			rec[i] = (struct keep_rec){.nodeid = items[i].nodeid, .op = items[i].op};
+			if (items[i].op == KEEP_ADD)
+				fds[nfd++] = items[i].fd;
+		}
+		h = (struct keep_msg){.type = KEEP_NODES, .n = (uint32_t)n};
+		if (ok && !m->keep_stop)
+			ok = keep_send(m->keeper_fd, &h, rec, n * sizeof(*rec), fds, nfd) == 0;
+		for (i = 0; i < nfd; i++)
+			close(fds[i]);
+		pthread_mutex_lock(&m->keep_lock);
+	}
+	pthread_mutex_unlock(&m->keep_lock);
+	return NULL;
+}
+
+static void keeper_stop(struct mount *m)
+{
+	if (!m->keeper_started)
+		return;
+	pthread_mutex_lock(&m->keep_lock);
+	m->keep_stop = true;
+	pthread_cond_signal(&m->keep_cond);
+	pthread_mutex_unlock(&m->keep_lock);
+	pthread_join(m->keeper, NULL);
+	m->keeper_started = false;
+}
+
+/* The earlier servers' node ids the supervisor kept become aliases of
+ * their descriptors (which the mount then owns). */
+static int take_kept(struct mount *m, const struct mount_kept *kept, size_t n)
+{
+	size_t i;
+
+	m->nabuckets = 1024;
+	while (m->nabuckets < n)
+		m->nabuckets *= 2;
+	if (!(m->abuckets = mem_calloc(m->nabuckets, sizeof(*m->abuckets))))
+		return -ENOMEM;
+	for (i = 0; i < n; i++) {
+		struct inode *in;
+		struct stat st;
+		size_t b;
+
+		if ((kept[i].nodeid >> NODE_EPOCH_SHIFT) == m->epoch || kept[i].nodeid == FUSE_ROOT_ID ||
+		    fstat(kept[i].fd, &st) < 0 || !(in = mem_calloc(1, sizeof(*in)))) {
+			close(kept[i].fd);
+			continue;
+		}
+		in->fd = kept[i].fd;
+		in->dev = st.st_dev;
+		in->ino = st.st_ino;
+		in->type = st.st_mode & S_IFMT;
+		in->alias = kept[i].nodeid;
+		atomic_init(&in->rfd, -1);
+		atomic_init(&in->wfd, -1);
+		b = alias_bucket(m, in->alias);
+		in->hnext = m->abuckets[b];
+		m->abuckets[b] = in;
+	}
+	return 0;
+}
+
 static struct mount *mount_alloc(struct journal *j, const struct mount_opts *opts)
 {
 	struct mount *m;
@@ -1810,10 +2026,13 @@ static struct mount *mount_alloc(struct journal *j, const struct mount_opts *opt
 	m->am_root = geteuid() == 0;
 	m->max_threads = opts && opts->max_threads ? opts->max_threads : 8;
 	m->timeout = opts && opts->timeout > 0 ? opts->timeout : 3600.0;
+	m->keeper_fd = -1;
 	if (opts) {
 		m->on_exit = opts->on_exit;
 		m->ud = opts->ud;
 		m->epoch = opts->epoch;
+		if (opts->keep)
+			m->keeper_fd = opts->keeper_fd;
 	}
 	if (pthread_mutex_init(&m->lock, NULL) != 0) {
 		mem_free(m);
@@ -1824,6 +2043,8 @@ static struct mount *mount_alloc(struct journal *j, const struct mount_opts *opt
 		mem_free(m);
 		return NULL;
 	}
+	pthread_mutex_init(&m->keep_lock, NULL); /* cannot fail on Linux */
+	pthread_cond_init(&m->keep_cond, NULL);
 	m->nbuckets = 1024;
 	if (!(m->buckets = mem_calloc(m->nbuckets, sizeof(*m->buckets)))) {
 		mount_free(m);
@@ -1909,9 +2130,11 @@ static int mount_adopt(struct mount *m, const struct mount_opts *opts)
 		close(fd);
 		return -EINVAL;
 	}
-	if ((r = replay_init(m, opts->adopt_init, opts->adopt_init_len)) < 0)
+	if ((r = replay_init(m, opts->adopt_init, opts->adopt_init_len)) < 0 ||
+	    (r = take_kept(m, opts->kept, opts->nkept)) < 0)
 		return r;
-	m->adopted = true;
+	/* without kept ids every cached entry is stale: drop them */
+	m->adopted = opts->nkept == 0;
 	return 0;
 }
 
@@ -1944,6 +2167,8 @@ int mount_start(const char *dir, struct journal *j, const struct mount_opts *opt
 	m->thread_started = true;
 	if (adopt)
 		resend_pending(m);
+	if (m->keeper_fd >= 0)
+		m->keeper_started = pthread_create(&m->keeper, NULL, keeper_main, m) == 0;
 	/* best effort: without it only huge trees suffer (and, resuming, the
 	 * kernel's old entries answer ESTALE until looked up again) */
 	m->reaper_started = pthread_create(&m->reaper, NULL, reaper_main, m) == 0;
@@ -1955,17 +2180,6 @@ int mount_start(const char *dir, struct journal *j, const struct mount_opts *opt
 fail:
 	mount_free(m);
 	return r;
-}
-
-int mount_fuse_fd(const struct mount *m)
-{
-	return fuse_session_fd(m->se);
-}
-
-const void *mount_init_request(const struct mount *m, size_t *len)
-{
-	*len = m->init_len;
-	return m->init;
 }
 
 /* Sever the FUSE connection (through fusectl, mounting it if needed), so a

@@ -22,6 +22,7 @@
 #include "airlock/egress/egress_link.h"
 #include "airlock/host/route.h"
 #include "airlock/mount/journal.h"
+#include "airlock/mount/keep.h"
 #include "airlock/mount/mount.h"
 #include "airlock/policy/policy.h"
 #include "airlock/sandbox/sandbox.h"
@@ -224,7 +225,8 @@ static int take_state(struct up *u, const struct up_args *a)
 		cmd_err("up: workspace %s: %s", u->dir, strerror(errno));
 		return 2;
 	}
-	up_supervise(u); /* returns in the daemon */
+	if (up_supervise(u) != 0) /* returns 0 in the daemon */
+		return 1;
 	if ((r = up_take_pid_file(u, &other)) < 0) {
 		if (r == -EBUSY)
 			cmd_err("up: airlock up is already running for %s (pid %d); stop it "
@@ -277,12 +279,13 @@ static int start_mount(struct up *u, const struct up_args *a)
 	struct mount_opts mo = {.on_exit = up_on_mount_exit, .ud = u, .allow_other = a->allow_other};
 	int r;
 
+	mo.keep = u->super.sock >= 0;
+	mo.keeper_fd = u->super.sock;
 	if (u->super.epoch) {
-		mo.adopt_fd = u->super.fuse_fd;
+		mo.adopt_fd = mount_keep_conn(u->super.keep, &mo.adopt_init, &mo.adopt_init_len);
 		mo.backing_fd = u->dirfd;
-		mo.adopt_init = u->super.init;
-		mo.adopt_init_len = u->super.init_len;
 		mo.epoch = u->super.epoch;
+		mo.kept = mount_keep_list(u->super.keep, &mo.nkept);
 	}
 	if ((r = mount_start(u->dir, u->journal, &mo, &u->mount)) < 0) {
 		cmd_err("up: cannot %s %s: %s%s", u->super.epoch ? "resume the mount of" : "mount over", u->dir,
@@ -294,7 +297,6 @@ static int start_mount(struct up *u, const struct up_args *a)
 			    : "");
 		return -1;
 	}
-	up_super_hand_mount(u);
 	return 0;
 }
 
@@ -363,6 +365,9 @@ static void teardown(struct up *u)
 		mount_stop(u->mount);
 		u->mount = NULL;
 	}
+	if (u->super.sock >= 0) /* after mount_stop: its keeper thread sends on it */
+		close(u->super.sock);
+	u->super.sock = -1;
 	relay_free(u->exec.relay); /* releases running commands while the chan still exists */
 	u->exec.relay = NULL;
 	route_free(u->exec.route); /* after relay_free: kills local commands, wipes credentials */
@@ -434,7 +439,7 @@ int cmd_up(int argc, char **argv)
 
 	memset(&u, 0, sizeof(u));
 	u.dirfd = u.sigfd = u.lockfd = u.ready_fd = -1;
-	u.super.sock = u.super.fuse_fd = -1;
+	u.super.sock = -1;
 	u.conn.backoff_ms = BACKOFF_MIN_MS;
 	guest_opts_init(&u.conn.g, "up", 0);
 	if ((status = parse_args(&u, &a, argc, argv)) != 0)

@@ -37,6 +37,7 @@
 #include "guestopt_i.h"
 
 #define UP_PID_FILE    "up.pid"	     /* pid, flock'ed by the daemon while it runs */
+#define UP_SUPER_FILE  "super.pid"   /* pid, flock'ed by the supervisor while it runs */
 #define UP_STATUS_FILE "status.json" /* written by the daemon, read by status/sync-wait */
 #define UP_LOG_FILE    "up.log"	     /* the daemon's stderr after -d */
 #define STATUS_MIN_MS  100u	     /* status file rewritten at most this often */
@@ -52,6 +53,7 @@
 struct loop;
 struct journal;
 struct mount;
+struct mount_keep;
 struct chan;
 struct relay;
 struct relay_cmd;
@@ -164,11 +166,9 @@ struct up_sandbox {
 /* The supervisor (up_super.c): in the supervisor, the mount it keeps; in
  * a daemon it restarted, what it inherited and why it was restarted. */
 struct up_super {
-	int sock;    /* daemon: where the mount is handed over, -1 after */
-	int fuse_fd; /* the mount's /dev/fuse once handed over, else -1 */
-	void *init;  /* the kernel's FUSE_INIT request (mount_init_request) */
-	size_t init_len;
-	unsigned short epoch; /* node id epoch; > 0: a restarted daemon */
+	int sock;		 /* daemon: the mount's node stream to the supervisor (keep.h) */
+	struct mount_keep *keep; /* what the supervisor holds: the connection, node ids */
+	unsigned short epoch;	 /* node id epoch; > 0: a restarted daemon */
 	unsigned restarts;
 	uint64_t crash_ms; /* CLOCK_REALTIME of the last crash, ms */
 	char last_crash[128];
@@ -205,14 +205,13 @@ static inline void up_mark_dirty(struct up *u)
 
 /* ---- up_super.c ---- */
 
-/* Fork the daemon and supervise it: returns 0 in the daemon (also in each
+/* Fork the daemon and supervise it: returns 0 in the daemon, 1 when
+ * another up holds the supervisor lock (said why) (also in each
  * restarted one, with u->super.epoch > 0); the supervisor never returns:
  * it exits with the daemon's status once the daemon stops cleanly, and
  * restarts it on the same mount when it dies after having handed the mount
  * over (up_super_hand_mount). Call before any thread exists. */
 int up_supervise(struct up *u);
-/* Daemon: the mount is live; hand its connection to the supervisor. */
-void up_super_hand_mount(struct up *u);
 
 /* ---- up_daemon.c ---- */
 
@@ -291,6 +290,10 @@ void up_status_flush(struct up *u, bool settled);
 
 /* pid of the daemon holding state_dir's pid file, 0 when none runs. */
 pid_t up_daemon_pid(const char *state_dir);
+/* The supervisor's pid while it runs (super.pid locked), else 0. */
+pid_t up_super_pid(const char *state_dir);
+/* The supervisor's lock: its fd, or -errno (-EBUSY: *other holds it). */
+int up_take_super_file(const char *state_dir, pid_t *other);
 /* Take the pid file for this process. 0, or -EBUSY (*other = its pid). */
 int up_take_pid_file(struct up *u, pid_t *other);
 /* The status and pid files go (while still holding the lock). */

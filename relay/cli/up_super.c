@@ -25,76 +25,21 @@
 
 #include "airlock/core/loop.h"
 #include "airlock/core/mem.h"
+#include "airlock/mount/keep.h"
 #include "airlock/mount/mount.h"
 #include "cmd_i.h"
 #include "up_i.h"
 
-#define SUPER_INIT_MAX	 4096u
 #define SUPER_BURST	 5u /* restarts allowed within SUPER_BURST_MS */
 #define SUPER_BURST_MS	 60000u
 #define SUPER_EPOCH_LAST 65535u
 
-/* Daemon side: the mount is live; give the supervisor its connection. */
-void up_super_hand_mount(struct up *u)
+static bool have_mount(const struct up *u)
 {
-	size_t len = 0;
-	const void *init = mount_init_request(u->mount, &len);
-	int fd = mount_fuse_fd(u->mount);
-	char cbuf[CMSG_SPACE(sizeof(int))];
-	struct iovec iov = {.iov_base = (void *)init, .iov_len = len};
-	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
-	struct cmsghdr *c;
+	const void *init;
+	size_t len;
 
-	if (u->super.sock < 0)
-		return;
-	if (!init || len == 0) {
-		cmd_err("up: the mount's FUSE_INIT was not kept: a crash of this daemon will not be "
-			"recovered");
-	} else {
-		memset(cbuf, 0, sizeof(cbuf));
-		c = CMSG_FIRSTHDR(&mh);
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(c), &fd, sizeof(int));
-		if (sendmsg(u->super.sock, &mh, MSG_NOSIGNAL) < 0)
-			cmd_err("up: cannot hand the mount to the supervisor (%s): a crash of this daemon "
-				"will not be recovered",
-				strerror(errno));
-	}
-	close(u->super.sock);
-	u->super.sock = -1;
-}
-
-/* Supervisor: take the mount the daemon handed over on sock. */
-static void take_mount(struct up_super *s, int sock)
-{
-	char cbuf[CMSG_SPACE(sizeof(int))];
-	char *data = mem_alloc(SUPER_INIT_MAX);
-	struct iovec iov = {.iov_base = data, .iov_len = SUPER_INIT_MAX};
-	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
-	struct cmsghdr *c;
-	ssize_t n;
-	int fd = -1;
-
-	if (!data)
-		return;
-	n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
-	for (c = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c))
-		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
-			memcpy(&fd, CMSG_DATA(c), sizeof(int));
-	if (n <= 0 || fd < 0 || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
-		if (fd >= 0)
-			close(fd);
-		mem_free(data);
-		return;
-	}
-	if (s->fuse_fd >= 0)
-		close(s->fuse_fd);
-	mem_free(s->init);
-	s->fuse_fd = fd;
-	s->init = data;
-	s->init_len = (size_t)n;
+	return mount_keep_conn(u->super.keep, &init, &len) >= 0;
 }
 
 static void describe_exit(char *out, size_t n, int status)
@@ -114,13 +59,12 @@ static void give_up(struct up *u, const char *why)
 		"again with: airlock up %s",
 		u->dir, why, SUPER_BURST, SUPER_BURST_MS / 1000, u->dir, u->dir);
 	mount_detach(u->dir);
-	close(u->super.fuse_fd);
-	u->super.fuse_fd = -1;
+	mount_keep_release(u->super.keep);
 }
 
 /* Supervisor: wait for the daemon pid to end, taking the mount when it is
  * handed over and forwarding stop signals. Returns its wait status. */
-static int watch(struct up *u, pid_t pid, int sock, int sigfd)
+static int watch(struct up *u, pid_t pid, int sock, int sigfd, bool *stop)
 {
 	int pidfd = (int)syscall(SYS_pidfd_open, pid, 0), status = 0;
 
@@ -130,26 +74,33 @@ static int watch(struct up *u, pid_t pid, int sock, int sigfd)
 
 		if (poll(p, 3, pidfd < 0 ? 100 : -1) < 0 && errno != EINTR)
 			break;
-		if (p[1].revents & POLLIN) {
-			take_mount(&u->super, sock);
-			close(sock);
-			sock = -1;
-		} else if (p[1].revents) {
-			close(sock);
+		int r = p[1].revents ? mount_keep_recv(u->super.keep, sock) : 1;
+
+		if (r == 0 || (r < 0 && r != -EPROTO && r != -EINTR)) {
+			close(sock); /* the stream ended (or broke): keep what came */
 			sock = -1;
 		}
 		if (p[2].revents & POLLIN) {
 			struct signalfd_siginfo si;
-			if (read(sigfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
-				kill(pid, (int)si.ssi_signo); /* the daemon stops; its exit ends us */
+			if (read(sigfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+				*stop = true; /* no restart after this */
+				kill(pid, (int)si.ssi_signo);
+			}
 		}
 		if (waitpid(pid, &status, WNOHANG) == pid)
 			break;
 	}
 	if (pidfd >= 0)
 		close(pidfd);
-	if (sock >= 0)
+	if (sock >= 0) {
+		/* what it sent before it died; without blocking: a child of
+		 * the daemon may still hold the other end */
+		int r;
+		fcntl(sock, F_SETFL, O_NONBLOCK);
+		while ((r = mount_keep_recv(u->super.keep, sock)) > 0 || r == -EPROTO)
+			;
 		close(sock);
+	}
 	return status;
 }
 
@@ -169,19 +120,32 @@ static void to_log(struct up *u)
 
 int up_supervise(struct up *u)
 {
-	sigset_t stop, old;
+	sigset_t stopsigs, old;
 	uint64_t burst_t0 = 0;
 	unsigned burst = 0;
-	int sigfd, status;
+	int sigfd, status, lock;
+	pid_t other = 0;
+	bool stop = false;
 
-	sigemptyset(&stop);
-	sigaddset(&stop, SIGTERM);
-	sigaddset(&stop, SIGINT);
-	sigaddset(&stop, SIGHUP);
-	sigprocmask(SIG_BLOCK, &stop, &old);
-	if ((sigfd = signalfd(-1, &stop, SFD_CLOEXEC)) < 0) {
-		sigprocmask(SIG_SETMASK, &old, NULL);
+	sigemptyset(&stopsigs);
+	sigaddset(&stopsigs, SIGTERM);
+	sigaddset(&stopsigs, SIGINT);
+	sigaddset(&stopsigs, SIGHUP);
+	if ((lock = up_take_super_file(u->state_dir, &other)) < 0) {
+		if (lock == -EBUSY)
+			cmd_err("up: airlock up is already running for %s (supervisor pid %d); stop it with: "
+				"airlock down %s",
+				u->dir, (int)other, u->dir);
+		else
+			cmd_err("up: supervisor lock in %s: %s", u->state_dir, strerror(-lock));
+		return 1;
+	}
+	if (!(u->super.keep = mount_keep_new()))
 		return 0; /* unsupervised: run the daemon in this process */
+	sigprocmask(SIG_BLOCK, &stopsigs, &old);
+	if ((sigfd = signalfd(-1, &stopsigs, SFD_CLOEXEC)) < 0) {
+		sigprocmask(SIG_SETMASK, &old, NULL);
+		return 0;
 	}
 	for (;;) {
 		int sp[2];
@@ -193,12 +157,13 @@ int up_supervise(struct up *u)
 		}
 		if ((pid = fork()) < 0) {
 			cmd_err("up: cannot start the daemon: %s", strerror(errno));
-			if (u->super.fuse_fd >= 0)
+			if (have_mount(u))
 				give_up(u, "could not be restarted");
 			exit(1);
 		}
 		if (pid == 0) {
 			close(sigfd);
+			close(lock);
 			if (sp[0] >= 0)
 				close(sp[0]);
 			sigprocmask(SIG_SETMASK, &old, NULL);
@@ -213,10 +178,16 @@ int up_supervise(struct up *u)
 			u->ready_fd = -1;
 			to_log(u);
 		}
-		status = watch(u, pid, sp[0], sigfd);
-		if (WIFEXITED(status) && (WEXITSTATUS(status) == 0 || u->super.fuse_fd < 0))
+		status = watch(u, pid, sp[0], sigfd, &stop);
+		if (stop) { /* asked to stop: whatever the daemon left, DIR is freed */
+			if (have_mount(u) && mount_is_airlock(u->dir) == 1 &&
+			    !(WIFEXITED(status) && !WEXITSTATUS(status)))
+				mount_detach(u->dir);
+			exit(WIFEXITED(status) ? WEXITSTATUS(status) : 0);
+		}
+		if (WIFEXITED(status) && (WEXITSTATUS(status) == 0 || !have_mount(u)))
 			exit(WEXITSTATUS(status)); /* a clean stop, or it never served the mount */
-		if (u->super.fuse_fd < 0)
+		if (!have_mount(u))
 			exit(1);
 		describe_exit(why, sizeof(why), status);
 		if (loop_now_ms() - burst_t0 > SUPER_BURST_MS) {

@@ -19,6 +19,7 @@
 
 struct journal;
 struct mount;
+struct mount_kept;
 
 struct mount_opts {
 	unsigned max_threads; /* FUSE workers; 0 = 8 */
@@ -32,19 +33,27 @@ struct mount_opts {
 	 * called for mount_stop(). May be NULL. */
 	void (*on_exit)(void *ud);
 	void *ud;
-	/* Resume a live mount whose server died (a supervisor kept its
-	 * /dev/fuse descriptor, doc/MOUNT.md "Surviving a crash"): with
-	 * adopt_init set, dir must be the canonical absolute path the mount
-	 * covers, adopt_fd that mount's /dev/fuse descriptor (duplicated, the
-	 * caller keeps its own), adopt_init/adopt_init_len what
-	 * mount_init_request() gave the first server, backing_fd a directory
-	 * descriptor of dir opened before it was mounted, and epoch a number
-	 * (1..65535) no earlier server of this mount used: node ids of earlier
-	 * servers are then answered ESTALE. */
+	/* keep: stream the connection and every node id with a duplicate of
+	 * its descriptor to a supervisor on keeper_fd (a SOCK_SEQPACKET socket,
+	 * keep.h; the caller keeps it open while the mount runs). */
+	bool keep;
+	int keeper_fd;
+	/* Resume a live mount whose server died (doc/MOUNT.md "Surviving a
+	 * crash"), from what the supervisor kept (keep.h): with adopt_init
+	 * set, dir must be the canonical absolute path the mount covers,
+	 * adopt_fd its /dev/fuse descriptor (duplicated: the caller keeps its
+	 * own), adopt_init/adopt_init_len the kernel's FUSE_INIT request,
+	 * backing_fd a directory descriptor of dir opened before it was
+	 * mounted, epoch a number (1..65535) no earlier server of this mount
+	 * used, and kept/nkept the earlier servers' node ids still known, each
+	 * with a descriptor the mount takes over (closes). Those ids are
+	 * served; an earlier id not in kept is answered ESTALE. */
 	int adopt_fd, backing_fd;
 	const void *adopt_init;
 	size_t adopt_init_len;
 	unsigned short epoch;
+	const struct mount_kept *kept;
+	size_t nkept;
 };
 
 /* Mount the passthrough filesystem over dir, journaling into j (which must
@@ -61,13 +70,6 @@ int mount_start(const char *dir, struct journal *j, const struct mount_opts *opt
  * thread, close every descriptor, free m. DIR then shows the backing
  * directory again. NULL is a no-op. */
 void mount_stop(struct mount *m);
-
-/* The mount's /dev/fuse descriptor (owned by m; a supervisor keeps a
- * duplicate), and the FUSE_INIT request the kernel sent when it was mounted
- * (owned by m; *len 0 and NULL when it was not kept): what a new server
- * needs to resume the mount (mount_opts.adopt_init). */
-int mount_fuse_fd(const struct mount *m);
-const void *mount_init_request(const struct mount *m, size_t *len);
 
 /* The absolute, canonical path the mount covers (owned by m). */
 const char *mount_path(const struct mount *m);
