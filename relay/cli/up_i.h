@@ -48,6 +48,7 @@
 #define PENDING_MAX    100000u /* more distinct dirty paths than this: full reconcile */
 #define DRAIN_BATCH    256u
 #define DOWN_WAIT_MS   10000u
+#define RESTART_WAIT_MS 3000u /* status/sync-wait wait this long for a restarted daemon */
 #define POLICY_NOTE    "policy is read once at start: edits to it apply after restart"
 
 struct loop;
@@ -290,6 +291,9 @@ void up_status_flush(struct up *u, bool settled);
 
 /* pid of the daemon holding state_dir's pid file, 0 when none runs. */
 pid_t up_daemon_pid(const char *state_dir);
+/* The daemon's pid; while none runs but its supervisor does (a restart
+ * after a crash), waiting up to ms for the new one. 0 when none. */
+pid_t up_wait_daemon(const char *state_dir, unsigned ms);
 /* The supervisor's pid while it runs (super.pid locked), else 0. */
 pid_t up_super_pid(const char *state_dir);
 /* The supervisor's lock: its fd, or -errno (-EBUSY: *other holds it). */

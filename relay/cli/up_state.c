@@ -50,6 +50,16 @@ pid_t up_super_pid(const char *state_dir)
 	return locked_pid(state_dir, UP_SUPER_FILE);
 }
 
+pid_t up_wait_daemon(const char *state_dir, unsigned ms)
+{
+	uint64_t t0 = loop_now_ms();
+	pid_t pid;
+
+	while (!(pid = up_daemon_pid(state_dir)) && up_super_pid(state_dir) && loop_now_ms() - t0 < ms)
+		usleep(5000);
+	return pid;
+}
+
 /* Create state_dir/name, lock it and write our pid: the lock fd, or -errno
  * (-EBUSY with *other the holder's pid when another process holds it). */
 static int take_locked(const char *state_dir, const char *name, pid_t *other)

@@ -355,7 +355,7 @@ int cmd_status(int argc, char **argv)
 		return 2;
 	if (up_state_dir_of(dir, sdir, sizeof(sdir)) < 0)
 		return 1;
-	pid = up_daemon_pid(sdir);
+	pid = up_wait_daemon(sdir, RESTART_WAIT_MS);
 	if (pid)
 		fresh_status(sdir, pid, 1000, &st);
 	if (!pid || !st || json_integer_value(json_object_get(st, "pid")) != pid) {
@@ -391,7 +391,7 @@ int cmd_sync_wait(int argc, char **argv)
 		return 2;
 	if (up_state_dir_of(dir, sdir, sizeof(sdir)) < 0)
 		return 1;
-	if (!(pid = up_daemon_pid(sdir))) {
+	if (!(pid = up_wait_daemon(sdir, RESTART_WAIT_MS))) {
 		cmd_err("sync-wait: no airlock up runs for %s", dir);
 		return 1;
 	}
@@ -409,8 +409,15 @@ int cmd_sync_wait(int argc, char **argv)
 		 * so it covers every change made before: ask for one */
 		if (!have_barrier && t - last_kick >= 200) {
 			if (kill(pid, SIGUSR1) < 0) {
-				cmd_err("sync-wait: airlock up (pid %d) is gone", (int)pid);
-				return 1;
+				/* restarted after a crash? then wait for the new one
+				 * (its first reconcile covers every change before) */
+				pid_t again = up_wait_daemon(sdir, RESTART_WAIT_MS);
+				if (!again || again == pid) {
+					cmd_err("sync-wait: airlock up (pid %d) is gone", (int)pid);
+					return 1;
+				}
+				pid = again;
+				continue;
 			}
 			last_kick = t;
 		}
@@ -426,9 +433,17 @@ int cmd_sync_wait(int argc, char **argv)
 			if (have_barrier && applied >= barrier && pending == 0)
 				return 0;
 		}
-		if (t - t0_ms > 0 && (t - t0_ms) % 1000 < 5 && !up_daemon_pid(sdir)) {
-			cmd_err("sync-wait: airlock up for %s stopped", dir);
-			return 1;
+		if (t - t0_ms > 0 && (t - t0_ms) % 1000 < 5 && up_daemon_pid(sdir) != pid) {
+			pid_t again = up_wait_daemon(sdir, RESTART_WAIT_MS);
+			if (!again) {
+				cmd_err("sync-wait: airlock up for %s stopped", dir);
+				return 1;
+			}
+			if (again != pid) {
+				pid = again;
+				have_barrier = false;
+				last_kick = 0;
+			}
 		}
 		usleep(5000);
 	}

@@ -30,8 +30,10 @@
 #include "cmd_i.h"
 #include "up_i.h"
 
-#define SUPER_BURST	 5u /* restarts allowed within SUPER_BURST_MS */
-#define SUPER_BURST_MS	 60000u
+/* a crash loop: this many daemons in a row died within SUPER_QUICK_MS of
+ * their start */
+#define SUPER_BURST    10u
+#define SUPER_QUICK_MS 2000u
 #define SUPER_EPOCH_LAST 65535u
 
 static bool have_mount(const struct up *u)
@@ -55,9 +57,9 @@ static void describe_exit(char *out, size_t n, int status)
  * (the kernel then aborts it). */
 static void give_up(struct up *u, const char *why)
 {
-	cmd_err("up: the daemon for %s %s; %u restarts in %u s, giving up: %s is unmounted, start "
-		"again with: airlock up %s",
-		u->dir, why, SUPER_BURST, SUPER_BURST_MS / 1000, u->dir, u->dir);
+	cmd_err("up: the daemon for %s %s; %u daemons in a row died within %u ms of their start, "
+		"giving up: %s is unmounted (see %s/%s), start again with: airlock up %s",
+		u->dir, why, SUPER_BURST, SUPER_QUICK_MS, u->dir, u->state_dir, UP_LOG_FILE, u->dir);
 	mount_detach(u->dir);
 	mount_keep_release(u->super.keep);
 }
@@ -121,7 +123,7 @@ static void to_log(struct up *u)
 int up_supervise(struct up *u)
 {
 	sigset_t stopsigs, old;
-	uint64_t burst_t0 = 0;
+	uint64_t started = 0;
 	unsigned burst = 0;
 	int sigfd, status, lock;
 	pid_t other = 0;
@@ -178,6 +180,7 @@ int up_supervise(struct up *u)
 			u->ready_fd = -1;
 			to_log(u);
 		}
+		started = loop_now_ms();
 		status = watch(u, pid, sp[0], sigfd, &stop);
 		if (stop) { /* asked to stop: whatever the daemon left, DIR is freed */
 			if (have_mount(u) && mount_is_airlock(u->dir) == 1 &&
@@ -190,11 +193,8 @@ int up_supervise(struct up *u)
 		if (!have_mount(u))
 			exit(1);
 		describe_exit(why, sizeof(why), status);
-		if (loop_now_ms() - burst_t0 > SUPER_BURST_MS) {
-			burst_t0 = loop_now_ms();
-			burst = 0;
-		}
-		if (++burst > SUPER_BURST || u->super.epoch >= SUPER_EPOCH_LAST) {
+		burst = loop_now_ms() - started < SUPER_QUICK_MS ? burst + 1 : 0;
+		if (burst >= SUPER_BURST || u->super.epoch >= SUPER_EPOCH_LAST) {
 			give_up(u, why);
 			exit(1);
 		}

@@ -113,6 +113,52 @@ t_crash_workload() {
 }
 check "kill -9 of the daemon during a seeded workload ($ROUNDS rounds): guest equals host" t_crash_workload
 
+# ---- a file held open and a shell in a subdirectory across the crash ----
+t_held_across_crash() {
+	local pid
+	mkdir -p "$W/deep/er"
+	exec 7>>"$W/deep/held"
+	printf 'one\n' >&7
+	(cd "$W/deep/er" && sleep 1 && ls .. >"$T/sub.ls" 2>&1 && echo ok >"$T/sub.rc" || echo fail >"$T/sub.rc") &
+	syncwait 30 || return 1
+	pid=$(daemon_pid)
+	kill -9 "$pid"
+	printf 'two\n' >&7 || { exec 7>&-; echo "write to the held file failed" >&2; return 1; }
+	exec 7>&-
+	wait_line "$T/sub.rc" . 5 || return 1
+	[ "$(cat "$T/sub.rc")" = ok ] || { echo "subdir shell: $(cat "$T/sub.ls")" >&2; return 1; }
+	[ "$(cat "$W/deep/held")" = "$(printf 'one\ntwo')" ] || { echo "held: $(cat "$W/deep/held")" >&2; return 1; }
+	syncwait 30 && same_tree
+}
+check "a file held open and a shell in a subdirectory keep working across kill -9 of the daemon" t_held_across_crash
+
+# ---- the agent, both, SIGSTOP of either, each during a seeded workload ----
+fault_round() { # fault_round KIND SEED
+	local kind=$1 s=$2 wl pid
+	"$WORKLOAD" "$W" "$s" 3000 >/dev/null &
+	wl=$!
+	sleep 0.$((RANDOM % 4 + 1))
+	pid=$(daemon_pid)
+	case $kind in
+	agent) kill -9 "$AGENT_PID"; wait "$AGENT_PID" 2>/dev/null || true; start_agent ;;
+	both) kill -9 "$AGENT_PID" "$pid"; wait "$AGENT_PID" 2>/dev/null || true; start_agent ;;
+	stop-daemon) kill -STOP "$pid"; sleep 0.3; kill -CONT "$pid" ;;
+	stop-agent) kill -STOP "$AGENT_PID"; sleep 0.3; kill -CONT "$AGENT_PID" ;;
+	esac
+	wait "$wl" || { echo "$kind seed $s: the workload failed" >&2; return 1; }
+	syncwait 60 || { echo "$kind seed $s: no convergence" >&2; return 1; }
+	same_tree || { echo "$kind seed $s: trees differ" >&2; return 1; }
+}
+t_faults() {
+	local kind r
+	for kind in agent both stop-daemon stop-agent; do
+		for ((r = 0; r < ROUNDS; r++)); do
+			fault_round "$kind" $((SEED + 100 + r)) || return 1
+		done
+	done
+}
+check "kill -9 of the agent, of both, SIGSTOP of either during seeded workloads: guest equals host" t_faults
+
 t_down_after_crash() {
 	kill -9 "$(daemon_pid)"
 	$TO 15 "$AIRLOCK" down "$W" || return 1
