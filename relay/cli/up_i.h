@@ -36,20 +36,20 @@
 #include "airlock/sync/sync.h"
 #include "guestopt_i.h"
 
-#define UP_PID_FILE    "up.pid"	     /* pid, flock'ed by the daemon while it runs */
-#define UP_SUPER_FILE  "super.pid"   /* pid, flock'ed by the supervisor while it runs */
-#define UP_STATUS_FILE "status.json" /* written by the daemon, read by status/sync-wait */
-#define UP_LOG_FILE    "up.log"	     /* the daemon's stderr after -d */
-#define STATUS_MIN_MS  100u	     /* status file rewritten at most this often */
-#define BACKOFF_MIN_MS 100u
-#define BACKOFF_MAX_MS 5000u
-#define CONNECT_MS     2000    /* one connect attempt (blocks the loop: see doc/UP.md) */
-#define LAT_WINDOW     1000u   /* pushes kept for the latency percentiles */
-#define PENDING_MAX    100000u /* more distinct dirty paths than this: full reconcile */
-#define DRAIN_BATCH    256u
-#define DOWN_WAIT_MS   10000u
+#define UP_PID_FILE	"up.pid"      /* pid, flock'ed by the daemon while it runs */
+#define UP_SUPER_FILE	"super.pid"   /* pid, flock'ed by the supervisor while it runs */
+#define UP_STATUS_FILE	"status.json" /* written by the daemon, read by status/sync-wait */
+#define UP_LOG_FILE	"up.log"      /* the daemon's stderr after -d */
+#define STATUS_MIN_MS	100u	      /* status file rewritten at most this often */
+#define BACKOFF_MIN_MS	100u
+#define BACKOFF_MAX_MS	5000u
+#define CONNECT_MS	2000	/* one connect attempt (blocks the loop: see doc/UP.md) */
+#define LAT_WINDOW	1000u	/* pushes kept for the latency percentiles */
+#define PENDING_MAX	100000u /* more distinct dirty paths than this: full reconcile */
+#define DRAIN_BATCH	256u
+#define DOWN_WAIT_MS	10000u
 #define RESTART_WAIT_MS 3000u /* status/sync-wait wait this long for a restarted daemon */
-#define POLICY_NOTE    "policy is read once at start: edits to it apply after restart"
+#define POLICY_NOTE	"policy is read once at start: edits to it apply after restart"
 
 struct loop;
 struct journal;
@@ -130,6 +130,7 @@ struct up_latency {
 struct up_status {
 	uint64_t last_ms, timer;
 	bool dirty;
+	int save_err; /* the last status write's -errno (said once on stderr per change) */
 };
 
 /* The policy, read once at start, and where its file is to notice edits. */

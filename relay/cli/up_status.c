@@ -148,24 +148,36 @@ static json_t *status_json(struct up *u)
 }
 
 /* Replace the status file with o: a temp file renamed over it. No fsync:
- * the file describes a live process and means nothing after a crash. */
-static void status_save(const char *state_dir, json_t *o)
+ * the file describes a live process and means nothing after a crash.
+ * 0 or -errno (a full or read-only state directory). */
+static int status_save(const char *state_dir, json_t *o)
 {
 	char path[PATH_MAX + 32], tmp[PATH_MAX + 48];
 	FILE *f;
-	int fd;
+	int fd, e;
 
 	snprintf(path, sizeof(path), "%s/%s", state_dir, UP_STATUS_FILE);
 	snprintf(tmp, sizeof(tmp), "%s/.%s.tmp", state_dir, UP_STATUS_FILE);
 	if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0)
-		return;
+		return -errno;
 	if (!(f = fdopen(fd, "w"))) {
+		e = errno;
 		close(fd);
-		return;
+		unlink(tmp);
+		return -e;
 	}
+	errno = 0;
 	int bad = json_dumpf(o, f, JSON_COMPACT) < 0 || fputc('\n', f) == EOF;
-	if (fclose(f) == 0 && !bad)
-		rename(tmp, path);
+	e = errno;
+	if (fclose(f) != 0 && !bad) {
+		bad = 1;
+		e = errno;
+	}
+	if (!bad && rename(tmp, path) == 0)
+		return 0;
+	e = bad ? (e ? e : EIO) : errno;
+	unlink(tmp);
+	return -e;
 }
 
 void up_status_write(struct up *u)
@@ -180,8 +192,15 @@ void up_status_write(struct up *u)
 	}
 	if (!(o = status_json(u)))
 		return;
-	status_save(u->state_dir, o);
+	int r = status_save(u->state_dir, o);
 	json_decref(o);
+	if (r < 0 && r != u->status.save_err)
+		cmd_err("up: cannot write %s/%s: %s; airlock status and sync-wait see stale state until "
+			"the state directory is writable again",
+			u->state_dir, UP_STATUS_FILE, strerror(-r));
+	else if (r == 0 && u->status.save_err)
+		cmd_err("up: %s/%s is written again", u->state_dir, UP_STATUS_FILE);
+	u->status.save_err = r;
 }
 
 void up_status_flush(struct up *u, bool settled)
@@ -262,6 +281,21 @@ static uint64_t real_now_ns(void)
 /* The daemon's status as of now: ask for a fresh one (SIGUSR1) and wait
  * up to wait_ms for a status written after the request; else the last one
  * written (its updated_ns says how old it is). 0, or -1 without any. */
+/* Can a file be written in the state directory? 0, or -errno (ENOSPC,
+ * EROFS, EACCES...): why the daemon's status is not fresh. */
+static int probe_state_dir(const char *sdir)
+{
+	char block[4096] = {0};
+	int fd = open(sdir, O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600), e = 0;
+
+	if (fd < 0)
+		return errno == EOPNOTSUPP || errno == EISDIR ? 0 : -errno;
+	if (write(fd, block, sizeof(block)) != (ssize_t)sizeof(block) || fsync(fd) < 0)
+		e = errno ? errno : ENOSPC;
+	close(fd);
+	return -e;
+}
+
 static int fresh_status(const char *sdir, pid_t pid, unsigned wait_ms, json_t **out)
 {
 	uint64_t t0 = real_now_ns(), start = loop_now_ms();
@@ -279,7 +313,9 @@ static int fresh_status(const char *sdir, pid_t pid, unsigned wait_ms, json_t **
 			usleep(2000);
 		}
 	}
-	return read_status(sdir, out) == 0 ? 0 : -1;
+	if (read_status(sdir, out) < 0)
+		return -1;
+	return 1; /* not fresh */
 }
 
 /* `airlock status` for people: one line per concern. */
@@ -356,8 +392,18 @@ int cmd_status(int argc, char **argv)
 	if (up_state_dir_of(dir, sdir, sizeof(sdir)) < 0)
 		return 1;
 	pid = up_wait_daemon(sdir, RESTART_WAIT_MS);
-	if (pid)
-		fresh_status(sdir, pid, 1000, &st);
+	int stale = pid ? fresh_status(sdir, pid, 1000, &st) : -1, perr;
+	if (pid && stale != 0 && (perr = probe_state_dir(sdir)) < 0) {
+		/* the daemon runs but cannot write its status: that is the news */
+		if (json)
+			printf("{\"running\":true,\"pid\":%d,\"state_error\":\"%s: %s\"}\n", (int)pid, sdir,
+			       strerror(-perr));
+		cmd_err("status: airlock up (pid %d) runs for %s but cannot write its state directory %s: %s; "
+			"what it last wrote is stale (free space there, or make it writable)",
+			(int)pid, dir, sdir, strerror(-perr));
+		json_decref(st);
+		return 1;
+	}
 	if (!pid || !st || json_integer_value(json_object_get(st, "pid")) != pid) {
 		if (json)
 			printf("{\"running\":false,\"dir\":\"%s\"}\n", dir);
@@ -404,6 +450,15 @@ int cmd_sync_wait(int argc, char **argv)
 		if ((double)(t - t0_ms) > timeout * 1000.0) {
 			cmd_err("sync-wait: %s not in sync after %.1f s (airlock status -C %s)", dir, timeout, dir);
 			return 1;
+		}
+		if (!have_barrier && t - t0_ms > 1000 && (t - t0_ms) % 1000 < 5) {
+			int perr = probe_state_dir(sdir);
+			if (perr < 0) {
+				cmd_err("sync-wait: airlock up (pid %d) cannot write its state directory %s: %s; "
+					"it cannot report progress (free space there, or make it writable)",
+					(int)pid, sdir, strerror(-perr));
+				return 1;
+			}
 		}
 		/* the barrier must come from a status written after we started,
 		 * so it covers every change made before: ask for one */

@@ -32,8 +32,8 @@
 
 /* a crash loop: this many daemons in a row died within SUPER_QUICK_MS of
  * their start */
-#define SUPER_BURST    10u
-#define SUPER_QUICK_MS 2000u
+#define SUPER_BURST	 10u
+#define SUPER_QUICK_MS	 2000u
 #define SUPER_EPOCH_LAST 65535u
 
 static bool have_mount(const struct up *u)
