@@ -54,6 +54,12 @@ same_tree() {
 	fi
 }
 
+# the state directory on a small tmpfs of its own, to fill it
+mkdir -p "$T/state"
+mount -t tmpfs -o size=4m airlock-faults-state "$T/state"
+cleanup_state() { umount -l "$T/state" 2>/dev/null || true; }
+trap 'cleanup_state; cleanup' EXIT
+
 start_agent
 mkdir -p "$W/sub"
 printf 'before\n' >"$W/sub/f"
@@ -158,6 +164,20 @@ t_faults() {
 	done
 }
 check "kill -9 of the agent, of both, SIGSTOP of either during seeded workloads: guest equals host" t_faults
+
+# ---- a full state directory is an error, not silence ----
+t_state_full() {
+	local out rc=0
+	dd if=/dev/zero of="$T/state/filler" bs=64k 2>/dev/null || true
+	echo more >>"$W/sub/f"
+	out=$("$AIRLOCK" status -C "$W" 2>&1) || rc=$?
+	rm -f "$T/state/filler"
+	[ "$rc" = 1 ] || { echo "status exited $rc with a full state directory: $out" >&2; return 1; }
+	echo "$out" | grep -q 'cannot write its state directory.*No space left on device' || { echo "$out" >&2; return 1; }
+	grep -q 'cannot write .*status.json: No space left on device' "$T/up.err" || { tail -3 "$T/up.err" >&2; return 1; }
+	syncwait 30 && "$AIRLOCK" status -C "$W" >/dev/null
+}
+check "a full state directory: status and the daemon's stderr say so; freed, all is well again" t_state_full
 
 t_down_after_crash() {
 	kill -9 "$(daemon_pid)"
