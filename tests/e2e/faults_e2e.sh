@@ -41,7 +41,9 @@ sjson() { "$AIRLOCK" status -C "$W" --json | grep -o "\"$1\":[^,}]*" | head -1 |
 daemon_pid() { sjson pid; }
 
 listing() {
-	(cd "$1" && find . -mindepth 1 -printf '%P\t%y\t%m\t%s\t%l\n' | LC_ALL=C sort) >"$2.meta"
+	# MODE_MASK=1: permission bits only (the sync does not carry setuid, setgid, sticky)
+	(cd "$1" && find . -mindepth 1 -printf '%P\t%y\t%m\t%s\t%l\n' | LC_ALL=C sort) |
+		awk -F'\t' -v OFS='\t' -v m="${MODE_MASK:-0}" '{ if (m == 1) $3 = substr($3, length($3) - 2); print }' >"$2.meta"
 	(cd "$1" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum) >"$2.sums"
 	cat "$2.meta" "$2.sums" >"$2"
 }
@@ -188,5 +190,40 @@ t_down_after_crash() {
 	! mountpoint -q "$W"
 }
 check "down right after a crash stops the restarted daemon, first time" t_down_after_crash
+
+# ---- permissions across uids through up --allow-other ----
+as_nobody() { setpriv --reuid 65534 --regid 65534 --clear-groups -- "$@"; }
+t_other_uid_refused() {
+	local out
+	start_up || return 1
+	chmod 711 "$T" && chmod 755 "$W"
+	out=$(as_nobody stat "$W" 2>&1) && { echo "another uid reached DIR without --allow-other" >&2; return 1; }
+	echo "$out" | grep -q 'Permission denied' || { echo "$out" >&2; return 1; }
+	$TO 15 "$AIRLOCK" down "$W" && wait "$UP_PID"
+}
+check "without --allow-other another uid gets EACCES on DIR" t_other_uid_refused
+t_allow_other() {
+	chmod 711 "$T" && chmod 755 "$W" # nobody must reach W (the workloads chmod it)
+	start_up --allow-other || return 1
+	mkdir -p "$W/perm/sticky" "$W/perm/sgid"
+	chmod 1777 "$W/perm/sticky"
+	echo root >"$W/perm/sticky/rootfile"
+	echo secret >"$W/perm/private" && chmod 600 "$W/perm/private"
+	echo pub >"$W/perm/public" && chmod 644 "$W/perm/public"
+	chgrp 100 "$W/perm/sgid" && chmod 2777 "$W/perm/sgid"
+	[ "$(as_nobody cat "$W/perm/public")" = pub ] || { echo "nobody cannot read a 0644 file" >&2; return 1; }
+	as_nobody cat "$W/perm/private" 2>/dev/null && { echo "nobody read a 0600 file" >&2; return 1; }
+	as_nobody sh -c "echo x >>'$W/perm/public'" 2>/dev/null && { echo "nobody wrote root's 0644 file" >&2; return 1; }
+	as_nobody rm -f "$W/perm/sticky/rootfile" 2>/dev/null && { echo "sticky bit ignored" >&2; return 1; }
+	as_nobody sh -c "echo mine >'$W/perm/sticky/nobodyfile'" || return 1
+	[ "$(stat -c %u "$W/perm/sticky/nobodyfile")" = 65534 ] || { echo "owner $(stat -c %u "$W/perm/sticky/nobodyfile")" >&2; return 1; }
+	as_nobody chown 0 "$W/perm/sticky/nobodyfile" 2>/dev/null && { echo "nobody gave a file to root" >&2; return 1; }
+	as_nobody mkdir "$W/perm/sgid/d" || return 1
+	[ "$(stat -c %g "$W/perm/sgid/d")" = 100 ] && [ -g "$W/perm/sgid/d" ] || { echo "setgid not inherited" >&2; return 1; }
+	as_nobody chmod 700 "$W/perm/sticky/nobodyfile" || return 1
+	syncwait 30 && MODE_MASK=1 same_tree
+}
+check "--allow-other: modes, owners, sticky and setgid directories hold for another uid; the guest converges" t_allow_other
+$TO 15 "$AIRLOCK" down "$W" >/dev/null 2>&1 || true
 
 finish
