@@ -37,11 +37,15 @@
 #include "airlock/core/transport.h"
 #include "airlock/core/wire.h"
 #include "airlock/exec/exec.h"
+#include "airlock/guest/gpull.h"
 #include "airlock/guest/proxy.h"
 #include "airlock/guest/syncg.h"
+#include "airlock/guest/track.h"
 
 struct agent;
 struct gexec;
+
+#define SESSION_PULLS_MAX 8 /* CHG_PULL streams answered at once per session */
 
 struct session {
 	struct agent *agent;
@@ -51,11 +55,12 @@ struct session {
 	char peer[KEYS_B64_LEN];
 	uint8_t sync_pk[32]; /* host's Ed25519 sync-signing key, from HELLO */
 	bool hello;
-	bool superseded;	    /* a newer session of the same host took over: frames are dropped */
-	uint64_t bulk_bytes;	    /* bulk stream bytes received */
-	struct syncg_session *sync; /* made by the first sync frame */
-	struct gexec *execs;	    /* commands of this session (one host-opened stream each) */
-	struct proxy *proxy;	    /* egress listeners and tunnels (made by the first EXEC_F_PROXY) */
+	bool superseded;			/* a newer session of the same host took over: frames are dropped */
+	uint64_t bulk_bytes;			/* bulk stream bytes received */
+	struct syncg_session *sync;		/* made by the first sync frame */
+	struct gexec *execs;			/* commands of this session (one host-opened stream each) */
+	struct proxy *proxy;			/* egress listeners and tunnels (made by the first EXEC_F_PROXY) */
+	struct gpull *pulls[SESSION_PULLS_MAX]; /* CHG_PULL answers being sent */
 };
 
 struct agent {
@@ -80,7 +85,10 @@ struct agent {
 	uint32_t run_uid, run_gid;    /* EXEC_ID_KEEP when the agent is not root */
 	const char *home;	      /* --home: HOME of commands (NULL: exec's default) */
 	struct exec_confine *confine; /* --confine: Landlock + seccomp for commands */
+	uint64_t file_max;	      /* --file-max: RLIMIT_FSIZE of confined commands, 0: none */
 	bool init;		      /* PID 1 of a pid namespace (the local sandbox) */
+	struct track *track;	      /* guest changes (track.h); NULL: not tracked */
+	uint64_t starts;	      /* commands started, for "the latest running" */
 };
 
 static void logmsg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -181,6 +189,8 @@ static int handle_bulk_end(struct session *s, uint8_t type, uint32_t stream, str
 	return r;
 }
 
+static void track_note(struct agent *a);
+
 /* Every sync message (syncg.h): fragments are reassembled and parsed
  * there. A batch that fails verification or apply is answered with
  * SYNC_NACK and the session goes on; a protocol violation drops it. */
@@ -191,7 +201,11 @@ static int handle_sync(struct session *s, uint8_t type, uint32_t stream, struct 
 
 	if (!s->sync && (r = syncg_session_new(s->agent->sync, s->chan, s->sync_pk, &s->sync)) < 0)
 		return r;
+	/* what commands did so far is theirs; what the batch writes is ours */
+	track_note(s->agent);
 	r = syncg_session_frame(s->sync, type, stream, buf_ptr(in), buf_len(in), err, sizeof(err));
+	if (s->agent->track)
+		track_read(s->agent->track, TRACK_BY_APPLY);
 	if (r < 0 || err[0])
 		logmsg("session %u: sync: %s", s->id, err[0] ? err : strerror(-r));
 	return r;
@@ -210,8 +224,14 @@ struct gexec {
 	struct buf outq;   /* frames not yet accepted by chan: u8 type, u32 len, payload */
 	struct buf stdinq; /* stdin bytes the command has not taken yet */
 	bool stdin_eof, stdin_closed;
-	bool paused; /* we paused its output because the stream's window is full */
-	bool done;   /* EXIT or ERROR queued: free once outq drains */
+	bool paused;	  /* we paused its output because the stream's window is full */
+	bool done;	  /* EXIT or ERROR queued: free once outq drains */
+	uint64_t started; /* agent->starts when it started */
+	/* after the command exited: its changes (CHG_ITEM), then EXIT */
+	struct track_dirty *rep;
+	size_t nrep, irep;
+	struct buf exitf; /* the EXEC_EXIT payload, sent after the last CHG_ITEM */
+	bool reporting;
 };
 
 static struct gexec *gx_find(struct session *s, uint32_t stream)
@@ -238,6 +258,10 @@ static void gx_free(struct gexec *g)
 		chan_stream_close(s->chan, g->stream);
 	buf_clear(&g->outq);
 	buf_clear(&g->stdinq);
+	buf_clear(&g->exitf);
+	for (size_t i = 0; i < g->nrep; i++)
+		mem_free(g->rep[i].path);
+	mem_free(g->rep);
 	mem_free(g);
 }
 
@@ -251,6 +275,8 @@ static int gx_queue(struct gexec *g, uint8_t type, const void *p, size_t n)
 	return 0;
 }
 
+static void gx_report_fill(struct gexec *g);
+
 /* Send what the window allows. Frees g when its last frame went out.
  * Output is paused while anything waits, resumed once the queue is empty. */
 static void gx_flush(struct gexec *g)
@@ -258,6 +284,8 @@ static void gx_flush(struct gexec *g)
 	struct session *s = g->s;
 	int r = 0;
 
+	if (g->reporting && buf_len(&g->outq) == 0)
+		gx_report_fill(g);
 	while (buf_len(&g->outq) > 0) {
 		struct buf v;
 		uint8_t type;
@@ -291,6 +319,8 @@ static void gx_flush(struct gexec *g)
 		if (r < 0)
 			break;
 		buf_consume(&g->outq, 1 + 4 + n);
+		if (g->reporting && buf_len(&g->outq) == 0)
+			gx_report_fill(g);
 	}
 	if (r == -EAGAIN) {
 		if (!g->paused && g->e) {
@@ -344,6 +374,133 @@ static void gx_on_output(struct exec *e, int stream, const void *data, size_t n,
 
 static void sweep_strays(struct agent *a);
 
+/* ---- guest changes: reported on the command's stream before its EXIT ---- */
+
+#define REPORT_FILL_BYTES (256u * 1024u) /* CHG_ITEMs made per refill of the queue */
+
+/* The command running that started last (0: none): who a change belongs to. */
+static uint32_t running_by(struct agent *a)
+{
+	uint64_t best = 0;
+	uint32_t by = 0;
+
+	for (struct session *s = a->sessions; s; s = s->next)
+		for (struct gexec *g = s->execs; g; g = g->next)
+			if (g->e && g->started >= best) {
+				best = g->started;
+				by = g->stream;
+			}
+	return by;
+}
+
+static void track_note(struct agent *a)
+{
+	if (a->track)
+		track_read(a->track, running_by(a));
+}
+
+static void on_track(struct loop *l, int fd, uint32_t events, void *ud)
+{
+	(void)l;
+	(void)fd;
+	(void)events;
+	track_note(ud);
+}
+
+struct expand {
+	struct track_dirty *v;
+	size_t n, cap;
+	uint32_t by;
+	int err;
+};
+
+static int expand_add(struct expand *x, const char *path, uint32_t by)
+{
+	if (x->n == x->cap) {
+		size_t nc = x->cap ? x->cap * 2 : 256;
+		void *nv = mem_realloc(x->v, nc * sizeof(*x->v));
+		if (!nv)
+			return -ENOMEM;
+		x->v = nv;
+		x->cap = nc;
+	}
+	if (!(x->v[x->n].path = mem_strdup(path)))
+		return -ENOMEM;
+	x->v[x->n].by = by;
+	x->v[x->n].tree = false;
+	x->n++;
+	return 0;
+}
+
+static int expand_each(const char *path, const struct stat *st, void *ud)
+{
+	struct expand *x = ud;
+	(void)st;
+	return expand_add(x, path, x->by);
+}
+
+/* The command's changes, taken from the tracker: every dirty path, each
+ * directory created or moved in walked to its contents. */
+static int gx_report_take(struct gexec *g)
+{
+	struct agent *a = g->s->agent;
+	struct track_dirty *d = NULL;
+	struct expand x = {0};
+	size_t n = 0;
+	int r;
+
+	track_read(a->track, g->stream); /* everything it did is queued by now */
+	if ((r = track_take(a->track, &d, &n)) < 0)
+		return r;
+	for (size_t i = 0; i < n && r == 0; i++) {
+		if (d[i].tree) {
+			x.by = d[i].by;
+			size_t before = x.n;
+			if (d[i].path[0] && (r = track_walk(a->root_fd, d[i].path, expand_each, &x)) == 0 &&
+			    x.n == before)
+				r = expand_add(&x, d[i].path, d[i].by); /* gone again */
+			else if (!d[i].path[0])
+				r = track_walk(a->root_fd, "", expand_each, &x);
+		} else {
+			r = expand_add(&x, d[i].path, d[i].by);
+		}
+	}
+	for (size_t i = 0; i < n; i++)
+		mem_free(d[i].path);
+	mem_free(d);
+	g->rep = x.v;
+	g->nrep = x.n;
+	g->irep = 0;
+	return r;
+}
+
+/* Describe changes into the queue until it holds REPORT_FILL_BYTES; after
+ * the last one, the EXIT. */
+static void gx_report_fill(struct gexec *g)
+{
+	struct agent *a = g->s->agent;
+	struct buf b;
+
+	buf_init(&b, WIRE_PAYLOAD_MAX);
+	while (g->irep < g->nrep && buf_len(&g->outq) < REPORT_FILL_BYTES) {
+		struct track_dirty *d = &g->rep[g->irep++];
+		struct wire_chg_item it = {.path = d->path, .by = d->by};
+		buf_reset(&b);
+		if (track_describe(a->root_fd, d->path, syncg_params(a->sync), &it) < 0)
+			it = (struct wire_chg_item){.path = d->path, .by = d->by};
+		if (wire_chg_item_encode(&b, &it) == 0 && gx_queue(g, WIRE_CHG_ITEM, buf_ptr(&b), buf_len(&b)) < 0)
+			chan_close(g->s->chan);
+		mem_free(it.target);
+	}
+	buf_clear(&b);
+	if (g->irep < g->nrep)
+		return;
+	g->reporting = false;
+	if (gx_queue(g, WIRE_EXEC_EXIT, buf_ptr(&g->exitf), buf_len(&g->exitf)) < 0)
+		chan_close(g->s->chan);
+	g->done = true;
+}
+
 static void gx_on_exit(struct exec *e, const struct exec_result *x, void *ud)
 {
 	struct gexec *g = ud;
@@ -356,12 +513,10 @@ static void gx_on_exit(struct exec *e, const struct exec_result *x, void *ud)
 	    .stdout_bytes = x->stdout_bytes,
 	    .stderr_bytes = x->stderr_bytes,
 	};
-	struct buf b;
 
-	buf_init(&b, 64);
-	if (wire_exec_exit_encode(&b, &m) < 0 || gx_queue(g, WIRE_EXEC_EXIT, buf_ptr(&b), buf_len(&b)) < 0)
+	buf_init(&g->exitf, 64);
+	if (wire_exec_exit_encode(&g->exitf, &m) < 0)
 		chan_close(g->s->chan);
-	buf_clear(&b);
 	if (g->s->agent->verbose)
 		logmsg("session %u: exec stream %u: pid %d exit %d signal %d%s in %llu ms", g->s->id, g->stream,
 		       (int)x->pid, x->exit_code, x->signal, x->timed_out ? " (timed out)" : "",
@@ -370,9 +525,11 @@ static void gx_on_exit(struct exec *e, const struct exec_result *x, void *ud)
 	g->e = NULL;
 	/* no new proxy connections; open ones get PROXY_LINGER_MS */
 	proxy_cmd_end(g->s->proxy, g->stream);
-	g->done = true;
 	struct agent *a = g->s->agent;
-	gx_flush(g); /* may free g */
+	g->reporting = true;
+	if (a->track && gx_report_take(g) < 0)
+		logmsg("session %u: exec stream %u: out of memory listing its changes", g->s->id, g->stream);
+	gx_flush(g); /* the changes, then EXIT; may free g */
 	sweep_strays(a);
 }
 
@@ -559,6 +716,8 @@ static int handle_exec_start(struct session *s, uint8_t type, uint32_t stream, s
 		r = -ENOMEM;
 		goto out;
 	}
+	track_note(s->agent); /* what happened before it started is not its change */
+	g->started = ++s->agent->starts;
 	/* From here on a failure is the command's, not the session's: it is
 	 * answered with EXEC_ERROR on its stream. */
 	if ((r = gx_env(g, &m, &envp, msg, sizeof(msg))) < 0 || (r = gx_spawn(g, &m, envp, msg, sizeof(msg))) < 0) {
@@ -655,6 +814,55 @@ static int handle_exec_cancel(struct session *s, uint8_t type, uint32_t stream, 
 	return 0;
 }
 
+/* ---- changes: the host pulls what commands changed (gpull.h) ---- */
+
+static void pulls_pump(struct session *s)
+{
+	for (size_t i = 0; i < SESSION_PULLS_MAX; i++) {
+		if (!s->pulls[i])
+			continue;
+		int r = gpull_pump(s->pulls[i]);
+		if (r == 0)
+			continue;
+		if (r < 0) {
+			logmsg("session %u: pull stream %u: sending: %s; closing", s->id, gpull_stream(s->pulls[i]),
+			       strerror(-r));
+			chan_close(s->chan);
+			return;
+		}
+		chan_stream_close(s->chan, gpull_stream(s->pulls[i]));
+		gpull_free(s->pulls[i]);
+		s->pulls[i] = NULL;
+	}
+}
+
+static int handle_chg_pull(struct session *s, uint8_t type, uint32_t stream, struct buf *in)
+{
+	struct agent *a = s->agent;
+	size_t i;
+	int r;
+	(void)type;
+
+	if (stream == WIRE_STREAM_CONTROL || !(stream & 1) || gx_find(s, stream))
+		return -EPROTO;
+	for (i = 0; i < SESSION_PULLS_MAX; i++) {
+		if (s->pulls[i] && gpull_stream(s->pulls[i]) == stream)
+			return -EPROTO;
+	}
+	for (i = 0; i < SESSION_PULLS_MAX && s->pulls[i]; i++)
+		;
+	if (i == SESSION_PULLS_MAX) {
+		send_error(s, stream, EBUSY, "too many pulls at once");
+		return 0;
+	}
+	if ((r = gpull_new(s->chan, stream, a->root_fd, syncg_params(a->sync), buf_ptr(in), buf_len(in),
+			   &s->pulls[i])) < 0)
+		return r;
+	chan_consume(s->chan, stream, buf_len(in));
+	pulls_pump(s);
+	return 0;
+}
+
 /* ---- proxy: guest-opened streams to the host's egress proxy (proxy.h) ---- */
 
 static int handle_proxy(struct session *s, uint8_t type, uint32_t stream, struct buf *in)
@@ -694,6 +902,7 @@ static const struct {
     [WIRE_PROXY_DATA] = {handle_proxy, false},
     [WIRE_PROXY_EOF] = {handle_proxy, false},
     [WIRE_PROXY_CLOSE] = {handle_proxy, false},
+    [WIRE_CHG_PULL] = {handle_chg_pull, false},
 };
 
 static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t *p, size_t n, void *ud)
@@ -738,6 +947,8 @@ static void session_drop(struct session *s)
 	while (s->execs)
 		gx_free(s->execs);
 	proxy_free(s->proxy); /* after the commands: gx_free ends their listeners */
+	for (size_t i = 0; i < SESSION_PULLS_MAX; i++)
+		gpull_free(s->pulls[i]);
 	syncg_session_free(s->sync);
 	chan_free(s->chan);
 	sodium_memzero(s, sizeof(*s));
@@ -791,6 +1002,7 @@ static void on_writable(struct chan *c, void *ud)
 		return;
 	}
 	exec_writable(s);
+	pulls_pump(s);
 	proxy_writable(s->proxy);
 }
 
@@ -1047,7 +1259,7 @@ static int confine_setup(struct agent *a, const char *keyfile)
 			return -EINVAL;
 		}
 	}
-	struct exec_confine_cfg cfg = {.writable = writable, .hidden = hidden};
+	struct exec_confine_cfg cfg = {.writable = writable, .hidden = hidden, .file_max = a->file_max};
 	if ((r = exec_confine_new(&cfg, &a->confine, err, sizeof(err))) < 0) {
 		logmsg("--confine: %s", err);
 		return r;
@@ -1096,10 +1308,11 @@ static void usage(FILE *f)
 {
 	fputs("usage: airlock-agent --listen ADDR --root DIR --key FILE (--allow PUBKEY | --allow-file FILE)...\n"
 	      "                     [--psk-file FILE] [--max-sessions N] [--state DIR] [--fsync none|batch|file]\n"
-	      "                     [--run-as USER|UID:GID] [--home DIR] [--confine] [-v]\n"
+	      "                     [--run-as USER|UID:GID] [--home DIR] [--confine [--file-max BYTES]] [-v]\n"
 	      "  --home DIR: HOME of commands (default /tmp)\n"
 	      "  --confine: Landlock and seccomp for commands (they write only ROOT, /tmp and\n"
-	      "             --home; they cannot read the key, state or socket directories)\n"
+	      "             --home; they cannot read the key, state or socket directories);\n"
+	      "             --file-max: the largest file they may write (RLIMIT_FSIZE)\n"
 	      "  --run-as: who runs commands when the agent is root (default: the owner of ROOT\n"
 	      "            when that is not root, else nobody, 65534:65534)\n"
 	      "  --state DIR: where the last applied sync sequence is kept (default ROOT.airlock-state;\n"
@@ -1176,6 +1389,7 @@ static int parse_options(struct agent *a, struct agent_args *o, int argc, char *
 	    {"run-as", required_argument, NULL, 'U'},
 	    {"home", required_argument, NULL, 'H'},
 	    {"confine", no_argument, NULL, 'C'},
+	    {"file-max", required_argument, NULL, 'X'},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
@@ -1236,6 +1450,16 @@ static int parse_options(struct agent *a, struct agent_args *o, int argc, char *
 		case 'C':
 			o->confine = true;
 			break;
+		case 'X': {
+			char *end;
+			errno = 0;
+			a->file_max = strtoull(optarg, &end, 10);
+			if (errno || end == optarg || *end || a->file_max == 0) {
+				logmsg("--file-max '%s': expected a number of bytes > 0", optarg);
+				return 2;
+			}
+			break;
+		}
 		case 'h':
 			usage(stdout);
 			return -1; /* exit 0 */
@@ -1311,6 +1535,16 @@ static int setup_workspace(struct agent *a, const struct agent_args *o)
 		logmsg("--root %s: %s", a->root, strerror(errno));
 		return 1;
 	}
+	/* Guest changes: a watch on every directory of the copy. Without
+	 * inotify nothing is reported back (commands still run). */
+	char rroot[PATH_MAX];
+	err[0] = '\0';
+	if (!realpath(a->root, rroot) || (r = track_new(a->root_fd, rroot, &a->track, err, sizeof(err))) < 0) {
+		logmsg("guest changes are not tracked: %s", err[0] ? err : strerror(errno));
+		a->track = NULL;
+	} else if (err[0]) {
+		logmsg("%s", err);
+	}
 	if ((st = setup_run_as(a, o->run_as)) != 0)
 		return st;
 	if ((r = exec_sys_new(NULL, &a->xsys)) < 0) {
@@ -1341,6 +1575,11 @@ static int setup_loop(struct agent *a)
 	sigaddset(&mask, SIGTERM);
 	if (a->init)
 		sigaddset(&mask, SIGCHLD); /* orphans to reap */
+	if (a->track && loop_add_fd(a->loop, track_fd(a->track), EPOLLIN, on_track, a) < 0) {
+		logmsg("inotify: cannot watch its descriptor; guest changes are not tracked");
+		track_free(a->track);
+		a->track = NULL;
+	}
 	sigprocmask(SIG_BLOCK, &mask, NULL);
 	if ((a->sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC)) < 0 ||
 	    loop_add_fd(a->loop, a->sfd, EPOLLIN, on_signal, a) < 0) {
@@ -1398,6 +1637,7 @@ static void agent_teardown(struct agent *a)
 	if (a->root_fd >= 0)
 		close(a->root_fd);
 	loop_free(a->loop);
+	track_free(a->track);
 	syncg_free(a->sync);
 	chan_peers_free(a->peers);
 	sodium_memzero(&a->key, sizeof(a->key));

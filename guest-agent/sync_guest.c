@@ -40,6 +40,7 @@ struct syncg {
 	uint8_t guest_pub[32];
 	bool durable;		     /* fsync the sequence file (any --fsync but none) */
 	struct syncg_session *owner; /* session holding the sync lock */
+	struct chunk_params params;  /* of the last SYNC_BEGIN */
 };
 
 struct syncg_session {
@@ -127,6 +128,7 @@ int syncg_open(const char *root, const char *state_dir, const struct apply_opts 
 		return -ENOMEM;
 	g->state_fd = -1;
 	memcpy(g->guest_pub, guest_pub, 32);
+	g->params = chunk_params_default;
 	if (!realpath(root, rroot)) {
 		r = -errno;
 		errmsg_set(err, errlen, "--root %s: %s", root, strerror(-r));
@@ -201,6 +203,10 @@ uint64_t syncg_last_seq(const struct syncg *g)
 const char *syncg_state_dir(const struct syncg *g)
 {
 	return g->state_dir;
+}
+const struct chunk_params *syncg_params(const struct syncg *g)
+{
+	return &g->params;
 }
 
 int syncg_apply_batch(struct syncg *g, const uint8_t *bytes, size_t n, const uint8_t host_sign_pk[32],
@@ -308,6 +314,7 @@ static int on_begin(struct syncg_session *ss, struct buf *in, char *err, size_t 
 	}
 	g->owner = ss;
 	ss->params = p;
+	g->params = p;
 	manifest_free(ss->m);
 	ss->m = NULL;
 	/* Everything under the root: which paths the host manages is the

@@ -246,19 +246,103 @@ static void parent_of(const char *path, char *out)
 
 /* ---- small file helpers ---- */
 
-static int write_all(int fd, const uint8_t *p, size_t n)
+/* Zero detection works on pieces of this size at this alignment (the page
+ * size and the block size of the filesystems a copy lives on). */
+#define HOLE_BLOCK 4096u
+
+static bool all_zero(const uint8_t *p, size_t n)
+{
+	return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
+}
+
+static int pwrite_all(int fd, const uint8_t *p, size_t n, uint64_t off)
 {
 	while (n > 0) {
-		ssize_t k = write(fd, p, n);
-		if (k < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
+		ssize_t k = pwrite(fd, p, n, (off_t)off);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return k < 0 ? -errno : -EIO;
 		p += k;
 		n -= (size_t)k;
+		off += (uint64_t)k;
 	}
 	return 0;
+}
+
+/*
+ * Writes one file's content so that a sparse file stays sparse in the
+ * copy: zero runs are not written. fresh: the file holds nothing there yet
+ * (a new temporary), so skipping them is enough; else (a clone of the old
+ * file) the whole blocks of a zero run are punched out and its partial
+ * edges written, or all of it written where the filesystem cannot punch.
+ * Zero runs are followed across calls (chunk edges fall anywhere), so the
+ * caller calls sparse_flush at the end, then sets the size (a file may end
+ * in a hole).
+ */
+struct sparse_out {
+	int fd;
+	bool fresh;
+	uint64_t zs, ze; /* pending zero run [zs, ze); empty when equal */
+};
+
+static int sparse_zero_write(int fd, uint64_t off, uint64_t n)
+{
+	static const uint8_t zeros[HOLE_BLOCK];
+	int r = 0;
+
+	while (n > 0 && r == 0) {
+		size_t k = n < sizeof(zeros) ? (size_t)n : sizeof(zeros);
+		r = pwrite_all(fd, zeros, k, off);
+		off += k;
+		n -= k;
+	}
+	return r;
+}
+
+static int sparse_flush(struct sparse_out *so)
+{
+	uint64_t zs = so->zs, ze = so->ze;
+	uint64_t hs = (zs + HOLE_BLOCK - 1) / HOLE_BLOCK * HOLE_BLOCK, he = ze / HOLE_BLOCK * HOLE_BLOCK;
+	int r = 0;
+
+	so->zs = so->ze = 0;
+	if (so->fresh || zs == ze)
+		return 0;
+	if (hs >= he || fallocate(so->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)hs, (off_t)(he - hs)) < 0)
+		return sparse_zero_write(so->fd, zs, ze - zs);
+	if (hs > zs)
+		r = sparse_zero_write(so->fd, zs, hs - zs);
+	if (r == 0 && ze > he)
+		r = sparse_zero_write(so->fd, he, ze - he);
+	return r;
+}
+
+/* p[0, n) at off. 0 or -errno. */
+static int sparse_write(struct sparse_out *so, const uint8_t *p, size_t n, uint64_t off)
+{
+	size_t done = 0, ds = 0; /* [ds, done): data not written yet */
+	int r;
+
+	while (done < n) {
+		uint64_t at = off + done;
+		size_t k = HOLE_BLOCK - (size_t)(at % HOLE_BLOCK);
+		if (k > n - done)
+			k = n - done;
+		if (all_zero(p + done, k)) {
+			if ((ds < done && (r = pwrite_all(so->fd, p + ds, done - ds, off + ds)) < 0) ||
+			    (so->ze != at && (r = sparse_flush(so)) < 0))
+				return r;
+			if (so->zs == so->ze)
+				so->zs = at;
+			so->ze = at + k;
+			ds = done + k;
+		} else if (so->zs != so->ze && (r = sparse_flush(so)) < 0) {
+			return r;
+		}
+		done += k;
+	}
+	return ds < n ? pwrite_all(so->fd, p + ds, n - ds, off + ds) : 0;
 }
 
 static int dir_fsync(int pathfd)
@@ -534,6 +618,7 @@ static int copy_range(int base, int fd, uint64_t off, uint64_t len)
 static int fill_clone(struct run *rn, size_t i, const struct delta_op *op, int fd, int base)
 {
 	uint8_t h[CHUNK_HASH_LEN];
+	struct sparse_out so = {.fd = fd, .fresh = false};
 	uint64_t out = 0;
 	int r;
 
@@ -573,18 +658,14 @@ static int fill_clone(struct run *rn, size_t i, const struct delta_op *op, int f
 		} else {
 			if ((r = delta_chunk_data(rn->b, ch, rn->scratch, &data)) < 0)
 				return op_fail(rn, i, r, "inline chunk");
-			for (size_t done = 0; done < ch->raw_len;) {
-				ssize_t k = pwrite(fd, data + done, ch->raw_len - done, (off_t)(out + done));
-				if (k < 0 && errno == EINTR)
-					continue;
-				if (k <= 0)
-					return op_fail(rn, i, k < 0 ? -errno : -EIO, "writing the new content");
-				done += (size_t)k;
-			}
+			if ((r = sparse_write(&so, data, ch->raw_len, out)) < 0)
+				return op_fail(rn, i, r, "writing the new content");
 			rn->st->bytes += ch->raw_len;
 		}
 		out += ch->raw_len;
 	}
+	if ((r = sparse_flush(&so)) < 0)
+		return op_fail(rn, i, r, "writing the new content");
 	if (ftruncate(fd, (off_t)op->size) < 0) /* a clone of a longer base */
 		return op_fail(rn, i, -errno, "setting the size");
 	rn->st->cloned++;
@@ -596,6 +677,8 @@ static int fill_clone(struct run *rn, size_t i, const struct delta_op *op, int f
 static int fill_file(struct run *rn, size_t i, const struct delta_op *op, int fd)
 {
 	uint8_t h[CHUNK_HASH_LEN];
+	struct sparse_out so = {.fd = fd, .fresh = true};
+	uint64_t out = 0;
 	int base = -1, r = 0;
 
 	if (op->has_refs) {
@@ -641,15 +724,20 @@ static int fill_file(struct run *rn, size_t i, const struct delta_op *op, int fd
 			op_fail(rn, i, r, "inline chunk");
 			break;
 		}
-		if ((r = write_all(fd, data, ch->raw_len)) < 0)
+		if ((r = sparse_write(&so, data, ch->raw_len, out)) < 0)
 			op_fail(rn, i, r, "writing the new content");
 		else
 			rn->st->bytes += ch->raw_len;
+		out += ch->raw_len;
 	}
 	if (base >= 0)
 		close(base);
 	if (r < 0)
 		return r;
+	if ((r = sparse_flush(&so)) < 0)
+		return op_fail(rn, i, r, "writing the new content");
+	if (ftruncate(fd, (off_t)op->size) < 0) /* a file that ends in a hole */
+		return op_fail(rn, i, -errno, "setting the size");
 	return finish_file(rn, i, op, fd);
 }
 

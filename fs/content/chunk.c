@@ -329,6 +329,32 @@ int chunk_read_fd(void *ud, uint64_t off, void *buf, size_t len)
 	return 0;
 }
 
+int chunk_fd_hash(const struct chunk_params *p, int fd, uint64_t size, uint8_t out[CHUNK_HASH_LEN])
+{
+	uint8_t io[64 * 1024];
+	struct chunk_hasher h;
+	uint64_t off = 0;
+	int r = 0;
+
+	if (size > p->whole_max) {
+		struct chunk *list = NULL;
+		size_t nl = 0;
+		r = chunk_file(p, chunk_read_fd, &fd, size, NULL, NULL, &list, &nl, out);
+		mem_free(list);
+		return r;
+	}
+	chunk_hasher_init(&h);
+	while (off < size && r == 0) {
+		size_t k = size - off < sizeof(io) ? (size_t)(size - off) : sizeof(io);
+		if ((r = chunk_read_fd(&fd, off, io, k)) == 0) {
+			chunk_hasher_update(&h, io, k);
+			off += k;
+		}
+	}
+	chunk_hasher_final(&h, out);
+	return r;
+}
+
 /* A sliding read window over the new file: holds [start, start + len). */
 struct window {
 	chunk_read_fn rd;

@@ -33,8 +33,11 @@ struct policy {
 	struct policy_execution ex;
 	struct policy_credentials cr;
 	struct policy_egress eg;
-	struct ignore_list include; /* compiled ws.include */
-	struct ignore_list exclude; /* compiled ws.exclude */
+	struct policy_sandbox_limits sb; /* sandbox.limits, 0 = default */
+	struct ignore_list include;	 /* compiled ws.include */
+	struct ignore_list exclude;	 /* compiled ws.exclude */
+	struct ignore_list wb_auto;	 /* compiled ws.writeback_auto */
+	struct ignore_list owned;	 /* compiled ws.guest_owned */
 };
 
 /* ------------------------------------------------------------------ */
@@ -77,6 +80,10 @@ void policy_free(struct policy *p)
 	mem_free((void *)p->eg.allow);
 	ignore_list_clear(&p->include);
 	ignore_list_clear(&p->exclude);
+	ignore_list_clear(&p->wb_auto);
+	ignore_list_clear(&p->owned);
+	list_free(&p->ws.writeback_auto);
+	list_free(&p->ws.guest_owned);
 	mem_free(p);
 }
 
@@ -93,6 +100,7 @@ static struct policy *policy_alloc(const char *source)
 	}
 	p->ws.ttl_seconds = -1;
 	p->ws.gitignore = true;
+	p->ws.writeback_max_mib = POLICY_WRITEBACK_MAX_MIB;
 	p->eg.deny_by_default = true;
 	return p;
 }
@@ -104,9 +112,74 @@ static int policy_compile(struct policy *p)
 
 	if ((r = ignore_list_from_strings(&p->include, "workspace.sync.include", p->ws.include.v, p->ws.include.n)) <
 		0 ||
-	    (r = ignore_list_from_strings(&p->exclude, "workspace.sync.exclude", p->ws.exclude.v, p->ws.exclude.n)) < 0)
+	    (r = ignore_list_from_strings(&p->exclude, "workspace.sync.exclude", p->ws.exclude.v, p->ws.exclude.n)) <
+		0 ||
+	    (r = ignore_list_from_strings(&p->wb_auto, "workspace.writeback.auto", p->ws.writeback_auto.v,
+					  p->ws.writeback_auto.n)) < 0 ||
+	    (r = ignore_list_from_strings(&p->owned, "workspace.guest_owned", p->ws.guest_owned.v,
+					  p->ws.guest_owned.n)) < 0)
 		return r;
 	return 0;
+}
+
+/* ---- write-back keys (doc/SYNC.md "Guest changes and write-back") ---- */
+
+bool policy_writeback_auto(const struct policy *p, const char *relpath, int is_dir)
+{
+	const struct ignore_pattern *m = ignore_list_match(&p->wb_auto, relpath, strlen(relpath), is_dir);
+	return m && !(m->flags & IGNORE_NEGATIVE);
+}
+
+/* The guest_owned pattern that owns path or a directory above it; *above
+ * says it was a directory above. */
+static const struct ignore_pattern *owned_match(const struct policy *p, const char *relpath, int is_dir, bool *above)
+{
+	char buf[POLICY_PATH_MAX + 1];
+	size_t len = strlen(relpath);
+
+	*above = false;
+	if (!p->owned.n || len > POLICY_PATH_MAX)
+		return NULL;
+	memcpy(buf, relpath, len + 1);
+	/* the path itself, then each directory above it */
+	for (;;) {
+		const struct ignore_pattern *m = ignore_list_match(&p->owned, buf, len, is_dir);
+		if (m && !(m->flags & IGNORE_NEGATIVE))
+			return m;
+		char *slash = strrchr(buf, '/');
+		if (!slash)
+			return NULL;
+		*slash = '\0';
+		len = (size_t)(slash - buf);
+		is_dir = 1;
+		*above = true;
+	}
+}
+
+bool policy_guest_owned(const struct policy *p, const char *relpath, int is_dir)
+{
+	bool above;
+	return owned_match(p, relpath, is_dir, &above) != NULL;
+}
+
+/* workspace.guest_owned decides like an ignored path: never synced,
+ * compared or deleted; the guest's. */
+static bool owned_verdict(const struct policy *p, const char *relpath, int is_dir, struct policy_verdict *v)
+{
+	char pat[300];
+	bool above;
+	const struct ignore_pattern *m = owned_match(p, relpath, is_dir, &above);
+
+	if (!m)
+		return false;
+	v->reason = POLICY_IGNORED;
+	v->prune = is_dir || above;
+	v->inherited = above;
+	v->ignore = m;
+	v->ignore_src = "workspace.guest_owned";
+	ignore_pattern_format(m, pat, sizeof(pat));
+	snprintf(v->rule, sizeof(v->rule), "guest_owned: %.300s", pat);
+	return true;
 }
 
 int policy_default(struct policy **out)
@@ -148,6 +221,11 @@ const struct policy_credentials *policy_credentials(const struct policy *p)
 const struct policy_egress *policy_egress(const struct policy *p)
 {
 	return &p->eg;
+}
+
+const struct policy_sandbox_limits *policy_sandbox_limits(const struct policy *p)
+{
+	return &p->sb;
 }
 
 /* ------------------------------------------------------------------ */
@@ -530,6 +608,11 @@ static const struct field sync_fields[] = {
 };
 
 /* workspace */
+static int p_wb_auto(struct loader *L, json_t *v)
+{
+	return get_strings(L, v, &L->p->ws.writeback_auto, check_glob);
+}
+
 static int p_ws_template(struct loader *L, json_t *v)
 {
 	return get_string(L, v, &L->p->ws.template_name, false);
@@ -545,10 +628,41 @@ static int p_ws_sync(struct loader *L, json_t *v)
 	return parse_fields(L, v, sync_fields, sizeof(sync_fields) / sizeof(sync_fields[0]));
 }
 
+/* "review", or {"auto": [globs]} */
+static const struct field writeback_fields[] = {
+    {"auto", p_wb_auto},
+};
+
+static int p_ws_writeback(struct loader *L, json_t *v)
+{
+	if (json_is_string(v)) {
+		if (strcmp(json_string_value(v), "review"))
+			return fail(L, -EINVAL, "expected \"review\" or {\"auto\": [globs]}");
+		list_free(&L->p->ws.writeback_auto);
+		return 0;
+	}
+	if (!json_is_object(v))
+		return fail(L, -EINVAL, "expected \"review\" or {\"auto\": [globs]}, got %s", type_name(v));
+	return parse_fields(L, v, writeback_fields, sizeof(writeback_fields) / sizeof(writeback_fields[0]));
+}
+
+static int p_ws_writeback_max(struct loader *L, json_t *v)
+{
+	return get_int(L, v, 1, &L->p->ws.writeback_max_mib);
+}
+
+static int p_ws_guest_owned(struct loader *L, json_t *v)
+{
+	return get_strings(L, v, &L->p->ws.guest_owned, check_glob);
+}
+
 static const struct field workspace_fields[] = {
     {"template", p_ws_template},
     {"ttl_seconds", p_ws_ttl},
     {"sync", p_ws_sync},
+    {"writeback", p_ws_writeback},
+    {"writeback_max_mib", p_ws_writeback_max},
+    {"guest_owned", p_ws_guest_owned},
 };
 
 /* execution */
@@ -738,11 +852,86 @@ static int p_egress(struct loader *L, json_t *v)
 	return parse_fields(L, v, FIELDS(egress_fields));
 }
 
+/* sandbox.limits: a count, or a size in bytes as an integer or a string
+ * with a binary suffix ("512M", "4G"), at least min and at most max. */
+static int get_limit(struct loader *L, json_t *v, bool size, uint64_t min, uint64_t max, uint64_t *out)
+{
+	uint64_t x, mul = 1;
+	char q[96];
+
+	if (json_is_integer(v) && json_integer_value(v) >= 0) {
+		x = (uint64_t)json_integer_value(v);
+	} else if (size && json_is_string(v)) {
+		const char *t = json_string_value(v);
+		char *end;
+		errno = 0;
+		x = strtoull(t, &end, 10);
+		if (end != t && end[0] && !end[1] && strchr("KMGT", end[0]))
+			mul = 1ull << (10 * (strchr("KMGT", end[0]) - "KMGT" + 1));
+		else if (end == t || *end || errno)
+			return fail(L, -EINVAL,
+				    "expected a size like \"512M\" or \"4G\" (K, M, G, T: powers of 1024), got %s",
+				    quote(t, q, sizeof(q)));
+		if (x > UINT64_MAX / mul)
+			return fail(L, -EINVAL, "size %s is too large", quote(t, q, sizeof(q)));
+		x *= mul;
+	} else {
+		return fail(L, -EINVAL,
+			    size ? "expected a size (bytes, or a string like \"4G\"), got %s"
+				 : "expected a positive integer, got %s",
+			    type_name(v));
+	}
+	if (x < min || x > max)
+		return fail(L, -EINVAL, "must be between %llu and %llu%s", (unsigned long long)min,
+			    (unsigned long long)max, size ? " bytes" : "");
+	*out = x;
+	return 0;
+}
+
+static int p_lim_pids(struct loader *L, json_t *v)
+{
+	return get_limit(L, v, false, POLICY_PIDS_MIN, POLICY_PIDS_MAX, &L->p->sb.pids);
+}
+
+static int p_lim_memory(struct loader *L, json_t *v)
+{
+	return get_limit(L, v, true, POLICY_MEMORY_MIN, POLICY_SIZE_MAX, &L->p->sb.memory);
+}
+
+static int p_lim_tmp(struct loader *L, json_t *v)
+{
+	return get_limit(L, v, true, POLICY_TMP_MIN, POLICY_SIZE_MAX, &L->p->sb.tmp);
+}
+
+static int p_lim_workspace(struct loader *L, json_t *v)
+{
+	return get_limit(L, v, true, POLICY_WORKSPACE_MIN, POLICY_SIZE_MAX, &L->p->sb.workspace);
+}
+
+static const struct field limits_fields[] = {
+    {"pids", p_lim_pids},
+    {"memory", p_lim_memory},
+    {"tmp", p_lim_tmp},
+    {"workspace", p_lim_workspace},
+};
+
+static int p_sb_limits(struct loader *L, json_t *v)
+{
+	return parse_fields(L, v, FIELDS(limits_fields));
+}
+
+static const struct field sandbox_fields[] = {
+    {"limits", p_sb_limits},
+};
+
+static int p_sandbox(struct loader *L, json_t *v)
+{
+	return parse_fields(L, v, FIELDS(sandbox_fields));
+}
+
 static const struct field top_fields[] = {
-    {"workspace", p_workspace},
-    {"execution", p_execution},
-    {"credentials", p_credentials},
-    {"egress", p_egress},
+    {"workspace", p_workspace}, {"execution", p_execution}, {"credentials", p_credentials},
+    {"egress", p_egress},	{"sandbox", p_sandbox},
 };
 
 /* ------------------------------------------------------------------ */
@@ -753,6 +942,19 @@ static bool nonempty(const json_t *v)
 	return !((json_is_array(v) && json_array_size(v) == 0) || (json_is_object(v) && json_object_size(v) == 0));
 }
 
+/* workspace.writeback: "review" is the default; auto globs loosen it */
+static bool writeback_loosens(const json_t *v)
+{
+	const json_t *a = json_is_object(v) ? json_object_get(v, "auto") : NULL;
+
+	return json_is_array(a) && json_array_size(a) > 0;
+}
+
+static bool over_default_writeback_cap(const json_t *v)
+{
+	return json_integer_value(v) > POLICY_WRITEBACK_MAX_MIB;
+}
+
 static bool is_false(const json_t *v)
 {
 	return json_is_false(v);
@@ -761,6 +963,48 @@ static bool is_false(const json_t *v)
 static bool over_default_timeout(const json_t *v)
 {
 	return json_integer_value(v) > POLICY_TIMEOUT_DEFAULT_S;
+}
+
+uint64_t policy_memory_default(void)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+
+	return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 2 : 2ull << 30;
+}
+
+/* A validated sandbox.limits value (a count, bytes, or "4G") in units. */
+static uint64_t limit_units(const json_t *v)
+{
+	const char *t = json_string_value(v), *k;
+	char *end;
+	uint64_t x;
+
+	if (!t)
+		return (uint64_t)json_integer_value(v);
+	x = strtoull(t, &end, 10);
+	if (*end && (k = strchr("KMGT", *end)))
+		x <<= 10 * (k - "KMGT" + 1);
+	return x;
+}
+
+static bool over_default_pids(const json_t *v)
+{
+	return limit_units(v) > POLICY_PIDS_DEFAULT;
+}
+
+static bool over_default_memory(const json_t *v)
+{
+	return limit_units(v) > policy_memory_default();
+}
+
+static bool over_default_tmp(const json_t *v)
+{
+	return limit_units(v) > POLICY_TMP_DEFAULT;
+}
+
+static bool over_default_workspace(const json_t *v)
+{
+	return limit_units(v) > POLICY_WORKSPACE_DEFAULT;
 }
 
 /*
@@ -775,14 +1019,19 @@ static const struct loosening {
 	const char *key; /* dotted path */
 	bool (*loosens)(const json_t *v);
 } loosening_keys[] = {
-    {"execution.local", nonempty},			 /* commands on the host */
-    {"execution.timeout_seconds", over_default_timeout}, /* longer than the relay's default */
-    {"credentials.forward_env", nonempty},		 /* the daemon's environment in the guest */
-    {"credentials.inject", nonempty},			 /* the user's credential sources in the guest */
-    {"workspace.sync.allow_secrets", nonempty},		 /* secrets in the guest */
-    {"workspace.sync.gitignore", is_false},		 /* ignored files in the guest */
-    {"workspace.writeback", nonempty},			 /* guest changes landing on the host */
-    {"egress.allow", nonempty},				 /* hosts the sandbox may reach */
+    {"execution.local", nonempty},				 /* commands on the host */
+    {"execution.timeout_seconds", over_default_timeout},	 /* longer than the relay's default */
+    {"credentials.forward_env", nonempty},			 /* the daemon's environment in the guest */
+    {"credentials.inject", nonempty},				 /* the user's credential sources in the guest */
+    {"workspace.sync.allow_secrets", nonempty},			 /* secrets in the guest */
+    {"workspace.sync.gitignore", is_false},			 /* ignored files in the guest */
+    {"workspace.writeback", writeback_loosens},			 /* guest changes landing on the host by themselves */
+    {"workspace.writeback_max_mib", over_default_writeback_cap}, /* larger write-backs */
+    {"egress.allow", nonempty},					 /* hosts the sandbox may reach */
+    {"sandbox.limits.pids", over_default_pids},			 /* more processes than the default */
+    {"sandbox.limits.memory", over_default_memory},		 /* more memory */
+    {"sandbox.limits.tmp", over_default_tmp},			 /* a larger /tmp */
+    {"sandbox.limits.workspace", over_default_workspace},	 /* larger files */
 };
 
 /* The object that holds the last component of key in root, and that
@@ -1921,6 +2170,8 @@ int policy_check(const struct policy *p, struct policy_ctx *ctx, const char *rel
 
 	v->prune = false;
 	v->inherited = false;
+	if (owned_verdict(p, relpath, is_dir, v))
+		return 0;
 	if (is_dir) {
 		if ((r = get_dir(ctx, relpath, len, &d)) < 0)
 			return r;

@@ -542,6 +542,11 @@ uint32_t sync_stream(const struct sync *s)
 {
 	return s->stream;
 }
+const struct manifest *sync_known(const struct sync *s)
+{
+	return s->known;
+}
+
 const struct sync_stats *sync_get_stats(const struct sync *s)
 {
 	return &s->st;
@@ -1222,6 +1227,20 @@ static void maybe_done(struct sync *s)
 	finish_op(s, 0, NULL);
 }
 
+/* Drop the ops that would overwrite or delete a guest change the user
+ * has not decided on (cfg.keep): the guest keeps its version. */
+static void keep_guest_changes(struct sync *s)
+{
+	size_t k = 0;
+
+	if (!s->cfg.keep)
+		return;
+	for (size_t i = 0; i < s->nchanges; i++)
+		if (!s->cfg.keep(s->cfg.ud, &s->changes[i]))
+			s->changes[k++] = s->changes[i];
+	s->nchanges = k;
+}
+
 static int start_send(struct sync *s)
 {
 	int r;
@@ -1231,6 +1250,7 @@ static int start_send(struct sync *s)
 	s->changes = NULL;
 	if ((r = manifest_diff(old, s->hm, &s->changes, &s->nchanges)) < 0)
 		return r;
+	keep_guest_changes(s);
 	s->ci = 0;
 	s->st.changes = s->nchanges;
 	s->prog.files_total = s->prog.bytes_total = 0;

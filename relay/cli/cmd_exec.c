@@ -215,6 +215,22 @@ static int fast_output(struct xc *x, const char *p, size_t n)
 }
 
 /* One event line. */
+/* The exit event's guest changes, as one line on stderr (doc/RELAY.md "Changes"). */
+static void changes_line(json_t *ch)
+{
+	json_int_t wb = json_integer_value(json_object_get(ch, "written_back"));
+	json_int_t wt = json_integer_value(json_object_get(ch, "waiting"));
+
+	if (!json_is_object(ch) || (wb <= 0 && wt <= 0))
+		return;
+	if (wt > 0)
+		cmd_err("%" JSON_INTEGER_FORMAT " change%s written back, %" JSON_INTEGER_FORMAT " wait%s for review "
+			"(airlock changes)",
+			wb, wb == 1 ? "" : "s", wt, wt == 1 ? "s" : "");
+	else
+		cmd_err("%" JSON_INTEGER_FORMAT " change%s written back", wb, wb == 1 ? "" : "s");
+}
+
 static void on_event(struct xc *x, json_t *ev)
 {
 	const char *event = json_string_value(json_object_get(ev, "event"));
@@ -261,6 +277,7 @@ static void on_event(struct xc *x, json_t *ev)
 			x->status = 128 + (int)json_integer_value(sig);
 		else
 			x->status = (int)json_integer_value(json_object_get(ev, "code")) & 0xff;
+		changes_line(json_object_get(ev, "changes"));
 	} else if (!strcmp(event, "error")) {
 		const char *code = json_string_value(json_object_get(ev, "code"));
 		const char *msg = json_string_value(json_object_get(ev, "message"));
@@ -285,7 +302,7 @@ static void on_event(struct xc *x, json_t *ev)
 	}
 }
 
-static int connect_relay(const char *path)
+int cmd_connect_relay(const char *path)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	int fd;
@@ -306,7 +323,7 @@ static int connect_relay(const char *path)
 /* The workspace holding dir: the nearest airlock mount at or above it
  * (realpath in root). *rel points into root's buffer at dir's path below it
  * ("" = the root itself). Without such a mount the workspace is dir. */
-static void find_workspace(char *root, const char **rel)
+void cmd_find_workspace(char *root, const char **rel)
 {
 	size_t full = strlen(root);
 	char *cut = NULL; /* the '/' we replaced with NUL last */
@@ -430,12 +447,12 @@ static int connect_workspace(const struct run_opts *o, struct xc *x, char real[P
 		cmd_err("%s: workspace %s: %s", o->who, o->dir, strerror(errno));
 		return -1;
 	}
-	find_workspace(real, rel);
+	cmd_find_workspace(real, rel);
 	if ((r = relay_default_path(real, sock, sizeof(sock))) < 0) {
 		cmd_err("%s: relay socket for %s: %s", o->who, real, strerror(-r));
 		return -1;
 	}
-	if ((x->fd = connect_relay(sock)) < 0) {
+	if ((x->fd = cmd_connect_relay(sock)) < 0) {
 		cmd_err("%s: cannot reach the relay at %s: %s (is 'airlock up %s' running?)", o->who, sock,
 			strerror(-x->fd), real);
 		return -1;

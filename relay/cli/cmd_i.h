@@ -18,8 +18,15 @@ int cmd_up(int argc, char **argv);    /* up.c; down: up_state.c; status, sync-wa
 int cmd_down(int argc, char **argv);
 int cmd_status(int argc, char **argv);
 int cmd_sync_wait(int argc, char **argv);
-int cmd_exec(int argc, char **argv);  /* cmd_exec.c: a relay client */
-int cmd_shell(int argc, char **argv); /* cmd_exec.c: the same client, a shell in the guest */
+int cmd_exec(int argc, char **argv);	/* cmd_exec.c: a relay client */
+int cmd_shell(int argc, char **argv);	/* cmd_exec.c: the same client, a shell in the guest */
+int cmd_changes(int argc, char **argv); /* cmd_changes.c: changes, accept, reject (relay clients) */
+
+/* cmd_exec.c: a connection to the relay socket at path (fd or -errno), and
+ * the workspace holding the realpath in root (the nearest airlock mount at
+ * or above it; *rel = root's path below it, "" = the root). */
+int cmd_connect_relay(const char *path);
+void cmd_find_workspace(char *root, const char **rel);
 
 /* Print o as one line of compact JSON to stdout and drop the reference
  * (NULL: the json_pack that made it failed). 0, or -1 after saying "out

@@ -30,6 +30,9 @@ static const struct command commands[] = {
      "shell [-C DIR] [--timeout S] [-c CMD [NAME [ARG...]]]  login shell (or sh -c CMD) in the guest"},
     {"trust", cmd_trust, "trust [DIR] | --revoke [DIR] | --list  approve DIR/airlock.json as it is now"},
     {"audit", cmd_audit, "audit [-C DIR] [--json]   withheld paths (with their rule), skipped files, egress denials"},
+    {"changes", cmd_changes, "changes [-C DIR] [--json] [--stat|--diff] [PATH...]  what commands changed in the guest"},
+    {"accept", cmd_changes, "accept [-C DIR] (PATH...|--all)  write guest changes to the host"},
+    {"reject", cmd_changes, "reject [-C DIR] (PATH...|--all)  put the host's version back in the guest"},
 };
 
 void cmd_err(const char *fmt, ...)

@@ -247,6 +247,7 @@ static int start_sandbox(struct up *u)
 	char err[1024];
 
 	u->sandbox.cfg.workspace = u->dir;
+	u->sandbox.cfg.limits = policy_sandbox_limits(u->pol.policy); /* kept: restarts use it again */
 	u->sandbox.ttl_s = pw ? pw->ttl_seconds : -1;
 	snprintf(u->sandbox.guest_name, sizeof(u->sandbox.guest_name), "sandbox %s",
 		 sandbox_kind_name(u->sandbox.cfg.kind));
@@ -379,6 +380,7 @@ static void teardown(struct up *u)
 		chan_free(u->conn.chan);
 	u->conn.chan = NULL;
 	up_exec_clear(u);
+	up_changes_clear(u);
 	up_sync_clear(u);
 	if (u->loop) {
 		del_timer(u, &u->conn.retry_timer);
@@ -415,6 +417,8 @@ static int setup(struct up *u, const struct up_args *a)
 		return st;
 	if ((st = take_state(u, a)) != 0)
 		return st;
+	if (up_changes_init(u) < 0)
+		return 1;
 	if (u->super.epoch) {
 		/* restarted after a crash: DIR waits for us, serve it first */
 		u->conn.announced = true; /* the "in sync" line was the first daemon's */
@@ -422,12 +426,15 @@ static int setup(struct up *u, const struct up_args *a)
 			return 1;
 		if (u->sandbox.use && (st = start_sandbox(u)) != 0)
 			return st;
-		return start_egress(u) < 0 || start_relay(u) < 0 ? 1 : 0;
+		if (start_egress(u) < 0 || start_relay(u) < 0)
+			return 1;
+	} else {
+		if (u->sandbox.use && (st = start_sandbox(u)) != 0)
+			return st;
+		if (up_loop_init(u) < 0 || start_egress(u) < 0 || start_mount(u, a) < 0 || start_relay(u) < 0)
+			return 1;
 	}
-	if (u->sandbox.use && (st = start_sandbox(u)) != 0)
-		return st;
-	if (up_loop_init(u) < 0 || start_egress(u) < 0 || start_mount(u, a) < 0 || start_relay(u) < 0)
-		return 1;
+	relay_set_changes(u->exec.relay, &up_changes_ops, u);
 	return 0;
 }
 

@@ -192,6 +192,14 @@ static frame_fn *const handlers[WIRE_TYPE_MAX + 1] = {
     [WIRE_ERROR] = handle_error,
 };
 
+static bool stream_is_cmd(struct up *u, uint32_t stream)
+{
+	for (struct xcmd *x = u->exec.xcmds; x; x = x->next)
+		if (x->stream == stream)
+			return true;
+	return false;
+}
+
 static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t *data, size_t n, void *ud)
 {
 	struct up *u = ud;
@@ -206,6 +214,12 @@ static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_
 		return;
 	case WIRE_GROUP_EXEC:
 		up_exec_frame(u, type, stream, data, n);
+		return;
+	case WIRE_GROUP_CHANGES:
+		if (type == WIRE_CHG_ITEM && stream_is_cmd(u, stream))
+			up_exec_chg_item(u, stream, data, n);
+		else
+			up_changes_frame(u, type, stream, data, n);
 		return;
 	case WIRE_GROUP_PROXY:
 		if (egress_link_frame(u->exec.egress, type, stream, data, n) < 0) {
@@ -330,6 +344,7 @@ static void on_close(struct chan *c, int err, const char *why, void *ud)
 	u->conn.chan = NULL;
 	egress_link_detach(u->exec.egress); /* its tunnels use the chan */
 	chan_free(c);
+	up_changes_conn_lost(u); /* pulls in flight: their commands exit, their requests fail */
 	/* with the sandbox, commands not yet sent wait for the reconnect */
 	up_exec_fail_some(u, u->sandbox.use && !u->stopping && !u->sandbox.idle_stopped ? 1 : 0, "guest_disconnected",
 			  "the connection to the guest was lost (the guest ends the "

@@ -14,7 +14,10 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <jansson.h>
 
 #include "airlock/core/buf.h"
 #include "airlock/core/chan.h"
@@ -39,6 +42,10 @@ static void xcmd_free(struct up *u, struct xcmd *x)
 	if (x->stream && u->conn.chan)
 		chan_stream_close(u->conn.chan, x->stream);
 	buf_clear(&x->start);
+	for (size_t i = 0; i < x->nrep; i++)
+		mem_free(x->rep[i]);
+	mem_free(x->rep);
+	free(x->by_argv);
 	mem_free(x);
 }
 
@@ -112,6 +119,19 @@ void up_exec_kick(struct up *u)
 	}
 }
 
+/* argv as a JSON array (malloc'd by jansson), for who made a guest change. */
+static char *argv_json(const char *const *argv, size_t argc)
+{
+	json_t *a = json_array();
+	char *s;
+
+	for (size_t i = 0; a && i < argc; i++)
+		json_array_append_new(a, json_string(argv[i]));
+	s = a ? json_dumps(a, JSON_COMPACT) : NULL;
+	json_decref(a);
+	return s;
+}
+
 static int be_exec_start(void *ud, struct relay_cmd *cmd, const struct relay_exec_req *req)
 {
 	struct up *u = ud;
@@ -134,6 +154,7 @@ static int be_exec_start(void *ud, struct relay_cmd *cmd, const struct relay_exe
 	x->u = u;
 	x->cmd = cmd;
 	egress_link_describe(relay_cmd_name(cmd), req->argv, req->argc, x->desc, sizeof(x->desc));
+	x->by_argv = argv_json(req->argv, req->argc);
 	buf_init(&x->start, WIRE_PAYLOAD_MAX);
 	if (req->argc > WIRE_EXEC_ARGS_MAX || req->nenv > WIRE_EXEC_ARGS_MAX || req->nforwarded > WIRE_EXEC_ARGS_MAX) {
 		r = -E2BIG;
@@ -340,6 +361,16 @@ const struct egress_link_ops up_link_ops = {
     .on_change = link_changed,
 };
 
+void up_exec_chg_item(struct up *u, uint32_t stream, const uint8_t *data, size_t n)
+{
+	struct xcmd *x = xcmd_by_stream(u, stream);
+
+	if (u->conn.chan)
+		chan_consume(u->conn.chan, stream, n); /* every frame on the stream counts against its window */
+	if (x)
+		up_changes_item(u, x, data, n);
+}
+
 void up_exec_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t *data, size_t n)
 {
 	struct xcmd *x = xcmd_by_stream(u, stream);
@@ -392,8 +423,12 @@ void up_exec_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t *d
 		    .timed_out = m.flags & WIRE_EXEC_X_TIMED_OUT,
 		    .duration_ms = m.duration_ms,
 		};
+		/* its changes first: in auto mode on the host before the exit,
+		 * which may then come later, when x is gone (the relay's calls
+		 * for cmd meanwhile find no x: the command has ended) */
+		relay_cmd_set_data(cmd, NULL);
+		up_changes_exit(u, x, cmd, &ex);
 		xcmd_free(u, x);
-		relay_cmd_exit(cmd, &ex);
 		return;
 	}
 	case WIRE_EXEC_ERROR: {

@@ -58,6 +58,10 @@ struct mount_keep;
 struct chan;
 struct relay;
 struct relay_cmd;
+struct relay_exit;
+struct relay_changes_ops;
+struct manifest_change;
+struct manifest;
 struct route;
 struct relay_backend_ops;
 struct egress_link_ops;
@@ -82,6 +86,9 @@ struct xcmd {
 	size_t stdin_inflight;		 /* stdin bytes sent, not yet acknowledged
 					    (WIRE_EXEC_STDIN_WINDOW) */
 	char desc[EGRESS_LINK_DESC_MAX]; /* "id argv..." for egress denial records */
+	char *by_argv;			 /* its argv as a JSON array, for guest changes */
+	char **rep;			 /* paths of the changes it reported (CHG_ITEM), up_changes.c */
+	size_t nrep, caprep;
 };
 
 /* A sync_wait waiting for its barrier. */
@@ -151,6 +158,37 @@ struct up_exec {
 	struct syncw *syncws;	    /* sync_waits not yet satisfied */
 };
 
+struct upull;
+struct wb_store;
+struct wb_change;
+struct apply;
+struct policy_ctx;
+
+/* Guest changes and write-back (up_changes.c; doc/SYNC.md "Guest changes
+ * and write-back"). */
+struct up_changes {
+	struct wb_store *store; /* NULL: the store could not be opened (nothing is tracked) */
+	struct policy_ctx *pctx;
+	int state_fd;
+	uint8_t sk[64], pk[32], scope[32]; /* the write-back's own batch key and scope */
+	struct apply *apply;		   /* the workspace through the mount, opened at the first write */
+	struct upull *pulls;
+	struct wb_change *adopted; /* written back, not yet seen by a push */
+	size_t nadopted, capadopted;
+	uint64_t *rejects; /* reject requests answered after the next reconcile */
+	char **reject_bodies;
+	size_t nrejects;
+	bool reject_pending; /* the reconcile running at the reject does not count */
+	/* the confirmed state as last saved (CONFIRMED_FILE), for the
+	 * reconcile's three-way check; loaded when a reconcile starts */
+	struct manifest *base;
+	uint64_t base_saved_ms;
+	uint64_t base_seq;	/* the guest's sequence when it was saved (0: unusable) */
+	char **rejected;	/* rejected paths (sorted) until their reconcile is done: the */
+	size_t nrejected;	/* three-way check must not take them as guest changes again */
+	uint8_t base_guest[32]; /* ... and whose it was */
+};
+
 /* The embedded sandbox (no --guest): doc/SANDBOX.md (up_daemon.c). */
 struct up_sandbox {
 	struct sandbox_cfg cfg;
@@ -192,6 +230,7 @@ struct up {
 	struct up_status status;
 	struct up_policy pol;
 	struct up_exec exec;
+	struct up_changes chg;
 	struct up_sandbox sandbox;
 	struct up_super super;
 
@@ -272,6 +311,8 @@ void up_exec_kick(struct up *u);
  * (which = 0), only those sent to the guest (1), or only those still
  * waiting to be sent (2). */
 void up_exec_fail_some(struct up *u, int which, const char *code, const char *msg);
+/* CHG_ITEM on a command's stream (up_changes_item for its command). */
+void up_exec_chg_item(struct up *u, uint32_t stream, const uint8_t *data, size_t n);
 /* Frames 80..111 from the guest. */
 void up_exec_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t *data, size_t n);
 /* An ERROR from the guest on a command's stream (e.g. an agent without
@@ -279,6 +320,29 @@ void up_exec_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t *d
 bool up_exec_refused(struct up *u, uint32_t stream, const char *msg);
 /* Free what is left of the commands and waiters (after relay_free). */
 void up_exec_clear(struct up *u);
+
+/* ---- up_changes.c ---- */
+
+/* The store (state_dir/changes.json), the write-back key. 0, or -1 after
+ * saying why. */
+int up_changes_init(struct up *u);
+void up_changes_clear(struct up *u);
+/* CHG_ITEM on command x's stream. */
+void up_changes_item(struct up *u, struct xcmd *x, const uint8_t *data, size_t n);
+/* Frames of the changes group on a pull stream. */
+void up_changes_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t *data, size_t n);
+/* x exited: write back what auto mode takes, then relay_cmd_exit(cmd, ex)
+ * with the counts. Takes x's reported paths; x may be freed afterwards. */
+void up_changes_exit(struct up *u, struct xcmd *x, struct relay_cmd *cmd, const struct relay_exit *ex);
+/* sync_cfg.keep: a guest change waits, the op is dropped. */
+bool up_changes_keep(void *ud, const struct manifest_change *c);
+/* A reconcile starts: load the last saved confirmed state. */
+void up_changes_reconcile_begin(struct up *u);
+/* A sync operation finished (full: a reconcile). */
+void up_changes_synced(struct up *u, bool full);
+/* The connection is gone: pulls in flight fail. */
+void up_changes_conn_lost(struct up *u);
+extern const struct relay_changes_ops up_changes_ops;
 
 /* ---- up_status.c ---- */
 

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "airlock/content/manifest.h"
 #include "airlock/core/loop.h"
 #include "airlock/core/mem.h"
 #include "airlock/mount/journal.h"
@@ -153,6 +154,7 @@ static void on_sync_done(int err, const char *why, void *ud)
 	 * when a push changed what is withheld */
 	if (u->sync.op_full || sync_get_stats(u->sync.engine)->withheld_changes != u->sync.withheld_saved)
 		save_withheld(u);
+	up_changes_synced(u, u->sync.op_full);
 	if (u->conn.state == UP_RECONCILING)
 		up_conn_live(u);
 }
@@ -174,23 +176,38 @@ static uint64_t take_notify_time(struct up *u)
 	return atomic_exchange(&u->first_notify_ns, 0);
 }
 
+/* An apply temporary (MANIFEST_RESERVED_PREFIX) at or above path: the
+ * write-back's staging through the mount (doc/SYNC.md §10). Never synced;
+ * as a dirty path it would make the push fall back to a full scan. */
+static bool reserved_path(const char *path)
+{
+	static const char pre[] = MANIFEST_RESERVED_PREFIX;
+
+	for (const char *c = path; c; c = strchr(c, '/') ? strchr(c, '/') + 1 : NULL)
+		if (!strncmp(c, pre, sizeof(pre) - 1))
+			return true;
+	return false;
+}
+
 /* One journal record into the pending set; past PENDING_MAX paths (or a
  * root rescan, or without memory) the set gives way to a full reconcile. */
 static void pending_note(struct up_sync *sy, const struct journal_rec *r)
 {
-	struct sync_hint *h1, *h2 = NULL;
+	struct sync_hint *h1 = NULL, *h2 = NULL;
+	bool skip1 = reserved_path(r->path), skip2 = !r->path2 || reserved_path(r->path2);
 
-	if (sy->pending_full)
+	if (sy->pending_full || (skip1 && skip2))
 		return;
 	if (r->op == JOURNAL_RESCAN && !r->path[0])
 		sy->pending_full = true;
-	else if (!(h1 = pathset_add(&sy->pending, r->path)) ||
-		 (r->path2 && !(h2 = pathset_add(&sy->pending, r->path2))))
+	else if ((!skip1 && !(h1 = pathset_add(&sy->pending, r->path))) ||
+		 (!skip2 && !(h2 = pathset_add(&sy->pending, r->path2))))
 		sy->pending_full = true;
 	else if (sy->pending.n > PENDING_MAX)
 		sy->pending_full = true;
 	else {
-		hint_note(h1, r);
+		if (h1)
+			hint_note(h1, r);
 		if (h2)
 			hint_note(h2, r);
 	}
@@ -229,6 +246,7 @@ void up_sync_reconcile(struct up *u)
 
 	/* a reconcile covers everything journaled so far */
 	drain_journal(u);
+	up_changes_reconcile_begin(u);
 	pathset_clear(&u->sync.pending);
 	u->sync.pending_full = false;
 	u->sync.op_upto = u->sync.pending_upto > journal_barrier_seq(u->journal) ? u->sync.pending_upto
@@ -300,6 +318,7 @@ int up_sync_attach(struct up *u, struct chan *c)
 	    .ud = u,
 	    .state_dir = u->state_dir,
 	    .loop = u->loop, /* full scans off the loop: `airlock down` is answered during one */
+	    .keep = up_changes_keep,
 	};
 
 	return sync_new(c, &cfg, &u->sync.engine);

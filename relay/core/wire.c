@@ -48,6 +48,11 @@ static const char *const type_names[WIRE_TYPE_MAX + 1] = {
     [WIRE_PROXY_DATA] = "PROXY_DATA",
     [WIRE_PROXY_EOF] = "PROXY_EOF",
     [WIRE_PROXY_CLOSE] = "PROXY_CLOSE",
+    [WIRE_CHG_ITEM] = "CHG_ITEM",
+    [WIRE_CHG_PULL] = "CHG_PULL",
+    [WIRE_CHG_FILE] = "CHG_FILE",
+    [WIRE_CHG_DATA] = "CHG_DATA",
+    [WIRE_CHG_END] = "CHG_END",
 };
 
 enum wire_group wire_group_of(uint8_t type)
@@ -64,6 +69,8 @@ enum wire_group wire_group_of(uint8_t type)
 		return WIRE_GROUP_EXEC;
 	if (type >= WIRE_PROXY_FIRST && type <= WIRE_PROXY_LAST)
 		return WIRE_GROUP_PROXY;
+	if (type >= WIRE_CHANGES_FIRST && type <= WIRE_CHANGES_LAST)
+		return WIRE_GROUP_CHANGES;
 	return WIRE_GROUP_NONE;
 }
 
@@ -445,6 +452,61 @@ int wire_sync_entry_decode(struct buf *in, struct wire_sync_entry *m)
 void wire_sync_entry_clear(struct wire_sync_entry *m)
 {
 	mem_free(m->path);
+	memset(m, 0, sizeof(*m));
+}
+
+/* A CHG item is consistent with itself: a gone path carries nothing, a
+ * target only and always for a symlink, the hash only when flagged. */
+static int chg_item_check(const struct wire_chg_item *m)
+{
+	static const uint8_t zero[WIRE_SYNC_HASH_LEN];
+	bool link = (m->st_mode & 0170000u) == 0120000u;
+
+	if (m->flags & ~WIRE_CHG_F_HASHED)
+		return -EINVAL;
+	if (!m->st_mode && (m->size || m->flags || memcmp(m->hash, zero, sizeof(zero))))
+		return -EINVAL;
+	if (link != (m->target && m->target[0]))
+		return -EINVAL;
+	if (!(m->flags & WIRE_CHG_F_HASHED) && memcmp(m->hash, zero, sizeof(zero)))
+		return -EINVAL;
+	return 0;
+}
+
+int wire_chg_item_encode(struct buf *b, const struct wire_chg_item *m)
+{
+	int r;
+
+	if (chg_item_check(m) < 0 || strlen(m->path) > WIRE_PATH_MAX ||
+	    (m->target && strlen(m->target) > WIRE_PATH_MAX))
+		return -EINVAL;
+	if ((r = buf_put_str(b, m->path)) < 0 || (r = buf_put_u32(b, m->st_mode)) < 0 ||
+	    (r = buf_put_u32(b, m->by)) < 0 || (r = buf_put_u8(b, m->flags)) < 0 || (r = buf_put_u64(b, m->size)) < 0 ||
+	    (r = buf_put(b, m->hash, sizeof(m->hash))) < 0 || (r = buf_put_str(b, m->target ? m->target : "")) < 0)
+		return r;
+	return 0;
+}
+
+int wire_chg_item_decode(struct buf *in, struct wire_chg_item *m)
+{
+	int r;
+
+	memset(m, 0, sizeof(*m));
+	if ((r = buf_get_str(in, &m->path, WIRE_PATH_MAX)) < 0 || (r = buf_get_u32(in, &m->st_mode)) < 0 ||
+	    (r = buf_get_u32(in, &m->by)) < 0 || (r = buf_get_u8(in, &m->flags)) < 0 ||
+	    (r = buf_get_u64(in, &m->size)) < 0 || (r = buf_get(in, m->hash, sizeof(m->hash))) < 0 ||
+	    (r = buf_get_str(in, &m->target, WIRE_PATH_MAX)) < 0 || (r = done(in)) < 0 ||
+	    (r = chg_item_check(m) < 0 ? -EBADMSG : 0) < 0) {
+		wire_chg_item_clear(m);
+		return r;
+	}
+	return 0;
+}
+
+void wire_chg_item_clear(struct wire_chg_item *m)
+{
+	mem_free(m->path);
+	mem_free(m->target);
 	memset(m, 0, sizeof(*m));
 }
 

@@ -215,6 +215,17 @@ static char *own_dir(const char *ctrl)
 	return mem_strdup(full);
 }
 
+/* The top of one hierarchy as this mount namespace sees it (its mount
+ * point), mem_alloc'ed. */
+static char *top_dir(const char *ctrl)
+{
+	char mnt[1024], root[1024];
+
+	if (find_mount(ctrl, mnt, sizeof(mnt), root, sizeof(root)) < 0)
+		return NULL;
+	return mem_strdup(mnt);
+}
+
 static int make_dir(const char *path)
 {
 	if (mkdir(path, 0755) == 0 || errno == EEXIST)
@@ -284,7 +295,7 @@ int exec_sys_new(const struct exec_sys_cfg *cfg, struct exec_sys **out)
 	if (s->mode == EXEC_CGROUP_OFF)
 		goto done;
 
-	s->v2_own = own_dir(NULL);
+	s->v2_own = cfg && cfg->top_level ? top_dir(NULL) : own_dir(NULL);
 	if (s->v2_own && (s->v2_parent = path_join(s->v2_own, name)) && make_dir(s->v2_parent) == 0) {
 		s->caps |= EXEC_CAP_CG2;
 		if (path_file(p, sizeof(p), s->v2_parent, "cgroup.kill") == 0 && access(p, W_OK) == 0)
@@ -312,7 +323,7 @@ int exec_sys_new(const struct exec_sys_cfg *cfg, struct exec_sys **out)
 		unsigned v2cap = i == V1_PIDS ? EXEC_CAP_CG2_PIDS : EXEC_CAP_CG2_MEMORY;
 		if (s->caps & v2cap)
 			continue;
-		char *own = own_dir(v1_ctrl[i]);
+		char *own = cfg && cfg->top_level ? top_dir(v1_ctrl[i]) : own_dir(v1_ctrl[i]);
 		if (!own)
 			continue;
 		s->v1_parent[i] = path_join(own, name);
@@ -480,6 +491,8 @@ int exec_cg_create(struct exec_sys *sys, const struct exec_limits *lim, struct e
 		if (i == V1_MEMORY) {
 			if ((r = set_limit(cg->v1[i], "memory.limit_in_bytes", lim->memory_max)) < 0)
 				goto fail;
+			/* memory + swap (with swap accounting on): no swapping past it */
+			(void)set_limit(cg->v1[i], "memory.memsw.limit_in_bytes", lim->memory_max);
 			cg->mem_limited = true;
 		}
 		if ((r = open_procs(cg->v1[i], &cg->procs_fd[1 + i])) < 0)
@@ -580,4 +593,64 @@ void exec_cg_destroy(struct exec_cg *cg)
 	mem_free(cg->v1[0]);
 	mem_free(cg->v1[1]);
 	cg->v2 = cg->v1[0] = cg->v1[1] = NULL;
+}
+
+/* ---- a tree started elsewhere (exec.h, exec_cgroup_*) ---- */
+
+struct exec_cgroup {
+	struct exec_cg cg;
+};
+
+int exec_cgroup_new(struct exec_sys *sys, const struct exec_limits *lim, struct exec_cgroup **out)
+{
+	struct exec_cgroup *c = mem_calloc(1, sizeof(*c));
+	int r;
+
+	*out = NULL;
+	if (!c)
+		return -ENOMEM;
+	if ((r = exec_cg_create(sys, lim, &c->cg)) < 0) {
+		mem_free(c);
+		return r;
+	}
+	*out = c;
+	return 0;
+}
+
+int exec_cgroup_attach(struct exec_cgroup *c, pid_t pid)
+{
+	char num[24];
+	int n = snprintf(num, sizeof(num), "%ld", (long)pid);
+
+	for (int i = 0; i < 3; i++)
+		if (c->cg.procs_fd[i] >= 0 && write(c->cg.procs_fd[i], num, (size_t)n) != n)
+			return -errno;
+	return 0;
+}
+
+unsigned exec_cgroup_limits(const struct exec_cgroup *c)
+{
+	if (!c)
+		return 0;
+	return (c->cg.pids_limited ? EXEC_CGROUP_PIDS : 0u) | (c->cg.mem_limited ? EXEC_CGROUP_MEMORY : 0u);
+}
+
+const char *exec_cgroup_dir(const struct exec_cgroup *c)
+{
+	return c ? (c->cg.v2 ? c->cg.v2 : c->cg.v1[V1_PIDS]) : NULL;
+}
+
+void exec_cgroup_free(struct exec_cgroup *c)
+{
+	if (!c)
+		return;
+	if (exec_cg_tracks(&c->cg)) {
+		/* what is left is the tree's: it dies with its cgroup */
+		for (int tries = 0; tries < 100 && exec_cg_populated(&c->cg) == 1; tries++) {
+			(void)exec_cg_signal(&c->cg, SIGKILL);
+			usleep(10000);
+		}
+	}
+	exec_cg_destroy(&c->cg);
+	mem_free(c);
 }

@@ -19,6 +19,7 @@
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/landlock.h>
+#include <linux/netlink.h>
 #include <linux/seccomp.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -26,6 +27,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -67,6 +70,7 @@ struct exec_confine {
 	int abi;
 	uint64_t handled;
 	struct sock_fprog prog;
+	uint64_t file_max; /* RLIMIT_FSIZE of commands; 0: none */
 	char describe[160];
 };
 
@@ -80,11 +84,13 @@ struct exec_confine {
 #error "exec_confine: add this architecture's AUDIT_ARCH"
 #endif
 
-#define NR_OFF	 offsetof(struct seccomp_data, nr)
-#define ARCH_OFF offsetof(struct seccomp_data, arch)
-#define ARG0_LO	 offsetof(struct seccomp_data, args[0]) /* little endian: low half first */
-#define DENY(nr) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (nr), 0, 1), BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM)
-#define ALLOW	 BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)
+#define NR_OFF	     offsetof(struct seccomp_data, nr)
+#define ARCH_OFF     offsetof(struct seccomp_data, arch)
+#define ARG0_LO	     offsetof(struct seccomp_data, args[0]) /* little endian: low half first */
+#define ARG2_LO	     offsetof(struct seccomp_data, args[2])
+#define ERRNO(nr, e) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (nr), 0, 1), BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (e))
+#define DENY(nr)     ERRNO(nr, EPERM)
+#define ALLOW	     BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)
 
 static struct sock_filter confine_filter[] = {
     BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARCH_OFF),
@@ -119,9 +125,18 @@ static struct sock_filter confine_filter[] = {
     DENY(SYS_mount_setattr),
     DENY(SYS_setns),
     /* clone3 passes its flags in memory BPF cannot read: ENOSYS makes
-     * glibc and musl fall back to clone, which is checked below. */
-    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone3, 0, 1),
-    BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+     * glibc and musl fall back to clone, which is checked below. io_uring
+     * runs system calls from kernel workers this filter never sees (and
+     * has been the kernel's richest source of exploits): ENOSYS, so
+     * libuv, tokio and liburing users fall back to epoll and threads. */
+    ERRNO(SYS_clone3, ENOSYS),
+    ERRNO(SYS_io_uring_setup, ENOSYS),
+    ERRNO(SYS_io_uring_enter, ENOSYS),
+    ERRNO(SYS_io_uring_register, ENOSYS),
+    /* userfaultfd stalls the kernel on a page fault for as long as the
+     * caller likes (the classic way to widen a kernel race): EPERM, what
+     * vm.unprivileged_userfaultfd=0 answers, which callers expect. */
+    DENY(SYS_userfaultfd),
     /* unshare(flags) and clone(flags, ...) take the flags first on
      * x86_64 and arm64: EPERM with CLONE_NEWUSER */
     BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_unshare, 1, 0),
@@ -130,9 +145,27 @@ static struct sock_filter confine_filter[] = {
     BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_NEWUSER, 0, 1),
     BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
     ALLOW,
+    /* socket(family, type, protocol) and socketpair(family, ...): the
+     * families commands need, nothing else. vsock ignores network
+     * namespaces (it reaches the hypervisor and other VMs on a VM host),
+     * AF_PACKET and the rest widen the kernel surface for nothing. The
+     * family is an int: the kernel reads the low half only, so do we. */
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_socket, 1, 0),
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_socketpair, 0, 8),
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG0_LO),
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_UNIX, 6, 0),
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_INET, 5, 0),
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_INET6, 4, 0),
+    /* netlink: NETLINK_ROUTE only, read-only without CAP_NET_ADMIN in
+     * the sandbox's own network namespace; getifaddrs() (node's
+     * os.networkInterfaces, glibc's AI_ADDRCONFIG) needs it */
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_NETLINK, 0, 2),
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG2_LO),
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NETLINK_ROUTE, 1, 0),
+    BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EAFNOSUPPORT),
     ALLOW,
 };
-#define CONFINE_DENIED 23 /* syscalls failing with EPERM outright, besides CLONE_NEWUSER (for describe) */
+#define CONFINE_DENIED 27 /* syscalls refused outright, besides CLONE_NEWUSER and socket families (for describe) */
 
 /* ---- Landlock ---- */
 
@@ -217,6 +250,7 @@ int exec_confine_new(const struct exec_confine_cfg *cfg, struct exec_confine **o
 	if (!(c = mem_calloc(1, sizeof(*c))))
 		return -ENOMEM;
 	c->ruleset_fd = -1;
+	c->file_max = cfg->file_max;
 	c->prog.filter = confine_filter;
 	c->prog.len = (unsigned short)(sizeof(confine_filter) / sizeof(confine_filter[0]));
 	c->abi = ll_abi();
@@ -261,8 +295,9 @@ int exec_confine_new(const struct exec_confine_cfg *cfg, struct exec_confine **o
 			}
 		}
 		snprintf(c->describe, sizeof(c->describe),
-			 "landlock ABI %d (fs%s), seccomp (%d syscalls + new user namespaces denied)", c->abi,
-			 c->abi >= 6 ? ", signal and abstract-socket scope" : "", CONFINE_DENIED);
+			 "landlock ABI %d (fs%s), seccomp (%d syscalls, new user namespaces and socket families but "
+			 "unix/inet/inet6/netlink-route denied)",
+			 c->abi, c->abi >= 6 ? ", signal and abstract-socket scope" : "", CONFINE_DENIED);
 	} else if (cfg->require_landlock) {
 		r = -ENOTSUP;
 		errmsg_set(err, errlen,
@@ -270,7 +305,8 @@ int exec_confine_new(const struct exec_confine_cfg *cfg, struct exec_confine **o
 		goto fail;
 	} else {
 		snprintf(c->describe, sizeof(c->describe),
-			 "no landlock (kernel lacks it), seccomp (%d syscalls + new user namespaces denied)",
+			 "no landlock (kernel lacks it), seccomp (%d syscalls, new user namespaces and socket families "
+			 "but unix/inet/inet6/netlink-route denied)",
 			 CONFINE_DENIED);
 	}
 	*out = c;
@@ -296,6 +332,10 @@ const char *exec_confine_describe(const struct exec_confine *c)
 
 int exec_confine_apply(const struct exec_confine *c)
 {
+	struct rlimit fsize = {.rlim_cur = (rlim_t)c->file_max, .rlim_max = (rlim_t)c->file_max};
+
+	if (c->file_max && setrlimit(RLIMIT_FSIZE, &fsize) < 0)
+		return -errno;
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
 		return -errno;
 	if (c->ruleset_fd >= 0 && syscall(SYS_landlock_restrict_self, c->ruleset_fd, 0) < 0)

@@ -13,12 +13,17 @@
  *   agent/      the agent's sync state
  *   run/        agent.sock
  *   agent.log   the agent's stderr
- * When airlock runs as root, the sandbox's uid is nobody outside: the four
- * directories it writes are chowned to 65534 when created.
+ *   uid         the sandbox's own host uid (root only; see below)
+ * When airlock runs as root, the local sandbox's one uid is a host uid of
+ * its own (sandbox_uid_take), never shared with another sandbox, a user or
+ * a running process: the four directories it writes are chowned to it.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <grp.h>
+#include <pwd.h>
+#include <dirent.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,8 +41,6 @@
 #include "airlock/core/mem.h"
 #include "airlock/sync/audit.h"
 #include "sandbox_i.h"
-
-#define SANDBOX_NOBODY 65534
 
 /* The backends, by kind: the one table dispatch and the names go through. */
 static const struct sandbox_backend {
@@ -74,21 +77,279 @@ const char *sandbox_kind_name(enum sandbox_kind k)
 	return be ? be->name : "?";
 }
 
-bool sandbox_as_nobody(void)
+/* Is [first, first + n) mapped in our user namespace? */
+static bool uids_mapped(uint32_t first, uint32_t n)
 {
-	unsigned long in, out, n;
+	unsigned long in, out, cnt;
 	bool mapped = false;
 	FILE *f;
 
-	if (geteuid() != 0)
-		return false;
 	if (!(f = fopen("/proc/self/uid_map", "re")))
 		return true; /* no /proc: assume the initial namespace */
-	while (fscanf(f, "%lu %lu %lu", &in, &out, &n) == 3)
-		if (in <= SANDBOX_NOBODY && SANDBOX_NOBODY - in < n)
+	while (fscanf(f, "%lu %lu %lu", &in, &out, &cnt) == 3)
+		if (in <= first && first - in < cnt && cnt - (first - in) >= n)
 			mapped = true;
 	fclose(f);
 	return mapped;
+}
+
+const struct sandbox_uid_range *sandbox_uid_range(void)
+{
+	static const struct sandbox_uid_range ranges[] = {
+	    {SANDBOX_UID_FIRST, SANDBOX_UID_COUNT},
+	    {SANDBOX_UID_SMALL_FIRST, SANDBOX_UID_SMALL_COUNT},
+	    {SANDBOX_NOBODY, 1},
+	};
+
+	if (geteuid() != 0)
+		return NULL;
+	for (size_t i = 0; i < sizeof(ranges) / sizeof(ranges[0]); i++)
+		if (uids_mapped(ranges[i].first, ranges[i].count))
+			return &ranges[i];
+	return NULL;
+}
+
+/* ---- the sandbox's own host uid (root) ---- */
+
+/* A sorted set of uids. */
+struct uidset {
+	uint32_t *v;
+	size_t n, cap;
+};
+
+static int uidset_add(struct uidset *s, uint32_t u)
+{
+	if (s->n == s->cap) {
+		size_t cap = s->cap ? s->cap * 2 : 256;
+		uint32_t *v;
+		if (cap > (1u << 22) || !(v = mem_realloc(s->v, cap * sizeof(*v))))
+			return -ENOMEM;
+		s->v = v;
+		s->cap = cap;
+	}
+	s->v[s->n++] = u;
+	return 0;
+}
+
+static int u32_cmp(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static void uidset_sort(struct uidset *s)
+{
+	if (s->n) /* qsort's base may not be NULL, even for no elements */
+		qsort(s->v, s->n, sizeof(*s->v), u32_cmp);
+}
+
+static bool uidset_has(const struct uidset *s, uint32_t u)
+{
+	return s->n && bsearch(&u, s->v, s->n, sizeof(*s->v), u32_cmp);
+}
+
+/* The uid in a sandbox's "uid" file; -ENOENT when it has none, -EINVAL
+ * when it holds anything but a uid. */
+static int uid_file_read(const char *dir, uint32_t *out)
+{
+	char path[PATH_MAX + 8], buf[32], *end;
+	int fd;
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "%s/uid", dir);
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)) < 0)
+		return -errno;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return -EINVAL;
+	buf[n] = '\0';
+	errno = 0;
+	unsigned long v = strtoul(buf, &end, 10);
+	if (errno || end == buf || (*end && *end != '\n') || v == 0 || v >= UINT32_MAX)
+		return -EINVAL;
+	*out = (uint32_t)v;
+	return 0;
+}
+
+/* Uids the other sandboxes of this state root hold. */
+static int uids_of_sandboxes(const char *root, const char *self, struct uidset *s)
+{
+	char path[PATH_MAX];
+	struct dirent *de;
+	DIR *d = opendir(root);
+	int r = 0;
+
+	if (!d)
+		return errno == ENOENT ? 0 : -errno;
+	while (r == 0 && (de = readdir(d))) {
+		uint32_t u;
+		if (de->d_name[0] == '.' || (de->d_type != DT_DIR && de->d_type != DT_UNKNOWN) ||
+		    (size_t)snprintf(path, sizeof(path), "%s/%s", root, de->d_name) >= sizeof(path) ||
+		    !strcmp(path, self))
+			continue;
+		if (uid_file_read(path, &u) == 0)
+			r = uidset_add(s, u);
+	}
+	closedir(d);
+	return r;
+}
+
+/* Every uid (real, effective, saved, fs) a running process has. */
+static int uids_of_processes(struct uidset *s)
+{
+	char path[64], line[256];
+	struct dirent *de;
+	DIR *d = opendir("/proc");
+	int r = 0;
+
+	if (!d)
+		return -errno;
+	while (r == 0 && (de = readdir(d))) {
+		unsigned long u[4];
+		FILE *f;
+		if (de->d_name[0] < '1' || de->d_name[0] > '9')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%.20s/status", de->d_name);
+		if (!(f = fopen(path, "re")))
+			continue; /* gone meanwhile */
+		while (fgets(line, sizeof(line), f))
+			if (sscanf(line, "Uid: %lu %lu %lu %lu", &u[0], &u[1], &u[2], &u[3]) == 4) {
+				for (int i = 0; i < 4 && r == 0; i++)
+					r = uidset_add(s, (uint32_t)u[i]);
+				break;
+			}
+		fclose(f);
+	}
+	closedir(d);
+	return r;
+}
+
+/* Is u inside a range of /etc/subuid or /etc/subgid (handed to a user's
+ * containers)? */
+static bool in_subid_file(const char *path, uint32_t u)
+{
+	char line[512];
+	bool hit = false;
+	FILE *f = fopen(path, "re");
+
+	if (!f)
+		return false;
+	while (!hit && fgets(line, sizeof(line), f)) {
+		const char *c = strchr(line, ':');
+		unsigned long first, n;
+		if (c && sscanf(c + 1, "%lu:%lu", &first, &n) == 2 && u >= first && u - first < n)
+			hit = true;
+	}
+	fclose(f);
+	return hit;
+}
+
+/* Is u another sandbox's, or named by the user and group databases or a
+ * subordinate id range? */
+static bool uid_claimed(uint32_t u, const struct uidset *sandboxes)
+{
+	return uidset_has(sandboxes, u) || getpwuid(u) || getgrgid(u) || in_subid_file("/etc/subuid", u) ||
+	       in_subid_file("/etc/subgid", u);
+}
+
+static int uid_file_write(const char *dir, uint32_t u)
+{
+	char path[PATH_MAX + 8], tmp[PATH_MAX + 16], text[16];
+	int fd, n = snprintf(text, sizeof(text), "%u\n", (unsigned)u), r = 0;
+
+	snprintf(path, sizeof(path), "%s/uid", dir);
+	snprintf(tmp, sizeof(tmp), "%s/uid.tmp", dir);
+	(void)unlink(tmp);
+	if ((fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644)) < 0)
+		return -errno;
+	if (write(fd, text, (size_t)n) != n || fsync(fd) < 0)
+		r = errno ? -errno : -EIO;
+	close(fd);
+	if (r == 0 && rename(tmp, path) < 0)
+		r = -errno;
+	if (r < 0)
+		(void)unlink(tmp);
+	return r;
+}
+
+/*
+ * sb->host_uid: the uid this sandbox has kept in its "uid" file, or a new
+ * one from range, starting at a hash of the state directory (two state
+ * roots rarely probe the same uids) and taking the first that no other
+ * sandbox of this state root holds, no passwd or group entry names, no
+ * /etc/subuid or /etc/subgid range holds and no running process has. A
+ * kept uid outside range, or that another sandbox or a database entry
+ * claims since, is given up for a new one (the files are chowned over by
+ * state_subdirs_make). Allocation is serialised by an flock on the
+ * state root directory. Must hold sb's own lock. The range {nobody, 1}
+ * is nobody, shared, without a file.
+ */
+static int sandbox_uid_take(struct sandbox *sb, const struct sandbox_uid_range *range, char *err, size_t errlen)
+{
+	struct uidset taken = {0}, procs = {0};
+	char root[PATH_MAX];
+	const char *slash = strrchr(sb->dir, '/');
+	uint32_t u = 0;
+	int fd = -1, r;
+
+	if (range->first == SANDBOX_NOBODY) {
+		sb->host_uid = SANDBOX_NOBODY;
+		return 0;
+	}
+	snprintf(root, sizeof(root), "%.*s", (int)(slash - sb->dir), sb->dir);
+	/* the state root itself is the lock: no file is left behind once
+	 * the last sandbox is destroyed */
+	if ((fd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW)) < 0 || flock(fd, LOCK_EX) < 0) {
+		r = -errno;
+		errmsg_set(err, errlen, "locking %s: %s", root, strerror(errno));
+		goto out;
+	}
+	if ((r = uids_of_sandboxes(root, sb->dir, &taken)) < 0) {
+		errmsg_set(err, errlen, "finding the uids in use: %s", strerror(-r));
+		goto out;
+	}
+	uidset_sort(&taken);
+	/* a kept uid's processes are this sandbox's last run, still dying:
+	 * only a new uid is checked against the running processes */
+	if (uid_file_read(sb->dir, &u) == 0 && u >= range->first && u - range->first < range->count &&
+	    !uid_claimed(u, &taken)) {
+		sb->host_uid = u;
+		goto out;
+	}
+	if ((r = uids_of_processes(&procs)) < 0) {
+		errmsg_set(err, errlen, "finding the uids in use: %s", strerror(-r));
+		goto out;
+	}
+	uidset_sort(&procs);
+	uint8_t h[16];
+	crypto_generichash(h, sizeof(h), (const uint8_t *)sb->dir, strlen(sb->dir), NULL, 0);
+	uint32_t start =
+	    ((uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24) % range->count;
+	r = -EUSERS;
+	for (uint32_t k = 0; k < range->count && r == -EUSERS; k++) {
+		u = range->first + (start + k) % range->count;
+		if (!uid_claimed(u, &taken) && !uidset_has(&procs, u))
+			r = 0;
+	}
+	if (r < 0) {
+		errmsg_set(err, errlen,
+			   "no free uid left in %u-%u for the sandbox (remove unused ones: airlock down DIR "
+			   "--destroy)",
+			   range->first, range->first + range->count - 1);
+		goto out;
+	}
+	if ((r = uid_file_write(sb->dir, u)) < 0) {
+		errmsg_set(err, errlen, "%s/uid: %s", sb->dir, strerror(-r));
+		goto out;
+	}
+	sb->host_uid = u;
+out:
+	if (fd >= 0)
+		close(fd); /* releases the flock */
+	mem_free(taken.v);
+	mem_free(procs.v);
+	return r;
 }
 
 int sandbox_dir_of(const char *workspace, char *out, size_t outlen)
@@ -191,9 +452,32 @@ static int state_dir_lock(struct sandbox *sb, const struct sandbox_cfg *cfg, int
 	return 0;
 }
 
+/* The tree under path from one owner to another (entries someone else
+ * owns are left alone): a sandbox whose uid changed, or one an older
+ * airlock gave to nobody. */
+static uint32_t chown_from, chown_to; /* for chown_one: nftw has no user data; loop thread only */
+
+static int chown_one(const char *p, const struct stat *st, int flag, struct FTW *f)
+{
+	(void)flag;
+	(void)f;
+	if (st->st_uid == chown_from && lchown(p, chown_to, chown_to) < 0 && errno != ENOENT)
+		return -errno;
+	return 0;
+}
+
+static int chown_tree(const char *path, uint32_t from, uint32_t to)
+{
+	chown_from = from;
+	chown_to = to;
+	int r = nftw(path, chown_one, 32, FTW_PHYS | FTW_MOUNT);
+	return r < 0 ? r : r > 0 ? -EIO : 0;
+}
+
 /* Step 2: keys/ and the four directories the sandbox writes (the layout at
- * the top of this file), each made once and kept. */
-static int state_subdirs_make(struct sandbox *sb, enum sandbox_kind kind, char *err, size_t errlen)
+ * the top of this file), each made once and kept; as root, owned by the
+ * sandbox's own uid (sb->host_uid). */
+static int state_subdirs_make(struct sandbox *sb, char *err, size_t errlen)
 {
 	static const char *const subdirs[] = {"workspace", "home", "agent", "run"};
 	char path[PATH_MAX + 64];
@@ -207,17 +491,20 @@ static int state_subdirs_make(struct sandbox *sb, enum sandbox_kind kind, char *
 	for (size_t i = 0; i < sizeof(subdirs) / sizeof(subdirs[0]); i++) {
 		struct stat st;
 		snprintf(path, sizeof(path), "%s/%s", sb->dir, subdirs[i]);
-		if (lstat(path, &st) == 0)
-			continue;
-		if (mkdir(path, 0700) < 0) {
-			r = -errno;
-			errmsg_set(err, errlen, "cannot create %s: %s", path, strerror(errno));
-			return r;
+		if (lstat(path, &st) < 0) {
+			if (mkdir(path, 0700) < 0 || lstat(path, &st) < 0) {
+				r = -errno;
+				errmsg_set(err, errlen, "cannot create %s: %s", path, strerror(errno));
+				return r;
+			}
 		}
-		/* as root the sandbox's user is nobody outside (sandbox_local.c) */
-		if (kind == SANDBOX_LOCAL && sandbox_as_nobody() && chown(path, SANDBOX_NOBODY, SANDBOX_NOBODY) < 0) {
-			r = -errno;
-			errmsg_set(err, errlen, "cannot chown %s to nobody: %s", path, strerror(errno));
+		if (!sb->host_uid || st.st_uid == sb->host_uid)
+			continue;
+		/* new (root's), or kept from an earlier uid: the sandbox's own now */
+		if ((r = st.st_uid == 0 ? (lchown(path, sb->host_uid, sb->host_uid) < 0 ? -errno : 0)
+					: chown_tree(path, st.st_uid, sb->host_uid)) < 0) {
+			errmsg_set(err, errlen, "cannot chown %s to the sandbox's uid %u: %s", path,
+				   (unsigned)sb->host_uid, strerror(-r));
 			return r;
 		}
 	}
@@ -276,6 +563,7 @@ static int agent_find(struct sandbox *sb, const struct sandbox_cfg *cfg, char *e
 int sandbox_start(const struct sandbox_cfg *cfg, struct sandbox **out, char *err, size_t errlen)
 {
 	const struct sandbox_backend *be = backend_of(cfg->kind);
+	const struct sandbox_uid_range *range;
 	struct sandbox_common *c;
 	struct sandbox *sb;
 	double t0 = now_ms();
@@ -289,7 +577,9 @@ int sandbox_start(const struct sandbox_cfg *cfg, struct sandbox **out, char *err
 	}
 	sb->kind = cfg->kind;
 	if ((r = state_dir_lock(sb, cfg, &lockfd, err, errlen)) < 0 ||
-	    (r = state_subdirs_make(sb, cfg->kind, err, errlen)) < 0 || (r = state_keys_load(sb, err, errlen)) < 0 ||
+	    (cfg->kind == SANDBOX_LOCAL && (range = sandbox_uid_range()) &&
+	     (r = sandbox_uid_take(sb, range, err, errlen)) < 0) ||
+	    (r = state_subdirs_make(sb, err, errlen)) < 0 || (r = state_keys_load(sb, err, errlen)) < 0 ||
 	    (r = agent_find(sb, cfg, err, errlen)) < 0)
 		goto fail;
 	if ((r = be ? be->start(sb, cfg, err, errlen) : -EINVAL) < 0)

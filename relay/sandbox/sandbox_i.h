@@ -9,7 +9,9 @@
  */
 
 #include <limits.h>
+#include <sys/resource.h>
 
+#include "airlock/exec/exec.h"
 #include "airlock/sandbox/sandbox.h"
 
 struct sandbox_common;
@@ -26,18 +28,69 @@ struct sandbox {
 	char guest_key_file[PATH_MAX];
 	/* filled by the backend */
 	char addr[PATH_MAX + 16]; /* transport address the host connects to */
-	char describe[256];
-	pid_t pid;  /* what the host waits for; 0 when none */
-	void *impl; /* backend state */
+	char describe[512];	  /* < 256 in practice: relay/cli keeps a copy of 256 */
+	uint32_t host_uid;	  /* local, as root: the sandbox's own uid outside (= gid); 0: the invoking user's */
+	pid_t pid;		  /* what the host waits for; 0 when none */
+	void *impl;		  /* backend state */
 	/* sandbox.c's own */
 	double start_ms;
 	struct sandbox_common *common; /* the state dir lock */
 };
 
-/* Whether the sandbox's user is nobody (65534) outside: we are root and
- * 65534 exists in our user namespace (a root inside a user namespace that
- * maps only itself runs the sandbox as itself). */
-bool sandbox_as_nobody(void);
+/* The local sandbox's own host uids (doc/SANDBOX.md, "State directory"):
+ * as root each sandbox gets one of these, gid = uid, kept in <dir>/uid.
+ * The first range is used when our user namespace maps it, else the
+ * second (a container that maps 65536 ids), else nobody (65534). */
+struct sandbox_uid_range {
+	uint32_t first, count;
+};
+#define SANDBOX_UID_FIRST	0x60000000u /* 1610612736 */
+#define SANDBOX_UID_COUNT	65536u
+#define SANDBOX_UID_SMALL_FIRST 40000u
+#define SANDBOX_UID_SMALL_COUNT 20000u
+#define SANDBOX_NOBODY		65534u
+
+/* Where the local sandbox's host uid comes from: NULL when it runs as the
+ * invoking user (we are not root, or root of a user namespace that maps
+ * none of the ranges nor nobody); the range {65534, 1} when only nobody is
+ * mapped. */
+const struct sandbox_uid_range *sandbox_uid_range(void);
+
+/* ---- limits of the local sandbox (sandbox_limits.c; doc/SANDBOX.md, "Limits") ---- */
+
+struct policy_sandbox_limits;
+
+struct sandbox_limits {
+	uint64_t pids;		 /* processes and threads */
+	uint64_t memory;	 /* bytes */
+	uint64_t tmp;		 /* bytes of /tmp */
+	uint64_t file;		 /* bytes of the largest file (RLIMIT_FSIZE) */
+	bool memory_given;	 /* sandbox.limits.memory was set (else the default) */
+	bool pids_cg, memory_cg; /* enforced by the cgroup (else rlimits only) */
+	struct exec_sys *sys;	 /* the cgroup's parent; NULL when none */
+	struct exec_cgroup *cg;	 /* the sandbox's cgroup; NULL when none */
+};
+
+/* The rlimits the sandbox's PID 1 starts with (set by its child side). */
+struct sandbox_rlimits {
+	struct rlimit nproc, data, core;
+	bool nproc_set, data_set;
+};
+
+/* in (NULL: none) with the defaults filled in; no cgroup yet. */
+void sandbox_limits_resolve(const struct policy_sandbox_limits *in, struct sandbox_limits *out);
+/* A cgroup with lim's pids and memory limits where one can be had: under
+ * our own cgroup, else (root) at the top of the hierarchy; sets
+ * lim->sys/cg and what they enforce. Nothing when none can be had. */
+void sandbox_limits_cgroup(struct sandbox_limits *lim);
+/* Move pid into the cgroup (before it forks anything). 0 or -errno. */
+int sandbox_limits_attach(const struct sandbox_limits *lim, pid_t pid);
+/* own_uid: the sandbox has a host uid of its own (root). */
+void sandbox_limits_rlimits(const struct sandbox_limits *lim, bool own_uid, struct sandbox_rlimits *r);
+/* "limits: 4096 processes (cgroup), memory 12 GiB (cgroup), ..." */
+void sandbox_limits_describe(const struct sandbox_limits *lim, char *out, size_t n);
+/* Kill what is left in the cgroup and remove it. */
+void sandbox_limits_release(struct sandbox_limits *lim);
 
 /* Backends: fill sb->addr, sb->describe, sb->pid, sb->impl; the common
  * code has created sb->dir, the keys and sb->agent_path, and measures

@@ -7,7 +7,7 @@
  *   ------                          -----------------------------
  *   clone ------------------------> waits on go
  *   uid_map/gid_map: 1000 -> us     .
- *   (root: 1000 -> nobody)          .
+ *   (root: 1000 -> its own uid)     .
  *   go ---------------------------> opens its bind sources (still the
  *                                   invoking user's file access), becomes
  *                                   uid 1000 (caps kept in its namespace),
@@ -64,8 +64,7 @@
 #include "airlock/core/mem.h"
 #include "sandbox_i.h"
 
-#define SB_UID	      1000u /* the one uid inside */
-#define SB_NOBODY     65534u
+#define SB_UID	      1000u  /* the one uid inside */
 #define SB_NEWROOT    "/tmp" /* where the child builds the root (a private tmpfs over its /tmp) */
 #define SB_HOME	      "/home/airlock"
 #define SB_KEYS	      "/airlock/keys"
@@ -143,6 +142,7 @@ struct lctx {
 	struct lkey key;
 	struct letc etc;
 	struct lexec exec;
+	struct sandbox_rlimits rl;
 };
 
 /* What failed in the child: reported on err_fd. */
@@ -165,6 +165,7 @@ enum {
 	STAGE_PIVOT,
 	STAGE_KEY,
 	STAGE_READONLY,
+	STAGE_LIMITS,
 	STAGE_EXEC,
 };
 
@@ -181,11 +182,13 @@ static const char *const stage_names[] = {
     [STAGE_PIVOT] = "pivot_root",
     [STAGE_KEY] = "writing the agent's key",
     [STAGE_READONLY] = "making the root read-only",
+    [STAGE_LIMITS] = "setting the rlimits",
     [STAGE_EXEC] = "executing the agent",
 };
 
 struct local {
-	int out_fd; /* agent stdout (read end), closed after ready */
+	int out_fd;		   /* agent stdout (read end), closed after ready */
+	struct sandbox_limits lim; /* and the sandbox's cgroup */
 };
 
 /* ---- child ---- */
@@ -392,7 +395,7 @@ static void c_open_sources(struct lctx *c)
 	}
 }
 
-/* Step 3: uid/gid 1000 (mapped to the invoking user, or nobody for root),
+/* Step 3: uid/gid 1000 (mapped to the invoking user, or the sandbox's own uid for root),
  * keeping the capabilities this namespace gave us until execve. */
 static void c_become_uid(const struct lctx *c)
 {
@@ -467,6 +470,15 @@ static void c_root_readonly(const struct lctx *c)
 		c_fail(c, STAGE_READONLY, errno, "/");
 }
 
+/* Step 7: the rlimits PID 1 and everything it starts inherit
+ * (doc/SANDBOX.md, "Limits"). */
+static void c_rlimits(const struct lctx *c)
+{
+	if ((c->rl.nproc_set && setrlimit(RLIMIT_NPROC, &c->rl.nproc) < 0) || setrlimit(RLIMIT_CORE, &c->rl.core) < 0 ||
+	    (c->rl.data_set && setrlimit(RLIMIT_DATA, &c->rl.data) < 0))
+		c_fail(c, STAGE_LIMITS, errno, NULL);
+}
+
 /* Step 7: stdio, no inherited fds, no privilege gained by exec, die with
  * the host daemon, and exec the agent (PID 1 of the namespace). Its uid
  * is not 0 in this namespace: execve leaves it no capability. */
@@ -496,6 +508,7 @@ static int child_main(void *arg)
 	c_pivot_root(c);
 	c_write_key(c);
 	c_root_readonly(c);
+	c_rlimits(c);
 	c_exec_agent(c);
 }
 
@@ -702,6 +715,8 @@ static void lstart_clear(struct lstart *s)
 		mem_free(c->etc.text[1]);
 		mem_free(c);
 	}
+	if (s->l)
+		sandbox_limits_release(&s->l->lim);
 	mem_free(s->l);
 	int pfds[] = {s->go[0], s->go[1], s->ep[0], s->ep[1], s->op[0], s->op[1]};
 	for (size_t i = 0; i < sizeof(pfds) / sizeof(pfds[0]); i++)
@@ -733,11 +748,13 @@ static int table_add_system(struct lmounts *t)
 }
 
 /* /dev (a few devices, a new devpts, shm, the fd links), /proc, /tmp. */
-static int table_add_dev_proc_tmp(struct lmounts *t)
+static int table_add_dev_proc_tmp(struct lmounts *t, uint64_t tmp_size)
 {
 	static const char *const devs[] = {"null", "zero", "full", "random", "urandom", "tty"};
+	char tmp_opts[64];
 	int r;
 
+	snprintf(tmp_opts, sizeof(tmp_opts), "mode=1777,size=%llu", (unsigned long long)tmp_size);
 	if ((r = add_mnt(t, M_TMPFS, "mode=0755,size=1m", "/dev")) < 0)
 		return r;
 	for (size_t i = 0; i < sizeof(devs) / sizeof(devs[0]); i++) {
@@ -754,7 +771,7 @@ static int table_add_dev_proc_tmp(struct lmounts *t)
 	    (r = add_mnt(t, M_SYMLINK, "/proc/self/fd/0", "/dev/stdin")) < 0 ||
 	    (r = add_mnt(t, M_SYMLINK, "/proc/self/fd/1", "/dev/stdout")) < 0 ||
 	    (r = add_mnt(t, M_SYMLINK, "/proc/self/fd/2", "/dev/stderr")) < 0 ||
-	    (r = add_mnt(t, M_PROC, NULL, "/proc")) < 0 || (r = add_mnt(t, M_TMPFS, "mode=1777", "/tmp")) < 0)
+	    (r = add_mnt(t, M_PROC, NULL, "/proc")) < 0 || (r = add_mnt(t, M_TMPFS, tmp_opts, "/tmp")) < 0)
 		return r;
 	return 0;
 }
@@ -781,12 +798,12 @@ static int table_add_state(struct lmounts *t, const struct sandbox *sb, const st
 }
 
 /* The mount table, in order (doc/SANDBOX.md, "Start", step 4). */
-static int mount_table_build(struct lmounts *t, const struct sandbox *sb, const struct sandbox_cfg *cfg, char *err,
-			     size_t errlen)
+static int mount_table_build(struct lmounts *t, const struct sandbox *sb, const struct sandbox_cfg *cfg,
+			     const struct sandbox_limits *lim, char *err, size_t errlen)
 {
 	int r;
 
-	if ((r = table_add_system(t)) < 0 || (r = table_add_dev_proc_tmp(t)) < 0 ||
+	if ((r = table_add_system(t)) < 0 || (r = table_add_dev_proc_tmp(t, lim->tmp)) < 0 ||
 	    (r = table_add_state(t, sb, cfg)) < 0) {
 		errmsg_set(err, errlen, "sandbox mount table: %s", strerror(-r));
 		return r;
@@ -812,7 +829,7 @@ static int agent_key_prepare(struct lkey *k, const struct sandbox *sb, char *err
 /* The agent's command line (doc/SANDBOX.md, "Start", step 7) and
  * environment. */
 static void agent_cmdline_build(struct lexec *x, const struct lkey *k, const struct sandbox *sb,
-				const struct sandbox_cfg *cfg)
+				const struct sandbox_cfg *cfg, const struct sandbox_limits *lim)
 {
 	char hostpub[KEYS_B64_LEN];
 	int na = 0;
@@ -833,6 +850,8 @@ static void agent_cmdline_build(struct lexec *x, const struct lkey *k, const str
 	ARG("--home");
 	ARG("%s", SB_HOME);
 	ARG("--confine");
+	ARG("--file-max");
+	ARG("%llu", (unsigned long long)lim->file);
 	if (cfg->verbose)
 		ARG("-v");
 #undef ARG
@@ -926,11 +945,11 @@ static int namespaces_clone(struct lstart *s, char *err, size_t errlen)
 }
 
 /* doc/SANDBOX.md, "Start", step 2: one uid, 1000 inside (the invoking
- * user outside, or nobody for root), then go. */
-static int id_maps_write(const struct lstart *s, bool nobody, char *err, size_t errlen)
+ * user outside, or as root the sandbox's own uid), then go. */
+static int id_maps_write(const struct lstart *s, uint32_t host_uid, char *err, size_t errlen)
 {
-	uid_t ouid = nobody ? SB_NOBODY : geteuid();
-	gid_t ogid = nobody ? SB_NOBODY : getegid();
+	uid_t ouid = host_uid ? host_uid : geteuid();
+	gid_t ogid = host_uid ? host_uid : getegid();
 	char line[64];
 	int r;
 
@@ -1033,8 +1052,8 @@ static int agent_wait_ready(const struct lstart *s, const struct sandbox *sb, ch
 	}
 }
 
-/* sb->describe: what isolates this sandbox. */
-static void local_describe(struct sandbox *sb, bool nobody)
+/* sb->describe: what isolates this sandbox, and its limits. */
+static void local_describe(struct sandbox *sb, const struct sandbox_limits *lim)
 {
 	/* one kernel: the agent's Landlock is the one we can ask about */
 	long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, 1U /* LANDLOCK_CREATE_RULESET_VERSION */);
@@ -1044,16 +1063,22 @@ static void local_describe(struct sandbox *sb, bool nobody)
 		snprintf(ll, sizeof(ll), "landlock ABI %ld", abi);
 	else
 		snprintf(ll, sizeof(ll), "no landlock");
+	char outside[32];
+	if (sb->host_uid)
+		snprintf(outside, sizeof(outside), "uid %u", (unsigned)sb->host_uid);
+	else
+		snprintf(outside, sizeof(outside), "you");
+	char limits[128];
+	sandbox_limits_describe(lim, limits, sizeof(limits));
 	snprintf(sb->describe, sizeof(sb->describe),
 		 "local: user+mount+pid+ipc+uts+net namespaces (uid %u inside = %s outside), private root, %s, "
-		 "seccomp; a shared kernel (weaker than a VM)",
-		 SB_UID, nobody ? "nobody" : "you", ll);
+		 "seccomp; %s; a shared kernel (weaker than a VM)",
+		 SB_UID, outside, ll, limits);
 }
 
 int sandbox_local_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *err, size_t errlen)
 {
 	struct lstart s = {.go = {-1, -1}, .ep = {-1, -1}, .op = {-1, -1}, .stack = MAP_FAILED, .pid = -1};
-	bool nobody = sandbox_as_nobody();
 	int r;
 
 	if ((r = workspace_check(cfg, err, errlen)) < 0)
@@ -1062,25 +1087,35 @@ int sandbox_local_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char 
 		errmsg_set(err, errlen, "out of memory");
 		goto out;
 	}
-	if ((r = mount_table_build(&s.c->mnt, sb, cfg, err, errlen)) < 0 ||
+	/* the limits first: the child's rlimits depend on what the cgroup
+	 * enforces, and the child gets a copy of our memory at clone */
+	sandbox_limits_resolve(cfg->limits, &s.l->lim);
+	sandbox_limits_cgroup(&s.l->lim);
+	sandbox_limits_rlimits(&s.l->lim, sb->host_uid != 0, &s.c->rl);
+	if ((r = mount_table_build(&s.c->mnt, sb, cfg, &s.l->lim, err, errlen)) < 0 ||
 	    (r = agent_key_prepare(&s.c->key, sb, err, errlen)) < 0)
 		goto out;
-	agent_cmdline_build(&s.c->exec, &s.c->key, sb, cfg);
+	agent_cmdline_build(&s.c->exec, &s.c->key, sb, cfg, &s.l->lim);
 	etc_prepare(&s.c->etc, 0, "/etc/passwd", "airlock:x:1000:1000:airlock sandbox:" SB_HOME ":/bin/sh\n");
 	etc_prepare(&s.c->etc, 1, "/etc/group", "airlock:x:1000:\n");
 	if ((r = child_fds_open(&s, sb, err, errlen)) < 0 || (r = channel_socket_prepare(sb, err, errlen)) < 0 ||
 	    (r = namespaces_clone(&s, err, errlen)) < 0)
 		goto out;
-	if ((r = id_maps_write(&s, nobody, err, errlen)) < 0 || (r = agent_wait_ready(&s, sb, err, errlen)) < 0) {
+	/* into the cgroup before go: everything it ever forks is counted */
+	if ((r = sandbox_limits_attach(&s.l->lim, s.pid)) < 0)
+		errmsg_set(err, errlen, "moving the sandbox into its cgroup %s: %s", exec_cgroup_dir(s.l->lim.cg),
+			   strerror(-r));
+	if (r < 0 || (r = id_maps_write(&s, sb->host_uid, err, errlen)) < 0 ||
+	    (r = agent_wait_ready(&s, sb, err, errlen)) < 0) {
 		kill_wait(s.pid);
 		goto out;
 	}
 	sb->pid = s.pid;
 	s.l->out_fd = s.op[0];
 	s.op[0] = -1;
+	local_describe(sb, &s.l->lim);
 	sb->impl = s.l;
 	s.l = NULL;
-	local_describe(sb, nobody);
 out:
 	lstart_clear(&s);
 	return r;
@@ -1109,6 +1144,7 @@ void sandbox_local_stop(struct sandbox *sb)
 	if (l) {
 		if (l->out_fd >= 0)
 			close(l->out_fd);
+		sandbox_limits_release(&l->lim);
 		mem_free(l);
 		sb->impl = NULL;
 	}

@@ -264,6 +264,10 @@ json_t *relay_ev_exit(const struct sub *s)
 	json_object_set_new(ev, "duration_ms", json_integer((json_int_t)m->ex.duration_ms));
 	json_object_set_new(ev, "stdout_bytes", json_integer((json_int_t)m->ring[0].end));
 	json_object_set_new(ev, "stderr_bytes", json_integer((json_int_t)m->ring[1].end));
+	if (m->ex.changes)
+		json_object_set_new(ev, "changes",
+				    json_pack("{s:I, s:I}", "written_back", (json_int_t)m->ex.written_back, "waiting",
+					      (json_int_t)m->ex.waiting));
 	if (s->mode == SUB_STREAM) {
 		json_object_set_new(ev, "truncated", json_boolean(s->truncated));
 		return ev;

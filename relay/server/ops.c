@@ -785,12 +785,136 @@ static void op_sync_wait(struct client *c, json_t *rq, json_t *id)
 	}
 }
 
+/* "changes", "accept", "reject": {"paths": [...]} (none: every change),
+ * "all": true (accept/reject), "diff": true (changes). */
+static const char *const changes_fields[] = {"paths", "all", "diff", NULL};
+#define CHANGES_PATHS_MAX 65536
+
+static void op_changes(struct client *c, json_t *rq, json_t *id)
+{
+	struct relay *r = c->r;
+	const char *op = json_string_value(json_object_get(rq, "op"));
+	json_t *paths = json_object_get(rq, "paths");
+	const char **pv = NULL;
+	struct relay_changes_req q = {.op = op};
+	struct pending_sync *ps = NULL;
+	size_t i;
+	json_t *e;
+	int rc;
+
+	if (!r->chg_ops) {
+		relay_send_error(c, id, "unavailable", "this relay has no guest changes (not an airlock up daemon)");
+		return;
+	}
+	if (!get_bool(c, rq, id, "all", false, &q.all) || !get_bool(c, rq, id, "diff", false, &q.diff))
+		return;
+	if (paths && (!json_is_array(paths) || json_array_size(paths) > CHANGES_PATHS_MAX)) {
+		relay_send_error(c, id, "bad_field", "field 'paths' must be an array of at most %d paths",
+				 CHANGES_PATHS_MAX);
+		return;
+	}
+	if (strcmp(op, "changes") && !q.all && !json_array_size(paths)) {
+		relay_send_error(c, id, "missing_field", "%s needs 'paths' or \"all\": true", op);
+		return;
+	}
+	if (q.all && json_array_size(paths)) {
+		relay_send_error(c, id, "bad_field", "give 'paths' or \"all\": true, not both");
+		return;
+	}
+	if (c->nsync >= SYNC_PER_CLIENT) {
+		relay_send_error(c, id, "busy", "%d requests already pending on this connection", SYNC_PER_CLIENT);
+		return;
+	}
+	if (paths && !(pv = mem_calloc(json_array_size(paths) + 1, sizeof(*pv)))) {
+		relay_send_error(c, id, "busy", "relay out of memory");
+		return;
+	}
+	json_array_foreach(paths, i, e)
+	{
+		if (!plain_string(e) || !valid_cwd(json_string_value(e)) || !json_string_length(e)) {
+			relay_send_error(c, id, "bad_field",
+					 "paths[%zu] must be a workspace-relative path (no leading '/', no '..')", i);
+			mem_free(pv);
+			return;
+		}
+		pv[i] = json_string_value(e);
+	}
+	q.paths = pv;
+	q.npaths = paths ? json_array_size(paths) : 0;
+	if (!(ps = mem_calloc(1, sizeof(*ps)))) {
+		mem_free(pv);
+		relay_send_error(c, id, "busy", "relay out of memory");
+		return;
+	}
+	ps->token = ++r->next_token;
+	ps->c = c;
+	ps->id = id ? json_incref(id) : NULL;
+	ps->changes = true;
+	ps->next = r->syncs;
+	r->syncs = ps;
+	c->nsync++;
+	rc = r->chg_ops->request(r->chg_ud, ps->token, &q);
+	mem_free(pv);
+	if (rc < 0)
+		relay_changes_done(r, ps->token, NULL, NULL, rc == -EAGAIN ? "busy" : "backend_error", strerror(-rc));
+}
+
+void relay_set_changes(struct relay *r, const struct relay_changes_ops *ops, void *ud)
+{
+	r->chg_ops = ops;
+	r->chg_ud = ud;
+}
+
+static struct pending_sync *take_pending(struct relay *r, uint64_t token, bool changes)
+{
+	for (struct pending_sync **pp = &r->syncs; *pp; pp = &(*pp)->next) {
+		struct pending_sync *ps = *pp;
+		if (ps->token != token || ps->changes != changes)
+			continue;
+		*pp = ps->next;
+		if (ps->c)
+			ps->c->nsync--;
+		return ps;
+	}
+	return NULL;
+}
+
+void relay_changes_done(struct relay *r, uint64_t token, const char *event, const char *body, const char *code,
+			const char *message)
+{
+	struct pending_sync *ps = take_pending(r, token, true);
+	json_t *ev = NULL;
+
+	if (!ps)
+		return;
+	if (ps->c && body) {
+		json_t *o = json_loads(body, 0, NULL);
+		if (o && json_is_object(o) && (ev = relay_ev_new(event, ps->id))) {
+			json_object_update(ev, o);
+			json_object_set_new(ev, "event", json_string(event)); /* never the backend's */
+			if (ps->id)
+				json_object_set(ev, "id", ps->id);
+		}
+		json_decref(o);
+		if (ev)
+			relay_client_send(ps->c, ev);
+		else
+			relay_send_error(ps->c, ps->id, "backend_error", "malformed answer from the backend");
+	} else if (ps->c) {
+		relay_send_error(ps->c, ps->id, code ? code : "backend_error", "%s", message ? message : "failed");
+	}
+	if (ps->c)
+		relay_client_service(ps->c, false);
+	json_decref(ps->id);
+	mem_free(ps);
+}
+
 /* The backend -> relay end of sync_wait (relay.h). */
 void relay_sync_done(struct relay *r, uint64_t token)
 {
 	for (struct pending_sync **pp = &r->syncs; *pp; pp = &(*pp)->next) {
 		struct pending_sync *ps = *pp;
-		if (ps->token != token)
+		if (ps->token != token || ps->changes)
 			continue;
 		*pp = ps->next;
 		if (ps->c) {
@@ -806,10 +930,12 @@ void relay_sync_done(struct relay *r, uint64_t token)
 
 /* The dispatch table: one row per op. */
 static const struct op ops_table[] = {
-    {"exec", op_exec, true, exec_fields},	{"stdin", op_stdin, true, stdin_fields},
-    {"signal", op_signal, true, signal_fields}, {"resize", op_resize, true, resize_fields},
-    {"cancel", op_cancel, true, no_fields},	{"attach", op_attach, true, attach_fields},
-    {"status", op_status, false, no_fields},	{"sync_wait", op_sync_wait, false, no_fields},
+    {"exec", op_exec, true, exec_fields},	    {"stdin", op_stdin, true, stdin_fields},
+    {"signal", op_signal, true, signal_fields},	    {"resize", op_resize, true, resize_fields},
+    {"cancel", op_cancel, true, no_fields},	    {"attach", op_attach, true, attach_fields},
+    {"status", op_status, false, no_fields},	    {"sync_wait", op_sync_wait, false, no_fields},
+    {"changes", op_changes, false, changes_fields}, {"accept", op_changes, false, changes_fields},
+    {"reject", op_changes, false, changes_fields},
 };
 
 void relay_handle_line(struct client *c, const char *p, size_t n)
@@ -860,7 +986,8 @@ void relay_handle_line(struct client *c, const char *p, size_t n)
 		goto out;
 	}
 	relay_send_error(c, id, "unknown_op",
-			 "unknown op '%.64s' (exec, stdin, signal, resize, cancel, attach, status, sync_wait)",
+			 "unknown op '%.64s' (exec, stdin, signal, resize, cancel, attach, status, sync_wait, changes, "
+			 "accept, reject)",
 			 json_string_value(op));
 out:
 	json_decref(rq);

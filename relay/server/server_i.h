@@ -99,6 +99,7 @@ struct pending_sync {
 	uint64_t token;
 	struct client *c; /* NULL once the client is gone */
 	json_t *id;
+	bool changes; /* a changes/accept/reject op, not a sync_wait */
 	struct pending_sync *next;
 };
 
@@ -116,6 +117,8 @@ struct relay {
 	struct relay_cmd *cmds, *cmds_tail;
 	size_t nrunning, nfinished;
 	struct pending_sync *syncs;
+	const struct relay_changes_ops *chg_ops;
+	void *chg_ud;
 	uint64_t next_token;
 	uint64_t hk_timer;
 	uint8_t scratch[OUT_CHUNK];

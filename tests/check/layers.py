@@ -28,7 +28,7 @@ LAYERS = {
     "server": ("relay/server", "host", ["core"]),
     "host": ("relay/host", "host", ["core", "exec", "policy", "server"]),
     "egress": ("relay/egress", "host", ["core", "content", "policy", "sync", "server"]),
-    "sandbox": ("relay/sandbox", "host", ["core", "content", "policy", "sync"]),
+    "sandbox": ("relay/sandbox", "host", ["core", "exec", "content", "policy", "sync"]),
     "cli": ("relay/cli", "host",
             ["core", "exec", "content", "policy", "sync", "mount", "server", "host", "egress", "sandbox"]),
 }

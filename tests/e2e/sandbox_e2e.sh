@@ -5,8 +5,11 @@
 # workspace copy, /tmp and the home fail, no network (host loopback, host
 # addresses, a public address, DNS), uid 1000 with no capabilities, seccomp
 # and Landlock, PID 1 cannot be signalled from inside; state survives down
-# and up, --destroy removes it; the idle TTL stops and restarts the agent;
-# and the sandbox starts for an ordinary user (nobody) too.
+# and up, --destroy removes it; each sandbox has its own host uid; limits
+# (processes, memory, /tmp, file size) hold and a fork bomb or a memory bomb
+# in one sandbox leaves another and the host responsive; sparse files stay
+# sparse; the idle TTL stops and restarts the agent; and the sandbox starts
+# for an ordinary user (nobody) too.
 # usage: sandbox_e2e.sh AIRLOCK AIRLOCK_AGENT SANDBOX_HARNESS   (root + /dev/fuse, else skipped: exit 77)
 # shellcheck source=tests/e2e/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -69,12 +72,57 @@ idle_stopped() { "$AIRLOCK" status -C "$W" --json | grep -q '"sandbox_state":"id
 up
 SB_DIR=$(sed -n 's/^airlock: sandbox started .*; state in //p' "$T/up.err")
 
+SB_UID=$(cat "$SB_DIR/uid" 2>/dev/null || true)
 t_started() {
-	[ -n "$SB_DIR" ] && [ -d "$SB_DIR/workspace" ] && [ "$(stat -c %u "$SB_DIR/workspace")" = 65534 ] &&
+	[ -n "$SB_DIR" ] && [ -d "$SB_DIR/workspace" ] && [ -n "$SB_UID" ] &&
+		[ "$(stat -c %u:%g "$SB_DIR/workspace")" = "$SB_UID:$SB_UID" ] &&
 		[ "$(stat -c %a "$SB_DIR/keys/host.key")" = 600 ] &&
-		"$AIRLOCK" status -C "$W" | grep -q '^sandbox     local, running (local: user+mount+pid+ipc+uts+net'
+		"$AIRLOCK" status -C "$W" | grep -q "^sandbox     local, running (local: user+mount+pid+ipc+uts+net namespaces (uid 1000 inside = uid $SB_UID outside)"
 }
-check "up without --guest starts the local sandbox (state dir, nobody-owned copy, 0600 keys, status)" t_started
+check "up without --guest starts the local sandbox (state dir, copy owned by its own uid, 0600 keys, status)" t_started
+
+# A second sandbox (another workspace) beside the first: started by the
+# harness, stopped when its stdin closes.
+W2=$T/work2
+mkdir -p "$W2"
+B_IN=
+start_b() {
+	mkfifo "$T/b.in"
+	"$HARNESS" "$W2" "$AGENT" <"$T/b.in" >"$T/b.out" 2>"$T/b.err" &
+	B_PID=$!
+	PIDS+=("$B_PID")
+	exec {B_IN}>"$T/b.in"
+	wait_line "$T/b.out" '^ready$' 20 || { cat "$T/b.err" >&2; return 1; }
+	B_DIR=$(sed -n 's/^dir //p' "$T/b.out")
+}
+stop_b() {
+	exec {B_IN}>&-
+	wait "$B_PID" 2>/dev/null
+	rm -f "$T/b.in"
+}
+
+t_uids() {
+	local b_uid pid u
+	start_b || return 1
+	b_uid=$(cat "$B_DIR/uid") || return 1
+	grep -q "uid 1000 inside = uid $b_uid outside" "$T/b.out" || { cat "$T/b.out" >&2; return 1; }
+	# each its own, from the range, named by no passwd or group entry
+	[ "$SB_UID" != "$b_uid" ] && [ "$SB_UID" != 65534 ] && [ "$b_uid" != 65534 ] || return 1
+	for u in "$SB_UID" "$b_uid"; do
+		[ "$u" -ge 1610612736 ] && [ "$u" -le 1610678271 ] && ! getent passwd "$u" && ! getent group "$u" ||
+			{ echo "uid $u: not a free uid of the range" >&2; return 1; }
+	done
+	[ "$(stat -c %u "$B_DIR/workspace")" = "$b_uid" ] || return 1
+	# the agents run as them outside
+	pid=$(agent_pid) && [ "$(awk '/^Uid:/ {print $2}' "/proc/$pid/status")" = "$SB_UID" ] || return 1
+	pid=$(pgrep -f "airlock-agent .*--root $W2 --key") &&
+		[ "$(awk '/^Uid:/ {print $2}' "/proc/$pid/status")" = "$b_uid" ] || return 1
+	stop_b
+	# kept across a restart
+	start_b && [ "$(cat "$B_DIR/uid")" = "$b_uid" ] && grep -q "= uid $b_uid outside" "$T/b.out" || return 1
+	stop_b
+}
+check "two sandboxes have distinct host uids of their own (not nobody), kept across a restart" t_uids
 
 t_same_path() {
 	[ "$(X -- pwd)" = "$W" ] && [ "$(X -- cat README)" = "hello from the workspace" ] &&
@@ -135,8 +183,19 @@ t_seccomp() {
 	grep -q 'rc=1' <<<"$out" && grep -qi 'not permitted' <<<"$out" || { echo "$out" >&2; return 1; }
 	out=$(X -- python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); print(l.ptrace(16, 1, 0, 0), ctypes.get_errno())')
 	[ "$out" = "-1 1" ] || { echo "ptrace: $out" >&2; return 1; }
+	# vsock ignores network namespaces: refused like a family the kernel lacks
+	out=$(X -- python3 -c '
+import socket
+for fam in ("AF_VSOCK", "AF_PACKET", "AF_INET"):
+    try:
+        socket.socket(getattr(socket, fam), socket.SOCK_DGRAM if fam == "AF_PACKET" else socket.SOCK_STREAM).close()
+        print(fam, "ok")
+    except OSError as e:
+        print(fam, e.errno)
+')
+	[ "$out" = "$(printf 'AF_VSOCK 97\nAF_PACKET 97\nAF_INET ok')" ] || { echo "sockets: $out" >&2; return 1; }
 }
-check "seccomp: unshare -U and ptrace fail with EPERM" t_seccomp
+check "seccomp: unshare -U and ptrace fail with EPERM; vsock and packet sockets with EAFNOSUPPORT" t_seccomp
 
 t_landlock() {
 	local out
@@ -234,6 +293,20 @@ t_sync() {
 }
 check "an edit through the mount is seen by the next command" t_sync
 
+t_sparse() {
+	local blocks
+	truncate -s 1G "$W/sparse.img"
+	printf 'tail' | dd of="$W/sparse.img" bs=1 seek=$((512 << 20)) conv=notrunc status=none
+	[ "$(X -- stat -c %s sparse.img)" = 1073741824 ] && [ "$(X -- tail -c +$(((512 << 20) + 1)) sparse.img | head -c 4)" = tail ] ||
+		return 1
+	# blocks of 512 bytes the copy occupies on the host's disk: a few KiB, not 1 GiB
+	blocks=$(stat -c %b "$SB_DIR/workspace/sparse.img")
+	echo "    1 GiB sparse file: $blocks blocks of 512 bytes in the copy"
+	rm -f "$W/sparse.img"
+	[ "$blocks" -le 64 ]
+}
+check "a 1 GiB sparse file stays sparse in the copy (about 0 real blocks)" t_sparse
+
 t_persist() {
 	X -- sh -c 'mkdir -p node_modules/pkg && echo installed >node_modules/pkg/index.js && echo dot >$HOME/.cache-x' &&
 		[ ! -e "$W/node_modules" ] || return 1
@@ -255,6 +328,123 @@ t_destroy_busy() {
 	! "$HARNESS" "$W" "$AGENT" </dev/null >/dev/null 2>"$T/busy.err" && grep -q 'already running' "$T/busy.err"
 }
 check "a second sandbox for a running one's workspace is refused" t_destroy_busy
+down
+
+# ---- limits (doc/SANDBOX.md, "Limits"): small ones, so bombs hit them fast ----
+LIM_PIDS=256
+echo "{ \"sandbox\": { \"limits\": { \"pids\": $LIM_PIDS, \"memory\": \"256M\", \"tmp\": \"64M\", \"workspace\": \"512M\" } } }" >"$T/limits.json"
+up --policy "$T/limits.json"
+
+# cg_file CONTROLLER FILE: FILE of the agent's cgroup that carries
+# CONTROLLER (pids | memory), on v1 or v2
+cg_file() {
+	local pid line rel m
+	pid=$(agent_pid) || return 1
+	if line=$(grep -E "^[0-9]+:([^:]*,)?$1(,[^:]*)?:" "/proc/$pid/cgroup"); then
+		rel=${line#*:*:}
+		for m in /sys/fs/cgroup/$1 /sys/fs/cgroup/*,"$1" /sys/fs/cgroup/"$1",*; do
+			[ -e "$m$rel/$2" ] && { echo "$m$rel/$2"; return 0; }
+		done
+	fi
+	rel=$(sed -n 's/^0:://p' "/proc/$pid/cgroup")
+	for m in /sys/fs/cgroup /sys/fs/cgroup/unified; do
+		[ -e "$m$rel/$2" ] && { echo "$m$rel/$2"; return 0; }
+	done
+	return 1
+}
+
+t_limits() {
+	local out f
+	local nproc=$LIM_PIDS st
+	st=$("$AIRLOCK" status -C "$W")
+	# with a pids cgroup, RLIMIT_NPROC is a backstop at twice the limit
+	! grep -q "limits: $LIM_PIDS pids (cgroup)" <<<"$st" || nproc=$((2 * LIM_PIDS))
+	out=$(X -- sh -c 'grep -E "^Max (processes|core file size|file size)" /proc/self/limits; df -k /tmp | tail -1')
+	echo "$out" | sed 's/^/    /'
+	grep -qE "^Max processes +$nproc +$nproc " <<<"$out" && grep -qE '^Max core file size +0 +0 ' <<<"$out" &&
+		grep -qE '^Max file size +536870912 +536870912 ' <<<"$out" && grep -qE ' 65536 +[0-9]+ +[0-9]+ ' <<<"$out" ||
+		return 1
+	# /tmp is full at its size, not at half the host's RAM
+	out=$(X -- sh -c 'head -c 100M /dev/zero 2>&1 >/tmp/big; echo rc=$?; rm -f /tmp/big')
+	grep -q 'No space left' <<<"$out" && grep -q 'rc=1' <<<"$out" || { echo "$out" >&2; return 1; }
+	# a file past the size limit
+	out=$(X -- sh -c 'head -c 600M /dev/zero >big.bin; echo rc=$?; stat -c %s big.bin; rm -f big.bin')
+	grep -qE 'File too large|rc=153' <<<"$out" && grep -qx 536870912 <<<"$out" || { echo "$out" >&2; return 1; }
+	# the whole sandbox in one cgroup with the limits, where the host has one
+	grep -q "limits: $LIM_PIDS pids (\(cgroup\|rlimit\)), memory 256 MiB" <<<"$st" || { echo "$st" >&2; return 1; }
+	if f=$(cg_file pids pids.max); then
+		echo "    $f: $(cat "$f")"
+		[ "$(cat "$f")" = "$LIM_PIDS" ] || return 1
+		f=$(cg_file memory memory.max || cg_file memory memory.limit_in_bytes) && [ "$(cat "$f")" = $((256 << 20)) ] ||
+			return 1
+	else
+		echo "    no pids cgroup on this host: rlimits only"
+	fi
+}
+check "limits from sandbox.limits: pids (cgroup + RLIMIT_NPROC), memory, /tmp size, file size, no core dumps" t_limits
+
+# Sandbox B: a second airlock up, with its own relay socket.
+BX() { AIRLOCK_SOCKET=$T/relayB.sock $TO 20 "$AIRLOCK" exec -C "$W2" "$@" </dev/null; }
+up_b() {
+	AIRLOCK_SOCKET=$T/relayB.sock start_bg upb "$AIRLOCK" up "$W2"
+	UPB_PID=$BG_PID
+	wait_line "$T/upb.out" "^airlock: $W2 in sync with sandbox local\$" 20
+}
+down_b() {
+	AIRLOCK_SOCKET=$T/relayB.sock "$AIRLOCK" down "$W2" >/dev/null 2>&1 || true
+	wait "$UPB_PID" 2>/dev/null || true
+}
+# responsive SECONDS: sandbox B runs a command and the host runs one, both
+# within SECONDS
+responsive() {
+	local t0 t1
+	t0=$(date +%s%N)
+	BX -- true || { echo "sandbox B did not answer" >&2; return 1; }
+	timeout "$1" sh -c 'ls / >/dev/null' || { echo "the host did not answer" >&2; return 1; }
+	t1=$(date +%s%N)
+	echo "    B and the host answered in $(((t1 - t0) / 1000000)) ms"
+	[ $(((t1 - t0) / 1000000)) -lt $(($1 * 1000)) ]
+}
+
+t_fork_bomb() {
+	local bomb_pid rc=0 f hit=
+	# only with a process limit in force: never an unbounded bomb
+	X -- grep -qE "^Max processes +($LIM_PIDS|$((2 * LIM_PIDS))) " /proc/self/limits ||
+		{ echo "no process limit: not bombing" >&2; return 1; }
+	up_b || return 1
+	f=$(cg_file pids pids.events) || f=
+	X --timeout 6 -- sh -c 'b() { b | b & }; b 2>/dev/null; exec sleep 10' >/dev/null 2>&1 &
+	bomb_pid=$!
+	sleep 2
+	responsive 10 || rc=1
+	if [ -n "$f" ]; then
+		hit=$(sed -n 's/^max //p' "$f")
+		echo "    $f: max $hit"
+		[ "${hit:-0}" -gt 0 ] || rc=1
+	fi
+	wait "$bomb_pid" || true
+	# A recovers once the bomb's command ended (its group killed, strays swept)
+	until_ok 20 eval '[ "$(X -- echo back 2>/dev/null)" = back ]' || { echo "A did not recover" >&2; rc=1; }
+	return $rc
+}
+check "a fork bomb in sandbox A hits its pids limit; sandbox B and the host answer; A recovers" t_fork_bomb
+
+t_memory_bomb() {
+	local rc=0 pid out
+	pid=$(agent_pid) || return 1
+	out=$(X -- python3 -c '
+a = []
+while True:
+    a.append(b"x" * (32 << 20))
+' 2>&1) && return 1 || rc=$?
+	echo "    memory bomb: exit $rc $(tail -1 <<<"$out")"
+	# the OOM killer (cgroup) kills it, or it gets MemoryError (RLIMIT_DATA)
+	[ "$rc" = 137 ] || grep -q MemoryError <<<"$out" || return 1
+	responsive 10 || return 1
+	[ "$(agent_pid)" = "$pid" ] && [ "$(X -- echo back)" = back ]
+}
+check "a memory bomb in sandbox A is killed at its memory limit; B and the host answer; A's agent lives on" t_memory_bomb
+down_b
 down
 
 t_ttl() {

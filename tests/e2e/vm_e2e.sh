@@ -261,9 +261,11 @@ if vup 1; then
 	t_cli_count() { [ "$(X -- sh -c 'find . -type f | wc -l')" = "$NFILES" ] && X -- sh -c '! test -e .env'; }
 	check "the tree ($NFILES files) is in the VM, the secret is not" t_cli_count
 	t_cli_mark() {
-		X -- sh -c 'mkdir -p node_modules/x && echo cli-kept >node_modules/x/marker' && [ ! -e "$W/node_modules" ]
+		X -- sh -c 'mkdir -p node_modules/x && echo cli-kept >node_modules/x/marker' && [ ! -e "$W/node_modules" ] &&
+			X -- sh -c 'echo vm-change >made-in-vm.txt' 2>/dev/null && [ ! -e "$W/made-in-vm.txt" ] &&
+			"$AIRLOCK" changes -C "$W" --json | grep -q '"path":"made-in-vm.txt","kind":"create"'
 	}
-	check "a command makes node_modules/x in the VM (not on the host)" t_cli_mark
+	check "a command makes node_modules/x in the VM (not on the host) and made-in-vm.txt (a guest change, waiting)" t_cli_mark
 	check "airlock down stops the VM" down
 	t_cli_gone() { ! pgrep -f "qemu-system.*$VSB" >/dev/null; }
 	check "no qemu is left after down" t_cli_gone
@@ -274,6 +276,12 @@ if vup 1; then
 			[ "$(stat -c %i "$VSB/workspace.img")" = "$ino" ]
 	}
 	check "a second up --sandbox vm boots on the same workspace disk (node_modules/x is there)" t_cli_reuse
+	t_cli_change_kept() {
+		[ "$(X -- cat made-in-vm.txt)" = vm-change ] && [ ! -e "$W/made-in-vm.txt" ] &&
+			"$AIRLOCK" changes -C "$W" --json | grep -q '"path":"made-in-vm.txt","kind":"create"' &&
+			$TO 60 "$AIRLOCK" accept -C "$W" made-in-vm.txt >/dev/null && [ "$(cat "$W/made-in-vm.txt")" = vm-change ]
+	}
+	check "the unreviewed guest change survived the VM reboot (down/up), still listed; accept brings it" t_cli_change_kept
 	check "airlock down again" down
 	t_cli_destroy() {
 		"$AIRLOCK" down "$W" --destroy >"$T/destroy.out" 2>&1 || { cat "$T/destroy.out" >&2; return 1; }

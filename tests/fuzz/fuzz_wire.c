@@ -64,6 +64,10 @@ static const struct codec codecs[] = {
     PLAIN(WIRE_EXEC_STDIN_ACK, exec_stdin_ack),
     PLAIN(WIRE_PROXY_OPEN, proxy_open),
     PLAIN(WIRE_PROXY_CLOSE, proxy_close),
+    OWNING(WIRE_CHG_ITEM, chg_item),
+    OWNING(WIRE_CHG_FILE, chg_item),
+    OWNING(WIRE_CHG_PULL, sync_req),
+    OWNING(WIRE_CHG_END, error),
 };
 #define NCODECS (sizeof(codecs) / sizeof(codecs[0]))
 
@@ -222,6 +226,22 @@ static int seed_msg(unsigned i, union wire_msg *m, uint8_t *type)
 		break;
 	case WIRE_SYNC_ACK:
 		m->sync_ack = (struct wire_sync_ack){8, 3, 2, 4096, 1, 0};
+		break;
+	case WIRE_CHG_ITEM:
+	case WIRE_CHG_FILE:
+		m->chg_item = (struct wire_chg_item){.path = "src/l",
+						     .st_mode = 0120777,
+						     .by = 5,
+						     .flags = WIRE_CHG_F_HASHED,
+						     .size = 3,
+						     .target = "a.c"};
+		memset(m->chg_item.hash, 0x33, sizeof(m->chg_item.hash));
+		break;
+	case WIRE_CHG_PULL:
+		m->sync_req = (struct wire_sync_req){.n = 3, .names = names};
+		break;
+	case WIRE_CHG_END:
+		m->error = (struct wire_error){.code = 0, .msg = ""};
 		break;
 	case WIRE_SYNC_NACK:
 		m->sync_nack = (struct wire_sync_nack){.seq = 8, .code = EIO, .partial = 1, .msg = "disk full"};

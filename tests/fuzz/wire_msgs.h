@@ -37,6 +37,7 @@ union wire_msg {
 	struct wire_exec_stdin_ack exec_stdin_ack;
 	struct wire_proxy_open proxy_open;
 	struct wire_proxy_close proxy_close;
+	struct wire_chg_item chg_item;
 };
 
 /* Typed adaptors: the codecs take their own struct, the table a union. */
@@ -72,6 +73,8 @@ CODEC(sync_level)
 CLEAR(sync_level)
 CODEC(sync_entry)
 CLEAR(sync_entry)
+CODEC(chg_item)
+CLEAR(chg_item)
 CODEC(sync_ack)
 CODEC(sync_nack)
 CLEAR(sync_nack)

@@ -101,6 +101,11 @@ int chunk_read_fd(void *ud, uint64_t off, void *buf, size_t len);
  * call). A negative return stops chunking and is returned. */
 typedef int (*chunk_fn)(void *ud, const struct chunk *c, const uint8_t *data);
 
+/* The file hash of the first `size` bytes of fd, as manifests hold it:
+ * XXH3-128 of the bytes up to p->whole_max, chunk_list_hash of its chunks
+ * above. Reads with pread (chunk_read_fd: a shorter file is -ESTALE). */
+int chunk_fd_hash(const struct chunk_params *p, int fd, uint64_t size, uint8_t out[CHUNK_HASH_LEN]);
+
 /* Chunk a file of `size` bytes read through rd, sequentially, with one
  * buffer of 2 * p->max bytes. `each` (may be NULL) sees every chunk with
  * its bytes, in order. When file_hash is not NULL it receives the file

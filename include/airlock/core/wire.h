@@ -212,6 +212,18 @@ enum wire_type {
 	WIRE_PROXY_DATA = 113,	/* both: raw bytes (1..WIRE_PAYLOAD_MAX) */
 	WIRE_PROXY_EOF = 114,	/* both: empty; the sender sends no more DATA (half-close) */
 	WIRE_PROXY_CLOSE = 115, /* both: u8 code (WIRE_PROXY_C_*); the sender's last frame on p */
+
+	/* changes (128..143; doc/PROTOCOL.md "Changes"): what commands changed
+	 * in the guest's copy, and the bytes the host pulls back to review or
+	 * write them. */
+	WIRE_CHG_ITEM = 128, /* g->h, on a command's exec stream before its EXEC_EXIT: one changed
+			      * path (wire_chg_item), by = the exec stream of the command that made it */
+	WIRE_CHG_PULL = 129, /* h->g, first frame on a host-opened stream: u32 n (<= WIRE_SYNC_REQ_MAX),
+			      * n x str path (the wire_sync_req layout) */
+	WIRE_CHG_FILE = 130, /* g->h, one per asked path in order: wire_chg_item (by 0); a file's
+			      * size bytes follow in CHG_DATA frames */
+	WIRE_CHG_DATA = 131, /* g->h: raw bytes (1..WIRE_PAYLOAD_MAX) of the last CHG_FILE */
+	WIRE_CHG_END = 132,  /* g->h: u32 errno (0 = every path answered), str message; last frame */
 	WIRE_TYPE_MAX = 255,
 };
 
@@ -230,15 +242,18 @@ enum wire_type {
 #define WIRE_EXEC_LAST	   111u
 #define WIRE_PROXY_FIRST   112u
 #define WIRE_PROXY_LAST	   127u
+#define WIRE_CHANGES_FIRST 128u
+#define WIRE_CHANGES_LAST  143u
 
 enum wire_group {
-	WIRE_GROUP_NONE = 0, /* 0 and 128..255: unassigned */
+	WIRE_GROUP_NONE = 0, /* 0 and 144..255: unassigned */
 	WIRE_GROUP_CHAN,
 	WIRE_GROUP_SESSION,
 	WIRE_GROUP_BULK,
 	WIRE_GROUP_SYNC,
 	WIRE_GROUP_EXEC,
 	WIRE_GROUP_PROXY,
+	WIRE_GROUP_CHANGES,
 };
 
 /* The subsystem a frame type belongs to (by range, assigned or not). */
@@ -392,6 +407,26 @@ struct wire_sync_entry {
 int wire_sync_entry_encode(struct buf *b, const struct wire_sync_entry *m);
 int wire_sync_entry_decode(struct buf *in, struct wire_sync_entry *m);
 void wire_sync_entry_clear(struct wire_sync_entry *m);
+
+/* CHG_ITEM and CHG_FILE: str path (<= WIRE_PATH_MAX), u32 st_mode (the
+ * guest's lstat mode, type and every bit; 0 = the path is gone), u32 by
+ * (exec stream, 0 = none), u8 flags (WIRE_CHG_F_*), u64 size, 16 hash
+ * (content hash as in manifests, zero unless HASHED), str target (the
+ * symlink target, <= WIRE_PATH_MAX; empty for everything else). A gone
+ * path has size 0, no flags, a zero hash and no target. */
+#define WIRE_CHG_F_HASHED 0x01u /* hash is the content's (files: not over the guest's hash cap) */
+struct wire_chg_item {
+	char *path;
+	uint32_t st_mode;
+	uint32_t by;
+	uint8_t flags;
+	uint64_t size;
+	uint8_t hash[WIRE_SYNC_HASH_LEN];
+	char *target;
+};
+int wire_chg_item_encode(struct buf *b, const struct wire_chg_item *m);
+int wire_chg_item_decode(struct buf *in, struct wire_chg_item *m);
+void wire_chg_item_clear(struct wire_chg_item *m);
 
 /* SYNC_ACK: the batch applied, and what it did. */
 struct wire_sync_ack {

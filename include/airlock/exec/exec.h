@@ -63,6 +63,11 @@ struct exec_sys_cfg {
 	/* Name of the parent cgroup created under the agent's own cgroup;
 	 * NULL = "airlock-exec.<agent pid>". A single path component. */
 	const char *cgroup_name;
+	/* Create the parent at the top of each hierarchy (as this mount
+	 * namespace sees it) instead of under our own cgroup: for root whose
+	 * own v2 cgroup holds processes (a systemd session scope), where no
+	 * controller can be enabled below it. */
+	bool top_level;
 };
 
 /* What exec_sys_new found (bit flags, see exec_sys_caps). */
@@ -90,6 +95,35 @@ void exec_sys_free(struct exec_sys *sys);
 unsigned exec_sys_caps(const struct exec_sys *sys);
 /* Human-readable one-line summary of the capabilities, for logs/status. */
 const char *exec_sys_describe(const struct exec_sys *sys);
+
+/* ---- a cgroup for a process tree started elsewhere ----
+ *
+ * The leaves exec_start makes for a command (a v2 leaf, v1 pids/memory
+ * leaves on hybrid hosts) with its limits (pids.max; memory.max with
+ * memory.swap.max 0, or v1 memory.limit_in_bytes and memsw), for a tree
+ * the caller starts itself: the local sandbox puts its whole namespace
+ * in one (doc/SANDBOX.md, "Limits"). */
+
+struct exec_cgroup;
+struct exec_limits;
+
+#define EXEC_CGROUP_PIDS   1u
+#define EXEC_CGROUP_MEMORY 2u
+
+/* Create one under sys with lim's limits (only the limits sys can
+ * enforce: see exec_cgroup_limits). An empty one (nothing tracked) when
+ * sys has no cgroup. *out: exec_cgroup_free. Errors: -errno of mkdir /
+ * writing a limit, -ENOMEM. */
+int exec_cgroup_new(struct exec_sys *sys, const struct exec_limits *lim, struct exec_cgroup **out);
+/* Move pid (and so what it forks from then on) into it. 0 or -errno. */
+int exec_cgroup_attach(struct exec_cgroup *cg, pid_t pid);
+/* EXEC_CGROUP_PIDS | EXEC_CGROUP_MEMORY: the limits it enforces; 0 for
+ * NULL. */
+unsigned exec_cgroup_limits(const struct exec_cgroup *cg);
+/* Its v2 directory (else its v1 pids one), or NULL. */
+const char *exec_cgroup_dir(const struct exec_cgroup *cg);
+/* SIGKILL to what is left in it, rmdir, free. NULL is a no-op. */
+void exec_cgroup_free(struct exec_cgroup *cg);
 
 /* ---- environment ---- */
 
@@ -134,8 +168,11 @@ void exec_env_free(char **envp);
  * beneath `writable`. seccomp: ptrace, process_vm_readv/writev, new user
  * namespaces (unshare/clone with CLONE_NEWUSER; clone3 answers ENOSYS so
  * libcs fall back to clone), bpf, perf_event_open, keyctl/add_key/
- * request_key, kexec, module loading and the mount family fail with EPERM.
- * Both need no privilege (no_new_privs is set in the child). */
+ * request_key, kexec, module loading, userfaultfd and the mount family fail
+ * with EPERM; io_uring_setup/enter/register with ENOSYS; socket and
+ * socketpair of any family but AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK
+ * with NETLINK_ROUTE with EAFNOSUPPORT (AF_VSOCK ignores network
+ * namespaces). Both need no privilege (no_new_privs is set in the child). */
 
 struct exec_confine;
 
@@ -148,6 +185,10 @@ struct exec_confine_cfg {
 	const char *const *hidden;
 	/* -ENOTSUP when Landlock is missing (seccomp is always there). */
 	bool require_landlock;
+	/* RLIMIT_FSIZE of commands (the largest file they may write); 0:
+	 * left as it is. The agent itself keeps its own (it writes the
+	 * host's files, whatever their size). */
+	uint64_t file_max;
 };
 
 /* Build the Landlock ruleset (an fd kept in *out) and the seccomp program
@@ -158,10 +199,10 @@ struct exec_confine_cfg {
 int exec_confine_new(const struct exec_confine_cfg *cfg, struct exec_confine **out, char *err, size_t errlen);
 /* NULL is a no-op. */
 void exec_confine_free(struct exec_confine *c);
-/* "landlock ABI 6 (fs, signal scope), seccomp (14 syscalls denied)". */
+/* "landlock ABI 6 (fs, signal scope), seccomp (27 syscalls, ... denied)". */
 const char *exec_confine_describe(const struct exec_confine *c);
-/* In a child right before execve: no_new_privs, Landlock, seccomp.
- * Async-signal-safe. 0 or -errno. */
+/* In a child right before execve: RLIMIT_FSIZE (file_max), no_new_privs,
+ * Landlock, seccomp. Async-signal-safe. 0 or -errno. */
 int exec_confine_apply(const struct exec_confine *c);
 
 /* ---- one command ---- */

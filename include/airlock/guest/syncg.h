@@ -50,6 +50,10 @@ int syncg_open(const char *root, const char *state_dir, const struct apply_opts 
 void syncg_free(struct syncg *g); /* NULL is a no-op */
 uint64_t syncg_last_seq(const struct syncg *g);
 const char *syncg_state_dir(const struct syncg *g);
+/* The chunk parameters of the last SYNC_BEGIN (chunk_params_default
+ * before one): guest changes are hashed with them, as the host's
+ * manifests are. */
+const struct chunk_params *syncg_params(const struct syncg *g);
 
 /* Verify one batch (signature with host_sign_pk, scope, sequence, hashes),
  * apply it, persist the new sequence. st may be NULL. */

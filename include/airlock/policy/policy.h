@@ -20,7 +20,12 @@
  *                      "inject": [ { "name": env var name (required),
  *                                    "scope": str, "ttl_seconds": int > 0,
  *                                    "value_from": str } ] },
- *     "egress":      { "default": "deny", "allow": [host pattern] } }
+ *     "egress":      { "default": "deny", "allow": [host pattern] },
+ *     "sandbox":     { "limits": { "pids": int, "memory": size, "tmp": size,
+ *                                  "workspace": size } } }
+ *
+ * A size is bytes (an integer) or a string with a binary suffix: "512M",
+ * "4G" (K, M, G, T = powers of 1024).
  *
  * Globs are gitignore patterns (ignore.h) anchored at the workspace root.
  *
@@ -81,7 +86,13 @@ struct policy_workspace {
 	struct policy_list exclude; /* as written */
 	struct policy_list allow_secrets;
 	bool gitignore; /* default true */
+	/* workspace.writeback: "review" (default: every guest change waits)
+	 * or {"auto": [globs]}: matching changes are written back at once */
+	struct policy_list writeback_auto;
+	int64_t writeback_max_mib;	/* workspace.writeback_max_mib, default POLICY_WRITEBACK_MAX_MIB */
+	struct policy_list guest_owned; /* workspace.guest_owned globs: stay in the guest */
 };
+#define POLICY_WRITEBACK_MAX_MIB 1024 /* default cap on the bytes one write-back brings to the host */
 
 struct policy_execution {
 	struct policy_list local;  /* command prefixes run on the host, as written */
@@ -116,6 +127,28 @@ struct policy_egress {
 	const struct policy_host *allow;
 	size_t n_allow;
 };
+
+/* sandbox.limits (doc/SANDBOX.md, "Limits"): 0 where unset, meaning the
+ * built-in default. */
+struct policy_sandbox_limits {
+	uint64_t pids;	    /* processes and threads of the whole sandbox */
+	uint64_t memory;    /* bytes of memory (with /tmp, which is memory) */
+	uint64_t tmp;	    /* bytes of the /tmp tmpfs */
+	uint64_t workspace; /* bytes of the largest file a command writes (copy, home, /tmp) */
+};
+#define POLICY_PIDS_MIN	     32u
+#define POLICY_PIDS_MAX	     4194304u
+#define POLICY_MEMORY_MIN    (64ull << 20)
+#define POLICY_TMP_MIN	     (1ull << 20)
+#define POLICY_WORKSPACE_MIN (1ull << 20)
+/* The built-in limits (doc/SANDBOX.md "Limits" says why these numbers);
+ * the memory default is half the host's RAM (policy_memory_default). An
+ * untrusted policy may only lower them. */
+#define POLICY_PIDS_DEFAULT	 4096u
+#define POLICY_TMP_DEFAULT	 (1ull << 30)
+#define POLICY_WORKSPACE_DEFAULT (32ull << 30)
+uint64_t policy_memory_default(void);
+#define POLICY_SIZE_MAX (1ull << 50)
 
 /* Load and validate a policy file. On success *out is a new policy (free
  * with policy_free). On failure returns -EINVAL (bad content: not JSON,
@@ -191,6 +224,7 @@ const struct policy_workspace *policy_workspace(const struct policy *p);
 const struct policy_execution *policy_execution(const struct policy *p);
 const struct policy_credentials *policy_credentials(const struct policy *p);
 const struct policy_egress *policy_egress(const struct policy *p);
+const struct policy_sandbox_limits *policy_sandbox_limits(const struct policy *p);
 
 /* ---- path decisions ---- */
 
@@ -275,6 +309,13 @@ unsigned policy_ctx_warnings(const struct policy_ctx *ctx, const char **last);
  * made for p. */
 int policy_check(const struct policy *p, struct policy_ctx *ctx, const char *relpath, int is_dir,
 		 struct policy_verdict *v);
+
+/* workspace.writeback auto globs: does a guest change at path match one?
+ * (gitignore-style, the last matching pattern decides, "!" excludes) */
+bool policy_writeback_auto(const struct policy *p, const char *relpath, int is_dir);
+/* workspace.guest_owned: does path (or a directory above it) stay in the
+ * guest, never a guest change? */
+bool policy_guest_owned(const struct policy *p, const char *relpath, int is_dir);
 
 /* ---- built-in secret list (fs/policy/secrets.c, doc/SECRETS.md) ---- */
 

@@ -49,6 +49,8 @@ enum sandbox_kind {
 int sandbox_kind_parse(const char *s, enum sandbox_kind *out);
 const char *sandbox_kind_name(enum sandbox_kind k);
 
+struct policy_sandbox_limits; /* policy.h */
+
 struct sandbox_cfg {
 	enum sandbox_kind kind;
 	const char *workspace;	  /* realpath of DIR (for the id and messages) */
@@ -56,6 +58,9 @@ struct sandbox_cfg {
 				   * NULL: the one next to /proc/self/exe */
 	const char *template_dir; /* vm only: directory with the built template; NULL: default */
 	bool verbose;		  /* agent -v; its log goes to <data>/agent.log either way */
+	/* local only: the policy's sandbox.limits (borrowed for the call);
+	 * NULL or 0 fields: the defaults (doc/SANDBOX.md, "Limits") */
+	const struct policy_sandbox_limits *limits;
 };
 
 struct sandbox;

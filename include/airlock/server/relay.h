@@ -86,6 +86,10 @@ struct relay_exit {
 	int signal;	/* signal number, 0 when it exited */
 	bool timed_out; /* the timeout fired (and killed it) */
 	uint64_t duration_ms;
+	/* guest changes it made (doc/RELAY.md "Changes"): when `changes`, the
+	 * exit event carries {"written_back": N, "waiting": M} */
+	bool changes;
+	uint64_t written_back, waiting;
 };
 
 /*
@@ -184,6 +188,30 @@ void relay_cmd_exit(struct relay_cmd *cmd, const struct relay_exit *ex);
 void relay_cmd_error(struct relay_cmd *cmd, const char *code, const char *message);
 /* The sync_wait with this token is satisfied. Unknown tokens are ignored. */
 void relay_sync_done(struct relay *r, uint64_t token);
+
+/* ---- guest changes: the changes, accept and reject ops (doc/RELAY.md "Changes") ---- */
+
+struct relay_changes_req {
+	const char *op;		  /* "changes", "accept" or "reject" */
+	const char *const *paths; /* npaths workspace-relative paths; none: every change */
+	size_t npaths;
+	bool all;  /* accept / reject: "all": true */
+	bool diff; /* changes: the guest's content of text files too (for a diff) */
+};
+
+struct relay_changes_ops {
+	/* Answer later, exactly once, with relay_changes_done(token). 0 or
+	 * -errno (the client gets backend_error). */
+	int (*request)(void *ud, uint64_t token, const struct relay_changes_req *req);
+};
+
+/* Serve the changes ops through ops (without: they answer unavailable). */
+void relay_set_changes(struct relay *r, const struct relay_changes_ops *ops, void *ud);
+/* The answer to a changes request: body a JSON object as text, to which the
+ * relay adds "event" and "id"; or, with body NULL, an error event
+ * with code and message. Unknown tokens (the client left) are ignored. */
+void relay_changes_done(struct relay *r, uint64_t token, const char *event, const char *body, const char *code,
+			const char *message);
 
 /* A slot for the backend's own per-command state. */
 void relay_cmd_set_data(struct relay_cmd *cmd, void *data);

@@ -131,6 +131,10 @@ struct sync_cfg {
 	 * thread and the loop keeps serving meanwhile (doc/SYNC.md, "Bounds on
 	 * ignore rules"). NULL: they run inline, on the caller's thread. */
 	struct loop *loop;
+	/* Guest changes waiting for the user (doc/SYNC.md "Guest changes and
+	 * write-back"): asked about every op a reconcile or push would send;
+	 * true drops the op, so the guest keeps its version. NULL: none. */
+	bool (*keep)(void *ud, const struct manifest_change *c);
 };
 
 /* New engine on a ready chan; opens its sync stream. cfg is copied (the
@@ -209,6 +213,10 @@ void sync_on_error(struct sync *s, uint32_t code, const char *msg);
 uint32_t sync_stream(const struct sync *s);
 
 const struct sync_stats *sync_get_stats(const struct sync *s);
+/* The host-side state the guest last confirmed (NULL before the first
+ * reconcile finished): what a guest change is compared against. Valid
+ * until the next operation finishes. */
+const struct manifest *sync_known(const struct sync *s);
 /* Withheld paths (policy) and skipped entries (special files, errors) of
  * the last scan, each capped at SYNC_RECORDS_MAX; *total counts all. */
 const struct sync_record *sync_withheld(const struct sync *s, size_t *n, uint64_t *total);

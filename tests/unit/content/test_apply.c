@@ -423,6 +423,56 @@ static void test_inplace_edit_cloned(void **state)
 	free(data);
 }
 
+/* Allocated bytes of a file in the guest copy. */
+static uint64_t guest_allocated(struct env *e, const char *name)
+{
+	struct stat st;
+	assert_int_equal(fstatat(e->gfd, name, &st, AT_SYMLINK_NOFOLLOW), 0);
+	return (uint64_t)st.st_blocks * 512u;
+}
+
+/* A sparse file stays sparse in the copy: all-zero blocks are holes, also
+ * at the end (the size is set, not written), and an in-place edit that
+ * zeroes a range of a cloned file punches it out. */
+static void test_sparse_stays_sparse(void **state)
+{
+	struct env *e = *state;
+	struct apply_stats st;
+	const off_t size = 16 << 20;
+	int fd = openat(e->hfd, "sparse.img", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+	assert_true(fd >= 0);
+	assert_int_equal(pwrite(fd, "head", 4, 0), 4);
+	assert_int_equal(pwrite(fd, "middle", 6, 5 << 20), 6);
+	assert_int_equal(ftruncate(fd, size), 0); /* ends in a hole */
+	close(fd);
+	sync_and_check(e, &st);
+	struct stat gs;
+	assert_int_equal(fstatat(e->gfd, "sparse.img", &gs, 0), 0);
+	assert_int_equal(gs.st_size, size);
+	print_message("sparse: %lld bytes, %llu allocated in the copy\n", (long long)size,
+		      (unsigned long long)guest_allocated(e, "sparse.img"));
+	assert_true(guest_allocated(e, "sparse.img") <= 64 * 1024);
+
+	/* dense, then 1 MiB in its middle zeroed on the host */
+	const size_t dsz = 4 << 20;
+	uint8_t *data = malloc(dsz);
+	assert_non_null(data);
+	tu_fill(data, dsz, 5);
+	tu_put_file(e->hfd, "dense.bin", data, dsz, 0644);
+	sync_and_check(e, &st);
+	uint64_t before = guest_allocated(e, "dense.bin");
+	assert_true(before >= dsz);
+	memset(data + (1 << 20), 0, 1 << 20);
+	tu_put_file(e->hfd, "dense.bin", data, dsz, 0644);
+	sync_and_check(e, &st);
+	uint64_t after = guest_allocated(e, "dense.bin");
+	print_message("dense: %llu allocated, %llu after zeroing 1 MiB\n", (unsigned long long)before,
+		      (unsigned long long)after);
+	assert_true(after <= before - (1 << 20) + 2 * 64 * 1024);
+	free(data);
+}
+
 static void test_crash_leftovers_cleaned(void **state)
 {
 	struct env *e = *state;
@@ -921,10 +971,15 @@ int main(void)
 	crypto_sign_keypair(pk, sk);
 	randombytes_buf(scope, sizeof(scope));
 	const struct CMUnitTest tests[] = {
-	    BOTH(test_full_and_incremental_sync), BOTH(test_unmanaged_paths_survive),
-	    BOTH(test_move_by_reference_and_seq), BOTH(test_inplace_edit_cloned),
-	    BOTH(test_crash_leftovers_cleaned),	  BOTH(test_tree_delete_never_follows),
-	    BOTH(test_crafted_refused),		  BOTH(test_staging_dir),
+	    BOTH(test_full_and_incremental_sync),
+	    BOTH(test_unmanaged_paths_survive),
+	    BOTH(test_move_by_reference_and_seq),
+	    BOTH(test_inplace_edit_cloned),
+	    BOTH(test_sparse_stays_sparse),
+	    BOTH(test_crash_leftovers_cleaned),
+	    BOTH(test_tree_delete_never_follows),
+	    BOTH(test_crafted_refused),
+	    BOTH(test_staging_dir),
 	    BOTH(test_apply_alloc_failures),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

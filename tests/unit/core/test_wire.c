@@ -71,6 +71,13 @@ static bool eq_sync_entry(const union wire_msg *a, const union wire_msg *b)
 	return str_eq(a->sync_entry.path, b->sync_entry.path) && a->sync_entry.found == b->sync_entry.found &&
 	       bytes_eq(a->sync_entry.entry, a->sync_entry.entry_len, b->sync_entry.entry, b->sync_entry.entry_len);
 }
+static bool eq_chg_item(const union wire_msg *a, const union wire_msg *b)
+{
+	const struct wire_chg_item *x = &a->chg_item, *y = &b->chg_item;
+	return str_eq(x->path, y->path) && x->st_mode == y->st_mode && x->by == y->by && x->flags == y->flags &&
+	       x->size == y->size && !memcmp(x->hash, y->hash, sizeof(x->hash)) &&
+	       str_eq(x->target ? x->target : "", y->target ? y->target : "");
+}
 static bool eq_sync_nack(const union wire_msg *a, const union wire_msg *b)
 {
 	return a->sync_nack.seq == b->sync_nack.seq && a->sync_nack.code == b->sync_nack.code &&
@@ -139,6 +146,9 @@ static const struct row rows[] = {
     ROW(sync_entry, clr_sync_entry, eq_sync_entry, true, {.path = "p", .found = 1, .entry = blob, .entry_len = 3})
 	B(0, 0, 0, 1, 'p', 1, 0, 1, 0xff) END,
     ROW(sync_entry, clr_sync_entry, eq_sync_entry, false, {.path = "p", .found = 0}) B(0, 0, 0, 1, 'p', 0) END,
+    ROW(chg_item, clr_chg_item, eq_chg_item, false, {.path = "p", .st_mode = 0100644, .by = 3, .target = ""})
+	B(0, 0, 0, 1, 'p', 0, 0, 129, 164, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+	  0, 0, 0, 0, 0, 0, 0) END,
     ROW(sync_ack, NULL, NULL, false, {1, 2, 3, 4, 5, 6})
 	B(0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0,
 	  0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 6) END,
@@ -584,7 +594,10 @@ static void test_groups_and_names(void **state)
 	assert_int_equal(wire_group_of(WIRE_EXEC_LAST), WIRE_GROUP_EXEC);
 	assert_int_equal(wire_group_of(WIRE_PROXY_FIRST), WIRE_GROUP_PROXY);
 	assert_int_equal(wire_group_of(WIRE_PROXY_LAST), WIRE_GROUP_PROXY);
-	assert_int_equal(wire_group_of(128), WIRE_GROUP_NONE);
+	assert_int_equal(wire_group_of(WIRE_CHANGES_FIRST), WIRE_GROUP_CHANGES);
+	assert_int_equal(wire_group_of(WIRE_CHG_END), WIRE_GROUP_CHANGES);
+	assert_int_equal(wire_group_of(WIRE_CHANGES_LAST), WIRE_GROUP_CHANGES);
+	assert_int_equal(wire_group_of(WIRE_CHANGES_LAST + 1), WIRE_GROUP_NONE);
 	assert_int_equal(wire_group_of(255), WIRE_GROUP_NONE);
 	/* every assigned type is inside its group's range */
 	assert_int_equal(wire_group_of(WIRE_SYNC_NACK), WIRE_GROUP_SYNC);

@@ -16,7 +16,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/netlink.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -1176,6 +1181,257 @@ static void test_confine(void **state)
 	loop_free(l);
 }
 
+/* exec_cgroup_*: a tree the caller forks itself (the local sandbox) joins
+ * a cgroup with a pids limit; forks past it fail; freeing kills what is
+ * left and removes it. */
+static void test_cgroup_for_tree(void **state)
+{
+	(void)state;
+	if (!(exec_sys_caps(g_sys) & (EXEC_CAP_CG2_PIDS | EXEC_CAP_CG1_PIDS))) {
+		print_message("SKIP cgroup for a tree: no pids cgroup (%s)\n", exec_sys_describe(g_sys));
+		skip();
+	}
+	struct exec_limits lim = {.pids_max = 16, .memory_max = 64u << 20};
+	struct exec_cgroup *cg = NULL;
+	int go[2], res[2];
+	pid_t pid;
+
+	assert_int_equal(exec_cgroup_new(g_sys, &lim, &cg), 0);
+	assert_true(exec_cgroup_limits(cg) & EXEC_CGROUP_PIDS);
+	assert_non_null(exec_cgroup_dir(cg));
+	assert_int_equal(pipe(go), 0);
+	assert_int_equal(pipe(res), 0);
+	assert_true((pid = fork()) >= 0);
+	if (pid == 0) {
+		char c;
+		int n = 0;
+		close(go[1]);
+		close(res[0]);
+		if (read(go[0], &c, 1) != 1)
+			_exit(2);
+		/* fork sleepers until refused: 16 with ourselves */
+		for (int i = 0; i < 64; i++) {
+			pid_t k = fork();
+			if (k == 0) {
+				pause();
+				_exit(0);
+			}
+			if (k < 0)
+				break;
+			n++;
+		}
+		_exit(write(res[1], &n, sizeof(n)) == (ssize_t)sizeof(n) ? 0 : 3);
+	}
+	close(go[0]);
+	close(res[1]);
+	assert_int_equal(exec_cgroup_attach(cg, pid), 0);
+	assert_int_equal(write(go[1], "g", 1), 1);
+	int n = -1;
+	assert_int_equal(read(res[0], &n, sizeof(n)), (ssize_t)sizeof(n));
+	print_message("cgroup for a tree (%s): %d forks under pids 16\n", exec_cgroup_dir(cg), n);
+	assert_int_equal(n, 15);
+	int st;
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	char dir[4096];
+	snprintf(dir, sizeof(dir), "%s", exec_cgroup_dir(cg));
+	exec_cgroup_free(cg); /* the 15 sleepers die with it */
+	assert_int_equal(access(dir, F_OK), -1);
+	close(go[1]);
+	close(res[0]);
+	exec_cgroup_free(NULL);
+}
+
+/* The seccomp filter's answers, asked straight from a confined child (no
+ * execve in between): socket families, io_uring, userfaultfd, x32. */
+
+static long sc_socket(long family, long type, long proto)
+{
+	long fd = syscall(SYS_socket, family, type | SOCK_CLOEXEC, proto);
+	if (fd >= 0)
+		close((int)fd);
+	return fd;
+}
+
+static long sc_socketpair(long family, long type)
+{
+	int sv[2];
+	long r = syscall(SYS_socketpair, family, type | SOCK_CLOEXEC, 0, sv);
+	if (r == 0) {
+		close(sv[0]);
+		close(sv[1]);
+	}
+	return r;
+}
+
+enum {
+	P_INET,
+	P_INET6,
+	P_UNIX,
+	P_PAIR_UNIX,
+	P_NL_ROUTE,
+	P_NL_UEVENT,
+	P_VSOCK,
+	P_VSOCK_HIGH,
+	P_PAIR_VSOCK,
+	P_PACKET,
+	P_URING_SETUP,
+	P_URING_ENTER,
+	P_URING_REGISTER,
+	P_UFFD,
+	P_X32_SOCKET,
+	P_FSIZE,
+	P_N
+};
+
+/* errno of probe i (0 when it succeeded). */
+static int sc_probe(int i)
+{
+	char params[120] = {0}; /* struct io_uring_params */
+	long r;
+
+	errno = 0;
+	switch (i) {
+	case P_INET:
+		r = sc_socket(AF_INET, SOCK_STREAM, 0);
+		break;
+	case P_INET6:
+		r = sc_socket(AF_INET6, SOCK_DGRAM, 0);
+		break;
+	case P_UNIX:
+		r = sc_socket(AF_UNIX, SOCK_STREAM, 0);
+		break;
+	case P_PAIR_UNIX:
+		r = sc_socketpair(AF_UNIX, SOCK_STREAM);
+		break;
+	case P_NL_ROUTE:
+		r = sc_socket(AF_NETLINK, SOCK_RAW, NETLINK_ROUTE);
+		break;
+	case P_NL_UEVENT:
+		r = sc_socket(AF_NETLINK, SOCK_RAW, NETLINK_KOBJECT_UEVENT);
+		break;
+	case P_VSOCK:
+		r = sc_socket(AF_VSOCK, SOCK_STREAM, 0);
+		break;
+	/* the kernel reads the family as an int: high bits must not hide it */
+	case P_VSOCK_HIGH:
+		r = sc_socket((long)((1UL << 32) | AF_VSOCK), SOCK_STREAM, 0);
+		break;
+	case P_PAIR_VSOCK:
+		r = sc_socketpair(AF_VSOCK, SOCK_STREAM);
+		break;
+	case P_PACKET:
+		r = sc_socket(AF_PACKET, SOCK_RAW, 0);
+		break;
+	case P_URING_SETUP:
+		r = syscall(SYS_io_uring_setup, 4, params);
+		break;
+	case P_URING_ENTER:
+		r = syscall(SYS_io_uring_enter, -1, 0, 0, 0, NULL, 0);
+		break;
+	case P_URING_REGISTER:
+		r = syscall(SYS_io_uring_register, -1, 0, NULL, 0);
+		break;
+	case P_UFFD:
+		r = syscall(SYS_userfaultfd, O_CLOEXEC);
+		break;
+#if defined(__x86_64__)
+	case P_X32_SOCKET:
+		r = syscall(0x40000000L | SYS_socket, AF_INET, SOCK_STREAM, 0);
+		break;
+#else
+	case P_X32_SOCKET:
+		errno = EPERM;
+		r = -1;
+		break;
+#endif
+	case P_FSIZE: {
+		/* file_max became RLIMIT_FSIZE (EFBIG when it did not) */
+		struct rlimit rl;
+		r = getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur == (1u << 20) ? 0 : -1;
+		errno = EFBIG;
+		break;
+	}
+	default:
+		return -1;
+	}
+	if (r >= 0 && (i == P_URING_SETUP || i == P_UFFD))
+		close((int)r);
+	return r < 0 ? errno : 0;
+}
+
+/* Run every probe in a child, confined by c (or not), errnos into out. */
+static void sc_run(const struct exec_confine *c, int out[P_N])
+{
+	int p[2];
+	pid_t pid;
+
+	assert_int_equal(pipe(p), 0);
+	assert_true((pid = fork()) >= 0);
+	if (pid == 0) {
+		int res[P_N];
+		close(p[0]);
+		if (c && exec_confine_apply(c) < 0)
+			_exit(3);
+		for (int i = 0; i < P_N; i++)
+			res[i] = sc_probe(i);
+		_exit(write(p[1], res, sizeof(res)) == (ssize_t)sizeof(res) ? 0 : 4);
+	}
+	close(p[1]);
+	assert_int_equal(read(p[0], out, sizeof(int) * P_N), (ssize_t)(sizeof(int) * P_N));
+	close(p[0]);
+	int st;
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+static void test_confine_syscalls(void **state)
+{
+	static const struct {
+		int probe;
+		const char *name;
+		int want; /* confined; -1: whatever the unconfined call answers */
+	} cases[] = {
+	    {P_INET, "socket(AF_INET)", -1},
+	    {P_INET6, "socket(AF_INET6)", -1},
+	    {P_UNIX, "socket(AF_UNIX)", 0},
+	    {P_PAIR_UNIX, "socketpair(AF_UNIX)", 0},
+	    {P_NL_ROUTE, "socket(AF_NETLINK, NETLINK_ROUTE)", -1},
+	    {P_NL_UEVENT, "socket(AF_NETLINK, NETLINK_KOBJECT_UEVENT)", EAFNOSUPPORT},
+	    {P_VSOCK, "socket(AF_VSOCK)", EAFNOSUPPORT},
+	    {P_VSOCK_HIGH, "socket(1<<32 | AF_VSOCK)", EAFNOSUPPORT},
+	    {P_PAIR_VSOCK, "socketpair(AF_VSOCK)", EAFNOSUPPORT},
+	    {P_PACKET, "socket(AF_PACKET)", EAFNOSUPPORT},
+	    {P_URING_SETUP, "io_uring_setup", ENOSYS},
+	    {P_URING_ENTER, "io_uring_enter", ENOSYS},
+	    {P_URING_REGISTER, "io_uring_register", ENOSYS},
+	    {P_UFFD, "userfaultfd", EPERM},
+	    {P_X32_SOCKET, "x32 socket", EPERM},
+	    {P_FSIZE, "RLIMIT_FSIZE = file_max", 0},
+	};
+	const char *writable[] = {g_rootpath, NULL};
+	struct exec_confine_cfg cfg = {.writable = writable, .file_max = 1u << 20};
+	struct exec_confine *c = NULL;
+	int freed[P_N], conf[P_N], bad = 0;
+	char err[512];
+
+	(void)state;
+	assert_int_equal(exec_confine_new(&cfg, &c, err, sizeof(err)), 0);
+	sc_run(NULL, freed);
+	sc_run(c, conf);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		int p = cases[i].probe, want = cases[i].want < 0 ? freed[p] : cases[i].want;
+		print_message("%-44s free: %-24s confined: %s\n", cases[i].name, freed[p] ? strerror(freed[p]) : "ok",
+			      conf[p] ? strerror(conf[p]) : "ok");
+		if (conf[p] != want) {
+			print_error("%s confined: got %s, want %s\n", cases[i].name,
+				    conf[p] ? strerror(conf[p]) : "success", want ? strerror(want) : "success");
+			bad++;
+		}
+	}
+	exec_confine_free(c);
+	assert_int_equal(bad, 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1201,6 +1457,8 @@ int main(void)
 	    cmocka_unit_test(test_concurrent_64),
 	    cmocka_unit_test(test_free_inside_callback),
 	    cmocka_unit_test(test_confine),
+	    cmocka_unit_test(test_confine_syscalls),
+	    cmocka_unit_test(test_cgroup_for_tree),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -147,6 +147,61 @@ static int count_record(const char *ws, const uint8_t *digest, void *ud)
 	return 0;
 }
 
+/* sandbox.limits and write-back in an untrusted file: a value above the
+ * built-in default loosens it and is left out, one below applies. */
+static void test_trust_limits(void **state)
+{
+	(void)state;
+	char cfg[] = "/tmp/airlock-trust-cfg-XXXXXX", dir[] = "/tmp/airlock-trust-ws-XXXXXX";
+	char path[PATH_MAX];
+	struct policy *p;
+
+	assert_non_null(mkdtemp(cfg));
+	assert_non_null(mkdtemp(dir));
+	setenv("XDG_CONFIG_HOME", cfg, 1);
+	snprintf(path, sizeof(path), "%s/airlock.json", dir);
+	put_file(path, "{ \"sandbox\": { \"limits\": { \"pids\": 100000, \"memory\": \"1T\", \"tmp\": \"512M\", "
+		       "\"workspace\": \"64G\" } } }");
+	p = ws_load(dir, NULL);
+	assert_int_equal(policy_trust(p), POLICY_TRUST_UNTRUSTED);
+	assert_int_equal(policy_sandbox_limits(p)->pids, 0);
+	assert_int_equal(policy_sandbox_limits(p)->memory, 0);
+	assert_int_equal(policy_sandbox_limits(p)->workspace, 0);
+	assert_int_equal(policy_sandbox_limits(p)->tmp, 512ull << 20);
+	assert_int_equal(policy_ignored(p)->n, 3);
+	assert_string_equal(policy_ignored(p)->v[0], "sandbox.limits.pids");
+	assert_string_equal(policy_ignored(p)->v[1], "sandbox.limits.memory");
+	assert_string_equal(policy_ignored(p)->v[2], "sandbox.limits.workspace");
+	policy_free(p);
+
+	put_file(path, "{ \"sandbox\": { \"limits\": { \"pids\": 64, \"workspace\": 1048576 } } }");
+	p = ws_load(dir, NULL);
+	assert_int_equal(policy_sandbox_limits(p)->pids, 64);
+	assert_int_equal(policy_sandbox_limits(p)->workspace, 1048576);
+	assert_int_equal(policy_ignored(p)->n, 0);
+	policy_free(p);
+
+	/* write-back: review (the default) and a smaller cap apply; auto
+	 * globs and a larger cap are left out */
+	put_file(path, "{ \"workspace\": { \"writeback\": \"review\", \"writeback_max_mib\": 8 } }");
+	p = ws_load(dir, NULL);
+	assert_int_equal(policy_ignored(p)->n, 0);
+	assert_int_equal(policy_workspace(p)->writeback_max_mib, 8);
+	policy_free(p);
+	put_file(path, "{ \"workspace\": { \"writeback\": { \"auto\": [\"src/**\"] }, \"writeback_max_mib\": 4096 } }");
+	p = ws_load(dir, NULL);
+	assert_int_equal(policy_ignored(p)->n, 2);
+	assert_string_equal(policy_ignored(p)->v[0], "workspace.writeback");
+	assert_string_equal(policy_ignored(p)->v[1], "workspace.writeback_max_mib");
+	assert_int_equal(policy_workspace(p)->writeback_auto.n, 0);
+	assert_int_equal(policy_workspace(p)->writeback_max_mib, POLICY_WRITEBACK_MAX_MIB);
+	assert_false(policy_writeback_auto(p, "src/a.c", 0));
+	policy_free(p);
+	unlink(path);
+	rmdir(dir);
+	unsetenv("XDG_CONFIG_HOME");
+}
+
 /* An unapproved workspace policy keeps only what tightens the default;
  * approved, all of it applies; a changed byte needs a new approval. */
 static void test_trust(void **state)
@@ -335,6 +390,41 @@ static void test_trust(void **state)
 	setenv("XDG_CONFIG_HOME", NO_STORE, 1);
 }
 
+/* workspace.writeback, writeback_max_mib, guest_owned (doc/SYNC.md §10) */
+static void test_writeback_keys(void **state)
+{
+	(void)state;
+	struct policy *p = load_ok("writeback.json"), *d = NULL;
+	struct policy_ctx *ctx;
+	struct policy_verdict v;
+
+	assert_int_equal(policy_workspace(p)->writeback_auto.n, 3);
+	assert_int_equal(policy_workspace(p)->writeback_max_mib, 16);
+	assert_true(policy_writeback_auto(p, "src/a/b.c", 0));
+	assert_true(policy_writeback_auto(p, "package.json", 0));
+	assert_false(policy_writeback_auto(p, "src/gen/x.c", 0)); /* the "!" pattern */
+	assert_false(policy_writeback_auto(p, "README.md", 0));
+	assert_true(policy_guest_owned(p, "build/out/x", 0));
+	assert_true(policy_guest_owned(p, "src/a.o", 0));
+	assert_false(policy_guest_owned(p, "src/a.c", 0));
+	/* guest-owned paths are decided like ignored ones: never synced */
+	assert_int_equal(policy_ctx_new(p, -1, &ctx), 0);
+	assert_int_equal(policy_check(p, ctx, "build", 1, &v), 0);
+	assert_int_equal(v.reason, POLICY_IGNORED);
+	assert_true(v.prune);
+	assert_non_null(strstr(v.rule, "guest_owned: build/"));
+	assert_int_equal(policy_check(p, ctx, "src/a.c", 0, &v), 0);
+	assert_int_equal(v.reason, POLICY_SYNCED);
+	policy_ctx_free(ctx);
+	policy_free(p);
+	/* the default: review, 1024 MiB, nothing guest-owned */
+	assert_int_equal(policy_default(&d), 0);
+	assert_int_equal(policy_workspace(d)->writeback_auto.n, 0);
+	assert_int_equal(policy_workspace(d)->writeback_max_mib, POLICY_WRITEBACK_MAX_MIB);
+	assert_false(policy_writeback_auto(d, "src/a.c", 0));
+	policy_free(d);
+}
+
 static void test_default_and_workspace_lookup(void **state)
 {
 	(void)state;
@@ -396,6 +486,9 @@ struct bad_case {
 };
 
 static const struct bad_case bad_cases[] = {
+    {"bad-writeback-mode.json", -EINVAL, {": workspace.writeback: expected \"review\" or {\"auto\": [globs]}"}},
+    {"bad-writeback-max.json", -EINVAL, {": workspace.writeback_max_mib: must be greater than 0, got 0"}},
+    {"bad-writeback-key.json", -EINVAL, {": workspace.writeback.manual: unknown key", "auto"}},
     {"bad-unknown-top.json", -EINVAL, {": worksapce: unknown key", "workspace, execution, credentials, egress"}},
     {"bad-unknown-sync.json", -EINVAL, {": workspace.sync.exlude: unknown key", "include, exclude"}},
     {"bad-unknown-inject.json", -EINVAL, {": credentials.inject[1].scop: unknown key", "name, scope"}},
@@ -616,7 +709,8 @@ static void test_include_exclude(void **state)
 	assert_non_null(mkdtemp(dir));
 	snprintf(path, sizeof(path), "%s/p.json", dir);
 	FILE *f = fopen(path, "w");
-	fputs("{\"workspace\":{\"sync\":{\"include\":[\"app/src/*/\", \"/cfg/*.toml\", \"/data/[xz]\", \"/lib/\", "
+	fputs("{\"workspace\":{\"sync\":{\"include\":[\"app/src/*/\", \"/cfg/*.toml\", \"/data/[xz]\", "
+	      "\"/lib/\", "
 	      "\"!/lib/gen/\"]}}}",
 	      f);
 	fclose(f);
@@ -1259,6 +1353,58 @@ static void test_ctx_limits(void **state)
 	policy_free(p);
 }
 
+/* sandbox.limits: counts, sizes as bytes or "512M"/"4G", bounds, unknown
+ * keys and wrong types named. */
+static void test_sandbox_limits(void **state)
+{
+	static const struct {
+		const char *json;
+		int err;
+		uint64_t pids, memory, tmp, workspace; /* when err == 0 */
+		const char *want;		       /* in the message when err != 0 */
+	} cases[] = {
+	    {"{}", 0, 0, 0, 0, 0, NULL},
+	    {"{\"sandbox\":{\"limits\":{\"pids\":512,\"memory\":\"2G\",\"tmp\":\"256M\",\"workspace\":"
+	     "1073741824}}}",
+	     0, 512, 2ull << 30, 256ull << 20, 1ull << 30, NULL},
+	    {"{\"sandbox\":{\"limits\":{\"memory\":\"1T\"}}}", 0, 0, 1ull << 40, 0, 0, NULL},
+	    {"{\"sandbox\":{\"limits\":{\"pids\":8}}}", -EINVAL, 0, 0, 0, 0, "sandbox.limits.pids"},
+	    {"{\"sandbox\":{\"limits\":{\"pids\":\"64\"}}}", -EINVAL, 0, 0, 0, 0, "expected a positive integer"},
+	    {"{\"sandbox\":{\"limits\":{\"memory\":\"2X\"}}}", -EINVAL, 0, 0, 0, 0, "sandbox.limits.memory"},
+	    {"{\"sandbox\":{\"limits\":{\"memory\":\"1M\"}}}", -EINVAL, 0, 0, 0, 0, "must be between"},
+	    {"{\"sandbox\":{\"limits\":{\"tmp\":-1}}}", -EINVAL, 0, 0, 0, 0, "sandbox.limits.tmp"},
+	    {"{\"sandbox\":{\"limits\":{\"workspace\":\"99999999999T\"}}}", -EINVAL, 0, 0, 0, 0, "too large"},
+	    {"{\"sandbox\":{\"limits\":{\"cpu\":2}}}", -EINVAL, 0, 0, 0, 0, "sandbox.limits.cpu"},
+	    {"{\"sandbox\":{\"limit\":{}}}", -EINVAL, 0, 0, 0, 0, "sandbox.limit"},
+	};
+	char dir[64], path[128], err[512];
+
+	(void)state;
+	tu_tmpdir(dir, sizeof(dir), "limits");
+	snprintf(path, sizeof(path), "%s/airlock.json", dir);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct policy *p = NULL;
+		FILE *f = fopen(path, "w");
+		assert_non_null(f);
+		fputs(cases[i].json, f);
+		fclose(f);
+		int r = policy_load(path, &p, err, sizeof(err));
+		if (r != cases[i].err)
+			fail_msg("%s: got %d (%s), want %d", cases[i].json, r, r ? err : "", cases[i].err);
+		if (r == 0) {
+			const struct policy_sandbox_limits *l = policy_sandbox_limits(p);
+			assert_int_equal(l->pids, cases[i].pids);
+			assert_int_equal(l->memory, cases[i].memory);
+			assert_int_equal(l->tmp, cases[i].tmp);
+			assert_int_equal(l->workspace, cases[i].workspace);
+			policy_free(p);
+		} else if (!strstr(err, cases[i].want)) {
+			fail_msg("%s: message \"%s\" lacks \"%s\"", cases[i].json, err, cases[i].want);
+		}
+	}
+	tu_rm_rf(dir);
+}
+
 int main(void)
 {
 	mem_init_json();
@@ -1266,6 +1412,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_seed_example_loads),
 	    cmocka_unit_test(test_full_policy),
+	    cmocka_unit_test(test_writeback_keys),
 	    cmocka_unit_test(test_default_and_workspace_lookup),
 	    cmocka_unit_test(test_trust),
 	    cmocka_unit_test(test_bad_policies),
@@ -1279,6 +1426,8 @@ int main(void)
 	    cmocka_unit_test(test_ctx_rule_files),
 	    cmocka_unit_test(test_ctx_limits),
 	    cmocka_unit_test(test_match_budget),
+	    cmocka_unit_test(test_sandbox_limits),
+	    cmocka_unit_test(test_trust_limits),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1215,6 +1215,54 @@ static void test_sync_wait(void **state)
 	tc_close(c);
 }
 
+/* A changes backend that answers at once, echoing what it was asked. */
+static struct relay *chg_relay;
+static int chg_request(void *ud, uint64_t token, const struct relay_changes_req *q)
+{
+	char body[256];
+	(void)ud;
+	snprintf(body, sizeof(body), "{\"op\":\"%s\",\"n\":%zu,\"first\":\"%s\",\"all\":%s,\"diff\":%s}", q->op,
+		 q->npaths, q->npaths ? q->paths[0] : "", q->all ? "true" : "false", q->diff ? "true" : "false");
+	relay_changes_done(chg_relay, token, !strcmp(q->op, "changes") ? "changes" : "accepted", body, NULL, NULL);
+	return 0;
+}
+static const struct relay_changes_ops chg_ops = {.request = chg_request};
+
+static void test_changes_ops(void **state)
+{
+	(void)state;
+	struct tc *c = tc_connect();
+	json_t *j;
+
+	tc_send(c, "{\"op\":\"changes\",\"id\":1}");
+	tc_expect_error(c, "unavailable", "guest changes");
+	chg_relay = F->r;
+	relay_set_changes(F->r, &chg_ops, NULL);
+	tc_send(c, "{\"op\":\"changes\",\"id\":\"c1\",\"paths\":[\"src/a.c\"],\"diff\":true}");
+	j = tc_expect(c, "changes");
+	assert_string_equal(json_string_value(json_object_get(j, "id")), "c1");
+	assert_string_equal(json_string_value(json_object_get(j, "first")), "src/a.c");
+	assert_true(json_is_true(json_object_get(j, "diff")));
+	json_decref(j);
+	tc_send(c, "{\"op\":\"accept\",\"all\":true}");
+	j = tc_expect(c, "accepted");
+	assert_true(json_is_true(json_object_get(j, "all")));
+	json_decref(j);
+	tc_send(c, "{\"op\":\"accept\",\"id\":2}");
+	tc_expect_error(c, "missing_field", "'paths'");
+	tc_send(c, "{\"op\":\"reject\",\"id\":3,\"all\":true,\"paths\":[\"a\"]}");
+	tc_expect_error(c, "bad_field", "not both");
+	tc_send(c, "{\"op\":\"accept\",\"id\":4,\"paths\":[\"../etc/passwd\"]}");
+	tc_expect_error(c, "bad_field", "paths[0]");
+	tc_send(c, "{\"op\":\"changes\",\"id\":5,\"paths\":\"src\"}");
+	tc_expect_error(c, "bad_field", "'paths'");
+	tc_send(c, "{\"op\":\"changes\",\"id\":6,\"frob\":1}");
+	tc_expect_error(c, "bad_field", "frob");
+	relay_set_changes(F->r, NULL, NULL);
+	tc_alive(c);
+	tc_close(c);
+}
+
 static void test_client_cap(void **state)
 {
 	(void)state;
@@ -1576,6 +1624,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_ring_overflow, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_status_history, fx_setup_small_history, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_sync_wait, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_changes_ops, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_client_cap, fx_setup_small_history, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_peer_uid, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_paths_and_modes, fx_setup, fx_teardown),

@@ -1,0 +1,504 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* track: inotify over the workspace copy, the dirty set of guest changes (track.h). */
+#include "airlock/guest/track.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "airlock/content/manifest.h"
+#include "airlock/core/errmsg.h"
+#include "airlock/core/mem.h"
+#include "airlock/core/wire.h"
+
+#define WATCH_MASK                                                                                                     \
+	(IN_CREATE | IN_DELETE | IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_ATTRIB |                \
+	 IN_DELETE_SELF | IN_MOVE_SELF | IN_DONT_FOLLOW | IN_ONLYDIR | IN_EXCL_UNLINK)
+#define WALK_DEPTH_MAX 256
+
+struct track {
+	int ifd, rootfd;
+	char *root;
+	char **wd; /* wd -> directory path (owned), NULL = none */
+	size_t capwd;
+	size_t nwatch;
+	struct track_dirty *slot; /* open addressing on path; path NULL = empty */
+	size_t cap, n;
+	bool saturated;
+	struct track_stats st;
+};
+
+static uint64_t hash_str(const char *s)
+{
+	uint64_t h = 1469598103934665603ull;
+	while (*s)
+		h = (h ^ (uint8_t)*s++) * 1099511628211ull;
+	return h;
+}
+
+static bool reserved(const char *name)
+{
+	return !strncmp(name, MANIFEST_RESERVED_PREFIX, sizeof(MANIFEST_RESERVED_PREFIX) - 1);
+}
+
+static void saturate(struct track *t)
+{
+	if (!t->saturated)
+		t->st.saturated++;
+	t->saturated = true;
+}
+
+static int dirty_grow(struct track *t)
+{
+	size_t nc = t->cap ? t->cap * 2 : 1024;
+	struct track_dirty *ns = mem_calloc(nc, sizeof(*ns));
+
+	if (!ns)
+		return -ENOMEM;
+	for (size_t i = 0; i < t->cap; i++) {
+		if (!t->slot[i].path)
+			continue;
+		size_t j = hash_str(t->slot[i].path) & (nc - 1);
+		while (ns[j].path)
+			j = (j + 1) & (nc - 1);
+		ns[j] = t->slot[i];
+	}
+	mem_free(t->slot);
+	t->slot = ns;
+	t->cap = nc;
+	return 0;
+}
+
+/* Mark path dirty (by, tree), copying it. */
+static void mark(struct track *t, const char *path, uint32_t by, bool tree)
+{
+	if (t->saturated)
+		return;
+	if ((t->n + 1) * 2 > t->cap && (t->n >= TRACK_DIRTY_MAX || dirty_grow(t) < 0)) {
+		saturate(t);
+		return;
+	}
+	size_t j = hash_str(path) & (t->cap - 1);
+	while (t->slot[j].path) {
+		if (!strcmp(t->slot[j].path, path)) {
+			t->slot[j].by = by;
+			t->slot[j].tree |= tree;
+			return;
+		}
+		j = (j + 1) & (t->cap - 1);
+	}
+	if (!(t->slot[j].path = mem_strdup(path))) {
+		saturate(t);
+		return;
+	}
+	t->slot[j].by = by;
+	t->slot[j].tree = tree;
+	t->n++;
+}
+
+static int join(char *out, size_t n, const char *dir, const char *name)
+{
+	int k = dir[0] ? snprintf(out, n, "%s/%s", dir, name) : snprintf(out, n, "%s", name);
+	return k < 0 || (size_t)k >= n || (size_t)k > MANIFEST_PATH_MAX ? -ENAMETOOLONG : 0;
+}
+
+static void wd_set(struct track *t, int wd, const char *path)
+{
+	if (wd < 0)
+		return;
+	if ((size_t)wd >= t->capwd) {
+		size_t nc = t->capwd ? t->capwd : 256;
+		while (nc <= (size_t)wd)
+			nc *= 2;
+		char **nv = mem_realloc(t->wd, nc * sizeof(*nv));
+		if (!nv) {
+			saturate(t);
+			return;
+		}
+		memset(nv + t->capwd, 0, (nc - t->capwd) * sizeof(*nv));
+		t->wd = nv;
+		t->capwd = nc;
+	}
+	char *p = mem_strdup(path);
+	if (!p) {
+		saturate(t);
+		return;
+	}
+	if (!t->wd[wd])
+		t->nwatch++;
+	mem_free(t->wd[wd]);
+	t->wd[wd] = p;
+}
+
+/* Watch one directory (an existing wd for the same inode is renamed). */
+static void watch_one(struct track *t, const char *rel)
+{
+	char abs[PATH_MAX];
+
+	if (t->nwatch >= TRACK_WATCHES_MAX ||
+	    snprintf(abs, sizeof(abs), "%s%s%s", t->root, rel[0] ? "/" : "", rel) >= (int)sizeof(abs)) {
+		saturate(t);
+		return;
+	}
+	int wd = inotify_add_watch(t->ifd, abs, WATCH_MASK);
+	if (wd < 0) {
+		if (errno != ENOENT && errno != ENOTDIR)
+			saturate(t); /* ENOSPC: fs.inotify.max_user_watches */
+		return;
+	}
+	wd_set(t, wd, rel);
+	t->st.watches = t->nwatch;
+}
+
+/* ---- walking beneath the root ---- */
+
+struct walk {
+	int (*each)(const char *path, const struct stat *st, void *ud);
+	void *ud;
+	char path[MANIFEST_PATH_MAX + 2];
+};
+
+static int walk_dir(struct walk *w, int dfd, size_t len, int depth)
+{
+	DIR *d;
+	struct dirent *de;
+	int r = 0;
+
+	if (depth > WALK_DEPTH_MAX || !(d = fdopendir(dfd))) {
+		close(dfd);
+		return 0;
+	}
+	while (r >= 0 && (de = readdir(d))) {
+		const char *nm = de->d_name;
+		struct stat st;
+		if (!strcmp(nm, ".") || !strcmp(nm, "..") || reserved(nm))
+			continue;
+		size_t k = strlen(nm), nl = len;
+		if (len + (len ? 1 : 0) + k > MANIFEST_PATH_MAX)
+			continue;
+		if (fstatat(dirfd(d), nm, &st, AT_SYMLINK_NOFOLLOW) < 0)
+			continue; /* gone meanwhile */
+		if (len)
+			w->path[nl++] = '/';
+		memcpy(w->path + nl, nm, k + 1);
+		nl += k;
+		if ((r = w->each(w->path, &st, w->ud)) >= 0 && S_ISDIR(st.st_mode)) {
+			int cfd = openat(dirfd(d), nm, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			if (cfd >= 0)
+				r = walk_dir(w, cfd, nl, depth + 1);
+		}
+		w->path[len] = '\0';
+	}
+	closedir(d);
+	return r;
+}
+
+/* lstat of path beneath rootfd without following a symlink on the way. */
+static int lstat_beneath(int rootfd, const char *path, struct stat *st)
+{
+	const char *slash = strrchr(path, '/');
+	char parent[MANIFEST_PATH_MAX + 1];
+	int pfd, r = 0;
+
+	if (!path[0])
+		return fstat(rootfd, st) < 0 ? -errno : 0;
+	if (slash) {
+		memcpy(parent, path, (size_t)(slash - path));
+		parent[slash - path] = '\0';
+		if ((pfd = manifest_open_beneath(rootfd, parent, O_PATH | O_DIRECTORY, false)) < 0)
+			return pfd;
+	} else if ((pfd = dup(rootfd)) < 0) {
+		return -errno;
+	}
+	if (fstatat(pfd, slash ? slash + 1 : path, st, AT_SYMLINK_NOFOLLOW) < 0)
+		r = -errno;
+	close(pfd);
+	return r;
+}
+
+int track_walk(int rootfd, const char *path, int (*each)(const char *path, const struct stat *st, void *ud), void *ud)
+{
+	struct walk w = {.each = each, .ud = ud};
+	size_t len = strlen(path);
+	struct stat st;
+	int r, fd;
+
+	if (len > MANIFEST_PATH_MAX)
+		return -ENAMETOOLONG;
+	if (lstat_beneath(rootfd, path, &st) < 0)
+		return 0;
+	memcpy(w.path, path, len + 1);
+	if (len && (r = each(path, &st, ud)) < 0)
+		return r;
+	if (!S_ISDIR(st.st_mode))
+		return 0;
+	fd = len ? manifest_open_beneath(rootfd, path, O_RDONLY | O_DIRECTORY, false)
+		 : openat(rootfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	return fd < 0 ? 0 : walk_dir(&w, fd, len, 0);
+}
+
+static int watch_each(const char *path, const struct stat *st, void *ud)
+{
+	struct track *t = ud;
+
+	if (S_ISDIR(st->st_mode))
+		watch_one(t, path);
+	return t->saturated ? -ENOSPC : 0;
+}
+
+/* Watch dir and every directory beneath it. */
+static void watch_tree(struct track *t, const char *dir)
+{
+	if (!dir[0])
+		watch_one(t, "");
+	(void)track_walk(t->rootfd, dir, watch_each, t);
+}
+
+/* ---- life cycle ---- */
+
+static void watches_reset(struct track *t)
+{
+	for (size_t i = 0; i < t->capwd; i++) {
+		if (t->wd[i])
+			inotify_rm_watch(t->ifd, (int)i);
+		mem_free(t->wd[i]);
+		t->wd[i] = NULL;
+	}
+	t->nwatch = 0;
+}
+
+int track_new(int rootfd, const char *root_path, struct track **out, char *err, size_t errlen)
+{
+	struct track *t;
+
+	*out = NULL;
+	if (!(t = mem_calloc(1, sizeof(*t))) || !(t->root = mem_strdup(root_path))) {
+		mem_free(t);
+		return -ENOMEM;
+	}
+	t->rootfd = rootfd;
+	if ((t->ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC)) < 0) {
+		int r = -errno;
+		errmsg_set(err, errlen, "inotify_init1: %s (guest changes cannot be tracked)", strerror(-r));
+		mem_free(t->root);
+		mem_free(t);
+		return r;
+	}
+	if (dirty_grow(t) < 0) {
+		track_free(t);
+		return -ENOMEM;
+	}
+	watch_tree(t, "");
+	if (t->saturated)
+		errmsg_set(err, errlen,
+			   "inotify: not every directory could be watched (fs.inotify.max_user_watches); "
+			   "each report walks the whole copy");
+	*out = t;
+	return 0;
+}
+
+void track_free(struct track *t)
+{
+	if (!t)
+		return;
+	watches_reset(t);
+	mem_free(t->wd);
+	for (size_t i = 0; i < t->cap; i++)
+		mem_free(t->slot[i].path);
+	mem_free(t->slot);
+	if (t->ifd >= 0)
+		close(t->ifd);
+	mem_free(t->root);
+	mem_free(t);
+}
+
+int track_fd(const struct track *t)
+{
+	return t->ifd;
+}
+
+void track_get_stats(const struct track *t, struct track_stats *st)
+{
+	*st = t->st;
+}
+
+/* ---- events ---- */
+
+static void on_event(struct track *t, const struct inotify_event *ev, uint32_t by)
+{
+	char path[MANIFEST_PATH_MAX + 2];
+
+	t->st.events++;
+	if (ev->mask & IN_Q_OVERFLOW) {
+		saturate(t);
+		return;
+	}
+	if (ev->wd < 0 || (size_t)ev->wd >= t->capwd || !t->wd[ev->wd])
+		return;
+	if (ev->mask & IN_IGNORED) {
+		mem_free(t->wd[ev->wd]);
+		t->wd[ev->wd] = NULL;
+		t->nwatch--;
+		return;
+	}
+	const char *dir = t->wd[ev->wd];
+	if (!ev->len) { /* the watched directory itself: attributes, deleted, moved */
+		if (ev->mask & IN_ATTRIB)
+			mark(t, dir, by, false);
+		return;
+	}
+	if (reserved(ev->name) || join(path, sizeof(path), dir, ev->name) < 0)
+		return;
+	bool newdir = (ev->mask & IN_ISDIR) && (ev->mask & (IN_CREATE | IN_MOVED_TO));
+	mark(t, path, by, newdir);
+	if (newdir)
+		watch_tree(t, path); /* its contents may predate the watch: the report walks it */
+}
+
+void track_read(struct track *t, uint32_t by)
+{
+	_Alignas(struct inotify_event) char buf[64 * 1024];
+
+	for (;;) {
+		ssize_t n = read(t->ifd, buf, sizeof(buf));
+		if (n <= 0)
+			return; /* EAGAIN: the queue is empty */
+		for (char *p = buf; p < buf + n;) {
+			const struct inotify_event *ev = (const struct inotify_event *)p;
+			on_event(t, ev, by);
+			p += sizeof(*ev) + ev->len;
+		}
+	}
+}
+
+static int dirty_cmp(const void *a, const void *b)
+{
+	return manifest_path_cmp(((const struct track_dirty *)a)->path, ((const struct track_dirty *)b)->path);
+}
+
+static bool under(const char *p, const char *dir)
+{
+	size_t k = strlen(dir);
+	return !k || (!strncmp(p, dir, k) && p[k] == '/');
+}
+
+int track_take(struct track *t, struct track_dirty **out, size_t *n)
+{
+	struct track_dirty *v;
+	size_t k = 0;
+
+	*out = NULL;
+	*n = 0;
+	if (t->saturated) {
+		/* start afresh: drop the set, watch the tree again, walk it all once */
+		for (size_t i = 0; i < t->cap; i++) {
+			mem_free(t->slot[i].path);
+			t->slot[i].path = NULL;
+		}
+		t->n = 0;
+		t->saturated = false;
+		watches_reset(t);
+		watch_tree(t, "");
+		if (!(v = mem_calloc(1, sizeof(*v))) || !(v->path = mem_strdup(""))) {
+			mem_free(v);
+			t->saturated = true;
+			return -ENOMEM;
+		}
+		v->tree = true;
+		*out = v;
+		*n = 1;
+		return 0;
+	}
+	if (!t->n)
+		return 0;
+	if (!(v = mem_calloc(t->n, sizeof(*v))))
+		return -ENOMEM;
+	for (size_t i = 0; i < t->cap; i++) {
+		if (!t->slot[i].path)
+			continue;
+		if (t->slot[i].by == TRACK_BY_APPLY)
+			mem_free(t->slot[i].path);
+		else
+			v[k++] = t->slot[i];
+		t->slot[i].path = NULL;
+	}
+	t->n = 0;
+	qsort(v, k, sizeof(*v), dirty_cmp);
+	/* drop what a tree entry before it covers (tree order: a directory's
+	 * subtree follows it) */
+	size_t m = 0;
+	for (size_t i = 0; i < k; i++) {
+		if (m && v[m - 1].tree && under(v[i].path, v[m - 1].path)) {
+			mem_free(v[i].path);
+			continue;
+		}
+		v[m++] = v[i];
+	}
+	*out = v;
+	*n = m;
+	return 0;
+}
+
+/* ---- describing one path ---- */
+
+int track_describe(int rootfd, const char *path, const struct chunk_params *params, struct wire_chg_item *it)
+{
+	struct stat st;
+	int r;
+
+	it->st_mode = 0;
+	it->size = 0;
+	it->flags = 0;
+	memset(it->hash, 0, sizeof(it->hash));
+	it->target = NULL;
+	if ((r = lstat_beneath(rootfd, path, &st)) < 0)
+		return r == -ENOENT || r == -ENOTDIR || r == -ELOOP ? 0 : r;
+	it->st_mode = (uint32_t)st.st_mode;
+	if (S_ISLNK(st.st_mode)) {
+		char tgt[MANIFEST_TARGET_MAX + 1];
+		const char *slash = strrchr(path, '/');
+		char parent[MANIFEST_PATH_MAX + 1] = "";
+		if (slash) {
+			memcpy(parent, path, (size_t)(slash - path));
+			parent[slash - path] = '\0';
+		}
+		int pfd = manifest_open_beneath(rootfd, parent, O_PATH | O_DIRECTORY, false);
+		ssize_t k = pfd < 0 ? -1 : readlinkat(pfd, slash ? slash + 1 : path, tgt, sizeof(tgt));
+		if (pfd >= 0)
+			close(pfd);
+		if (k <= 0 || (size_t)k > MANIFEST_TARGET_MAX) {
+			it->st_mode = 0; /* changed meanwhile, or not representable: as gone until the next report */
+			return 0;
+		}
+		tgt[k] = '\0';
+		if (!(it->target = mem_strdup(tgt)))
+			return -ENOMEM;
+		it->size = (uint64_t)k;
+		chunk_hash(tgt, (size_t)k, it->hash);
+		it->flags = WIRE_CHG_F_HASHED;
+		return 0;
+	}
+	if (!S_ISREG(st.st_mode))
+		return 0; /* a directory or a special file: its mode says it all */
+	it->size = (uint64_t)st.st_size;
+	if (it->size > TRACK_HASH_MAX)
+		return 0;
+	int fd = manifest_open_beneath(rootfd, path, O_RDONLY | O_NONBLOCK, false);
+	if (fd < 0)
+		return 0;
+	struct stat fst;
+	if (fstat(fd, &fst) == 0 && S_ISREG(fst.st_mode) && (uint64_t)fst.st_size == it->size &&
+	    chunk_fd_hash(params, fd, it->size, it->hash) == 0)
+		it->flags = WIRE_CHG_F_HASHED;
+	else
+		memset(it->hash, 0, sizeof(it->hash));
+	close(fd);
+	return 0;
+}
