@@ -417,8 +417,6 @@ static int setup(struct up *u, const struct up_args *a)
 		return st;
 	if ((st = take_state(u, a)) != 0)
 		return st;
-	if (up_changes_init(u) < 0)
-		return 1;
 	if (u->super.epoch) {
 		/* restarted after a crash: DIR waits for us, serve it first */
 		u->conn.announced = true; /* the "in sync" line was the first daemon's */
@@ -426,12 +424,13 @@ static int setup(struct up *u, const struct up_args *a)
 			return 1;
 		if (u->sandbox.use && (st = start_sandbox(u)) != 0)
 			return st;
-		if (start_egress(u) < 0 || start_relay(u) < 0)
+		if (up_changes_init(u) < 0 || start_egress(u) < 0 || start_relay(u) < 0)
 			return 1;
 	} else {
 		if (u->sandbox.use && (st = start_sandbox(u)) != 0)
 			return st;
-		if (up_loop_init(u) < 0 || start_egress(u) < 0 || start_mount(u, a) < 0 || start_relay(u) < 0)
+		if (up_changes_init(u) < 0 || up_loop_init(u) < 0 || start_egress(u) < 0 || start_mount(u, a) < 0 ||
+		    start_relay(u) < 0)
 			return 1;
 	}
 	relay_set_changes(u->exec.relay, &up_changes_ops, u);
