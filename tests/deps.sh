@@ -13,6 +13,12 @@ missing=""
 for p in $PKGS; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
+# The agent-CLI tests (tests/agents/, tests/e2e/agent_*.sh) install their CLIs
+# with npm. Looked up as commands, not packages: a nodejs from NodeSource
+# brings its own npm, and Debian's npm package would conflict with it.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+	missing="$missing nodejs npm"
+fi
 if [ -n "$missing" ]; then
 	if [ "$(id -u)" -ne 0 ]; then
 		echo "airlock: missing packages:$missing (run this as root, or: sudo apt-get install$missing)" >&2

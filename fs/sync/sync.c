@@ -547,6 +547,11 @@ const struct manifest *sync_known(const struct sync *s)
 	return s->known;
 }
 
+const struct manifest *sync_sending(const struct sync *s)
+{
+	return s->busy && s->phase == PH_SEND ? s->hm : NULL;
+}
+
 const struct sync_stats *sync_get_stats(const struct sync *s)
 {
 	return &s->st;

@@ -39,6 +39,7 @@
 #define SHOW_MAX       (32u << 20) /* ... and in all */
 #define ADOPTED_MAX    (1u << 20)
 #define CONFIRMED_FILE "confirmed.manifest" /* the confirmed state, saved for the next reconcile */
+#define SENDING_FILE   "sending.manifest"   /* what was in flight when the connection dropped */
 #define CONFIRMED_MS   2000u		    /* saved at most this often while live */
 #define PULL_GROUP     512u		    /* paths per CHG_PULL: each staged file holds an fd until written */
 
@@ -126,6 +127,7 @@ void up_changes_clear(struct up *u)
 	mem_free(u->chg.reject_bodies);
 	apply_free(u->chg.apply);
 	manifest_free(u->chg.base);
+	manifest_free(u->chg.sending);
 	rejected_clear(u);
 	policy_ctx_free(u->chg.pctx);
 	wb_store_free(u->chg.store);
@@ -492,6 +494,22 @@ void up_changes_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t
 	}
 }
 
+bool up_changes_refused(struct up *u, uint32_t stream, const char *msg)
+{
+	struct upull *p;
+
+	for (p = u->chg.pulls; p && p->stream != stream; p = p->next)
+		;
+	if (!p)
+		return false;
+	if (u->conn.chan)
+		chan_stream_close(u->conn.chan, stream);
+	p->stream = 0;
+	snprintf(p->err, sizeof(p->err), "the guest refused the pull: %.200s", msg);
+	pull_finish(p, -EBUSY);
+	return true;
+}
+
 void up_changes_conn_lost(struct up *u)
 {
 	/* what the guest confirmed last, exactly, for the next reconcile */
@@ -806,6 +824,13 @@ static bool unreported_change(struct up *u, const struct manifest *base, const s
 	 * saved state too, and that is the host's to send. */
 	if (!entry_same(h, b))
 		return false;
+	/* a batch the guest applied but whose acknowledgement the dropped
+	 * connection lost: that state is the host's */
+	if (base == u->chg.base && u->chg.sending) {
+		long si = manifest_find(u->chg.sending, path);
+		if (entry_same(g, si >= 0 ? &u->chg.sending->e[si] : NULL))
+			return false;
+	}
 	struct wire_chg_item it = {
 	    .path = (char *)path, .st_mode = gc.st_mode, .size = gc.size, .flags = g ? WIRE_CHG_F_HASHED : 0};
 	if (g)
@@ -853,6 +878,29 @@ bool up_changes_keep(void *ud, const struct manifest_change *c)
 /* The confirmed state to CONFIRMED_FILE (temporary name, rename; no
  * fsync: a stale or lost one only turns an unreported guest change into
  * a conflict, or leaves it to the old behaviour, never loses a reported one). */
+static void save_manifest(struct up *u, const struct manifest *m, const char *name)
+{
+	struct buf b;
+	char tmp[64];
+
+	if (!m) {
+		unlinkat(u->chg.state_fd, name, 0);
+		return;
+	}
+	buf_init(&b, (size_t)1 << 31);
+	snprintf(tmp, sizeof(tmp), "%s.tmp", name);
+	if (manifest_encode(m, &b) == 0) {
+		int fd = openat(u->chg.state_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (fd >= 0) {
+			bool ok = write(fd, buf_ptr(&b), buf_len(&b)) == (ssize_t)buf_len(&b);
+			close(fd);
+			if (!ok || renameat(u->chg.state_fd, tmp, u->chg.state_fd, name) < 0)
+				unlinkat(u->chg.state_fd, tmp, 0);
+		}
+	}
+	buf_clear(&b);
+}
+
 /* exact: saved when the session ended (down, a lost connection); a copy
  * saved while pushes go on lags behind the guest as soon as the next one
  * is confirmed, and after a crash of the daemon such a copy made host
@@ -861,23 +909,11 @@ bool up_changes_keep(void *ud, const struct manifest_change *c)
 static void save_confirmed(struct up *u, struct sync *engine, bool exact)
 {
 	const struct manifest *k = engine ? sync_known(engine) : NULL;
-	struct buf b;
-	char tmp[64];
 
 	if (!k)
 		return;
-	buf_init(&b, (size_t)1 << 31);
-	snprintf(tmp, sizeof(tmp), "%s.tmp", CONFIRMED_FILE);
-	if (manifest_encode(k, &b) == 0) {
-		int fd = openat(u->chg.state_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-		if (fd >= 0) {
-			bool ok = write(fd, buf_ptr(&b), buf_len(&b)) == (ssize_t)buf_len(&b);
-			close(fd);
-			if (!ok || renameat(u->chg.state_fd, tmp, u->chg.state_fd, CONFIRMED_FILE) < 0)
-				unlinkat(u->chg.state_fd, tmp, 0);
-		}
-	}
-	buf_clear(&b);
+	save_manifest(u, k, CONFIRMED_FILE);
+	save_manifest(u, sync_sending(engine), SENDING_FILE);
 	u->chg.base_saved_ms = loop_now_ms();
 	/* whose and when: the guest's key and its sequence (CONFIRMED_FILE.meta) */
 	char meta[160], hex[65];
@@ -893,13 +929,33 @@ static void save_confirmed(struct up *u, struct sync *engine, bool exact)
 	}
 }
 
+/* A saved manifest, or NULL (missing or damaged: the reconcile goes without). */
+static struct manifest *load_manifest(struct up *u, const char *name)
+{
+	struct manifest *m = NULL;
+	struct stat st;
+	int fd = openat(u->chg.state_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+
+	if (fd < 0)
+		return NULL;
+	if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 && st.st_size < ((off_t)1 << 31)) {
+		uint8_t *p = mem_alloc((size_t)st.st_size);
+		if (p && pread(fd, p, (size_t)st.st_size, 0) == st.st_size &&
+		    manifest_decode(p, (size_t)st.st_size, MANIFEST_ENTRIES_MAX, &m) < 0)
+			m = NULL;
+		mem_free(p);
+	}
+	close(fd);
+	return m;
+}
+
 void up_changes_reconcile_begin(struct up *u)
 {
-	struct stat st;
 	int fd;
 
 	manifest_free(u->chg.base);
-	u->chg.base = NULL;
+	manifest_free(u->chg.sending);
+	u->chg.base = u->chg.sending = NULL;
 	u->chg.base_seq = 0;
 	char meta[160] = "", hex[65], how[16] = "";
 	unsigned long long seq = 0;
@@ -914,16 +970,8 @@ void up_changes_reconcile_begin(struct up *u)
 	    got != sizeof(u->chg.base_guest))
 		return;
 	u->chg.base_seq = seq;
-	if ((fd = openat(u->chg.state_fd, CONFIRMED_FILE, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) < 0)
-		return;
-	if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 && st.st_size < ((off_t)1 << 31)) {
-		uint8_t *p = mem_alloc((size_t)st.st_size);
-		if (p && pread(fd, p, (size_t)st.st_size, 0) == st.st_size &&
-		    manifest_decode(p, (size_t)st.st_size, MANIFEST_ENTRIES_MAX, &u->chg.base) < 0)
-			u->chg.base = NULL; /* damaged: the reconcile goes without (the old behaviour) */
-		mem_free(p);
-	}
-	close(fd);
+	u->chg.base = load_manifest(u, CONFIRMED_FILE);
+	u->chg.sending = load_manifest(u, SENDING_FILE);
 }
 
 void up_changes_synced(struct up *u, bool full)

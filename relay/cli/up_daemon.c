@@ -178,7 +178,8 @@ static void handle_error(struct up *u, uint32_t stream, struct buf *in)
 		up_drop_conn(u, -EPROTO, "guest reported a malformed error");
 	} else if (u->sync.engine && stream == sync_stream(u->sync.engine)) {
 		sync_on_error(u->sync.engine, m.code, m.msg);
-	} else if (stream && up_exec_refused(u, stream, m.msg)) { /* e.g. an agent without exec */
+	} else if (stream && up_exec_refused(u, stream, m.msg)) {    /* e.g. an agent without exec */
+	} else if (stream && up_changes_refused(u, stream, m.msg)) { /* a pull: busy, or an agent without it */
 	} else {
 		snprintf(why, sizeof(why), "guest reported an error: %.200s (%s)", m.msg, strerror((int)m.code));
 		up_drop_conn(u, -EPROTO, why);

@@ -182,6 +182,7 @@ struct up_changes {
 	/* the confirmed state as last saved (CONFIRMED_FILE), for the
 	 * reconcile's three-way check; loaded when a reconcile starts */
 	struct manifest *base;
+	struct manifest *sending; /* what was being sent when the connection dropped (SENDING_FILE) */
 	uint64_t base_saved_ms;
 	uint64_t base_seq;	/* the guest's sequence when it was saved (0: unusable) */
 	char **rejected;	/* rejected paths (sorted) until their reconcile is done: the */
@@ -340,6 +341,9 @@ bool up_changes_keep(void *ud, const struct manifest_change *c);
 void up_changes_reconcile_begin(struct up *u);
 /* A sync operation finished (full: a reconcile). */
 void up_changes_synced(struct up *u, bool full);
+/* An ERROR from the guest on a pull's stream (too many pulls, an agent
+ * without them): that pull fails. false when stream is no pull's. */
+bool up_changes_refused(struct up *u, uint32_t stream, const char *msg);
 /* The connection is gone: pulls in flight fail. */
 void up_changes_conn_lost(struct up *u);
 extern const struct relay_changes_ops up_changes_ops;

@@ -217,6 +217,10 @@ const struct sync_stats *sync_get_stats(const struct sync *s);
  * reconcile finished): what a guest change is compared against. Valid
  * until the next operation finishes. */
 const struct manifest *sync_known(const struct sync *s);
+/* The host state the operation in progress is sending (NULL when none is):
+ * what the guest may already hold beyond sync_known when the connection
+ * drops before the acknowledgements arrive. */
+const struct manifest *sync_sending(const struct sync *s);
 /* Withheld paths (policy) and skipped entries (special files, errors) of
  * the last scan, each capped at SYNC_RECORDS_MAX; *total counts all. */
 const struct sync_record *sync_withheld(const struct sync *s, size_t *n, uint64_t *total);

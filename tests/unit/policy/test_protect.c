@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -90,6 +91,8 @@ static void test_each_rule(void **state)
 	    {".devcontainer/devcontainer.json", REG, NULL, PROTECT_TOOL_SETTINGS},
 	    {"proj.code-workspace", REG, NULL, PROTECT_TOOL_SETTINGS},
 	    {".github/copilot-instructions.md", REG, NULL, PROTECT_TOOL_SETTINGS},
+	    {".github/hooks/policy.json", REG, NULL, PROTECT_TOOL_SETTINGS},
+	    {".agents/skills/deploy/SKILL.md", REG, NULL, PROTECT_TOOL_SETTINGS},
 	    {".github/workflows/ci.yml", REG, NULL, PROTECT_CI},
 	    {".github/actions/setup/action.yml", REG, NULL, PROTECT_CI},
 	    {".gitlab-ci.yml", REG, NULL, PROTECT_CI},
@@ -262,13 +265,26 @@ static void test_malformed_paths_fail_closed(void **state)
 	static char longp[POLICY_PATH_MAX + 2];
 	memset(longp, 'a', sizeof(longp) - 1);
 	const struct pcase cases[] = {
-	    {"", REG, NULL, PROTECT_UNCHECKED},	   {"/etc/passwd", REG, NULL, PROTECT_UNCHECKED},
-	    {"a/", REG, NULL, PROTECT_UNCHECKED},  {"a//b", REG, NULL, PROTECT_UNCHECKED},
-	    {"./a", REG, NULL, PROTECT_UNCHECKED}, {"a/../b", REG, NULL, PROTECT_UNCHECKED},
-	    {"..", REG, NULL, PROTECT_UNCHECKED},  {longp, REG, NULL, PROTECT_UNCHECKED},
-	    /* a link whose resolved target is too long to say is not let through */
+	    {"", REG, NULL, PROTECT_UNCHECKED},
+	    {"/etc/passwd", REG, NULL, PROTECT_UNCHECKED},
+	    {"a/", REG, NULL, PROTECT_UNCHECKED},
+	    {"a//b", REG, NULL, PROTECT_UNCHECKED},
+	    {"./a", REG, NULL, PROTECT_UNCHECKED},
+	    {"a/../b", REG, NULL, PROTECT_UNCHECKED},
+	    {"..", REG, NULL, PROTECT_UNCHECKED},
+	    {longp, REG, NULL, PROTECT_UNCHECKED},
+	    /* a link whose target is too long to judge is not let through */
+	    {"link", LNK, longp, PROTECT_SYMLINK_OUT},
 	};
 	RUN(NULL, cases);
+
+	/* a target that only grows past the limit once joined to the link's directory */
+	static char dirp[POLICY_PATH_MAX - 8], tgt[64];
+	memset(dirp, 'd', sizeof(dirp) - 6);
+	memcpy(dirp + sizeof(dirp) - 6, "/link", 6);
+	memset(tgt, 't', sizeof(tgt) - 1);
+	assert_int_equal(protect_check(NULL, dirp, LNK, tgt), PROTECT_SYMLINK_OUT);
+	assert_int_equal(protect_check(NULL, dirp, LNK, "../x"), PROTECT_NONE);
 	assert_null(protect_rule_match("a//.git", 0));
 	assert_null(protect_rule_match("", 0));
 }
@@ -373,6 +389,10 @@ static void test_table(void **state)
 	fclose(f);
 	doc[dl] = '\0';
 	assert_true(n > 100);
+	for (size_t i = 0; i < n; i++)
+		for (size_t j = 0; j < i; j++)
+			if (strcasecmp(t[i].pattern, t[j].pattern) == 0)
+				fail_msg("%s is in the table twice", t[i].pattern);
 	for (size_t i = 0; i < n; i++) {
 		const char *why;
 		char q[160], ex[160], deep[200], up[160];
