@@ -70,6 +70,7 @@ struct inode {
 	 * table, not the (dev, ino) one, and lives until the kernel forgets
 	 * that id */
 	fuse_ino_t alias;
+	struct inode *anext; /* alias table chain; protected by mount->lock */
 };
 
 /* A node id change queued for the supervisor (keep.h). */
@@ -177,7 +178,7 @@ static struct inode *node_of(struct mount *m, fuse_ino_t ino)
 	if (!m->nabuckets)
 		return NULL;
 	pthread_mutex_lock(&m->lock);
-	for (in = m->abuckets[alias_bucket(m, ino)]; in && in->alias != ino; in = in->hnext)
+	for (in = m->abuckets[alias_bucket(m, ino)]; in && in->alias != ino; in = in->anext)
 		;
 	pthread_mutex_unlock(&m->lock);
 	return in;
@@ -476,6 +477,31 @@ static struct inode *table_ref(struct mount *m, const struct stat *st, int *fd, 
 	return in;
 }
 
+/* The kernel forgot an earlier server's id: it forgets one only whole
+ * (at eviction), whatever count it sends. */
+static void alias_forget(struct mount *m, struct inode *in)
+{
+	struct inode **pp;
+
+	pthread_mutex_lock(&m->lock);
+	for (pp = &m->abuckets[alias_bucket(m, in->alias)]; *pp; pp = &(*pp)->anext) {
+		if (*pp == in) {
+			*pp = in->anext;
+			break;
+		}
+	}
+	for (pp = &m->buckets[bucket_of(m, in->dev, in->ino)]; *pp; pp = &(*pp)->hnext) {
+		if (*pp == in) {
+			*pp = in->hnext;
+			break;
+		}
+	}
+	m->ninodes--;
+	keep_push(m, KEEP_DROP, in->alias, -1);
+	pthread_mutex_unlock(&m->lock);
+	inode_free(m, in);
+}
+
 static void table_unref(struct mount *m, struct inode *in, uint64_t n)
 {
 	struct inode **pp;
@@ -484,16 +510,10 @@ static void table_unref(struct mount *m, struct inode *in, uint64_t n)
 	if (in == &m->root)
 		return;
 	pthread_mutex_lock(&m->lock);
-	if (in->alias) { /* the kernel forgets an earlier server's id only whole */
-		for (pp = &m->abuckets[alias_bucket(m, in->alias)]; *pp; pp = &(*pp)->hnext) {
-			if (*pp == in) {
-				*pp = in->hnext;
-				break;
-			}
-		}
-		keep_push(m, KEEP_DROP, in->alias, -1);
+	if (in->alias) {
+		/* the kernel's count for an earlier server's id is unknown:
+		 * only its FORGET ends it (alias_forget) */
 		pthread_mutex_unlock(&m->lock);
-		inode_free(m, in);
 		return;
 	}
 	in->nlookup = in->nlookup > n ? in->nlookup - n : 0;
@@ -774,7 +794,9 @@ static void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 
 	struct inode *in = node_of(m, ino);
 
-	if (in) /* an earlier server's id: nothing of ours to drop */
+	if (in && in->alias)
+		alias_forget(m, in);
+	else if (in) /* NULL: an earlier server's id not kept, nothing to drop */
 		table_unref(m, in, nlookup);
 	fuse_reply_none(req);
 }
@@ -787,7 +809,9 @@ static void op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_dat
 	for (i = 0; i < count; i++) {
 		struct inode *in = node_of(m, forgets[i].ino);
 
-		if (in)
+		if (in && in->alias)
+			alias_forget(m, in);
+		else if (in)
 			table_unref(m, in, forgets[i].nlookup);
 	}
 	fuse_reply_none(req);
@@ -1803,15 +1827,7 @@ static void mount_free(struct mount *m)
 		}
 	}
 	mem_free(m->buckets);
-	for (i = 0; m->abuckets && i < m->nabuckets; i++) {
-		struct inode *in, *next;
-
-		for (in = m->abuckets[i]; in; in = next) {
-			next = in->hnext;
-			inode_free(m, in);
-		}
-	}
-	mem_free(m->abuckets);
+	mem_free(m->abuckets); /* aliases are in the (dev, ino) table too: freed above */
 	for (i = 0; i < m->kq_n; i++)
 		if (m->kq[i].fd >= 0)
 			close(m->kq[i].fd);
@@ -2009,8 +2025,17 @@ static int take_kept(struct mount *m, const struct mount_kept *kept, size_t n)
 		atomic_init(&in->rfd, -1);
 		atomic_init(&in->wfd, -1);
 		b = alias_bucket(m, in->alias);
-		in->hnext = m->abuckets[b];
+		in->anext = m->abuckets[b];
 		m->abuckets[b] = in;
+		/* and by (dev, ino): a new lookup of the same file answers the
+		 * kernel's old id, so it keeps one inode (one page cache, one
+		 * set of attributes) per file, also for hard links */
+		if (m->ninodes >= m->nbuckets * 2)
+			table_grow(m);
+		b = bucket_of(m, in->dev, in->ino);
+		in->hnext = m->buckets[b];
+		m->buckets[b] = in;
+		m->ninodes++;
 	}
 	return 0;
 }

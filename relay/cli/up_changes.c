@@ -915,6 +915,7 @@ static void save_confirmed(struct up *u, struct sync *engine, bool exact)
 	save_manifest(u, k, CONFIRMED_FILE);
 	save_manifest(u, sync_sending(engine), SENDING_FILE);
 	u->chg.base_saved_ms = loop_now_ms();
+	u->chg.exact_on_disk = exact;
 	/* whose and when: the guest's key and its sequence (CONFIRMED_FILE.meta) */
 	char meta[160], hex[65];
 	sodium_bin2hex(hex, sizeof(hex), u->conn.g.guest_pub, 32);
@@ -978,7 +979,8 @@ void up_changes_synced(struct up *u, bool full)
 {
 	if (!u->chg.store || !u->sync.engine)
 		return;
-	if (full || loop_now_ms() - u->chg.base_saved_ms >= CONFIRMED_MS)
+	/* an exact copy stops being one with this confirmed push */
+	if (full || u->chg.exact_on_disk || loop_now_ms() - u->chg.base_saved_ms >= CONFIRMED_MS)
 		save_confirmed(u, u->sync.engine, false);
 	if (wb_store_prune(u->chg.store, sync_known(u->sync.engine)))
 		save_store(u);

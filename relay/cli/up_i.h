@@ -184,6 +184,7 @@ struct up_changes {
 	struct manifest *base;
 	struct manifest *sending; /* what was being sent when the connection dropped (SENDING_FILE) */
 	uint64_t base_saved_ms;
+	bool exact_on_disk;	/* the saved confirmed state is marked exact: re-mark it at the next push */
 	uint64_t base_seq;	/* the guest's sequence when it was saved (0: unusable) */
 	char **rejected;	/* rejected paths (sorted) until their reconcile is done: the */
 	size_t nrejected;	/* three-way check must not take them as guest changes again */
@@ -363,6 +364,9 @@ pid_t up_daemon_pid(const char *state_dir);
 /* The daemon's pid; while none runs but its supervisor does (a restart
  * after a crash), waiting up to ms for the new one. 0 when none. */
 pid_t up_wait_daemon(const char *state_dir, unsigned ms);
+/* The last status pid wrote says it was connected to the guest (so its
+ * death was no crash loop at start). */
+bool up_status_was_live(const char *state_dir, pid_t pid);
 /* The supervisor's pid while it runs (super.pid locked), else 0. */
 pid_t up_super_pid(const char *state_dir);
 /* The supervisor's lock: its fd, or -errno (-EBUSY: *other holds it). */

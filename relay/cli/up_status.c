@@ -229,6 +229,16 @@ static int read_status(const char *sdir, json_t **out)
 	return *out ? 0 : -ENOENT;
 }
 
+bool up_status_was_live(const char *state_dir, pid_t pid)
+{
+	json_t *st = NULL;
+	bool live = read_status(state_dir, &st) == 0 && json_integer_value(json_object_get(st, "pid")) == pid &&
+		    json_is_true(json_object_get(st, "connected"));
+
+	json_decref(st);
+	return live;
+}
+
 static int parse_dir_opts(const char *cmd, int argc, char **argv, const char **dir, bool *json, double *timeout)
 {
 	static const struct option opts[] = {

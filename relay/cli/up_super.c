@@ -31,7 +31,7 @@
 #include "up_i.h"
 
 /* a crash loop: this many daemons in a row died within SUPER_QUICK_MS of
- * their start */
+ * their start, before they were connected to the guest */
 #define SUPER_BURST	 10u
 #define SUPER_QUICK_MS	 2000u
 #define SUPER_EPOCH_LAST 65535u
@@ -58,6 +58,7 @@ static void describe_exit(char *out, size_t n, int status)
 static void give_up(struct up *u, const char *why)
 {
 	cmd_err("up: the daemon for %s %s; %u daemons in a row died within %u ms of their start, "
+		"before reaching the guest; "
 		"giving up: %s is unmounted (see %s/%s), start again with: airlock up %s",
 		u->dir, why, SUPER_BURST, SUPER_QUICK_MS, u->dir, u->state_dir, UP_LOG_FILE, u->dir);
 	mount_detach(u->dir);
@@ -193,7 +194,9 @@ int up_supervise(struct up *u)
 		if (!have_mount(u))
 			exit(1);
 		describe_exit(why, sizeof(why), status);
-		burst = loop_now_ms() - started < SUPER_QUICK_MS ? burst + 1 : 0;
+		/* a crash loop: quick deaths of daemons that never got to the guest */
+		burst =
+		    loop_now_ms() - started < SUPER_QUICK_MS && !up_status_was_live(u->state_dir, pid) ? burst + 1 : 0;
 		if (burst >= SUPER_BURST || u->super.epoch >= SUPER_EPOCH_LAST) {
 			give_up(u, why);
 			exit(1);
