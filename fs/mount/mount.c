@@ -424,6 +424,19 @@ static void table_grow(struct mount *m)
 	mem_free(old);
 }
 
+/* Put in into the (dev, ino) table; must hold m->lock. */
+static void table_insert(struct mount *m, struct inode *in)
+{
+	size_t b;
+
+	if (m->ninodes >= m->nbuckets * 2)
+		table_grow(m);
+	b = bucket_of(m, in->dev, in->ino);
+	in->hnext = m->buckets[b];
+	m->buckets[b] = in;
+	m->ninodes++;
+}
+
 /* Take a reference on the inode for (st_dev, st_ino) found as name in
  * parent, creating it with fd (which it then owns). *fd is set to -1 when
  * consumed. */
@@ -450,8 +463,6 @@ static struct inode *table_ref(struct mount *m, const struct stat *st, int *fd, 
 			}
 		}
 	} else if ((in = mem_calloc(1, sizeof(*in)))) {
-		size_t b;
-
 		in->fd = *fd;
 		*fd = -1;
 		in->dev = st->st_dev;
@@ -462,12 +473,7 @@ static struct inode *table_ref(struct mount *m, const struct stat *st, int *fd, 
 		in->name = mem_strdup(name); /* NULL only costs reapability */
 		atomic_init(&in->rfd, -1);
 		atomic_init(&in->wfd, -1);
-		if (m->ninodes >= m->nbuckets * 2)
-			table_grow(m);
-		b = bucket_of(m, in->dev, in->ino);
-		in->hnext = m->buckets[b];
-		m->buckets[b] = in;
-		m->ninodes++;
+		table_insert(m, in);
 		keep_push(m, KEEP_ADD, node_id(m, in), in->fd);
 		if (m->ninodes >= m->reap_high)
 			pthread_cond_signal(&m->reap_cond); /* cheap without a waiter */
@@ -2030,12 +2036,7 @@ static int take_kept(struct mount *m, const struct mount_kept *kept, size_t n)
 		/* and by (dev, ino): a new lookup of the same file answers the
 		 * kernel's old id, so it keeps one inode (one page cache, one
 		 * set of attributes) per file, also for hard links */
-		if (m->ninodes >= m->nbuckets * 2)
-			table_grow(m);
-		b = bucket_of(m, in->dev, in->ino);
-		in->hnext = m->buckets[b];
-		m->buckets[b] = in;
-		m->ninodes++;
+		table_insert(m, in);
 	}
 	return 0;
 }
