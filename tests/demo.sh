@@ -39,6 +39,10 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
+# Refusals the demo provokes on purpose are shown marked, so they do not
+# read as failures: "[expected refusal] ...".
+expected() { sed 's/^/   [expected refusal] /'; }
+
 cp -a tests/demo/project "$P"
 echo "== airlock up $P   (no guest options: the embedded local sandbox, keys made and pinned by itself)"
 $B/airlock up "$P" -d
@@ -62,7 +66,7 @@ $B/airlock exec -C "$P" -- sh -c '
 	echo "   $(id -un) (uid $(id -u)) in $(pwd); HOME=$HOME; $(env | wc -l) variables; $(grep ^CapEff /proc/self/status)"
 	echo "   processes: $(ps -e -o pid=,comm= | tr -s " \n" " ")"
 	echo "   /root: $(ls /root 2>&1 | head -1)"
-	echo "   write /usr: $( (echo x >/usr/x) 2>&1 | sed "s/.*: //")"
+	echo "   write /usr: $( (echo x >/usr/x) 2>&1 | sed "s/.*: //") [expected refusal]"
 	echo "   network: $(ip -o link | cut -d: -f2 | tr -d "\n");" \
 		"DNS: $(getent hosts deb.debian.org >/dev/null 2>&1 && echo resolves || echo none)"
 	echo "   grep for the .env canary: $(grep -rl AIRLOCK-DEMO-CANARY . 2>/dev/null | wc -l) files"'
@@ -71,7 +75,7 @@ if $B/airlock exec -C "$P" -- curl -sS --max-time 10 -o /dev/null https://exampl
 	echo "demo: example.com was reached from the sandbox" >&2
 	exit 1
 fi
-sed 's/^/   /' "$T/egress.err"
+expected <"$T/egress.err"
 grep -q '^airlock: egress denied CONNECT example.com:443 (not-allowed' "$T/egress.err" ||
 	{ echo "demo: no egress denial line on the command's stderr" >&2; exit 1; }
 echo "== airlock audit: the .env stayed on the host (and the rule), the egress denial (and the command)"
@@ -93,10 +97,20 @@ $B/airlock ping --guest "unix:$SB/run/agent.sock" --key "$SB/keys/host.key" --gu
 
 echo "== a host key the sandbox does not know is refused before any data moves"
 $B/airlock keygen -o "$T/stranger.key" >/dev/null
-if $B/airlock ping --guest "unix:$SB/run/agent.sock" --key "$T/stranger.key" --guest-key "$GUEST" -n 1; then
+if $B/airlock ping --guest "unix:$SB/run/agent.sock" --key "$T/stranger.key" --guest-key "$GUEST" -n 1 2>"$T/stranger.err"; then
 	echo "demo: the stranger was let in" >&2
 	exit 1
 fi
+expected <"$T/stranger.err"
+
+echo "== a second workspace inside the live one is refused (one mount would hide the other)"
+mkdir -p "$P/inner"
+if $B/airlock up "$P/inner" -d 2>"$T/inner.err"; then
+	echo "demo: a workspace inside a live one was accepted" >&2
+	exit 1
+fi
+expected <"$T/inner.err"
+rmdir "$P/inner"
 
 echo "== airlock down: unmount, stop the sandbox (its state is kept for the next up)"
 $B/airlock down "$P"

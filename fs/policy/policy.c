@@ -526,6 +526,11 @@ static int parse_host(const char *s, struct policy_host *h, const char **why)
 
 	h->subdomains = false;
 	h->port = 0;
+	if (strstr(s, "://") || strchr(s, '/')) {
+		*why = "give the host name (\"example.com\", \"*.example.com\" or \"example.com:8443\"), not a URL "
+		       "or a path";
+		return -EINVAL;
+	}
 	if (colon) {
 		char *end;
 		if (!colon[1] || strspn(colon + 1, "0123456789") != strlen(colon + 1)) {
@@ -929,10 +934,25 @@ static int p_sandbox(struct loader *L, json_t *v)
 	return parse_fields(L, v, FIELDS(sandbox_fields));
 }
 
+/* "$schema": where editors find the JSON Schema (doc/schema/airlock.schema.json);
+ * any string, not read. */
+static int p_schema(struct loader *L, json_t *v)
+{
+	if (!json_is_string(v))
+		return fail(L, -EINVAL, "expected a string (the JSON Schema's URL or path), got %s", type_name(v));
+	return 0;
+}
+
+/* clang-format off */
 static const struct field top_fields[] = {
-    {"workspace", p_workspace}, {"execution", p_execution}, {"credentials", p_credentials},
-    {"egress", p_egress},	{"sandbox", p_sandbox},
+    {"workspace", p_workspace},
+    {"execution", p_execution},
+    {"credentials", p_credentials},
+    {"egress", p_egress},
+    {"sandbox", p_sandbox},
+    {"$schema", p_schema},
 };
+/* clang-format on */
 
 /* ------------------------------------------------------------------ */
 /* trust: what an unapproved repository policy may not do (doc/UP.md) */

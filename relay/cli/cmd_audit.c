@@ -91,7 +91,7 @@ int cmd_audit(int argc, char **argv)
 	};
 	const char *dir = ".";
 	bool json = false;
-	char err[1024];
+	char err[1024], real[PATH_MAX];
 	void *w = NULL, *eg = NULL;
 	int c, status = 1;
 
@@ -105,14 +105,17 @@ int cmd_audit(int argc, char **argv)
 			json = true;
 			break;
 		default:
-			fputs("usage: airlock audit [-C DIR] [--json]\n", stderr);
+			cmd_usage("audit");
 			return 2;
 		}
 	}
-	if (optind != argc) {
-		fputs("usage: airlock audit [-C DIR] [--json]\n", stderr);
+	if (cmd_operands("audit", argc, argv, optind, 0, "") < 0)
 		return 2;
+	if ((c = ws_resolve(dir, real, true)) < 0) {
+		cmd_err("audit: %s: %s", dir, strerror(-c));
+		goto out;
 	}
+	dir = real;
 	if (audit_read_json(dir, AUDIT_WITHHELD_FILE, &w, err, sizeof(err)) < 0 ||
 	    audit_read_json(dir, AUDIT_EGRESS_FILE, &eg, err, sizeof(err)) < 0) {
 		cmd_err("audit: %s", err);
@@ -121,17 +124,20 @@ int cmd_audit(int argc, char **argv)
 	char note[1024];
 	ignored_note(dir, w, note, sizeof(note));
 	if (json) {
-		json_t *o = json_object();
-		if (!o || json_object_set(o, "sync", w ? (json_t *)w : json_null()) < 0 ||
-		    json_object_set_new(o, "policy_ignored", json_string(note)) < 0 ||
-		    json_object_set(o, "egress", eg ? (json_t *)eg : json_null()) < 0 ||
-		    json_dumpf(o, stdout, JSON_COMPACT) < 0) {
-			json_decref(o);
+		/* nothing recorded yet: the same shapes, empty (doc/JSON.md "audit") */
+		if (!w)
+			w = json_pack("{s:i, s:s, s:n, s:n, s:[], s:i, s:i, s:[], s:i, s:i}", "version", 1, "workspace",
+				      dir, "policy", "time", "withheld", "withheld_total", 0, "withheld_omitted", 0,
+				      "skipped", "skipped_total", 0, "skipped_omitted", 0);
+		if (!eg)
+			eg = json_pack("{s:i, s:[], s:i, s:i}", "version", 1, "denials", "denials_total", 0,
+				       "denials_omitted", 0);
+		if (!w || !eg ||
+		    cmd_print_json(json_pack("{s:i, s:s, s:O, s:s, s:O}", "version", 1, "workspace", dir, "sync",
+					     (json_t *)w, "policy_ignored", note, "egress", (json_t *)eg)) < 0) {
 			cmd_err("out of memory");
 			goto out;
 		}
-		json_decref(o);
-		fputc('\n', stdout);
 	} else {
 		if (!w) {
 			printf("no sync recorded for %s yet (run airlock sync)\n", dir);

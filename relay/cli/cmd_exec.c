@@ -65,6 +65,8 @@ struct xc {
 	bool started, done;
 	int status;	/* exit status once done */
 	int cancel_sig; /* a signal that arrived before `started`: the command was canceled */
+	bool timed_out; /* the exit event said so; duration_ms its duration */
+	double duration_ms;
 	/* stdin */
 	bool want_stdin, stdin_eof_sent;
 	uint8_t chunk[STDIN_CHUNK];
@@ -269,7 +271,8 @@ static void on_event(struct xc *x, json_t *ev)
 	} else if (!strcmp(event, "exit")) {
 		json_t *sig = json_object_get(ev, "signal");
 		x->done = true;
-		if (json_is_true(json_object_get(ev, "timed_out")))
+		x->duration_ms = json_number_value(json_object_get(ev, "duration_ms"));
+		if ((x->timed_out = json_is_true(json_object_get(ev, "timed_out"))))
 			x->status = 124;
 		else if (json_is_integer(sig) && x->cancel_sig)
 			x->status = 128 + x->cancel_sig; /* our cancel (for signal N, before it started) killed it */
@@ -348,7 +351,7 @@ void cmd_find_workspace(char *root, const char **rel)
 
 static void exec_usage(void)
 {
-	fputs("usage: airlock exec [-C DIR] [--timeout S] [--tty] [--stdin|--no-stdin] -- CMD [ARG...]\n", stderr);
+	cmd_usage("exec");
 }
 
 static void shell_usage(void)
@@ -436,6 +439,20 @@ static bool stdin_is_null(void)
 	       a.st_rdev == b.st_rdev;
 }
 
+/* o->dir is the directory under the mount at root, not the mount (a shell
+ * that was in it before airlock up mounted over it): what it writes there
+ * never reaches the sandbox. Say so; the command still runs. */
+static void warn_under_mount(const struct run_opts *o, const char *root)
+{
+	struct stat here, mnt;
+
+	if (mount_is_airlock(root) == 1 && stat(o->dir, &here) == 0 && stat(root, &mnt) == 0 &&
+	    here.st_dev != mnt.st_dev)
+		cmd_err("%s: warning: %s is the directory under the airlock mount of %s, not the mount: files "
+			"written from here never reach the sandbox. Run: cd \"$PWD\"",
+			o->who, !strcmp(o->dir, ".") ? "the current directory" : o->dir, root);
+}
+
 /* The workspace of o->dir (real, rel: o->dir's path below it) and a
  * connection to its relay socket in x->fd. 0, or -1 after saying why. */
 static int connect_workspace(const struct run_opts *o, struct xc *x, char real[PATH_MAX], const char **rel)
@@ -448,6 +465,7 @@ static int connect_workspace(const struct run_opts *o, struct xc *x, char real[P
 		return -1;
 	}
 	cmd_find_workspace(real, rel);
+	warn_under_mount(o, real);
 	if ((r = relay_default_path(real, sock, sizeof(sock))) < 0) {
 		cmd_err("%s: relay socket for %s: %s", o->who, real, strerror(-r));
 		return -1;
@@ -638,6 +656,69 @@ static int run_once(const struct run_opts *o, struct xc *x, int sfd, bool *winch
 	return 0;
 }
 
+/* The guest's PATH for a command run from rel, asked with a second
+ * command in tail mode; "(unknown: ...)" when that fails too. */
+static void guest_path(const char *sock, const char *rel, char *out, size_t n)
+{
+	struct xc q = {.fd = -1};
+	json_t *req, *ev = NULL;
+	const char *s;
+
+	snprintf(out, n, "(unknown: the guest did not say)");
+	if ((q.fd = cmd_connect_relay(sock)) < 0)
+		return;
+	snprintf(q.id, sizeof(q.id), "airlock-path-%d-%08x", (int)getpid(), randombytes_random());
+	req = json_pack("{s:s, s:s, s:[s, s, s], s:s, s:b, s:f}", "id", q.id, "op", "exec", "argv", "sh", "-c",
+			"printf %s \"$PATH\"", "cwd", rel, "tail", 1, "timeout_seconds", 10.0);
+	if (send_req(&q, req) == 0) {
+		FILE *f = fdopen(q.fd, "r");
+		char line[8192];
+		if (f) {
+			q.fd = -1;
+			while (fgets(line, sizeof(line), f)) {
+				ev = json_loads(line, 0, NULL);
+				s = json_string_value(json_object_get(ev, "event"));
+				if (s && !strcmp(s, "result") && json_integer_value(json_object_get(ev, "code")) == 0 &&
+				    (s = json_string_value(json_object_get(ev, "stdout"))) && *s) {
+					snprintf(out, n, "%s", s);
+					break;
+				}
+				if (s && (!strcmp(s, "result") || !strcmp(s, "error")))
+					break;
+				json_decref(ev);
+				ev = NULL;
+			}
+			fclose(f);
+		}
+	}
+	json_decref(ev);
+	if (q.fd >= 0)
+		close(q.fd);
+}
+
+/* Exits that would say nothing otherwise: the timeout (124) and a command
+ * not found in the sandbox (127) get one line naming the cause and the fix. */
+static void explain_exit(const struct run_opts *o, const struct xc *x, const char *real, const char *rel)
+{
+	char sock[PATH_MAX], path[4096];
+
+	if (x->timed_out && o->timeout > 0)
+		cmd_err("%s: '%s' timed out after %.1f s and was killed (exit 124): the limit is --timeout %g; "
+			"raise it there",
+			o->who, o->argv[0], x->duration_ms / 1000.0, o->timeout);
+	else if (x->timed_out)
+		cmd_err("%s: '%s' timed out after %.1f s and was killed (exit 124): the limit is the policy's "
+			"execution.timeout_seconds (300 unless airlock.json sets it); raise it there or with "
+			"--timeout S",
+			o->who, o->argv[0], x->duration_ms / 1000.0);
+	if (x->status != 127 || x->timed_out || relay_default_path(real, sock, sizeof(sock)) < 0)
+		return;
+	guest_path(sock, rel, path, sizeof(path));
+	cmd_err("%s: exit 127: '%s' (or a command it ran) was not found in the sandbox; its PATH there is %s "
+		"(install it in the sandbox, or give its full path)",
+		o->who, o->argc >= 3 && !strcmp(o->argv[0], "sh") ? o->argv[2] : o->argv[0], path);
+}
+
 /* Run one command through the relay and return the exit status to use. */
 static int run_remote(const struct run_opts *o)
 {
@@ -682,6 +763,9 @@ static int run_remote(const struct run_opts *o)
 		cmd_err("%s: writing to the relay: %s", o->who, strerror(-r));
 		x.status = EXEC_FAILED;
 	}
+	term_restore();
+	if (x.done)
+		explain_exit(o, &x, real, rel);
 out:
 	term_restore();
 	buf_clear(&x.in);
@@ -741,6 +825,7 @@ int cmd_exec(int argc, char **argv)
 		}
 	}
 	if (optind >= argc) {
+		cmd_err("exec: missing the command to run (airlock exec -- CMD [ARG...])");
 		exec_usage();
 		return 2;
 	}

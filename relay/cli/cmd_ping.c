@@ -352,15 +352,6 @@ static double pct(const uint64_t *sorted, uint32_t n, double q)
 	return (double)sorted[i - 1];
 }
 
-static void usage(void)
-{
-	fputs("usage: airlock ping --guest ADDR --key FILE --guest-key PUBKEY [-n N] [--size BYTES]\n"
-	      "                    [--window W] [--bulk BYTES [--concurrent]] [--psk-file FILE] [--timeout S]\n"
-	      "                    [--json]\n"
-	      "  --concurrent: do the round trips while the bulk transfer floods another stream\n",
-	      stderr);
-}
-
 /* One of ping's own options. 0, or -1 after saying why (exit 2). */
 static int parse_ping_opt(struct ping *p, int c, const char *arg, bool *json)
 {
@@ -401,7 +392,7 @@ static int parse_ping_opt(struct ping *p, int c, const char *arg, bool *json)
 		}
 		return 0;
 	default:
-		usage();
+		cmd_usage("ping");
 		return -1;
 	}
 }
@@ -429,10 +420,12 @@ static int parse_args(struct ping *p, struct guest_opts *g, bool *json, int argc
 		if (r == 0 && parse_ping_opt(p, c, optarg, json) < 0)
 			return -1;
 	}
-	if (!guest_opts_complete(g) || optind != argc) {
-		usage();
+	if (!guest_opts_complete(g)) {
+		cmd_usage("ping");
 		return -1;
 	}
+	if (cmd_operands("ping", argc, argv, optind, 0, "") < 0)
+		return -1;
 	return 0;
 }
 
@@ -483,9 +476,10 @@ static void measure(struct ping *p, struct ping_result *res)
 
 static int report_json(const struct ping *p, const char *guest, const struct ping_result *res)
 {
-	json_t *o = json_pack("{s:s, s:f, s:f, s:{s:I, s:I, s:f, s:f, s:f, s:f}}", "guest", guest, "connect_ms",
-			      res->conn_ms, "handshake_ms", res->hs_ms, "rtt_us", "n", (json_int_t)p->received, "size",
-			      (json_int_t)p->size, "p50", res->p50, "p99", res->p99, "min", res->mn, "max", res->mx);
+	json_t *o =
+	    json_pack("{s:i, s:s, s:f, s:f, s:{s:I, s:I, s:f, s:f, s:f, s:f}}", "version", 1, "guest", guest,
+		      "connect_ms", res->conn_ms, "handshake_ms", res->hs_ms, "rtt_us", "n", (json_int_t)p->received,
+		      "size", (json_int_t)p->size, "p50", res->p50, "p99", res->p99, "min", res->mn, "max", res->mx);
 	struct rusage ru;
 
 	if (o && getrusage(RUSAGE_SELF, &ru) == 0)

@@ -253,13 +253,6 @@ static void on_timeout(struct loop *l, void *ud)
 	     x->have_prog ? x->prog.phase : "connect");
 }
 
-static void usage(void)
-{
-	fputs("usage: airlock sync DIR --guest ADDR --key FILE --guest-key PUBKEY [--policy FILE] [--json]\n"
-	      "                        [--psk-file FILE] [--timeout S]\n",
-	      stderr);
-}
-
 /* The command line into g, *policy_file, *dir and *json. 0, or -1 (exit 2). */
 static int parse_args(struct guest_opts *g, const char **policy_file, const char **dir, bool *json, int argc,
 		      char **argv)
@@ -281,12 +274,14 @@ static int parse_args(struct guest_opts *g, const char **policy_file, const char
 		} else if (c == 'j') {
 			*json = true;
 		} else {
-			usage();
+			cmd_usage("sync");
 			return -1;
 		}
 	}
-	if (!guest_opts_complete(g) || optind != argc - 1) {
-		usage();
+	if (cmd_operands("sync", argc, argv, optind, 1, "DIR (the directory to mirror)") < 0)
+		return -1;
+	if (!guest_opts_complete(g)) {
+		cmd_usage("sync");
 		return -1;
 	}
 	*dir = argv[optind];
@@ -372,12 +367,12 @@ static int report_json(const struct synccmd *x, const char *dir, double secs)
 	const struct sync_stats *st = sync_get_stats(x->sync);
 	uint64_t wire = x->last.bytes_out + x->last.bytes_in;
 	json_t *o = json_pack(
-	    "{s:s, s:s, s:b, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
+	    "{s:i, s:s, s:s, s:b, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
 	    "s:I, "
 	    "s:I, s:I, s:I, s:I, s:I}",
-	    "workspace", dir, "guest", x->guest, "ok", 1, "seconds", secs, "files_sent", (json_int_t)st->files,
-	    "symlinks_sent", (json_int_t)st->symlinks, "dirs_made", (json_int_t)st->dirs, "chmods",
-	    (json_int_t)st->chmods, "deleted", (json_int_t)st->deleted, "changes", (json_int_t)st->changes,
+	    "version", 1, "workspace", dir, "guest", x->guest, "ok", 1, "seconds", secs, "files_sent",
+	    (json_int_t)st->files, "symlinks_sent", (json_int_t)st->symlinks, "dirs_made", (json_int_t)st->dirs,
+	    "chmods", (json_int_t)st->chmods, "deleted", (json_int_t)st->deleted, "changes", (json_int_t)st->changes,
 	    "content_bytes", (json_int_t)st->content_bytes, "batch_bytes", (json_int_t)st->batch_bytes, "batches",
 	    (json_int_t)st->batches, "wire_bytes", (json_int_t)wire, "wire_bytes_out", (json_int_t)x->last.bytes_out,
 	    "wire_bytes_in", (json_int_t)x->last.bytes_in, "withheld", (json_int_t)st->withheld, "skipped",

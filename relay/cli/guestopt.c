@@ -81,7 +81,14 @@ int guest_opts_parse(struct guest_opts *g, int c, const char *arg)
 
 bool guest_opts_complete(const struct guest_opts *g)
 {
-	return g->guest && g->keyfile && g->guest_key;
+	const char *miss = !g->guest	   ? "--guest ADDR"
+			   : !g->keyfile   ? "--key FILE"
+			   : !g->guest_key ? "--guest-key PUBKEY"
+					   : NULL;
+
+	if (miss)
+		cmd_err("%s: missing %s (--guest, --key and --guest-key go together)", g->cmd, miss);
+	return !miss;
 }
 
 int guest_opts_load_peer(struct guest_opts *g)

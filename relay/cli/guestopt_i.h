@@ -72,7 +72,8 @@ void guest_opts_init(struct guest_opts *g, const char *cmd, uint64_t timeout_s);
  * printed; the command exits 2). */
 int guest_opts_parse(struct guest_opts *g, int c, const char *arg);
 
-/* --guest, --key and --guest-key were all given. */
+/* --guest, --key and --guest-key were all given; else false after naming
+ * the first one missing. */
 bool guest_opts_complete(const struct guest_opts *g);
 
 /* Parse --guest into g->addr and --guest-key into g->guest_pub. 0, or the

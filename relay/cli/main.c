@@ -9,6 +9,8 @@
 #include "airlock/core/mem.h"
 #include "cmd_i.h"
 
+/* The dispatch table; usage is the one-line fallback for a command help.c's
+ * table has no row for. */
 struct command {
 	const char *name;
 	int (*fn)(int argc, char **argv);
@@ -33,7 +35,39 @@ static const struct command commands[] = {
     {"changes", cmd_changes, "changes [-C DIR] [--json] [--stat|--diff] [PATH...]  what commands changed in the guest"},
     {"accept", cmd_changes, "accept [-C DIR] (PATH...|--all)  write guest changes to the host"},
     {"reject", cmd_changes, "reject [-C DIR] (PATH...|--all)  put the host's version back in the guest"},
+    {"list", cmd_list, "list [--json]"},
+    {"logs", cmd_logs, "logs [-f] [-n N] [DIR]"},
+    {"gc", cmd_gc, "gc [--dry-run] [--older-than DAYS]"},
+    {"doctor", cmd_doctor, "doctor [--json]"},
+    {"init", cmd_init, "init [DIR] [--force]"},
+    {"policy", cmd_policy, "policy check [FILE] | policy explain [-C DIR] PATH..."},
+    {"version", cmd_version, "version [--json]"},
+    {"help", cmd_help, "help [CMD]"},
 };
+
+#define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+const char *cmd_table_usage(const char *name)
+{
+	for (size_t i = 0; i < NCOMMANDS; i++)
+		if (!strcmp(commands[i].name, name))
+			return commands[i].usage;
+	return NULL;
+}
+
+void cmd_table_print_unlisted(FILE *f)
+{
+	for (size_t i = 0; i < NCOMMANDS; i++)
+		if (!cmd_help_find(commands[i].name))
+			fprintf(f, "  %s\n", commands[i].usage);
+}
+
+/* --json's promise of a document on stdout, failures included: the
+ * first error said (cmd_err) and whether a document went out. */
+static struct {
+	char first_err[1024];
+	bool printed;
+} json_out;
 
 void cmd_err(const char *fmt, ...)
 {
@@ -44,6 +78,11 @@ void cmd_err(const char *fmt, ...)
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
 	fputc('\n', stderr);
+	if (!json_out.first_err[0]) {
+		va_start(ap, fmt);
+		vsnprintf(json_out.first_err, sizeof(json_out.first_err), fmt, ap);
+		va_end(ap);
+	}
 }
 
 int cmd_print_json(json_t *o)
@@ -53,16 +92,30 @@ int cmd_print_json(json_t *o)
 		cmd_err("out of memory");
 		return -1;
 	}
+	json_out.printed = true;
 	json_decref(o);
 	fputc('\n', stdout);
 	return 0;
 }
 
-static void usage(FILE *f)
+/* argv asks for --json (before any "--"). */
+static bool wants_json(int argc, char **argv)
 {
-	fputs("usage: airlock COMMAND [ARGS]\n\ncommands:\n", f);
-	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-		fprintf(f, "  %s\n", commands[i].usage);
+	for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+		if (!strcmp(argv[i], "--json"))
+			return true;
+	return false;
+}
+
+/* A command run with --json that failed without printing its document
+ * prints the failure document instead (doc/JSON.md "Failure"). */
+static int json_failure(const char *cmd, int status)
+{
+	if (status != 0 && !json_out.printed)
+		cmd_print_json(json_pack("{s:i, s:b, s:s, s:i, s:s}", "version", 1, "ok", 0, "command", cmd, "exit",
+					 status, "error",
+					 json_out.first_err[0] ? json_out.first_err : "failed (see stderr)"));
+	return status;
 }
 
 int main(int argc, char **argv)
@@ -73,16 +126,23 @@ int main(int argc, char **argv)
 	}
 	mem_init_json();
 	if (argc < 2) {
-		usage(stderr);
+		cmd_help_overview(stderr);
 		return 2;
 	}
-	if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
-		usage(stdout);
-		return 0;
+	if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))
+		return cmd_help(1, argv + 1);
+	if (!strcmp(argv[1], "--version"))
+		return cmd_version(argc - 1, argv + 1);
+	for (size_t i = 0; i < NCOMMANDS; i++) {
+		if (strcmp(argv[1], commands[i].name))
+			continue;
+		if (cmd_wants_help(argc - 1, argv + 1)) {
+			cmd_help_print(stdout, commands[i].name);
+			return 0;
+		}
+		int status = commands[i].fn(argc - 1, argv + 1);
+		return wants_json(argc - 1, argv + 1) ? json_failure(commands[i].name, status) : status;
 	}
-	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-		if (!strcmp(argv[1], commands[i].name))
-			return commands[i].fn(argc - 1, argv + 1);
 	cmd_err("unknown command '%s' (try 'airlock help')", argv[1]);
 	return 2;
 }

@@ -32,18 +32,6 @@
 #include "cmd_i.h"
 #include "up_i.h"
 
-static void up_usage(void)
-{
-	fputs("usage: airlock up DIR [--policy FILE] [-d] [--allow-other]\n"
-	      "           [--sandbox local|vm | --guest ADDR --key FILE --guest-key "
-	      "PUBKEY [--psk-file FILE]]\n"
-	      "  without --guest: the embedded sandbox (--sandbox local, the "
-	      "default; doc/SANDBOX.md)\n"
-	      "  --allow-other: other users (sudo, services) may use DIR too (needs "
-	      "user_allow_other in /etc/fuse.conf unless root)\n",
-	      stderr);
-}
-
 /* -d: fork before anything starts threads; the parent waits for the "in
  * sync" line (or the child's exit) and exits with the outcome. Returns in
  * the child with *ready_fd set; exits in the parent. */
@@ -79,7 +67,7 @@ static int daemonize(int *ready_fd)
 /* What the command line asks for besides the guest (u->conn.g). */
 struct up_args {
 	const char *dir, *policy_file, *sandbox;
-	bool daemon, allow_other;
+	bool daemon, allow_other, allow_home;
 };
 
 /* The command line into u->conn.g and a. 0, or the exit status. */
@@ -92,6 +80,8 @@ static int parse_args(struct up *u, struct up_args *a, int argc, char **argv)
 	    {"daemon", no_argument, NULL, 'd'},
 	    {"sandbox", required_argument, NULL, 's'},
 	    {"allow-other", no_argument, NULL, 'O'},
+	    {"allow-home", no_argument, NULL, 'H'},
+	    {"quiet", no_argument, NULL, 'q'},
 	    {NULL, 0, NULL, 0},
 	};
 	int c, r;
@@ -110,15 +100,17 @@ static int parse_args(struct up *u, struct up_args *a, int argc, char **argv)
 			a->sandbox = optarg;
 		} else if (c == 'O') {
 			a->allow_other = true;
+		} else if (c == 'H') {
+			a->allow_home = true;
+		} else if (c == 'q') {
+			u->progress.quiet = true;
 		} else {
-			up_usage();
+			cmd_usage("up");
 			return 2;
 		}
 	}
-	if (optind != argc - 1) {
-		up_usage();
+	if (cmd_operands("up", argc, argv, optind, 1, "DIR (the workspace directory to mount)") < 0)
 		return 2;
-	}
 	a->dir = argv[optind];
 	return 0;
 }
@@ -139,7 +131,7 @@ static int check_guest(struct up *u, const struct up_args *a)
 	}
 	if (!u->sandbox.use) {
 		if (!guest_opts_complete(g)) {
-			up_usage();
+			cmd_usage("up");
 			return 2;
 		}
 		return guest_opts_load_peer(&u->conn.g);
@@ -181,9 +173,10 @@ static int open_workspace(struct up *u, const struct up_args *a)
 
 	/* a mount left by a crashed up would hide DIR: clear it first */
 	if ((r = mount_clear_stale(a->dir)) == -EBUSY) {
+		const char *shown = realpath(a->dir, u->dir) ? u->dir : a->dir;
 		cmd_err("up: %s is already served by a running airlock (stop it with: "
 			"airlock down %s)",
-			a->dir, a->dir);
+			shown, shown);
 		return 1;
 	} else if (r < 0 && r != -ENOENT && r != -ENOTDIR) {
 		cmd_err("up: %s: %s", a->dir, strerror(-r));
@@ -193,6 +186,9 @@ static int open_workspace(struct up *u, const struct up_args *a)
 		cmd_err("up: workspace %s: %s", a->dir, strerror(errno));
 		return 2;
 	}
+	if ((r = up_check_workspace(u->dir, a->allow_home)) != 0 || (r = up_check_fuse()) != 0)
+		return r;
+	up_warn_processes(u->dir);
 	/* policy once, before the mount: it is read from the backing files */
 	if (policy_load_for_workspace(u->dir, a->policy_file, &u->pol.policy, err, sizeof(err)) < 0) {
 		cmd_err("policy: %s", err);
@@ -225,6 +221,9 @@ static int take_state(struct up *u, const struct up_args *a)
 		cmd_err("up: workspace %s: %s", u->dir, strerror(errno));
 		return 2;
 	}
+	/* before the supervisor forks: it and every daemon log to up.log */
+	if ((r = up_log_start(u->state_dir)) < 0)
+		cmd_err("up: warning: no log in %s/%s: %s", u->state_dir, UP_LOG_FILE, strerror(-r));
 	if (up_supervise(u) != 0) /* returns 0 in the daemon */
 		return 1;
 	if ((r = up_take_pid_file(u, &other)) < 0) {
@@ -451,7 +450,8 @@ int cmd_up(int argc, char **argv)
 	if ((status = parse_args(&u, &a, argc, argv)) != 0)
 		return status;
 	if ((status = setup(&u, &a)) == 0)
-		status = run(&u) < 0 ? 1 : 0;
+		status = run(&u) < 0 ? 1 : u.stop_signal == SIGINT ? 130 : 0; /* ^C: as a shell reports it */
 	teardown(&u);
+	up_log_stop();
 	return status;
 }

@@ -123,12 +123,13 @@ static void on_signal(struct loop *l, int fd, uint32_t events, void *ud)
 	(void)events;
 
 	while (read(fd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
-		if (si.ssi_signo == SIGUSR1) /* sync-wait asks for a fresh status */
+		if (si.ssi_signo == SIGUSR1) { /* sync-wait asks for a fresh status */
 			up_status_write(u);
-		else
-			begin_shutdown(u, si.ssi_signo == SIGINT   ? "SIGINT"
-					  : si.ssi_signo == SIGHUP ? "SIGHUP"
-								   : "SIGTERM");
+			continue;
+		}
+		if (!u->stopping)
+			u->stop_signal = (int)si.ssi_signo;
+		begin_shutdown(u, si.ssi_signo == SIGINT ? "SIGINT" : si.ssi_signo == SIGHUP ? "SIGHUP" : "SIGTERM");
 	}
 }
 
@@ -291,23 +292,13 @@ void up_conn_live(struct up *u)
 		fflush(stdout);
 		return;
 	}
-	/* -d: tell the parent, then log to the state dir */
-	char log[PATH_MAX + 32];
-	int fd;
+	/* -d: tell the parent, then only the log (up_log.c) hears from us */
 	dprintf(u->ready_fd, "airlock: relay socket %s\n", u->exec.sock);
 	dprintf(u->ready_fd, "airlock: %s in sync with %s\n", u->dir, u->conn.guest);
 	close(u->ready_fd);
 	u->ready_fd = -1;
-	snprintf(log, sizeof(log), "%s/%s", u->state_dir, UP_LOG_FILE);
-	if ((fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600)) >= 0) {
-		dup2(fd, STDOUT_FILENO);
-		dup2(fd, STDERR_FILENO);
-		close(fd);
-	}
-	if ((fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0) {
-		dup2(fd, STDIN_FILENO);
-		close(fd);
-	}
+	up_log_detach();
+	fprintf(stderr, "airlock: %s in sync with %s (in the background)\n", u->dir, u->conn.guest);
 }
 
 static void on_retry(struct loop *l, void *ud)
@@ -334,6 +325,11 @@ static void on_close(struct chan *c, int err, const char *why, void *ud)
 
 	chan_get_stats(c, &st);
 	u->conn.bytes_closed += st.bytes_out;
+	/* a terminal's ^C reaches the sandbox or agent of a foreground up too,
+	 * and its end of the connection may be seen first: take the signal
+	 * before calling the connection lost */
+	if (!u->stopping && u->sigfd >= 0)
+		on_signal(u->loop, u->sigfd, EPOLLIN, u);
 	if (err < 0 && !u->stopping) {
 		snprintf(u->conn.last_error, sizeof(u->conn.last_error), "%s", why ? why : strerror(-err));
 		cmd_err("connection to %s lost: %s", u->conn.guest, u->conn.last_error);

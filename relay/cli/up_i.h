@@ -39,7 +39,8 @@
 #define UP_PID_FILE	"up.pid"      /* pid, flock'ed by the daemon while it runs */
 #define UP_SUPER_FILE	"super.pid"   /* pid, flock'ed by the supervisor while it runs */
 #define UP_STATUS_FILE	"status.json" /* written by the daemon, read by status/sync-wait */
-#define UP_LOG_FILE	"up.log"      /* the daemon's stderr after -d */
+#define UP_LOG_FILE	"up.log"      /* the daemon's stderr, timestamped (up_log.c) */
+#define UP_LOG_MAX	(1 << 20)     /* up.log is rotated to up.log.1 past this */
 #define STATUS_MIN_MS	100u	      /* status file rewritten at most this often */
 #define BACKOFF_MIN_MS	100u
 #define BACKOFF_MAX_MS	5000u
@@ -131,6 +132,14 @@ struct up_sync {
 struct up_latency {
 	uint64_t ns[LAT_WINDOW];
 	size_t n, next;
+};
+
+/* Progress of the first sync and reconciles, on stderr (up_sync.c):
+ * a line redrawn on a terminal, periodic lines otherwise. */
+struct up_progress {
+	bool quiet; /* --quiet */
+	bool drawn; /* a terminal line is showing */
+	uint64_t t0_ms, last_ms;
 };
 
 /* The status file's throttle (up_status.c). */
@@ -225,6 +234,7 @@ struct up {
 	char state_dir[PATH_MAX]; /* audit_dir(DIR) */
 	int dirfd, sigfd, lockfd, ready_fd;
 	bool stopping;
+	int stop_signal; /* the signal that stopped it (SIGINT: exit 130) */
 
 	struct up_conn conn;
 	struct up_sync sync;
@@ -235,6 +245,7 @@ struct up {
 	struct up_changes chg;
 	struct up_sandbox sandbox;
 	struct up_super super;
+	struct up_progress progress;
 
 	_Atomic uint64_t first_notify_ns; /* set by FUSE threads, taken by the loop */
 	atomic_bool mount_gone;
@@ -356,6 +367,37 @@ void up_status_write(struct up *u);
 /* Write it if it changed: at once when settled (sync-wait and status wait
  * for that), else at most every STATUS_MIN_MS. */
 void up_status_flush(struct up *u, bool settled);
+
+/* ---- up_log.c: the daemon's log ---- */
+
+/* From here on stderr also goes to state_dir's up.log, timestamped (and to
+ * the terminal until up_log_detach). 0 or -errno (then nothing changed). */
+int up_log_start(const char *state_dir);
+/* The terminal's stderr while it is ours (-1 after up_log_detach): for
+ * progress lines that are redrawn, not logged. */
+int up_log_term_fd(void);
+/* -d is in sync: stop echoing to the terminal; stdout goes to the log too. */
+void up_log_detach(void);
+/* Restore stdout and stderr, close the log. */
+void up_log_stop(void);
+
+/* ---- up_traps.c: refusals and warnings before anything starts ---- */
+
+/* dir (a realpath) is a directory, not $HOME without allow_home, holds
+ * none of airlock's own state, socket or sandbox directories, and is
+ * neither inside nor around another live workspace. 0, or the exit status
+ * after saying why and what to do. */
+int up_check_workspace(const char *dir, bool allow_home);
+/* /dev/fuse exists and is ours to open, and a user other than root has
+ * fusermount3. 0, or the exit status after saying the cause and the fix. */
+int up_check_fuse(void);
+/* Name the processes whose cwd or open files are below dir: they keep
+ * seeing the directory under the mount. */
+void up_warn_processes(const char *dir);
+/* fn for each process (but this one) whose cwd or an open file is below
+ * dir: its pid, command and "cwd" or "open file PATH". How many. */
+unsigned up_procs_below(const char *dir, void (*fn)(const char *pid, const char *comm, const char *what, void *ud),
+			void *ud);
 
 /* ---- up_state.c ---- */
 

@@ -128,15 +128,7 @@ int up_state_dir_of(const char *dir, char *out, size_t n)
 
 void up_wait_usage(const char *cmd)
 {
-	if (!strcmp(cmd, "down"))
-		fputs("usage: airlock down DIR [--destroy]\n"
-		      "  --destroy: also remove the sandbox's state (its workspace copy, "
-		      "home, keys)\n",
-		      stderr);
-	else if (!strcmp(cmd, "status"))
-		fputs("usage: airlock status [-C DIR] [--json]\n", stderr);
-	else
-		fputs("usage: airlock sync-wait [-C DIR] [--timeout S]\n", stderr);
+	cmd_usage(cmd);
 }
 
 /* down --destroy: the sandbox's state goes once nothing runs. */
@@ -216,7 +208,7 @@ int cmd_down(int argc, char **argv)
 		return 2;
 	}
 	if (argc != 2 && argc != 3) {
-		up_wait_usage("down");
+		cmd_operands("down", argc, argv, 1, 1, "DIR (the workspace to stop)");
 		return 2;
 	}
 	if (argc == 3) { /* works without a daemon, even one that never ran */

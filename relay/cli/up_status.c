@@ -274,7 +274,7 @@ static int parse_dir_opts(const char *cmd, int argc, char **argv, const char **d
 		}
 	}
 	if (optind != argc)
-		goto bad;
+		return cmd_operands(cmd, argc, argv, optind, 0, "");
 	return 0;
 bad:
 	up_wait_usage(cmd);
@@ -389,43 +389,58 @@ static void print_status(json_t *st, pid_t pid)
 	}
 }
 
+/* status's failure: a line on stderr, and with --json a document saying
+ * the same on stdout (doc/JSON.md). Returns the exit status, 1. */
+static int status_fail(bool json, const char *dir, const char *msg)
+{
+	cmd_err("status: %s", msg);
+	if (json)
+		cmd_print_json(json_pack("{s:i, s:b, s:b, s:s, s:s}", "version", 1, "ok", 0, "running", 0, "dir", dir,
+					 "error", msg));
+	return 1;
+}
+
 int cmd_status(int argc, char **argv)
 {
 	const char *dir;
 	bool json = false;
-	char sdir[PATH_MAX];
+	char sdir[PATH_MAX], real[PATH_MAX];
 	json_t *st = NULL;
 	pid_t pid;
+	int r;
 
 	if (parse_dir_opts("status", argc, argv, &dir, &json, NULL) < 0)
 		return 2;
-	if (up_state_dir_of(dir, sdir, sizeof(sdir)) < 0)
-		return 1;
+	if ((r = ws_resolve(dir, real, false)) < 0)
+		return status_fail(json, dir, strerror(-r));
+	if (up_state_dir_of(real, sdir, sizeof(sdir)) < 0)
+		return status_fail(json, real, "no state directory (set XDG_STATE_HOME or HOME)");
 	pid = up_wait_daemon(sdir, RESTART_WAIT_MS);
 	int stale = pid ? fresh_status(sdir, pid, 1000, &st) : -1, perr;
 	if (pid && stale != 0 && (perr = probe_state_dir(sdir)) < 0) {
 		/* the daemon runs but cannot write its status: that is the news */
-		if (json)
-			printf("{\"running\":true,\"pid\":%d,\"state_error\":\"%s: %s\"}\n", (int)pid, sdir,
-			       strerror(-perr));
-		cmd_err("status: airlock up (pid %d) runs for %s but cannot write its state directory %s: %s; "
-			"what it last wrote is stale (free space there, or make it writable)",
-			(int)pid, dir, sdir, strerror(-perr));
+		char msg[2 * PATH_MAX + 256];
+		snprintf(msg, sizeof(msg),
+			 "airlock up (pid %d) runs for %.*s but cannot write its state directory %.*s: %s; what it "
+			 "last wrote is stale (free space there, or make it writable)",
+			 (int)pid, PATH_MAX - 1, real, PATH_MAX - 1, sdir, strerror(-perr));
 		json_decref(st);
-		return 1;
+		return status_fail(json, real, msg);
 	}
 	if (!pid || !st || json_integer_value(json_object_get(st, "pid")) != pid) {
-		if (json)
-			printf("{\"running\":false,\"dir\":\"%s\"}\n", dir);
-		else
-			printf("airlock: no airlock up runs for %s\n", dir);
 		json_decref(st);
-		return 1;
+		snprintf(sdir, sizeof(sdir),
+			 "no airlock up runs for %.*s or a directory above it (start one: airlock up DIR -d)",
+			 PATH_MAX - 128, real);
+		return status_fail(json, real, sdir);
 	}
 	json_object_set_new(st, "running", json_true());
 	if (json) {
-		json_dumpf(st, stdout, JSON_COMPACT);
-		fputc('\n', stdout);
+		json_incref(st);
+		if (cmd_print_json(st) < 0) {
+			json_decref(st);
+			return 1;
+		}
 	} else {
 		print_status(st, pid);
 	}
@@ -437,18 +452,25 @@ int cmd_sync_wait(int argc, char **argv)
 {
 	const char *dir;
 	double timeout = 60;
-	char sdir[PATH_MAX];
+	char sdir[PATH_MAX], real[PATH_MAX];
 	struct timespec now;
 	uint64_t t0_ms = loop_now_ms(), t0_real, barrier = 0, last_kick = 0;
 	bool have_barrier = false;
 	pid_t pid;
+	int r;
 
 	if (parse_dir_opts("sync-wait", argc, argv, &dir, NULL, &timeout) < 0)
 		return 2;
+	if ((r = ws_resolve(dir, real, false)) < 0) {
+		cmd_err("sync-wait: %s: %s", dir, strerror(-r));
+		return 1;
+	}
+	dir = real;
 	if (up_state_dir_of(dir, sdir, sizeof(sdir)) < 0)
 		return 1;
 	if (!(pid = up_wait_daemon(sdir, RESTART_WAIT_MS))) {
-		cmd_err("sync-wait: no airlock up runs for %s", dir);
+		cmd_err("sync-wait: no airlock up runs for %s or a directory above it (start one: airlock up DIR -d)",
+			dir);
 		return 1;
 	}
 	clock_gettime(CLOCK_REALTIME, &now);

@@ -107,20 +107,6 @@ static int watch(struct up *u, pid_t pid, int sock, int sigfd, bool *stop)
 	return status;
 }
 
-/* Supervisor: stdout/stderr of a -d daemon go to up.log. */
-static void to_log(struct up *u)
-{
-	char log[PATH_MAX + 32];
-	int fd;
-
-	snprintf(log, sizeof(log), "%s/%s", u->state_dir, UP_LOG_FILE);
-	if ((fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600)) >= 0) {
-		dup2(fd, STDOUT_FILENO);
-		dup2(fd, STDERR_FILENO);
-		close(fd);
-	}
-}
-
 int up_supervise(struct up *u)
 {
 	sigset_t stopsigs, old;
@@ -179,7 +165,7 @@ int up_supervise(struct up *u)
 		if (u->ready_fd >= 0) { /* the daemon answers -d's parent */
 			close(u->ready_fd);
 			u->ready_fd = -1;
-			to_log(u);
+			up_log_detach(); /* up.log only; the daemons it restarts inherit that */
 		}
 		started = loop_now_ms();
 		status = watch(u, pid, sp[0], sigfd, &stop);

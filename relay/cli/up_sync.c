@@ -5,8 +5,10 @@
  * latency window and the audit record (doc/UP.md, doc/SYNC.md).
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "airlock/content/manifest.h"
 #include "airlock/core/loop.h"
@@ -159,10 +161,50 @@ static void on_sync_done(int err, const char *why, void *ud)
 		up_conn_live(u);
 }
 
+#define PROGRESS_TTY_MS	 250u  /* a terminal's line is redrawn this often */
+#define PROGRESS_LINE_MS 5000u /* otherwise one line this often */
+
+/* Reconciles (the first sync of each connection) show files, bytes, rate
+ * and ETA; pushes are too short to need it. */
 static void on_sync_progress(const struct sync_progress *p, void *ud)
 {
-	(void)p;
-	(void)ud;
+	struct up *u = ud;
+	struct up_progress *pg = &u->progress;
+	int tty = up_log_term_fd();
+	bool on_tty = tty >= 0 && isatty(tty), done = !strcmp(p->phase, "done");
+	uint64_t now = loop_now_ms();
+
+	if (pg->quiet || !u->sync.op_full)
+		return;
+	if (!pg->t0_ms || !strcmp(p->phase, "scan"))
+		pg->t0_ms = now;
+	if (done) {
+		if (pg->drawn)
+			dprintf(tty, "\r\033[K");
+		pg->drawn = false;
+		pg->t0_ms = 0;
+		return;
+	}
+	if (now - pg->last_ms < (on_tty ? PROGRESS_TTY_MS : PROGRESS_LINE_MS))
+		return;
+	pg->last_ms = now;
+	double secs = (double)(now - pg->t0_ms) / 1000.0, rate = secs > 0 ? (double)p->bytes_done / secs : 0;
+	double eta = rate > 0 ? (double)(p->bytes_total - p->bytes_done) / rate : -1;
+	char line[PATH_MAX + 256];
+	if (!p->files_total) /* still comparing: no totals yet */
+		snprintf(line, sizeof(line), "airlock: %s: %s... (%.0f s)", u->dir, p->phase, secs);
+	else
+		snprintf(line, sizeof(line),
+			 "airlock: %s: %s %" PRIu64 "/%" PRIu64 " files, %.1f/%.1f MiB, %.1f MiB/s, %s%.0f s left",
+			 u->dir, p->phase, p->files_done, p->files_total, (double)p->bytes_done / 1048576.0,
+			 (double)p->bytes_total / 1048576.0, rate / 1048576.0, eta < 0 ? "ETA ?" : "",
+			 eta < 0 ? 0.0 : eta);
+	if (on_tty) {
+		dprintf(tty, "\r\033[K%s", line);
+		pg->drawn = true;
+	} else {
+		fprintf(stderr, "%s\n", line);
+	}
 }
 
 static const struct sync_ops engine_ops = {

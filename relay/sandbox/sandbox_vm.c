@@ -297,15 +297,34 @@ static int template_dir(const struct sandbox_cfg *cfg, char *out, size_t n)
  * is cached and only says "up to date" when nothing changed, so the guest
  * always runs the agent this host was built with. Its output goes to
  * <dir>/template.log. 0 when built, up to date, or there is no builder. */
+#if defined(AIRLOCK_TEMPLATE_BUILDER) && defined(AIRLOCK_AGENT_STATIC)
+/* An installed airlock's copy of name: EXE_DIR/AIRLOCK_LIBEXEC_REL/name
+ * (meson install puts both there), else the development build's (dev). */
+static const char *vm_tool(const char *name, const char *dev, char *out, size_t n)
+{
+	char exe[PATH_MAX];
+	ssize_t k = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	char *slash;
+
+	if (k > 0 && (exe[k] = '\0', slash = strrchr(exe, '/'))) {
+		*slash = '\0';
+		if (snprintf(out, n, "%s/%s/%s", exe, AIRLOCK_LIBEXEC_REL, name) < (int)n && access(out, R_OK) == 0)
+			return out;
+	}
+	return dev;
+}
+#endif
+
 static int template_refresh(struct sandbox *sb, const char *tdir, char *err, size_t errlen)
 {
 #if defined(AIRLOCK_TEMPLATE_BUILDER) && defined(AIRLOCK_AGENT_STATIC)
-	char logp[PATH_MAX];
-	char *argv[] = {"sh", AIRLOCK_TEMPLATE_BUILDER, (char *)tdir, AIRLOCK_AGENT_STATIC, NULL};
+	char logp[PATH_MAX], bp[PATH_MAX], ap[PATH_MAX];
+	const char *builder = vm_tool("build.sh", AIRLOCK_TEMPLATE_BUILDER, bp, sizeof(bp));
+	const char *agent = vm_tool("airlock-agent-static", AIRLOCK_AGENT_STATIC, ap, sizeof(ap));
+	char *argv[] = {"sh", (char *)builder, (char *)tdir, (char *)agent, NULL};
 	int fd, r;
 
-	if (getenv("AIRLOCK_VM_NO_BUILD") || access(AIRLOCK_TEMPLATE_BUILDER, R_OK) < 0 ||
-	    access(AIRLOCK_AGENT_STATIC, X_OK) < 0)
+	if (getenv("AIRLOCK_VM_NO_BUILD") || access(builder, R_OK) < 0 || access(agent, X_OK) < 0)
 		return 0;
 	if (path_join(logp, sizeof(logp), sb->dir, "template.log") < 0 ||
 	    (fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0)

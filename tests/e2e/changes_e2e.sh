@@ -61,6 +61,17 @@ t_review_default() {
 }
 check "review (default): a formatter over 200 files, a new file, a delete, a dir rename, a chmod wait; the host is untouched" t_review_default
 
+t_list_waiting() {
+	$TO 10 "$AIRLOCK" list --json >"$T/list.json" &&
+		python3 - "$T/list.json" "$(realpath "$W")" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+w = [e for e in doc["workspaces"] if e["dir"] == sys.argv[2]]
+assert w and w[0]["changes_waiting"] >= 200, w
+PY
+}
+check "airlock list counts the guest changes waiting for review" t_list_waiting
+
 t_list() {
 	C --json >"$T/c.json" &&
 		python3 - "$T/c.json" <<'PY'
