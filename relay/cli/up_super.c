@@ -6,8 +6,9 @@
  * When the daemon dies abnormally the FUSE connection therefore stays up
  * (the kernel queues requests) and a new daemon, forked from the same
  * parsed state, resumes serving it (mount_opts.adopt_init): DIR never
- * stops being the workspace. A clean exit of the daemon ends the
- * supervisor with the same status.
+ * stops being the workspace. A daemon that exits (a stop, an error: it
+ * unmounted on its way out) ends the supervisor with the same status; only
+ * a death by a signal (kill -9, a crash) is restarted.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -175,8 +176,8 @@ int up_supervise(struct up *u)
 				mount_detach(u->dir);
 			exit(WIFEXITED(status) ? WEXITSTATUS(status) : 0);
 		}
-		if (WIFEXITED(status) && (WEXITSTATUS(status) == 0 || !have_mount(u)))
-			exit(WEXITSTATUS(status)); /* a clean stop, or it never served the mount */
+		if (WIFEXITED(status))
+			exit(WEXITSTATUS(status)); /* it stopped itself (and unmounted): its status is ours */
 		if (!have_mount(u))
 			exit(1);
 		describe_exit(why, sizeof(why), status);
