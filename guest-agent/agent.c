@@ -55,6 +55,8 @@ struct session {
 	char peer[KEYS_B64_LEN];
 	uint8_t sync_pk[32]; /* host's Ed25519 sync-signing key, from HELLO */
 	bool hello;
+	bool superseded;			/* a newer session of the same host took over: frames are dropped */
+	bool daemon;				/* the client is airlock up (one per workspace) */
 	uint64_t bulk_bytes;			/* bulk stream bytes received */
 	struct syncg_session *sync;		/* made by the first sync frame */
 	struct gexec *execs;			/* commands of this session (one host-opened stream each) */
@@ -137,6 +139,18 @@ static int handle_hello(struct session *s, uint8_t type, uint32_t stream, struct
 	memcpy(s->sync_pk, m.sign_pk, 32);
 	s->hello = true;
 	logmsg("session %u: hello from %s (%s)", s->id, s->peer, m.client);
+	s->daemon = m.client && !strcmp(m.client, "airlock up");
+	/* An airlock up that came back (restarted) supersedes its older
+	 * sessions (ping and sync share its keys and are left alone): frames still buffered from a dead daemon must not
+	 * be applied after the new session read the workspace's state. */
+	for (struct session *t = s->agent->sessions; s->daemon && t; t = t->next) {
+		if (t != s && t->hello && t->daemon && !t->superseded && !strcmp(t->peer, s->peer) &&
+		    !sodium_memcmp(t->sync_pk, s->sync_pk, 32)) {
+			t->superseded = true;
+			logmsg("session %u: superseded by session %u of the same host", t->id, s->id);
+			chan_close(t->chan);
+		}
+	}
 	buf_init(&out, WIRE_PAYLOAD_MAX);
 	if ((r = wire_hello_ok_encode(&out, &ok)) == 0)
 		r = chan_send(s->chan, WIRE_HELLO_OK, stream, buf_ptr(&out), buf_len(&out));
@@ -909,6 +923,8 @@ static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_
 		send_error(s, stream, EPROTO, "HELLO first");
 		return;
 	}
+	if (s->superseded)
+		return;
 	if ((r = handlers[type].fn(s, type, stream, &in)) < 0 && r != -EAGAIN) {
 		logmsg("session %u: %s on stream %u: %s; closing", s->id, wire_type_name(type), stream, strerror(-r));
 		send_error(s, stream, -r, "bad request");

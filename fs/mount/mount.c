@@ -36,6 +36,7 @@
 #include <sys/fsuid.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
@@ -47,6 +48,7 @@
 
 #include "airlock/core/mem.h"
 #include "airlock/mount/journal.h"
+#include "airlock/mount/keep.h"
 
 #define AIRLOCK_FSTYPE "fuse.airlock"
 
@@ -63,6 +65,19 @@ struct inode {
 	 * after a rename: then that eviction just misses); protected by lock */
 	fuse_ino_t parent;
 	char *name;
+	/* not 0: an earlier server's node id this inode answers for (kept by
+	 * the supervisor, mount_opts.kept); such an inode is in the alias
+	 * table, not the (dev, ino) one, and lives until the kernel forgets
+	 * that id */
+	fuse_ino_t alias;
+	struct inode *anext; /* alias table chain; protected by mount->lock */
+};
+
+/* A node id change queued for the supervisor (keep.h). */
+struct keep_item {
+	uint64_t nodeid;
+	uint32_t op;
+	int fd; /* KEEP_ADD: a duplicate, closed once sent */
 };
 
 struct mount {
@@ -99,6 +114,22 @@ struct mount {
 				       low (I/O descriptors stay under half of
 				       the limit by themselves: io_cache_full) */
 	bool reap_now;		    /* protected by lock: a request hit EMFILE */
+	/* resuming a live mount (mount_opts.adopt_fd) */
+	unsigned short epoch; /* tags node ids (node_id); 0 for the server that mounted */
+	bool adopted;	      /* the reaper first drops the kernel's old entries */
+	void *init;	      /* the kernel's FUSE_INIT request, as it came */
+	size_t init_len;
+	struct inode **abuckets; /* aliases by node id (power of two); protected by lock */
+	size_t nabuckets;
+	/* the node stream to a supervisor (keep.h), sent by the keeper thread */
+	int keeper_fd; /* -1: none */
+	pthread_t keeper;
+	bool keeper_started;
+	pthread_mutex_t keep_lock;
+	pthread_cond_t keep_cond;
+	struct keep_item *kq; /* protected by keep_lock */
+	size_t kq_n, kq_cap;  /* protected by keep_lock */
+	bool keep_stop;	      /* protected by keep_lock */
 };
 
 /* ---- helpers ---- */
@@ -108,14 +139,90 @@ static struct mount *req_mount(fuse_req_t req)
 	return fuse_req_userdata(req);
 }
 
-static struct inode *node_of(struct mount *m, fuse_ino_t ino)
+/*
+ * Node ids: the struct's address tagged with the server's epoch in the
+ * bits above the address (user-space addresses fit in 48 bits). A server
+ * that resumes a live mount (mount_opts.adopt_fd) gets requests for ids an
+ * earlier server handed out: their epoch differs, so they are answered
+ * ESTALE instead of being dereferenced.
+ */
+#define NODE_EPOCH_SHIFT 48
+#define NODE_ADDR_MASK	 ((((fuse_ino_t)1) << NODE_EPOCH_SHIFT) - 1)
+
+static fuse_ino_t node_id(const struct mount *m, const struct inode *in)
 {
-	return ino == FUSE_ROOT_ID ? &m->root : (struct inode *)(uintptr_t)ino;
+	if (in == &m->root)
+		return FUSE_ROOT_ID;
+	if (in->alias)
+		return in->alias;
+	return (fuse_ino_t)(uintptr_t)in | ((fuse_ino_t)m->epoch << NODE_EPOCH_SHIFT);
 }
 
+static size_t alias_bucket(const struct mount *m, fuse_ino_t id)
+{
+	uint64_t h = (uint64_t)id * 0x9e3779b97f4a7c15ull;
+
+	return (size_t)(h ^ (h >> 31)) & (m->nabuckets - 1);
+}
+
+/* The inode of a node id: ours, or an earlier server's the supervisor
+ * kept; NULL for one it did not keep. */
+static struct inode *node_of(struct mount *m, fuse_ino_t ino)
+{
+	struct inode *in = NULL;
+
+	if (ino == FUSE_ROOT_ID)
+		return &m->root;
+	if ((ino >> NODE_EPOCH_SHIFT) == m->epoch)
+		return (struct inode *)(uintptr_t)(ino & NODE_ADDR_MASK);
+	if (!m->nabuckets)
+		return NULL;
+	pthread_mutex_lock(&m->lock);
+	for (in = m->abuckets[alias_bucket(m, ino)]; in && in->alias != ino; in = in->anext)
+		;
+	pthread_mutex_unlock(&m->lock);
+	return in;
+}
+
+/* Queue a node id change for the supervisor; fd (KEEP_ADD) is duplicated.
+ * Best effort: an id it misses answers ESTALE after a crash. Called with
+ * m->lock held (lock order: lock, then keep_lock). */
+static void keep_push(struct mount *m, uint32_t op, fuse_ino_t id, int fd)
+{
+	int dup = -1;
+
+	if (m->keeper_fd < 0)
+		return;
+	if (op == KEEP_ADD && (dup = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0)
+		return;
+	pthread_mutex_lock(&m->keep_lock);
+	if (m->kq_n == m->kq_cap && m->kq_cap < (1u << 20)) {
+		size_t cap = m->kq_cap ? m->kq_cap * 2 : 256;
+		struct keep_item *q = mem_realloc(m->kq, cap * sizeof(*q));
+		if (q) {
+			m->kq = q;
+			m->kq_cap = cap;
+		}
+	}
+	if (m->kq_n < m->kq_cap && !m->keep_stop) {
+		m->kq[m->kq_n++] = (struct keep_item){.nodeid = id, .op = op, .fd = dup};
+		if (m->kq_n == 1)
+			pthread_cond_signal(&m->keep_cond);
+		dup = -1;
+	}
+	pthread_mutex_unlock(&m->keep_lock);
+	if (dup >= 0)
+		close(dup);
+}
+
+/* node_of for a request: NULL after answering ESTALE. */
 static struct inode *req_node(fuse_req_t req, fuse_ino_t ino)
 {
-	return node_of(req_mount(req), ino);
+	struct inode *in = node_of(req_mount(req), ino);
+
+	if (!in)
+		fuse_reply_err(req, ESTALE);
+	return in;
 }
 
 /* The one place where an error becomes a reply. r is 0 or -errno. */
@@ -233,15 +340,19 @@ static bool io_cache_full(struct mount *m)
 	return fds_held(m) >= (size_t)m->fd_limit / 2;
 }
 
+/* An I/O descriptor for in (NULL: an earlier server's node id, -ESTALE). */
 static int io_get(struct mount *m, struct inode *in, bool write, struct iofd *io)
 {
-	_Atomic int *slot = write ? &in->wfd : &in->rfd;
-	int fd = atomic_load(slot), expected = -1, tries = 0;
+	_Atomic int *slot;
+	int fd, expected = -1, tries = 0;
 	char pp[64];
 
 	io->fd = -1;
 	io->temp = false;
-	if (fd >= 0) {
+	if (!in)
+		return -ESTALE;
+	slot = write ? &in->wfd : &in->rfd;
+	if ((fd = atomic_load(slot)) >= 0) {
 		io->fd = fd;
 		return 0;
 	}
@@ -313,6 +424,19 @@ static void table_grow(struct mount *m)
 	mem_free(old);
 }
 
+/* Put in into the (dev, ino) table; must hold m->lock. */
+static void table_insert(struct mount *m, struct inode *in)
+{
+	size_t b;
+
+	if (m->ninodes >= m->nbuckets * 2)
+		table_grow(m);
+	b = bucket_of(m, in->dev, in->ino);
+	in->hnext = m->buckets[b];
+	m->buckets[b] = in;
+	m->ninodes++;
+}
+
 /* Take a reference on the inode for (st_dev, st_ino) found as name in
  * parent, creating it with fd (which it then owns). *fd is set to -1 when
  * consumed. */
@@ -339,8 +463,6 @@ static struct inode *table_ref(struct mount *m, const struct stat *st, int *fd, 
 			}
 		}
 	} else if ((in = mem_calloc(1, sizeof(*in)))) {
-		size_t b;
-
 		in->fd = *fd;
 		*fd = -1;
 		in->dev = st->st_dev;
@@ -351,18 +473,39 @@ static struct inode *table_ref(struct mount *m, const struct stat *st, int *fd, 
 		in->name = mem_strdup(name); /* NULL only costs reapability */
 		atomic_init(&in->rfd, -1);
 		atomic_init(&in->wfd, -1);
-		if (m->ninodes >= m->nbuckets * 2)
-			table_grow(m);
-		b = bucket_of(m, in->dev, in->ino);
-		in->hnext = m->buckets[b];
-		m->buckets[b] = in;
-		m->ninodes++;
+		table_insert(m, in);
+		keep_push(m, KEEP_ADD, node_id(m, in), in->fd);
 		if (m->ninodes >= m->reap_high)
 			pthread_cond_signal(&m->reap_cond); /* cheap without a waiter */
 	}
 	pthread_mutex_unlock(&m->lock);
 	mem_free(oldname);
 	return in;
+}
+
+/* The kernel forgot an earlier server's id: it forgets one only whole
+ * (at eviction), whatever count it sends. */
+static void alias_forget(struct mount *m, struct inode *in)
+{
+	struct inode **pp;
+
+	pthread_mutex_lock(&m->lock);
+	for (pp = &m->abuckets[alias_bucket(m, in->alias)]; *pp; pp = &(*pp)->anext) {
+		if (*pp == in) {
+			*pp = in->anext;
+			break;
+		}
+	}
+	for (pp = &m->buckets[bucket_of(m, in->dev, in->ino)]; *pp; pp = &(*pp)->hnext) {
+		if (*pp == in) {
+			*pp = in->hnext;
+			break;
+		}
+	}
+	m->ninodes--;
+	keep_push(m, KEEP_DROP, in->alias, -1);
+	pthread_mutex_unlock(&m->lock);
+	inode_free(m, in);
 }
 
 static void table_unref(struct mount *m, struct inode *in, uint64_t n)
@@ -373,6 +516,12 @@ static void table_unref(struct mount *m, struct inode *in, uint64_t n)
 	if (in == &m->root)
 		return;
 	pthread_mutex_lock(&m->lock);
+	if (in->alias) {
+		/* the kernel's count for an earlier server's id is unknown:
+		 * only its FORGET ends it (alias_forget) */
+		pthread_mutex_unlock(&m->lock);
+		return;
+	}
 	in->nlookup = in->nlookup > n ? in->nlookup - n : 0;
 	if (in->nlookup == 0) {
 		for (pp = &m->buckets[bucket_of(m, in->dev, in->ino)]; *pp; pp = &(*pp)->hnext) {
@@ -383,10 +532,32 @@ static void table_unref(struct mount *m, struct inode *in, uint64_t n)
 		}
 		m->ninodes--;
 		dead = true;
+		keep_push(m, KEEP_DROP, node_id(m, in), -1);
 	}
 	pthread_mutex_unlock(&m->lock);
 	if (dead)
 		inode_free(m, in);
+}
+
+/* The kernel's entries below the root name an earlier server's node ids:
+ * drop them (and their subtrees) so paths are looked up again. Run on the
+ * reaper thread: a notification may wait for a directory lock. */
+static void drop_old_entries(struct mount *m)
+{
+	int fd = openat(m->root.fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	DIR *dp = fd >= 0 ? fdopendir(fd) : NULL;
+	struct dirent *de;
+
+	if (!dp) {
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	while ((de = readdir(dp)) && !atomic_load(&m->stopping))
+		if (!is_dot(de->d_name))
+			fuse_lowlevel_notify_inval_entry(m->se, FUSE_ROOT_ID, de->d_name, strlen(de->d_name));
+	closedir(dp);
+	fuse_lowlevel_notify_inval_inode(m->se, FUSE_ROOT_ID, 0, 0);
 }
 
 /*
@@ -412,6 +583,8 @@ static void *reaper_main(void *arg)
 	struct reap_item *items = mem_calloc(REAP_BATCH, sizeof(*items));
 	size_t n, i, scanned;
 
+	if (m->adopted)
+		drop_old_entries(m);
 	if (!items)
 		return NULL;
 	pthread_mutex_lock(&m->lock);
@@ -467,12 +640,12 @@ static int do_lookup(struct mount *m, struct inode *parent, const char *name, st
 		r = neg_errno();
 		goto out;
 	}
-	in = table_ref(m, &e->attr, &fd, parent == &m->root ? FUSE_ROOT_ID : (fuse_ino_t)(uintptr_t)parent, name);
+	in = table_ref(m, &e->attr, &fd, node_id(m, parent), name);
 	if (!in) {
 		r = -ENOMEM;
 		goto out;
 	}
-	e->ino = in == &m->root ? FUSE_ROOT_ID : (fuse_ino_t)(uintptr_t)in;
+	e->ino = node_id(m, in);
 out:
 	if (fd >= 0)
 		close(fd);
@@ -601,10 +774,13 @@ static void op_init(void *ud, struct fuse_conn_info *conn)
 static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct mount *m = req_mount(req);
+	struct inode *p = req_node(req, parent);
 	struct fuse_entry_param e;
-	int r = do_lookup(m, node_of(m, parent), name, &e);
+	int r;
 
-	if (r == -ENOENT) {
+	if (!p)
+		return;
+	if ((r = do_lookup(m, p, name, &e)) == -ENOENT) {
 		/* negative entry, cached: every create comes through the mount */
 		memset(&e, 0, sizeof(e));
 		e.entry_timeout = m->timeout;
@@ -622,7 +798,12 @@ static void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 {
 	struct mount *m = req_mount(req);
 
-	table_unref(m, node_of(m, ino), nlookup);
+	struct inode *in = node_of(m, ino);
+
+	if (in && in->alias)
+		alias_forget(m, in);
+	else if (in) /* NULL: an earlier server's id not kept, nothing to drop */
+		table_unref(m, in, nlookup);
 	fuse_reply_none(req);
 }
 
@@ -631,18 +812,27 @@ static void op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_dat
 	struct mount *m = req_mount(req);
 	size_t i;
 
-	for (i = 0; i < count; i++)
-		table_unref(m, node_of(m, forgets[i].ino), forgets[i].nlookup);
+	for (i = 0; i < count; i++) {
+		struct inode *in = node_of(m, forgets[i].ino);
+
+		if (in && in->alias)
+			alias_forget(m, in);
+		else if (in)
+			table_unref(m, in, forgets[i].nlookup);
+	}
 	fuse_reply_none(req);
 }
 
 static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct mount *m = req_mount(req);
+	struct inode *in = req_node(req, ino);
 	struct stat st;
 
 	(void)fi;
-	if (fstatat(node_of(m, ino)->fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
+	if (!in)
+		return;
+	if (fstatat(in->fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
 		reply_err(req, neg_errno());
 		return;
 	}
@@ -676,12 +866,15 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int va
 {
 	(void)fi;
 	struct mount *m = req_mount(req);
-	struct inode *in = node_of(m, ino);
-	int fd = atomic_load(&in->wfd), r = 0; /* fi->fh carries nothing */
+	struct inode *in = req_node(req, ino);
+	int fd, r = 0; /* fi->fh carries nothing */
 	uint32_t done = 0;
 	char pp[64];
 	struct stat st;
 
+	if (!in)
+		return;
+	fd = atomic_load(&in->wfd);
 	proc_path(pp, in->fd);
 	if (valid & FUSE_SET_ATTR_MODE) {
 		if (S_ISLNK(in->type))
@@ -731,10 +924,13 @@ out:
 
 static void op_readlink(fuse_req_t req, fuse_ino_t ino)
 {
+	struct inode *in = req_node(req, ino);
 	char buf[PATH_MAX + 1];
-	ssize_t n = readlinkat(req_node(req, ino)->fd, "", buf, sizeof(buf));
+	ssize_t n;
 
-	if (n < 0) {
+	if (!in)
+		return;
+	if ((n = readlinkat(in->fd, "", buf, sizeof(buf))) < 0) {
 		reply_err(req, neg_errno());
 		return;
 	}
@@ -766,9 +962,11 @@ static void finish_new(fuse_req_t req, struct mount *m, struct inode *parent, co
 static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev)
 {
 	struct mount *m = req_mount(req);
-	struct inode *p = node_of(m, parent);
+	struct inode *p = req_node(req, parent);
 	int r = 0;
 
+	if (!p)
+		return;
 	/* Device nodes are inert on the mount (FUSE mounts are nodev) but
 	 * not in the backing directory: only a root caller may make one, or
 	 * an allow_other user could make a device node it can open there.
@@ -787,9 +985,11 @@ static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
 static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
 {
 	struct mount *m = req_mount(req);
-	struct inode *p = node_of(m, parent);
+	struct inode *p = req_node(req, parent);
 	int r = 0;
 
+	if (!p)
+		return;
 	creds_push(req, m);
 	if (mkdirat(p->fd, name, mode) < 0)
 		r = neg_errno();
@@ -800,9 +1000,11 @@ static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
 static void op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
 {
 	struct mount *m = req_mount(req);
-	struct inode *p = node_of(m, parent);
+	struct inode *p = req_node(req, parent);
 	int r = 0;
 
+	if (!p)
+		return;
 	creds_push(req, m);
 	if (symlinkat(link, p->fd, name) < 0)
 		r = neg_errno();
@@ -818,6 +1020,10 @@ static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const 
 	char pp[64], *src = NULL, *dst = NULL;
 	int r = 0;
 
+	if (!in || !np) {
+		reply_err(req, -ESTALE);
+		return;
+	}
 	proc_path(pp, in->fd);
 	/* AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH; the /proc link does not */
 	if (linkat(in->fd, "", np->fd, newname, AT_EMPTY_PATH) < 0 &&
@@ -843,8 +1049,10 @@ static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const 
 static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct mount *m = req_mount(req);
-	struct inode *p = node_of(m, parent);
+	struct inode *p = req_node(req, parent);
 
+	if (!p)
+		return;
 	if (unlinkat(p->fd, name, 0) < 0) {
 		reply_err(req, neg_errno());
 		return;
@@ -856,8 +1064,10 @@ static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct mount *m = req_mount(req);
-	struct inode *p = node_of(m, parent);
+	struct inode *p = req_node(req, parent);
 
+	if (!p)
+		return;
 	if (unlinkat(p->fd, name, AT_REMOVEDIR) < 0) {
 		reply_err(req, neg_errno());
 		return;
@@ -872,6 +1082,10 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_
 	struct mount *m = req_mount(req);
 	struct inode *p = node_of(m, parent), *np = node_of(m, newparent);
 
+	if (!p || !np) {
+		reply_err(req, -ESTALE);
+		return;
+	}
 	if (flags & ~(unsigned)(RENAME_NOREPLACE | RENAME_EXCHANGE)) {
 		reply_err(req, -EINVAL);
 		return;
@@ -905,10 +1119,12 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, struct fuse_file_info *fi)
 {
 	struct mount *m = req_mount(req);
-	struct inode *p = node_of(m, parent);
+	struct inode *p = req_node(req, parent);
 	struct fuse_entry_param e;
 	int fd, r = 0, acc = fi->flags & O_ACCMODE, tries = 0;
 
+	if (!p)
+		return;
 	if (is_dot(name) || strchr(name, '/')) {
 		reply_err(req, -EINVAL);
 		return;
@@ -973,7 +1189,7 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in_
 	ssize_t n;
 
 	(void)fi;
-	if (r < 0) {
+	if (r < 0) { /* -ESTALE for an earlier server's id */
 		reply_err(req, r);
 		return;
 	}
@@ -1003,7 +1219,7 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_f
 {
 	struct mount *m = req_mount(req);
 	struct inode *in = node_of(m, ino);
-	struct iofd io = {.fd = atomic_load(&in->wfd)};
+	struct iofd io = {.fd = in ? atomic_load(&in->wfd) : -1};
 	int r = io.fd >= 0 ? 0 : io_get(m, in, false, &io);
 
 	(void)fi;
@@ -1028,7 +1244,7 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, of
 		return;
 	}
 	/* size and/or content (punch hole, zero range) may have changed */
-	journal_node(m, JOURNAL_WRITE, node_of(m, ino), (uint64_t)off, (uint64_t)len, 0);
+	journal_node(m, JOURNAL_WRITE, node_of(m, ino), /* not NULL: io_get took it */ (uint64_t)off, (uint64_t)len, 0);
 	reply_err(req, 0);
 }
 
@@ -1103,14 +1319,16 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool plus)
 {
 	struct mount *m = req_mount(req);
-	struct inode *dir = node_of(m, ino);
-	char *buf = mem_alloc(size), *p = buf;
+	struct inode *dir = req_node(req, ino);
+	char *buf, *p;
 	size_t rem = size;
 	struct dirent *de = NULL;
 	DIR *dp = NULL;
 	int fd, r = 0;
 
-	if (!buf) {
+	if (!dir)
+		return;
+	if (!(p = buf = mem_alloc(size))) {
 		reply_err(req, -ENOMEM);
 		return;
 	}
@@ -1189,9 +1407,13 @@ static void op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
 
 static void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
-	int fd = openat(req_node(req, ino)->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC), r = 0;
+	struct inode *in = req_node(req, ino);
+	int fd, r = 0;
 
 	(void)fi;
+	if (!in)
+		return;
+	fd = openat(in->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (fd < 0 || (datasync ? fdatasync(fd) : fsync(fd)) < 0)
 		r = neg_errno();
 	if (fd >= 0)
@@ -1201,9 +1423,12 @@ static void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fus
 
 static void op_statfs(fuse_req_t req, fuse_ino_t ino)
 {
+	struct inode *in = req_node(req, ino);
 	struct statvfs sv;
 
-	if (fstatvfs(req_node(req, ino)->fd, &sv) < 0) {
+	if (!in)
+		return;
+	if (fstatvfs(in->fd, &sv) < 0) {
 		reply_err(req, neg_errno());
 		return;
 	}
@@ -1215,6 +1440,8 @@ static void op_access(fuse_req_t req, fuse_ino_t ino, int mask)
 	struct inode *in = req_node(req, ino);
 	char pp[64];
 
+	if (!in)
+		return;
 	if (S_ISLNK(in->type)) {
 		reply_err(req, 0);
 		return;
@@ -1228,9 +1455,11 @@ static void op_access(fuse_req_t req, fuse_ino_t ino, int mask)
 static void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value, size_t size, int flags)
 {
 	struct mount *m = req_mount(req);
-	struct inode *in = node_of(m, ino);
+	struct inode *in = req_node(req, ino);
 	char pp[64];
 
+	if (!in)
+		return;
 	if (S_ISLNK(in->type)) {
 		reply_err(req, -EOPNOTSUPP);
 		return;
@@ -1247,9 +1476,11 @@ static void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const 
 static void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 {
 	struct mount *m = req_mount(req);
-	struct inode *in = node_of(m, ino);
+	struct inode *in = req_node(req, ino);
 	char pp[64];
 
+	if (!in)
+		return;
 	if (S_ISLNK(in->type)) {
 		reply_err(req, -EOPNOTSUPP);
 		return;
@@ -1281,6 +1512,8 @@ static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
 	struct inode *in = req_node(req, ino);
 	char pp[64], *buf = NULL;
 
+	if (!in)
+		return;
 	if (S_ISLNK(in->type)) {
 		reply_err(req, -ENODATA);
 		return;
@@ -1298,6 +1531,8 @@ static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 	struct inode *in = req_node(req, ino);
 	char pp[64], *buf = NULL;
 
+	if (!in)
+		return;
 	if (S_ISLNK(in->type)) {
 		if (size == 0)
 			fuse_reply_xattr(req, 0);
@@ -1492,6 +1727,11 @@ static int detach(const char *path)
 	return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -EPERM;
 }
 
+int mount_detach(const char *dir)
+{
+	return detach(dir);
+}
+
 static int clear_stale_canon(const char *path)
 {
 	char type[64];
@@ -1573,12 +1813,15 @@ static int raise_fd_limit(void)
 	return rl.rlim_cur > INT_MAX ? INT_MAX : (int)rl.rlim_cur;
 }
 
+static void keeper_stop(struct mount *m);
+
 static void mount_free(struct mount *m)
 {
 	size_t i;
 
 	if (!m)
 		return;
+	keeper_stop(m);
 	if (m->se)
 		fuse_session_destroy(m->se);
 	for (i = 0; m->buckets && i < m->nbuckets; i++) {
@@ -1590,68 +1833,262 @@ static void mount_free(struct mount *m)
 		}
 	}
 	mem_free(m->buckets);
+	mem_free(m->abuckets); /* aliases are in the (dev, ino) table too: freed above */
+	for (i = 0; i < m->kq_n; i++)
+		if (m->kq[i].fd >= 0)
+			close(m->kq[i].fd);
+	mem_free(m->kq);
+	pthread_cond_destroy(&m->keep_cond);
+	pthread_mutex_destroy(&m->keep_lock);
 	if (m->root.fd >= 0)
 		close(m->root.fd);
 	pthread_cond_destroy(&m->reap_cond);
 	pthread_mutex_destroy(&m->lock);
+	mem_free(m->init);
 	mem_free(m->path);
 	mem_free(m);
 }
 
-int mount_start(const char *dir, struct journal *j, const struct mount_opts *opts, struct mount **out)
+/*
+ * The FUSE_INIT request as the kernel sent it (wire ABI: struct
+ * fuse_in_header, then struct fuse_init_in): kept so that a later server
+ * can feed the same request to a fresh session when it resumes the mount.
+ */
+#define WIRE_IN_HEADER_LEN 40u
+#define WIRE_OPCODE_OFF	   4u
+#define WIRE_UNIQUE_OFF	   8u
+#define WIRE_FUSE_INIT	   26u
+#define WIRE_NOTIFY_RESEND 7 /* FUSE_NOTIFY_RESEND, kernel 6.9+ (protocol 7.40) */
+#define INIT_MAX	   4096u
+/* A unique id the kernel never assigns (its ids are even, interrupts odd
+ * ids of pending requests): the reply to the replayed INIT is refused with
+ * ENOENT, which libfuse ignores. */
+#define REPLAY_UNIQUE 0x7fffffffffff0001ull
+
+static int take_init(struct mount *m)
+{
+	struct fuse_buf buf = {0};
+	uint32_t op;
+	int n = fuse_session_receive_buf(m->se, &buf);
+
+	if (n <= 0) {
+		free(buf.mem); /* libfuse's malloc */
+		return n < 0 ? n : -EIO;
+	}
+	memcpy(&op, (char *)buf.mem + WIRE_OPCODE_OFF, sizeof(op));
+	if ((size_t)n >= WIRE_IN_HEADER_LEN && (size_t)n <= INIT_MAX && op == WIRE_FUSE_INIT &&
+	    (m->init = mem_alloc((size_t)n))) {
+		memcpy(m->init, buf.mem, (size_t)n);
+		m->init_len = (size_t)n;
+	}
+	fuse_session_process_buf(m->se, &buf);
+	free(buf.mem);
+	return 0;
+}
+
+/* A fresh session on a live connection: libfuse answers every request with
+ * EIO until it has seen FUSE_INIT, which the kernel sent only once, to the
+ * first server. Replay that request with a unique id nobody waits for. */
+static int replay_init(struct mount *m, const void *init, size_t len)
+{
+	uint64_t unique = REPLAY_UNIQUE;
+	struct fuse_buf buf = {0};
+	uint32_t op;
+
+	if (!init || len < WIRE_IN_HEADER_LEN || len > INIT_MAX)
+		return -EINVAL;
+	memcpy(&op, (const char *)init + WIRE_OPCODE_OFF, sizeof(op));
+	if (op != WIRE_FUSE_INIT || !(m->init = mem_alloc(len)))
+		return op != WIRE_FUSE_INIT ? -EINVAL : -ENOMEM;
+	memcpy(m->init, init, len);
+	m->init_len = len;
+	if (!(buf.mem = mem_alloc(len)))
+		return -ENOMEM;
+	memcpy(buf.mem, init, len);
+	memcpy((char *)buf.mem + WIRE_UNIQUE_OFF, &unique, sizeof(unique));
+	buf.size = len;
+	fuse_session_process_buf(m->se, &buf);
+	mem_free(buf.mem);
+	return 0;
+}
+
+/* Requests the dead server had read but not answered would wait forever:
+ * ask the kernel to queue them again (ignored by kernels before 6.9). */
+static void resend_pending(struct mount *m)
+{
+	struct {
+		uint32_t len;
+		int32_t error;
+		uint64_t unique;
+	} oh = {.len = sizeof(oh), .error = WIRE_NOTIFY_RESEND, .unique = 0};
+
+	if (write(fuse_session_fd(m->se), &oh, sizeof(oh)) < 0) {
+		/* an older kernel: those requests stay stuck (doc/MOUNT.md) */
+	}
+}
+
+/* Keeper thread: the connection first, then node id changes in batches,
+ * to the supervisor (keep.h). A failed send ends the stream: the ids not
+ * sent answer ESTALE after a crash, nothing else changes. */
+static int keep_send(int sock, const struct keep_msg *h, const void *data, size_t len, const int *fds, size_t nfd)
+{
+	char cbuf[CMSG_SPACE(KEEP_BATCH * sizeof(int))];
+	struct iovec iov[2] = {{.iov_base = (void *)h, .iov_len = sizeof(*h)},
+			       {.iov_base = (void *)data, .iov_len = len}};
+	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+	struct cmsghdr *c;
+
+	if (nfd) {
+		memset(cbuf, 0, sizeof(cbuf));
+		mh.msg_control = cbuf;
+		mh.msg_controllen = CMSG_SPACE(nfd * sizeof(int));
+		if (!(c = CMSG_FIRSTHDR(&mh)))
+			return -EINVAL;
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(nfd * sizeof(int));
+		memcpy(CMSG_DATA(c), fds, nfd * sizeof(int));
+	}
+	return sendmsg(sock, &mh, MSG_NOSIGNAL) < 0 ? neg_errno() : 0;
+}
+
+static void *keeper_main(void *arg)
+{
+	struct mount *m = arg;
+	struct keep_rec rec[KEEP_BATCH];
+	struct keep_item items[KEEP_BATCH];
+	struct keep_msg h = {.type = KEEP_CONN, .n = (uint32_t)m->init_len};
+	int fds[KEEP_BATCH], cfd = fuse_session_fd(m->se);
+	bool ok = m->init && keep_send(m->keeper_fd, &h, m->init, m->init_len, &cfd, 1) == 0;
+
+	pthread_mutex_lock(&m->keep_lock);
+	for (;;) {
+		size_t n, i, nfd = 0;
+
+		while (!m->kq_n && !m->keep_stop)
+			pthread_cond_wait(&m->keep_cond, &m->keep_lock);
+		if (m->keep_stop && !m->kq_n)
+			break;
+		n = m->kq_n < KEEP_BATCH ? m->kq_n : KEEP_BATCH;
+		memcpy(items, m->kq, n * sizeof(*items));
+		memmove(m->kq, m->kq + n, (m->kq_n - n) * sizeof(*m->kq));
+		m->kq_n -= n;
+		pthread_mutex_unlock(&m->keep_lock);
+		for (i = 0; i < n; i++) {
+			rec[i] = (struct keep_rec){.nodeid = items[i].nodeid, .op = items[i].op};
+			if (items[i].op == KEEP_ADD)
+				fds[nfd++] = items[i].fd;
+		}
+		h = (struct keep_msg){.type = KEEP_NODES, .n = (uint32_t)n};
+		if (ok && !m->keep_stop)
+			ok = keep_send(m->keeper_fd, &h, rec, n * sizeof(*rec), fds, nfd) == 0;
+		for (i = 0; i < nfd; i++)
+			close(fds[i]);
+		pthread_mutex_lock(&m->keep_lock);
+	}
+	pthread_mutex_unlock(&m->keep_lock);
+	return NULL;
+}
+
+static void keeper_stop(struct mount *m)
+{
+	if (!m->keeper_started)
+		return;
+	pthread_mutex_lock(&m->keep_lock);
+	m->keep_stop = true;
+	pthread_cond_signal(&m->keep_cond);
+	pthread_mutex_unlock(&m->keep_lock);
+	pthread_join(m->keeper, NULL);
+	m->keeper_started = false;
+}
+
+/* The earlier servers' node ids the supervisor kept become aliases of
+ * their descriptors (which the mount then owns). */
+static int take_kept(struct mount *m, const struct mount_kept *kept, size_t n)
+{
+	size_t i;
+
+	m->nabuckets = 1024;
+	while (m->nabuckets < n)
+		m->nabuckets *= 2;
+	if (!(m->abuckets = mem_calloc(m->nabuckets, sizeof(*m->abuckets))))
+		return -ENOMEM;
+	for (i = 0; i < n; i++) {
+		struct inode *in;
+		struct stat st;
+		size_t b;
+
+		if ((kept[i].nodeid >> NODE_EPOCH_SHIFT) == m->epoch || kept[i].nodeid == FUSE_ROOT_ID ||
+		    fstat(kept[i].fd, &st) < 0 || !(in = mem_calloc(1, sizeof(*in)))) {
+			close(kept[i].fd);
+			continue;
+		}
+		in->fd = kept[i].fd;
+		in->dev = st.st_dev;
+		in->ino = st.st_ino;
+		in->type = st.st_mode & S_IFMT;
+		in->alias = kept[i].nodeid;
+		atomic_init(&in->rfd, -1);
+		atomic_init(&in->wfd, -1);
+		b = alias_bucket(m, in->alias);
+		in->anext = m->abuckets[b];
+		m->abuckets[b] = in;
+		/* and by (dev, ino): a new lookup of the same file answers the
+		 * kernel's old id, so it keeps one inode (one page cache, one
+		 * set of attributes) per file, also for hard links */
+		table_insert(m, in);
+	}
+	return 0;
+}
+
+static struct mount *mount_alloc(struct journal *j, const struct mount_opts *opts)
 {
 	struct mount *m;
-	struct stat st;
-	char optstr[160];
-	const char *argv[4];
-	int argc = 0, r;
-	struct fuse_args args;
 
-	*out = NULL;
 	if (!(m = mem_calloc(1, sizeof(*m))))
-		return -ENOMEM;
+		return NULL;
 	m->root.fd = -1;
 	m->j = j;
 	m->am_root = geteuid() == 0;
 	m->max_threads = opts && opts->max_threads ? opts->max_threads : 8;
 	m->timeout = opts && opts->timeout > 0 ? opts->timeout : 3600.0;
+	m->keeper_fd = -1;
 	if (opts) {
 		m->on_exit = opts->on_exit;
 		m->ud = opts->ud;
+		m->epoch = opts->epoch;
+		if (opts->keep)
+			m->keeper_fd = opts->keeper_fd;
 	}
 	if (pthread_mutex_init(&m->lock, NULL) != 0) {
 		mem_free(m);
-		return -ENOMEM;
+		return NULL;
 	}
 	if (pthread_cond_init(&m->reap_cond, NULL) != 0) {
 		pthread_mutex_destroy(&m->lock);
 		mem_free(m);
-		return -ENOMEM;
+		return NULL;
 	}
+	pthread_mutex_init(&m->keep_lock, NULL); /* cannot fail on Linux */
+	pthread_cond_init(&m->keep_cond, NULL);
 	m->nbuckets = 1024;
 	if (!(m->buckets = mem_calloc(m->nbuckets, sizeof(*m->buckets)))) {
-		r = -ENOMEM;
-		goto fail;
+		mount_free(m);
+		return NULL;
 	}
-	if ((r = canon_path(dir, &m->path)) < 0 || (r = clear_stale_canon(m->path)) < 0)
-		goto fail;
-	m->pathlen = strlen(m->path);
 	m->fd_limit = raise_fd_limit();
 	m->reap_high = (size_t)m->fd_limit / 10 * 6;
 	m->reap_low = (size_t)m->fd_limit / 10 * 4;
-	/* the directory as it is before the mount covers it */
-	m->root.fd = open(m->path, O_PATH | O_DIRECTORY | O_CLOEXEC);
-	if (m->root.fd < 0 || fstat(m->root.fd, &st) < 0) {
-		r = neg_errno();
-		goto fail;
-	}
-	m->root.dev = st.st_dev;
-	m->root.ino = st.st_ino;
-	m->root.type = S_IFDIR;
-	if (access("/dev/fuse", R_OK | W_OK) < 0) {
-		r = errno == ENOENT ? -ENODEV : neg_errno();
-		goto fail;
-	}
+	return m;
+}
+
+static int new_session(struct mount *m, const struct mount_opts *opts)
+{
+	char optstr[160];
+	const char *argv[4];
+	int argc = 0;
+	struct fuse_args args;
+
 	snprintf(optstr, sizeof(optstr), "fsname=airlock,subtype=airlock,default_permissions%s",
 		 opts && opts->allow_other ? ",allow_other" : "");
 	argv[argc++] = "airlock";
@@ -1662,21 +2099,104 @@ int mount_start(const char *dir, struct journal *j, const struct mount_opts *opt
 	args = (struct fuse_args)FUSE_ARGS_INIT(argc, (char **)argv);
 	m->se = fuse_session_new(&args, &mount_ops, sizeof(mount_ops), m);
 	fuse_opt_free_args(&args); /* frees only what libfuse allocated into it */
-	if (!m->se) {
-		r = -EINVAL;
-		goto fail;
-	}
+	return m->se ? 0 : -EINVAL;
+}
+
+static int set_root(struct mount *m, int fd)
+{
+	struct stat st;
+
+	m->root.fd = fd;
+	if (fd < 0 || fstat(fd, &st) < 0)
+		return neg_errno();
+	m->root.dev = st.st_dev;
+	m->root.ino = st.st_ino;
+	m->root.type = S_IFDIR;
+	return 0;
+}
+
+/* Mount over m->path and take the kernel's INIT. */
+static int mount_fresh(struct mount *m, const struct mount_opts *opts)
+{
+	int r;
+
+	if ((r = clear_stale_canon(m->path)) < 0)
+		return r;
+	/* the directory as it is before the mount covers it */
+	if ((r = set_root(m, open(m->path, O_PATH | O_DIRECTORY | O_CLOEXEC))) < 0)
+		return r;
+	if (access("/dev/fuse", R_OK | W_OK) < 0)
+		return errno == ENOENT ? -ENODEV : neg_errno();
+	if ((r = new_session(m, opts)) < 0)
+		return r;
 	errno = 0;
-	if (fuse_session_mount(m->se, m->path) != 0) {
-		r = errno == EPERM || errno == EACCES || errno == 0 ? -EPERM : neg_errno();
-		goto fail;
-	}
-	if ((r = -pthread_create(&m->thread, NULL, session_main, m)) < 0) {
+	if (fuse_session_mount(m->se, m->path) != 0)
+		return errno == EPERM || errno == EACCES || errno == 0 ? -EPERM : neg_errno();
+	if ((r = take_init(m)) < 0)
 		fuse_session_unmount(m->se);
+	return r;
+}
+
+/* Serve the live mount of opts->adopt_fd whose server is gone. */
+static int mount_adopt(struct mount *m, const struct mount_opts *opts)
+{
+	char dev[32];
+	int fd, r;
+
+	if (opts->epoch == 0)
+		return -EINVAL; /* ids must differ from the first server's */
+	if ((r = set_root(m, openat(opts->backing_fd, ".", O_PATH | O_DIRECTORY | O_CLOEXEC))) < 0)
+		return r;
+	if ((r = new_session(m, opts)) < 0)
+		return r;
+	if ((fd = fcntl(opts->adopt_fd, F_DUPFD_CLOEXEC, 3)) < 0)
+		return neg_errno();
+	snprintf(dev, sizeof(dev), "/dev/fd/%d", fd); /* libfuse takes a live fd so */
+	if (fuse_session_mount(m->se, dev) != 0) {
+		close(fd);
+		return -EINVAL;
+	}
+	if ((r = replay_init(m, opts->adopt_init, opts->adopt_init_len)) < 0 ||
+	    (r = take_kept(m, opts->kept, opts->nkept)) < 0)
+		return r;
+	/* without kept ids every cached entry is stale: drop them */
+	m->adopted = opts->nkept == 0;
+	return 0;
+}
+
+int mount_start(const char *dir, struct journal *j, const struct mount_opts *opts, struct mount **out)
+{
+	struct mount *m;
+	struct stat st;
+	bool adopt = opts && opts->adopt_init;
+	int r;
+
+	*out = NULL;
+	if (!(m = mount_alloc(j, opts)))
+		return -ENOMEM;
+	/* resuming: dir is covered by a mount nobody serves yet, so nothing
+	 * may look it up by path before the session runs */
+	if (adopt && dir[0] == '/')
+		r = (m->path = mem_strdup(dir)) ? 0 : -ENOMEM;
+	else
+		r = adopt ? -EINVAL : canon_path(dir, &m->path);
+	if (r < 0)
+		goto fail;
+	m->pathlen = strlen(m->path);
+	if ((r = adopt ? mount_adopt(m, opts) : mount_fresh(m, opts)) < 0)
+		goto fail;
+	if ((r = -pthread_create(&m->thread, NULL, session_main, m)) < 0) {
+		if (!adopt)
+			fuse_session_unmount(m->se);
 		goto fail;
 	}
 	m->thread_started = true;
-	/* best effort: without it only huge trees suffer */
+	if (adopt)
+		resend_pending(m);
+	if (m->keeper_fd >= 0)
+		m->keeper_started = pthread_create(&m->keeper, NULL, keeper_main, m) == 0;
+	/* best effort: without it only huge trees suffer (and, resuming, the
+	 * kernel's old entries answer ESTALE until looked up again) */
 	m->reaper_started = pthread_create(&m->reaper, NULL, reaper_main, m) == 0;
 	/* the first request through the mount also proves it is served */
 	if (stat(m->path, &st) == 0)

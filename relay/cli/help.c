@@ -19,7 +19,7 @@
  * "  OPTION  what it does", or NULL. */
 static const struct cmd_help help_rows[] = {
     {"up",
-     "up DIR [--sandbox local|vm] [--policy FILE] [-d] [--allow-home] [--quiet]\n"
+     "up DIR [--sandbox local|vm] [--policy FILE] [-d] [--allow-home] [--allow-other] [--quiet]\n"
      "up DIR --guest ADDR --key FILE --guest-key PUBKEY [--psk-file FILE] [--policy FILE] [-d]",
      "mount DIR over itself, keep the sandbox's copy of it in sync, serve its relay socket",
      "  --sandbox local|vm     start the embedded sandbox (default local; doc/SANDBOX.md, doc/VM.md)\n"
@@ -30,6 +30,8 @@ static const struct cmd_help help_rows[] = {
      "  --policy FILE          the policy (default: DIR/airlock.json, else the built-in one)\n"
      "  -d, --daemon           run in the background once DIR is in sync (log: airlock logs DIR)\n"
      "  --allow-home           allow DIR to be $HOME (every dotfile the policy does not withhold is copied)\n"
+     "  --allow-other          other users (sudo, services) may use DIR too (needs user_allow_other in "
+     "/etc/fuse.conf unless root)\n"
      "  --quiet                no progress during the initial sync (a redrawn line on a terminal, else a line every 5 "
      "s)\n",
      false},

@@ -22,6 +22,7 @@
 #include "airlock/egress/egress_link.h"
 #include "airlock/host/route.h"
 #include "airlock/mount/journal.h"
+#include "airlock/mount/keep.h"
 #include "airlock/mount/mount.h"
 #include "airlock/policy/policy.h"
 #include "airlock/sandbox/sandbox.h"
@@ -66,7 +67,7 @@ static int daemonize(int *ready_fd)
 /* What the command line asks for besides the guest (u->conn.g). */
 struct up_args {
 	const char *dir, *policy_file, *sandbox;
-	bool daemon, allow_home;
+	bool daemon, allow_other, allow_home;
 };
 
 /* The command line into u->conn.g and a. 0, or the exit status. */
@@ -78,6 +79,7 @@ static int parse_args(struct up *u, struct up_args *a, int argc, char **argv)
 	    GUEST_OPTS_PSK_LONG,
 	    {"daemon", no_argument, NULL, 'd'},
 	    {"sandbox", required_argument, NULL, 's'},
+	    {"allow-other", no_argument, NULL, 'O'},
 	    {"allow-home", no_argument, NULL, 'H'},
 	    {"quiet", no_argument, NULL, 'q'},
 	    {NULL, 0, NULL, 0},
@@ -96,6 +98,8 @@ static int parse_args(struct up *u, struct up_args *a, int argc, char **argv)
 			a->daemon = true;
 		} else if (c == 's') {
 			a->sandbox = optarg;
+		} else if (c == 'O') {
+			a->allow_other = true;
 		} else if (c == 'H') {
 			a->allow_home = true;
 		} else if (c == 'q') {
@@ -211,6 +215,17 @@ static int take_state(struct up *u, const struct up_args *a)
 		cmd_err("up: -d: %s", strerror(-r));
 		return 1;
 	}
+	/* the real files, opened before the mount covers them (a restarted
+	 * daemon inherits this descriptor: DIR is covered then) */
+	if ((u->dirfd = open(u->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+		cmd_err("up: workspace %s: %s", u->dir, strerror(errno));
+		return 2;
+	}
+	/* before the supervisor forks: it and every daemon log to up.log */
+	if ((r = up_log_start(u->state_dir)) < 0)
+		cmd_err("up: warning: no log in %s/%s: %s", u->state_dir, UP_LOG_FILE, strerror(-r));
+	if (up_supervise(u) != 0) /* returns 0 in the daemon */
+		return 1;
 	if ((r = up_take_pid_file(u, &other)) < 0) {
 		if (r == -EBUSY)
 			cmd_err("up: airlock up is already running for %s (pid %d); stop it "
@@ -220,8 +235,6 @@ static int take_state(struct up *u, const struct up_args *a)
 			cmd_err("up: pid file in %s: %s", u->state_dir, strerror(-r));
 		return 1;
 	}
-	if ((r = up_log_start(u->state_dir)) < 0)
-		cmd_err("up: warning: no log in %s/%s: %s", u->state_dir, UP_LOG_FILE, strerror(-r));
 	return 0;
 }
 
@@ -260,14 +273,28 @@ static int start_egress(struct up *u)
 	return 0;
 }
 
-static int start_mount(struct up *u)
+/* The mount, or (a restarted daemon) the live mount the supervisor kept. */
+static int start_mount(struct up *u, const struct up_args *a)
 {
-	struct mount_opts mo = {.on_exit = up_on_mount_exit, .ud = u};
+	struct mount_opts mo = {.on_exit = up_on_mount_exit, .ud = u, .allow_other = a->allow_other};
 	int r;
 
+	mo.keep = u->super.sock >= 0;
+	mo.keeper_fd = u->super.sock;
+	if (u->super.epoch) {
+		mo.adopt_fd = mount_keep_conn(u->super.keep, &mo.adopt_init, &mo.adopt_init_len);
+		mo.backing_fd = u->dirfd;
+		mo.epoch = u->super.epoch;
+		mo.kept = mount_keep_list(u->super.keep, &mo.nkept);
+	}
 	if ((r = mount_start(u->dir, u->journal, &mo, &u->mount)) < 0) {
-		cmd_err("up: cannot mount over %s: %s%s", u->dir, strerror(-r),
-			r == -ENODEV || r == -EPERM ? " (needs /dev/fuse and permission to mount)" : "");
+		cmd_err("up: cannot %s %s: %s%s", u->super.epoch ? "resume the mount of" : "mount over", u->dir,
+			strerror(-r),
+			r == -ENODEV || r == -EPERM
+			    ? (a->allow_other && r == -EPERM ? " (--allow-other needs user_allow_other in "
+							       "/etc/fuse.conf when not root)"
+							     : " (needs /dev/fuse and permission to mount)")
+			    : "");
 		return -1;
 	}
 	return 0;
@@ -338,6 +365,9 @@ static void teardown(struct up *u)
 		mount_stop(u->mount);
 		u->mount = NULL;
 	}
+	if (u->super.sock >= 0) /* after mount_stop: its keeper thread sends on it */
+		close(u->super.sock);
+	u->super.sock = -1;
 	relay_free(u->exec.relay); /* releases running commands while the chan still exists */
 	u->exec.relay = NULL;
 	route_free(u->exec.route); /* after relay_free: kills local commands, wipes credentials */
@@ -384,16 +414,24 @@ static int setup(struct up *u, const struct up_args *a)
 		return st;
 	if (!u->sandbox.use && (st = guest_opts_load_keys(&u->conn.g)) != 0)
 		return st;
-	if ((st = take_state(u, a)) != 0 || (u->sandbox.use && (st = start_sandbox(u)) != 0))
+	if ((st = take_state(u, a)) != 0)
 		return st;
-	/* the real files, opened before the mount covers them */
-	if ((u->dirfd = open(u->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
-		cmd_err("up: workspace %s: %s", u->dir, strerror(errno));
-		return 2;
+	if (u->super.epoch) {
+		/* restarted after a crash: DIR waits for us, serve it first */
+		u->conn.announced = true; /* the "in sync" line was the first daemon's */
+		if (up_loop_init(u) < 0 || start_mount(u, a) < 0)
+			return 1;
+		if (u->sandbox.use && (st = start_sandbox(u)) != 0)
+			return st;
+		if (up_changes_init(u) < 0 || start_egress(u) < 0 || start_relay(u) < 0)
+			return 1;
+	} else {
+		if (u->sandbox.use && (st = start_sandbox(u)) != 0)
+			return st;
+		if (up_changes_init(u) < 0 || up_loop_init(u) < 0 || start_egress(u) < 0 || start_mount(u, a) < 0 ||
+		    start_relay(u) < 0)
+			return 1;
 	}
-	if (up_changes_init(u) < 0 || up_loop_init(u) < 0 || start_egress(u) < 0 || start_mount(u) < 0 ||
-	    start_relay(u) < 0)
-		return 1;
 	relay_set_changes(u->exec.relay, &up_changes_ops, u);
 	return 0;
 }
@@ -406,6 +444,7 @@ int cmd_up(int argc, char **argv)
 
 	memset(&u, 0, sizeof(u));
 	u.dirfd = u.sigfd = u.lockfd = u.ready_fd = -1;
+	u.super.sock = -1;
 	u.conn.backoff_ms = BACKOFF_MIN_MS;
 	guest_opts_init(&u.conn.g, "up", 0);
 	if ((status = parse_args(&u, &a, argc, argv)) != 0)

@@ -103,12 +103,12 @@ int up_changes_init(struct up *u)
 static void pull_free(struct upull *p);
 static int pull_start(struct up *u, struct upull *p);
 static void rejected_clear(struct up *u);
-static void save_confirmed(struct up *u, struct sync *engine);
+static void save_confirmed(struct up *u, struct sync *engine, bool exact);
 
 void up_changes_clear(struct up *u)
 {
 	if (u->chg.store && u->sync.engine)
-		save_confirmed(u, u->sync.engine); /* down: exact for the next up's reconcile */
+		save_confirmed(u, u->sync.engine, true); /* down: exact for the next up's reconcile */
 	while (u->chg.pulls) {
 		struct upull *p = u->chg.pulls;
 		u->chg.pulls = p->next;
@@ -514,7 +514,7 @@ void up_changes_conn_lost(struct up *u)
 {
 	/* what the guest confirmed last, exactly, for the next reconcile */
 	if (u->chg.store)
-		save_confirmed(u, u->sync.dead);
+		save_confirmed(u, u->sync.dead, true);
 	while (u->chg.pulls) {
 		struct upull *p = u->chg.pulls;
 		p->stream = 0;
@@ -901,7 +901,12 @@ static void save_manifest(struct up *u, const struct manifest *m, const char *na
 	buf_clear(&b);
 }
 
-static void save_confirmed(struct up *u, struct sync *engine)
+/* exact: saved when the session ended (down, a lost connection); a copy
+ * saved while pushes go on lags behind the guest as soon as the next one
+ * is confirmed, and after a crash of the daemon such a copy made host
+ * edits look like guest changes (faults_e2e): the next reconcile uses only
+ * an exact one. */
+static void save_confirmed(struct up *u, struct sync *engine, bool exact)
 {
 	const struct manifest *k = engine ? sync_known(engine) : NULL;
 
@@ -910,10 +915,12 @@ static void save_confirmed(struct up *u, struct sync *engine)
 	save_manifest(u, k, CONFIRMED_FILE);
 	save_manifest(u, sync_sending(engine), SENDING_FILE);
 	u->chg.base_saved_ms = loop_now_ms();
+	u->chg.exact_on_disk = exact;
 	/* whose and when: the guest's key and its sequence (CONFIRMED_FILE.meta) */
 	char meta[160], hex[65];
 	sodium_bin2hex(hex, sizeof(hex), u->conn.g.guest_pub, 32);
-	int n = snprintf(meta, sizeof(meta), "%s %llu\n", hex, (unsigned long long)sync_get_stats(engine)->guest_seq);
+	int n = snprintf(meta, sizeof(meta), "%s %llu %s\n", hex, (unsigned long long)sync_get_stats(engine)->guest_seq,
+			 exact ? "exact" : "lagging");
 	int fd = openat(u->chg.state_fd, CONFIRMED_FILE ".meta", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
 			0600);
 	if (fd >= 0) {
@@ -951,7 +958,7 @@ void up_changes_reconcile_begin(struct up *u)
 	manifest_free(u->chg.sending);
 	u->chg.base = u->chg.sending = NULL;
 	u->chg.base_seq = 0;
-	char meta[160] = "", hex[65];
+	char meta[160] = "", hex[65], how[16] = "";
 	unsigned long long seq = 0;
 	if ((fd = openat(u->chg.state_fd, CONFIRMED_FILE ".meta", O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) >= 0) {
 		ssize_t k = read(fd, meta, sizeof(meta) - 1);
@@ -959,7 +966,7 @@ void up_changes_reconcile_begin(struct up *u)
 		meta[k > 0 ? k : 0] = '\0';
 	}
 	size_t got = 0;
-	if (sscanf(meta, "%64s %llu", hex, &seq) != 2 ||
+	if (sscanf(meta, "%64s %llu %15s", hex, &seq, how) != 3 || strcmp(how, "exact") != 0 ||
 	    sodium_hex2bin(u->chg.base_guest, sizeof(u->chg.base_guest), hex, strlen(hex), NULL, &got, NULL) < 0 ||
 	    got != sizeof(u->chg.base_guest))
 		return;
@@ -972,8 +979,9 @@ void up_changes_synced(struct up *u, bool full)
 {
 	if (!u->chg.store || !u->sync.engine)
 		return;
-	if (full || loop_now_ms() - u->chg.base_saved_ms >= CONFIRMED_MS)
-		save_confirmed(u, u->sync.engine);
+	/* an exact copy stops being one with this confirmed push */
+	if (full || u->chg.exact_on_disk || loop_now_ms() - u->chg.base_saved_ms >= CONFIRMED_MS)
+		save_confirmed(u, u->sync.engine, false);
 	if (wb_store_prune(u->chg.store, sync_known(u->sync.engine)))
 		save_store(u);
 	if (!full || !u->chg.nrejects)

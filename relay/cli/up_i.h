@@ -36,23 +36,26 @@
 #include "airlock/sync/sync.h"
 #include "guestopt_i.h"
 
-#define UP_PID_FILE    "up.pid"	     /* pid, flock'ed by the daemon while it runs */
-#define UP_STATUS_FILE "status.json" /* written by the daemon, read by status/sync-wait */
-#define UP_LOG_FILE    "up.log"	     /* the daemon's stderr, timestamped (up_log.c) */
-#define UP_LOG_MAX     (1 << 20)     /* up.log is rotated to up.log.1 past this */
-#define STATUS_MIN_MS  100u	     /* status file rewritten at most this often */
-#define BACKOFF_MIN_MS 100u
-#define BACKOFF_MAX_MS 5000u
-#define CONNECT_MS     2000    /* one connect attempt (blocks the loop: see doc/UP.md) */
-#define LAT_WINDOW     1000u   /* pushes kept for the latency percentiles */
-#define PENDING_MAX    100000u /* more distinct dirty paths than this: full reconcile */
-#define DRAIN_BATCH    256u
-#define DOWN_WAIT_MS   10000u
-#define POLICY_NOTE    "policy is read once at start: edits to it apply after restart"
+#define UP_PID_FILE	"up.pid"      /* pid, flock'ed by the daemon while it runs */
+#define UP_SUPER_FILE	"super.pid"   /* pid, flock'ed by the supervisor while it runs */
+#define UP_STATUS_FILE	"status.json" /* written by the daemon, read by status/sync-wait */
+#define UP_LOG_FILE	"up.log"      /* the daemon's stderr, timestamped (up_log.c) */
+#define UP_LOG_MAX	(1 << 20)     /* up.log is rotated to up.log.1 past this */
+#define STATUS_MIN_MS	100u	      /* status file rewritten at most this often */
+#define BACKOFF_MIN_MS	100u
+#define BACKOFF_MAX_MS	5000u
+#define CONNECT_MS	2000	/* one connect attempt (blocks the loop: see doc/UP.md) */
+#define LAT_WINDOW	1000u	/* pushes kept for the latency percentiles */
+#define PENDING_MAX	100000u /* more distinct dirty paths than this: full reconcile */
+#define DRAIN_BATCH	256u
+#define DOWN_WAIT_MS	10000u
+#define RESTART_WAIT_MS 3000u /* status/sync-wait wait this long for a restarted daemon */
+#define POLICY_NOTE	"policy is read once at start: edits to it apply after restart"
 
 struct loop;
 struct journal;
 struct mount;
+struct mount_keep;
 struct chan;
 struct relay;
 struct relay_cmd;
@@ -143,6 +146,7 @@ struct up_progress {
 struct up_status {
 	uint64_t last_ms, timer;
 	bool dirty;
+	int save_err; /* the last status write's -errno (said once on stderr per change) */
 };
 
 /* The policy, read once at start, and where its file is to notice edits. */
@@ -189,6 +193,7 @@ struct up_changes {
 	struct manifest *base;
 	struct manifest *sending; /* what was being sent when the connection dropped (SENDING_FILE) */
 	uint64_t base_saved_ms;
+	bool exact_on_disk;	/* the saved confirmed state is marked exact: re-mark it at the next push */
 	uint64_t base_seq;	/* the guest's sequence when it was saved (0: unusable) */
 	char **rejected;	/* rejected paths (sorted) until their reconcile is done: the */
 	size_t nrejected;	/* three-way check must not take them as guest changes again */
@@ -209,6 +214,18 @@ struct up_sandbox {
 	char guest_name[PATH_MAX + 32]; /* what conn.guest shows for a sandbox */
 };
 
+/* The supervisor (up_super.c): in the supervisor, the mount it keeps; in
+ * a daemon it restarted, what it inherited and why it was restarted. */
+struct up_super {
+	int sock;		 /* daemon: the mount's node stream to the supervisor (keep.h) */
+	struct mount_keep *keep; /* what the supervisor holds: the connection, node ids */
+	unsigned short epoch;	 /* node id epoch; > 0: a restarted daemon */
+	unsigned restarts;
+	uint64_t crash_ms; /* CLOCK_REALTIME of the last crash, ms */
+	char last_crash[128];
+	pid_t daemon_pid;
+};
+
 struct up {
 	struct loop *loop;
 	struct journal *journal;
@@ -227,6 +244,7 @@ struct up {
 	struct up_exec exec;
 	struct up_changes chg;
 	struct up_sandbox sandbox;
+	struct up_super super;
 	struct up_progress progress;
 
 	_Atomic uint64_t first_notify_ns; /* set by FUSE threads, taken by the loop */
@@ -238,6 +256,16 @@ static inline void up_mark_dirty(struct up *u)
 {
 	u->status.dirty = true;
 }
+
+/* ---- up_super.c ---- */
+
+/* Fork the daemon and supervise it: returns 0 in the daemon, 1 when
+ * another up holds the supervisor lock (said why) (also in each
+ * restarted one, with u->super.epoch > 0); the supervisor never returns:
+ * it exits with the daemon's status once the daemon stops cleanly, and
+ * restarts it on the same mount when it dies after having handed the mount
+ * over (up_super_hand_mount). Call before any thread exists. */
+int up_supervise(struct up *u);
 
 /* ---- up_daemon.c ---- */
 
@@ -375,6 +403,16 @@ unsigned up_procs_below(const char *dir, void (*fn)(const char *pid, const char 
 
 /* pid of the daemon holding state_dir's pid file, 0 when none runs. */
 pid_t up_daemon_pid(const char *state_dir);
+/* The daemon's pid; while none runs but its supervisor does (a restart
+ * after a crash), waiting up to ms for the new one. 0 when none. */
+pid_t up_wait_daemon(const char *state_dir, unsigned ms);
+/* The last status pid wrote says it was connected to the guest (so its
+ * death was no crash loop at start). */
+bool up_status_was_live(const char *state_dir, pid_t pid);
+/* The supervisor's pid while it runs (super.pid locked), else 0. */
+pid_t up_super_pid(const char *state_dir);
+/* The supervisor's lock: its fd, or -errno (-EBUSY: *other holds it). */
+int up_take_super_file(const char *state_dir, pid_t *other);
 /* Take the pid file for this process. 0, or -EBUSY (*other = its pid). */
 int up_take_pid_file(struct up *u, pid_t *other);
 /* The status and pid files go (while still holding the lock). */

@@ -103,6 +103,8 @@ int up_log_start(const char *state_dir)
 {
 	static const cookie_io_functions_t io = {.write = log_write};
 
+	if (lg.f) /* a daemon the supervisor restarted: inherited */
+		return 0;
 	snprintf(lg.path, sizeof(lg.path), "%s/%s", state_dir, UP_LOG_FILE);
 	snprintf(lg.old, sizeof(lg.old), "%s/%s.1", state_dir, UP_LOG_FILE);
 	log_open();

@@ -19,13 +19,14 @@
 #include "cmd_i.h"
 #include "up_i.h"
 
-pid_t up_daemon_pid(const char *state_dir)
+/* The pid in state_dir/name while its writer holds the file's lock, else 0. */
+static pid_t locked_pid(const char *state_dir, const char *name)
 {
 	char path[PATH_MAX + 32], text[32] = {0};
 	pid_t pid = 0;
 	int fd;
 
-	snprintf(path, sizeof(path), "%s/%s", state_dir, UP_PID_FILE);
+	snprintf(path, sizeof(path), "%s/%s", state_dir, name);
 	if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)) < 0)
 		return 0;
 	if (flock(fd, LOCK_SH | LOCK_NB) < 0 && errno == EWOULDBLOCK) {
@@ -39,30 +40,68 @@ pid_t up_daemon_pid(const char *state_dir)
 	return pid;
 }
 
-int up_take_pid_file(struct up *u, pid_t *other)
+pid_t up_daemon_pid(const char *state_dir)
+{
+	return locked_pid(state_dir, UP_PID_FILE);
+}
+
+pid_t up_super_pid(const char *state_dir)
+{
+	return locked_pid(state_dir, UP_SUPER_FILE);
+}
+
+pid_t up_wait_daemon(const char *state_dir, unsigned ms)
+{
+	uint64_t t0 = loop_now_ms();
+	pid_t pid;
+
+	while (!(pid = up_daemon_pid(state_dir)) && up_super_pid(state_dir) && loop_now_ms() - t0 < ms)
+		usleep(5000);
+	return pid;
+}
+
+/* Create state_dir/name, lock it and write our pid: the lock fd, or -errno
+ * (-EBUSY with *other the holder's pid when another process holds it). */
+static int take_locked(const char *state_dir, const char *name, pid_t *other)
 {
 	char path[PATH_MAX + 32];
 	int fd;
 
-	snprintf(path, sizeof(path), "%s/%s", u->state_dir, UP_PID_FILE);
+	snprintf(path, sizeof(path), "%s/%s", state_dir, name);
 	if ((fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)) < 0)
 		return -errno;
 	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
 		int e = errno;
 		close(fd);
 		if (e == EWOULDBLOCK) {
-			*other = up_daemon_pid(u->state_dir);
+			*other = locked_pid(state_dir, name);
 			return -EBUSY;
 		}
 		return -e;
 	}
+	/* checked: a full or read-only state directory is an error, not a
+	 * pid file nobody can read */
 	if (ftruncate(fd, 0) < 0 || dprintf(fd, "%d\n", (int)getpid()) < 0) {
 		int e = errno;
 		close(fd);
 		return -e;
 	}
+	return fd;
+}
+
+int up_take_pid_file(struct up *u, pid_t *other)
+{
+	int fd = take_locked(u->state_dir, UP_PID_FILE, other);
+
+	if (fd < 0)
+		return fd;
 	u->lockfd = fd;
 	return 0;
+}
+
+int up_take_super_file(const char *state_dir, pid_t *other)
+{
+	return take_locked(state_dir, UP_SUPER_FILE, other);
 }
 
 void up_remove_state_files(struct up *u)
@@ -123,7 +162,11 @@ static int down_stop(char **argv)
 
 	if (up_state_dir_of(argv[1], sdir, sizeof(sdir)) < 0)
 		return 1;
-	if (!(pid = up_daemon_pid(sdir))) {
+	/* the supervisor first: it forwards the signal to the daemon and
+	 * does not restart it, also when a crash left none running */
+	if (!(pid = up_super_pid(sdir)))
+		pid = up_daemon_pid(sdir);
+	if (!pid) {
 		r = mount_clear_stale(argv[1]);
 		if (r == -EBUSY) {
 			cmd_err("down: %s is served by an airlock process this state directory "
@@ -143,7 +186,7 @@ static int down_stop(char **argv)
 		return 1;
 	}
 	for (uint64_t t0 = loop_now_ms(); loop_now_ms() - t0 < DOWN_WAIT_MS;) {
-		if (!up_daemon_pid(sdir) && mount_is_airlock(argv[1]) != 1)
+		if (!up_daemon_pid(sdir) && !up_super_pid(sdir) && mount_is_airlock(argv[1]) != 1)
 			return 0;
 		usleep(10000);
 	}

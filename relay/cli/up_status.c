@@ -136,6 +136,10 @@ static json_t *status_json(struct up *u)
 	    (json_int_t)((uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec), "socket", u->exec.sock);
 	if (o)
 		json_object_set_new(o, "policy_ignored", ignored_json(u->pol.policy));
+	if (o)
+		json_object_update_new(o, json_pack("{s:I, s:s, s:I}", "restarts", (json_int_t)u->super.restarts,
+						    "last_crash", u->super.last_crash, "crash_ms",
+						    (json_int_t)u->super.crash_ms));
 	if (o && u->sandbox.use)
 		json_object_update_new(o, sandbox_json(&u->sandbox));
 	if (o && u->exec.egress)
@@ -144,24 +148,36 @@ static json_t *status_json(struct up *u)
 }
 
 /* Replace the status file with o: a temp file renamed over it. No fsync:
- * the file describes a live process and means nothing after a crash. */
-static void status_save(const char *state_dir, json_t *o)
+ * the file describes a live process and means nothing after a crash.
+ * 0 or -errno (a full or read-only state directory). */
+static int status_save(const char *state_dir, json_t *o)
 {
 	char path[PATH_MAX + 32], tmp[PATH_MAX + 48];
 	FILE *f;
-	int fd;
+	int fd, e;
 
 	snprintf(path, sizeof(path), "%s/%s", state_dir, UP_STATUS_FILE);
 	snprintf(tmp, sizeof(tmp), "%s/.%s.tmp", state_dir, UP_STATUS_FILE);
 	if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0)
-		return;
+		return -errno;
 	if (!(f = fdopen(fd, "w"))) {
+		e = errno;
 		close(fd);
-		return;
+		unlink(tmp);
+		return -e;
 	}
+	errno = 0;
 	int bad = json_dumpf(o, f, JSON_COMPACT) < 0 || fputc('\n', f) == EOF;
-	if (fclose(f) == 0 && !bad)
-		rename(tmp, path);
+	e = errno;
+	if (fclose(f) != 0 && !bad) {
+		bad = 1;
+		e = errno;
+	}
+	if (!bad && rename(tmp, path) == 0)
+		return 0;
+	e = bad ? (e ? e : EIO) : errno;
+	unlink(tmp);
+	return -e;
 }
 
 void up_status_write(struct up *u)
@@ -176,8 +192,15 @@ void up_status_write(struct up *u)
 	}
 	if (!(o = status_json(u)))
 		return;
-	status_save(u->state_dir, o);
+	int r = status_save(u->state_dir, o);
 	json_decref(o);
+	if (r < 0 && r != u->status.save_err)
+		cmd_err("up: cannot write %s/%s: %s; airlock status and sync-wait see stale state until "
+			"the state directory is writable again",
+			u->state_dir, UP_STATUS_FILE, strerror(-r));
+	else if (r == 0 && u->status.save_err)
+		cmd_err("up: %s/%s is written again", u->state_dir, UP_STATUS_FILE);
+	u->status.save_err = r;
 }
 
 void up_status_flush(struct up *u, bool settled)
@@ -204,6 +227,16 @@ static int read_status(const char *sdir, json_t **out)
 	snprintf(path, sizeof(path), "%s/%s", sdir, UP_STATUS_FILE);
 	*out = json_load_file(path, 0, NULL);
 	return *out ? 0 : -ENOENT;
+}
+
+bool up_status_was_live(const char *state_dir, pid_t pid)
+{
+	json_t *st = NULL;
+	bool live = read_status(state_dir, &st) == 0 && json_integer_value(json_object_get(st, "pid")) == pid &&
+		    json_is_true(json_object_get(st, "connected"));
+
+	json_decref(st);
+	return live;
 }
 
 static int parse_dir_opts(const char *cmd, int argc, char **argv, const char **dir, bool *json, double *timeout)
@@ -258,6 +291,21 @@ static uint64_t real_now_ns(void)
 /* The daemon's status as of now: ask for a fresh one (SIGUSR1) and wait
  * up to wait_ms for a status written after the request; else the last one
  * written (its updated_ns says how old it is). 0, or -1 without any. */
+/* Can a file be written in the state directory? 0, or -errno (ENOSPC,
+ * EROFS, EACCES...): why the daemon's status is not fresh. */
+static int probe_state_dir(const char *sdir)
+{
+	char block[4096] = {0};
+	int fd = open(sdir, O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600), e = 0;
+
+	if (fd < 0)
+		return errno == EOPNOTSUPP || errno == EISDIR ? 0 : -errno;
+	if (write(fd, block, sizeof(block)) != (ssize_t)sizeof(block) || fsync(fd) < 0)
+		e = errno ? errno : ENOSPC;
+	close(fd);
+	return -e;
+}
+
 static int fresh_status(const char *sdir, pid_t pid, unsigned wait_ms, json_t **out)
 {
 	uint64_t t0 = real_now_ns(), start = loop_now_ms();
@@ -275,7 +323,9 @@ static int fresh_status(const char *sdir, pid_t pid, unsigned wait_ms, json_t **
 			usleep(2000);
 		}
 	}
-	return read_status(sdir, out) == 0 ? 0 : -1;
+	if (read_status(sdir, out) < 0)
+		return -1;
+	return 1; /* not fresh */
 }
 
 /* `airlock status` for people: one line per concern. */
@@ -328,6 +378,15 @@ static void print_status(json_t *st, pid_t pid)
 		       json_integer_value(json_object_get(eg, "denials")));
 	if (lerr && *lerr)
 		printf("last error  %s\n", lerr);
+	const char *crash = json_string_value(json_object_get(st, "last_crash"));
+	if (crash && *crash) {
+		time_t at = (time_t)(json_integer_value(json_object_get(st, "crash_ms")) / 1000);
+		char when[64];
+		strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", localtime(&at));
+		printf("restarts    %" JSON_INTEGER_FORMAT " (last: the daemon %s at %s; restarted on the same mount, "
+		       "the guest reconciled)\n",
+		       json_integer_value(json_object_get(st, "restarts")), crash, when);
+	}
 }
 
 /* status's failure: a line on stderr, and with --json a document saying
@@ -356,9 +415,18 @@ int cmd_status(int argc, char **argv)
 		return status_fail(json, dir, strerror(-r));
 	if (up_state_dir_of(real, sdir, sizeof(sdir)) < 0)
 		return status_fail(json, real, "no state directory (set XDG_STATE_HOME or HOME)");
-	pid = up_daemon_pid(sdir);
-	if (pid)
-		fresh_status(sdir, pid, 1000, &st);
+	pid = up_wait_daemon(sdir, RESTART_WAIT_MS);
+	int stale = pid ? fresh_status(sdir, pid, 1000, &st) : -1, perr;
+	if (pid && stale != 0 && (perr = probe_state_dir(sdir)) < 0) {
+		/* the daemon runs but cannot write its status: that is the news */
+		char msg[2 * PATH_MAX + 256];
+		snprintf(msg, sizeof(msg),
+			 "airlock up (pid %d) runs for %.*s but cannot write its state directory %.*s: %s; what it "
+			 "last wrote is stale (free space there, or make it writable)",
+			 (int)pid, PATH_MAX - 1, real, PATH_MAX - 1, sdir, strerror(-perr));
+		json_decref(st);
+		return status_fail(json, real, msg);
+	}
 	if (!pid || !st || json_integer_value(json_object_get(st, "pid")) != pid) {
 		json_decref(st);
 		snprintf(sdir, sizeof(sdir),
@@ -400,7 +468,7 @@ int cmd_sync_wait(int argc, char **argv)
 	dir = real;
 	if (up_state_dir_of(dir, sdir, sizeof(sdir)) < 0)
 		return 1;
-	if (!(pid = up_daemon_pid(sdir))) {
+	if (!(pid = up_wait_daemon(sdir, RESTART_WAIT_MS))) {
 		cmd_err("sync-wait: no airlock up runs for %s or a directory above it (start one: airlock up DIR -d)",
 			dir);
 		return 1;
@@ -415,12 +483,28 @@ int cmd_sync_wait(int argc, char **argv)
 			cmd_err("sync-wait: %s not in sync after %.1f s (airlock status -C %s)", dir, timeout, dir);
 			return 1;
 		}
+		if (!have_barrier && t - t0_ms > 1000 && (t - t0_ms) % 1000 < 5) {
+			int perr = probe_state_dir(sdir);
+			if (perr < 0) {
+				cmd_err("sync-wait: airlock up (pid %d) cannot write its state directory %s: %s; "
+					"it cannot report progress (free space there, or make it writable)",
+					(int)pid, sdir, strerror(-perr));
+				return 1;
+			}
+		}
 		/* the barrier must come from a status written after we started,
 		 * so it covers every change made before: ask for one */
 		if (!have_barrier && t - last_kick >= 200) {
 			if (kill(pid, SIGUSR1) < 0) {
-				cmd_err("sync-wait: airlock up (pid %d) is gone", (int)pid);
-				return 1;
+				/* restarted after a crash? then wait for the new one
+				 * (its first reconcile covers every change before) */
+				pid_t again = up_wait_daemon(sdir, RESTART_WAIT_MS);
+				if (!again || again == pid) {
+					cmd_err("sync-wait: airlock up (pid %d) is gone", (int)pid);
+					return 1;
+				}
+				pid = again;
+				continue;
 			}
 			last_kick = t;
 		}
@@ -436,9 +520,17 @@ int cmd_sync_wait(int argc, char **argv)
 			if (have_barrier && applied >= barrier && pending == 0)
 				return 0;
 		}
-		if (t - t0_ms > 0 && (t - t0_ms) % 1000 < 5 && !up_daemon_pid(sdir)) {
-			cmd_err("sync-wait: airlock up for %s stopped", dir);
-			return 1;
+		if (t - t0_ms > 0 && (t - t0_ms) % 1000 < 5 && up_daemon_pid(sdir) != pid) {
+			pid_t again = up_wait_daemon(sdir, RESTART_WAIT_MS);
+			if (!again) {
+				cmd_err("sync-wait: airlock up for %s stopped", dir);
+				return 1;
+			}
+			if (again != pid) {
+				pid = again;
+				have_barrier = false;
+				last_kick = 0;
+			}
 		}
 		usleep(5000);
 	}

@@ -15,9 +15,11 @@
  */
 
 #include <stdbool.h>
+#include <stddef.h>
 
 struct journal;
 struct mount;
+struct mount_kept;
 
 struct mount_opts {
 	unsigned max_threads; /* FUSE workers; 0 = 8 */
@@ -31,6 +33,27 @@ struct mount_opts {
 	 * called for mount_stop(). May be NULL. */
 	void (*on_exit)(void *ud);
 	void *ud;
+	/* keep: stream the connection and every node id with a duplicate of
+	 * its descriptor to a supervisor on keeper_fd (a SOCK_SEQPACKET socket,
+	 * keep.h; the caller keeps it open while the mount runs). */
+	bool keep;
+	int keeper_fd;
+	/* Resume a live mount whose server died (doc/MOUNT.md "Surviving a
+	 * crash"), from what the supervisor kept (keep.h): with adopt_init
+	 * set, dir must be the canonical absolute path the mount covers,
+	 * adopt_fd its /dev/fuse descriptor (duplicated: the caller keeps its
+	 * own), adopt_init/adopt_init_len the kernel's FUSE_INIT request,
+	 * backing_fd a directory descriptor of dir opened before it was
+	 * mounted, epoch a number (1..65535) no earlier server of this mount
+	 * used, and kept/nkept the earlier servers' node ids still known, each
+	 * with a descriptor the mount takes over (closes). Those ids are
+	 * served; an earlier id not in kept is answered ESTALE. */
+	int adopt_fd, backing_fd;
+	const void *adopt_init;
+	size_t adopt_init_len;
+	unsigned short epoch;
+	const struct mount_kept *kept;
+	size_t nkept;
 };
 
 /* Mount the passthrough filesystem over dir, journaling into j (which must
@@ -56,6 +79,11 @@ const char *mount_path(const struct mount *m);
  * not root); returns 0 when dir is (now) not an airlock mount, -EBUSY when a
  * live airlock process serves it, or -errno. */
 int mount_clear_stale(const char *dir);
+
+/* Detach the mount on dir lazily (umount2 MNT_DETACH, or fusermount3 -uz
+ * when not root), whatever serves it: for a supervisor giving up. dir must
+ * be canonical (it is not looked up: the mount may hang). 0 or -errno. */
+int mount_detach(const char *dir);
 
 /* 1 when dir is the root of an airlock FUSE mount, 0 when not, -errno. */
 int mount_is_airlock(const char *dir);
