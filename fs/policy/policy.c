@@ -857,35 +857,50 @@ static int p_egress(struct loader *L, json_t *v)
 	return parse_fields(L, v, FIELDS(egress_fields));
 }
 
-/* sandbox.limits: a count, or a size in bytes as an integer or a string
- * with a binary suffix ("512M", "4G"), at least min and at most max. */
-static int get_limit(struct loader *L, json_t *v, bool size, uint64_t min, uint64_t max, uint64_t *out)
+/* A sandbox.limits value in units: a non-negative integer, or (size) a
+ * string of digits with an optional binary suffix ("512M", "4G"). 0,
+ * -EINVAL when it is neither, -ERANGE when it overflows. */
+static int limit_value(const json_t *v, bool size, uint64_t *out)
 {
+	const char *t = json_string_value(v), *k;
 	uint64_t x, mul = 1;
-	char q[96];
+	char *end;
 
 	if (json_is_integer(v) && json_integer_value(v) >= 0) {
-		x = (uint64_t)json_integer_value(v);
-	} else if (size && json_is_string(v)) {
-		const char *t = json_string_value(v);
-		char *end;
-		errno = 0;
-		x = strtoull(t, &end, 10);
-		if (end != t && end[0] && !end[1] && strchr("KMGT", end[0]))
-			mul = 1ull << (10 * (strchr("KMGT", end[0]) - "KMGT" + 1));
-		else if (end == t || *end || errno)
-			return fail(L, -EINVAL,
-				    "expected a size like \"512M\" or \"4G\" (K, M, G, T: powers of 1024), got %s",
-				    quote(t, q, sizeof(q)));
-		if (x > UINT64_MAX / mul)
-			return fail(L, -EINVAL, "size %s is too large", quote(t, q, sizeof(q)));
-		x *= mul;
-	} else {
+		*out = (uint64_t)json_integer_value(v);
+		return 0;
+	}
+	if (!size || !t)
+		return -EINVAL;
+	errno = 0;
+	x = strtoull(t, &end, 10);
+	if (end != t && end[0] && !end[1] && (k = strchr("KMGT", end[0])))
+		mul = 1ull << (10 * (k - "KMGT" + 1));
+	else if (end == t || *end || errno)
+		return -EINVAL;
+	if (x > UINT64_MAX / mul)
+		return -ERANGE;
+	*out = x * mul;
+	return 0;
+}
+
+/* sandbox.limits: limit_value, at least min and at most max. */
+static int get_limit(struct loader *L, json_t *v, bool size, uint64_t min, uint64_t max, uint64_t *out)
+{
+	uint64_t x;
+	char q[96];
+	int r = limit_value(v, size, &x);
+
+	if (r == -ERANGE)
+		return fail(L, -EINVAL, "size %s is too large", quote(json_string_value(v), q, sizeof(q)));
+	if (r < 0 && json_is_string(v) && size)
+		return fail(L, -EINVAL, "expected a size like \"512M\" or \"4G\" (K, M, G, T: powers of 1024), got %s",
+			    quote(json_string_value(v), q, sizeof(q)));
+	if (r < 0)
 		return fail(L, -EINVAL,
 			    size ? "expected a size (bytes, or a string like \"4G\"), got %s"
 				 : "expected a positive integer, got %s",
 			    type_name(v));
-	}
 	if (x < min || x > max)
 		return fail(L, -EINVAL, "must be between %llu and %llu%s", (unsigned long long)min,
 			    (unsigned long long)max, size ? " bytes" : "");
@@ -992,18 +1007,12 @@ uint64_t policy_memory_default(void)
 	return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 2 : 2ull << 30;
 }
 
-/* A validated sandbox.limits value (a count, bytes, or "4G") in units. */
+/* A validated sandbox.limits value in units (limit_value). */
 static uint64_t limit_units(const json_t *v)
 {
-	const char *t = json_string_value(v), *k;
-	char *end;
-	uint64_t x;
+	uint64_t x = 0;
 
-	if (!t)
-		return (uint64_t)json_integer_value(v);
-	x = strtoull(t, &end, 10);
-	if (*end && (k = strchr("KMGT", *end)))
-		x <<= 10 * (k - "KMGT" + 1);
+	(void)limit_value(v, true, &x);
 	return x;
 }
 
