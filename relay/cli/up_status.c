@@ -142,6 +142,8 @@ static json_t *status_json(struct up *u)
 						    (json_int_t)u->super.crash_ms));
 	if (o && u->sandbox.use)
 		json_object_update_new(o, sandbox_json(&u->sandbox));
+	if (o && u->sandbox.use)
+		json_object_set_new(o, "forks", up_fork_status(u));
 	if (o && u->exec.egress)
 		json_object_set_new(o, "egress", egress_json(u->exec.egress));
 	return o;

@@ -55,6 +55,8 @@ struct sandbox_uid_range {
  * none of the ranges nor nobody); the range {65534, 1} when only nobody is
  * mapped. */
 const struct sandbox_uid_range *sandbox_uid_range(void);
+/* <dir>/uid: the sandbox's own host uid, kept there as root. 0 or -errno. */
+int sandbox_uid_file_read(const char *dir, uint32_t *out);
 
 /* ---- limits of the local sandbox (sandbox_limits.c; doc/SANDBOX.md, "Limits") ---- */
 
@@ -91,6 +93,24 @@ void sandbox_limits_rlimits(const struct sandbox_limits *lim, bool own_uid, stru
 void sandbox_limits_describe(const struct sandbox_limits *lim, char *out, size_t n);
 /* Kill what is left in the cgroup and remove it. */
 void sandbox_limits_release(struct sandbox_limits *lim);
+
+/* ---- the layer stack under a local sandbox (sandbox_fork.c) ---- */
+
+#include "airlock/sandbox/sandbox_fork.h"
+
+/* What the sandbox mounts for one part ("workspace", "home") of its
+ * state: the directory itself (overlay false: upper, read-write), or an
+ * overlay of upper (with work) over lower[0..nlower) (top first). */
+struct sandbox_stack {
+	bool overlay;
+	unsigned nlower;
+	char lower[SANDBOX_FORK_LAYERS_MAX + 1][PATH_MAX];
+	char upper[PATH_MAX], work[PATH_MAX];
+};
+/* part's stack of the sandbox in dir (the parent's state directory), or
+ * of its fork named fork (NULL: the parent). -ENOENT when the fork or a
+ * layer it needs is missing. */
+int sandbox_stack_of(const char *dir, const char *fork, const char *part, struct sandbox_stack *st);
 
 /* Backends: fill sb->addr, sb->describe, sb->pid, sb->impl; the common
  * code has created sb->dir, the keys and sb->agent_path, and measures
