@@ -249,10 +249,12 @@ static int wait_exit(pid_t pid)
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+static bool tags_to_stderr; /* --json: stdout is the JSON object's */
+
 /* Print what is complete in v's buffer for stream s, tagged. */
 static void tag_flush(struct variant *v, int s, bool all)
 {
-	FILE *to = s ? stderr : stdout;
+	FILE *to = s || tags_to_stderr ? stderr : stdout;
 	size_t start = 0;
 
 	for (size_t i = 0; i < v->nline[s]; i++)
@@ -571,6 +573,7 @@ int cmd_try(int argc, char **argv)
 		if (patch_check(a.patches[i]) < 0)
 			return 2;
 	variants_init(vs, &a);
+	tags_to_stderr = a.json;
 	if (a.pick && winner_of(vs, a.npatches, a.pick) < 0) {
 		cmd_err("try: --pick %s: no such variant (A..%c)", a.pick, 'A' + a.npatches - 1);
 		return 2;

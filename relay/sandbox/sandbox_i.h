@@ -81,10 +81,12 @@ struct sandbox_rlimits {
 
 /* in (NULL: none) with the defaults filled in; no cgroup yet. */
 void sandbox_limits_resolve(const struct policy_sandbox_limits *in, struct sandbox_limits *out);
-/* A cgroup with lim's pids and memory limits where one can be had: under
+/* A cgroup with lim's pids and memory limits where one can be had
+ * (airlock-sandbox.<pid>, or airlock-sandbox.<pid>.<fork> for a fork: each
+ * sandbox's own, as releasing it kills what is below): under
  * our own cgroup, else (root) at the top of the hierarchy; sets
  * lim->sys/cg and what they enforce. Nothing when none can be had. */
-void sandbox_limits_cgroup(struct sandbox_limits *lim);
+void sandbox_limits_cgroup(struct sandbox_limits *lim, const char *fork);
 /* Move pid into the cgroup (before it forks anything). 0 or -errno. */
 int sandbox_limits_attach(const struct sandbox_limits *lim, pid_t pid);
 /* own_uid: the sandbox has a host uid of its own (root). */

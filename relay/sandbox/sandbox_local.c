@@ -1199,7 +1199,7 @@ int sandbox_local_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char 
 	/* the limits first: the child's rlimits depend on what the cgroup
 	 * enforces, and the child gets a copy of our memory at clone */
 	sandbox_limits_resolve(cfg->limits, &s.l->lim);
-	sandbox_limits_cgroup(&s.l->lim);
+	sandbox_limits_cgroup(&s.l->lim, cfg->fork);
 	sandbox_limits_rlimits(&s.l->lim, sb->host_uid != 0, &s.c->rl);
 	if ((r = mount_table_build(&s.c->mnt, sb, cfg, &s.l->lim, err, errlen)) < 0 ||
 	    (r = agent_key_prepare(&s.c->key, sb, err, errlen)) < 0)
