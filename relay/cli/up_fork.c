@@ -358,13 +358,17 @@ static int op_fork(struct up *u, const struct relay_fork_req *q, json_t *out, ch
 			   up_exec_parent_busy(u) ? "commands are running" : "the workspace is still syncing");
 		return -EAGAIN;
 	}
+	double t_stop = loop_now_ns() / 1e6, t_freeze;
 	if (u->sandbox.sb) { /* a connection comes back by itself (on_close), else connect below */
 		restart = !u->conn.chan;
 		u->sandbox.refork = !restart;
 		sandbox_stop(u->sandbox.sb);
 		u->sandbox.sb = NULL;
 	}
+	t_stop = loop_now_ns() / 1e6 - t_stop;
+	t_freeze = loop_now_ns() / 1e6;
 	r = sandbox_fork_freeze(u->sandbox.dir, &depth, err, errlen);
+	t_freeze = loop_now_ns() / 1e6 - t_freeze;
 	if (restart)
 		up_connect(u);
 	if (r < 0)
@@ -393,6 +397,8 @@ static int op_fork(struct up *u, const struct relay_fork_req *q, json_t *out, ch
 	json_object_set_new(out, "forks", arr);
 	json_object_set_new(out, "layers", json_integer(depth));
 	json_object_set_new(out, "ms", json_real(loop_now_ns() / 1e6 - t0));
+	json_object_set_new(out, "parent_stop_ms", json_real(t_stop));
+	json_object_set_new(out, "freeze_ms", json_real(t_freeze));
 	json_object_set_new(out, "ttl_seconds", json_integer(ttl));
 	up_mark_dirty(u);
 	return 0;

@@ -506,7 +506,7 @@ static int fork_uid(struct sandbox *sb, char *err, size_t errlen)
  * overlays' uppers, made with it. */
 static int state_subdirs_make(struct sandbox *sb, bool fork, char *err, size_t errlen)
 {
-	static const char *const subdirs[] = {"agent", "run", "workspace", "home"};
+	static const char *const subdirs[] = {"agent", "run", "workspace", "home"}; /* a fork: agent only */
 	char path[PATH_MAX + 64];
 	int r;
 
@@ -515,7 +515,7 @@ static int state_subdirs_make(struct sandbox *sb, bool fork, char *err, size_t e
 		errmsg_set(err, errlen, "cannot create %s: %s", path, strerror(-r));
 		return r;
 	}
-	for (size_t i = 0; i < (fork ? 2 : sizeof(subdirs) / sizeof(subdirs[0])); i++) {
+	for (size_t i = 0; i < (fork ? 1 : sizeof(subdirs) / sizeof(subdirs[0])); i++) {
 		struct stat st;
 		snprintf(path, sizeof(path), "%s/%s", sb->dir, subdirs[i]);
 		if (lstat(path, &st) < 0) {
@@ -611,6 +611,16 @@ int sandbox_start(const struct sandbox_cfg *cfg, struct sandbox **out, char *err
 	    (r = state_subdirs_make(sb, cfg->fork != NULL, err, errlen)) < 0 ||
 	    (r = state_keys_load(sb, err, errlen)) < 0 || (r = agent_find(sb, cfg, err, errlen)) < 0)
 		goto fail;
+	if (cfg->fork) {
+		char parent[PATH_MAX];
+		if ((r = sandbox_dir_of(cfg->workspace, parent, sizeof(parent))) < 0 ||
+		    (r = sandbox_fork_run_dir(parent, cfg->fork, sb->run_dir, sizeof(sb->run_dir))) < 0) {
+			errmsg_set(err, errlen, "the run directory of fork '%s': %s", cfg->fork, strerror(-r));
+			goto fail;
+		}
+	} else {
+		snprintf(sb->run_dir, sizeof(sb->run_dir), "%.*s/run", (int)(sizeof(sb->run_dir) - 5), sb->dir);
+	}
 	if ((r = be ? be->start(sb, cfg, err, errlen) : -EINVAL) < 0)
 		goto fail;
 	sb->start_ms = now_ms() - t0;

@@ -47,6 +47,26 @@ static void pathf(char *out, size_t n, const char *fmt, ...)
 	va_end(ap);
 }
 
+static int read_uint(const char *path, unsigned max, unsigned *out)
+{
+	char text[32], *end;
+	FILE *f = fopen(path, "re");
+	unsigned long v;
+
+	if (!f)
+		return -errno;
+	if (!fgets(text, sizeof(text), f)) {
+		fclose(f);
+		return -EINVAL;
+	}
+	fclose(f);
+	v = strtoul(text, &end, 10);
+	if (end == text || v > max)
+		return -EINVAL;
+	*out = (unsigned)v;
+	return 0;
+}
+
 static const char *const parts[] = {"workspace", "home"};
 #define NPARTS (sizeof(parts) / sizeof(parts[0]))
 
@@ -481,9 +501,27 @@ static int agent_state_copy(const char *dir, const char *fdir, uint32_t uid)
 	return r;
 }
 
+/* The lowest slot no fork holds: <dir>/run.<slot>, made. */
+static int slot_take(const char *dir, uint32_t uid, unsigned *slot)
+{
+	char path[PATH_MAX];
+
+	for (unsigned s = 1; s <= SANDBOX_FORK_MAX; s++) {
+		pathf(path, sizeof(path), "%s/run.%u", dir, s);
+		if (mkdir(path, 0700) == 0) {
+			*slot = s;
+			return uid && lchown(path, uid, uid) < 0 ? -errno : 0;
+		}
+		if (errno != EEXIST)
+			return -errno;
+	}
+	return -ENOSPC;
+}
+
 int sandbox_fork_make(const char *dir, const char *name, unsigned depth, int64_t ttl_s, char *err, size_t errlen)
 {
 	uint32_t uid = 0;
+	unsigned slot = 0;
 	char fdir[PATH_MAX], path[PATH_MAX + 32], text[512];
 	char **names = NULL;
 	size_t nforks = 0;
@@ -526,6 +564,15 @@ int sandbox_fork_make(const char *dir, const char *name, unsigned depth, int64_t
 	if ((r = uppers_make(fdir, uid)) < 0 || (r = agent_state_copy(dir, fdir, uid)) < 0 ||
 	    (r = write_text(path, text)) < 0)
 		goto undo;
+	if ((r = slot_take(dir, uid, &slot)) < 0)
+		goto undo;
+	pathf(path, sizeof(path), "%s/slot", fdir);
+	snprintf(text, sizeof(text), "%u\n", slot);
+	if ((r = write_text(path, text)) < 0) {
+		pathf(path, sizeof(path), "%s/run.%u", dir, slot);
+		(void)remove_path(path);
+		goto undo;
+	}
 	pathf(path, sizeof(path), "%s/depth", fdir);
 	snprintf(text, sizeof(text), "%u\n", depth);
 	if ((r = write_text(path, text)) < 0) /* last: a fork without it is half made */
@@ -538,9 +585,24 @@ fail:
 	return r;
 }
 
+
+int sandbox_fork_run_dir(const char *dir, const char *fork, char *out, size_t n)
+{
+	char path[PATH_MAX];
+	unsigned slot;
+	int r;
+
+	pathf(path, sizeof(path), "%s/forks/%s/slot", dir, fork);
+	if ((r = read_uint(path, SANDBOX_FORK_MAX, &slot)) < 0)
+		return r;
+	pathf(out, n, "%s/run.%u", dir, slot);
+	return 0;
+}
+
+
 int sandbox_fork_remove(const char *dir, const char *name, char *err, size_t errlen)
 {
-	char fdir[PATH_MAX];
+	char fdir[PATH_MAX], run[PATH_MAX];
 	int r;
 
 	if (!sandbox_fork_name_ok(name)) {
@@ -552,6 +614,8 @@ int sandbox_fork_remove(const char *dir, const char *name, char *err, size_t err
 		errmsg_set(err, errlen, "no fork named '%s'", name);
 		return -ENOENT;
 	}
+	if (sandbox_fork_run_dir(dir, name, run, sizeof(run)) == 0)
+		(void)remove_path(run);
 	if ((r = remove_path(fdir)) < 0)
 		errmsg_set(err, errlen, "removing %s: %s", fdir, strerror(-r));
 	return r;
@@ -610,24 +674,10 @@ nomem:
 
 static int read_depth(const char *fdir, unsigned *depth)
 {
-	char path[PATH_MAX + 16], text[32];
-	FILE *f;
-	char *end;
-	unsigned long v;
+	char path[PATH_MAX];
 
 	pathf(path, sizeof(path), "%s/depth", fdir);
-	if (!(f = fopen(path, "re")))
-		return -errno;
-	if (!fgets(text, sizeof(text), f)) {
-		fclose(f);
-		return -EINVAL;
-	}
-	fclose(f);
-	v = strtoul(text, &end, 10);
-	if (end == text || v > SANDBOX_FORK_LAYERS_MAX)
-		return -EINVAL;
-	*depth = (unsigned)v;
-	return 0;
+	return read_uint(path, SANDBOX_FORK_LAYERS_MAX, depth);
 }
 
 /* The lower stack of depth layers (top first), then the base. */

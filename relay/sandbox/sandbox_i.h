@@ -35,6 +35,7 @@ struct sandbox {
 	/* sandbox.c's own */
 	double start_ms;
 	struct sandbox_common *common; /* the state dir lock */
+	char run_dir[PATH_MAX];	       /* where agent.sock is: <dir>/run, a fork's <parent>/run.<slot> */
 };
 
 /* The local sandbox's own host uids (doc/SANDBOX.md, "State directory"):
@@ -113,6 +114,9 @@ struct sandbox_stack {
  * of its fork named fork (NULL: the parent). -ENOENT when the fork or a
  * layer it needs is missing. */
 int sandbox_stack_of(const char *dir, const char *fork, const char *part, struct sandbox_stack *st);
+/* The run directory of fork (its agent.sock): <dir>/run.<slot>, short, so
+ * the socket's path is hardly longer than the parent's (107 bytes at most). */
+int sandbox_fork_run_dir(const char *dir, const char *fork, char *out, size_t n);
 
 /* Backends: fill sb->addr, sb->describe, sb->pid, sb->impl; the common
  * code has created sb->dir, the keys and sb->agent_path, and measures

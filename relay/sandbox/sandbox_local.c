@@ -900,7 +900,7 @@ static int table_add_state(struct lmounts *t, const struct sandbox *sb, const st
 	snprintf(path, sizeof(path), "%s/agent", sb->dir);
 	if ((r = add_mnt(t, M_BIND_RW, path, SB_STATE)) < 0)
 		return r;
-	snprintf(path, sizeof(path), "%s/run", sb->dir);
+	snprintf(path, sizeof(path), "%s", sb->run_dir);
 	if ((r = add_mnt(t, M_BIND_RW, path, SB_RUN)) < 0)
 		return r;
 	return add_part(t, cfg, M_WORKSPACE, "workspace", cfg->workspace);
@@ -1004,7 +1004,7 @@ static int channel_socket_prepare(struct sandbox *sb, char *err, size_t errlen)
 	char path[PATH_MAX + 64];
 
 	/* a socket left by an agent that was killed would make bind fail */
-	snprintf(path, sizeof(path), "%s/run/agent.sock", sb->dir);
+	snprintf(path, sizeof(path), "%s/agent.sock", sb->run_dir);
 	if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
 		errmsg_set(err, errlen,
 			   "the sandbox's socket path %s is longer than a Unix socket path may be (%zu bytes): set "

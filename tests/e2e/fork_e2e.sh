@@ -53,7 +53,18 @@ up() {
 	wait_line "$T/up.out" "^airlock: $W in sync with sandbox local\$" 30
 }
 X() { $TO 60 "$AIRLOCK" exec -C "$W" "$@" </dev/null; }
-F() { $TO 60 "$AIRLOCK" fork -C "$W" "$@"; }
+F() { # airlock fork; on failure the forks' agent logs (the reason a start failed is there)
+	local rc=0
+	$TO 60 "$AIRLOCK" fork -C "$W" "$@" || rc=$?
+	[ "$rc" = 0 ] || [ "$rc" = 2 ] || tail -n 20 "${SD:-/nonexistent}"/forks/*/agent.log >&2 2>/dev/null || true
+	return "$rc"
+}
+SCHEMAS=$(dirname "$0")/../../doc/schema
+valid() { # valid FILE NAME: FILE is a NAME document (doc/schema); no python3-jsonschema: passes, said once
+	local rc=0
+	python3 "$(dirname "$0")/../harness/schema_check.py" "$SCHEMAS" "$2" "$1" || rc=$?
+	[ "$rc" = 0 ] || [ "$rc" = 77 ]
+}
 daemon_pid() { $TO 10 "$AIRLOCK" status -C "$W" --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["pid"])'; }
 agents() { ps -o comm= --ppid "$(daemon_pid)" | grep -c '^airlock-agent$' || true; }
 state_dir() { ls -d "$XDG_DATA_HOME"/airlock/sandboxes/*/ | head -1; }
@@ -128,6 +139,14 @@ assert [f["name"] for f in d["forks"]] == ["f2"], d["forks"]'
 }
 check "fork --list and status --json list the forks" t_list_status
 
+t_schemas() {
+	$TO 10 "$AIRLOCK" status -C "$W" --json >"$T/st.json" && valid "$T/st.json" status &&
+		F --list --json >"$T/fl.json" && valid "$T/fl.json" fork &&
+		$TO 10 "$AIRLOCK" list --json >"$T/list.json" && valid "$T/list.json" list &&
+		grep -q '"forks":\[{"name":"f2"' "$T/list.json"
+}
+check "status, list and fork --list --json carry the forks and match their schemas" t_schemas
+
 t_ttl() {
 	F --name short --ttl 1 >"$T/ttl.out" 2>&1 || { cat "$T/ttl.out" "$SD/forks/short/agent.log" >&2; return 1; }
 	for _ in $(seq 1 60); do
@@ -156,6 +175,7 @@ t_try() {
 	$TO 120 "$AIRLOCK" try -C "$W" --json --patch "$T/p1.diff" --patch "$T/p2.diff" --patch "$T/p3.diff" -- \
 		sh -c 'grep -q "return 2" src/m.py && echo passed >result.txt && echo "ok"; grep -q "return 2" src/m.py || { echo "bad" >&2; exit 3; }' \
 		>"$T/try.json" 2>"$T/try.err" || { cat "$T/try.err" >&2; return 1; }
+	valid "$T/try.json" try || return 1
 	$TO 10 "$AIRLOCK" changes -C "$W" --json >"$T/after.json"
 	python3 - "$T/try.json" "$T/before.json" "$T/after.json" <<'PY' || { cat "$T/try.json" "$T/try.err" >&2; return 1; }
 import json, sys

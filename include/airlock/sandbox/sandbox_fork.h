@@ -12,8 +12,9 @@
  *   <dir>/layers/<i>/{workspace,home}      frozen layers 1..n (n <= SANDBOX_FORK_LAYERS_MAX)
  *   <dir>/upper/{workspace,home}           the parent's upper (absent: the parent runs on the base)
  *   <dir>/work/{workspace,home}            the parent's overlay work directories
- *   <dir>/forks/<name>/                    a fork's state: keys/, agent/, run/, upper/, work/,
+ *   <dir>/forks/<name>/                    a fork's state: keys/, agent/, upper/, work/, slot,
  *                                          depth (how many layers its lower has), meta.json
+ *   <dir>/run.<slot>/                      a fork's agent.sock (a short path: 107 bytes at most)
  *
  * An overlay's lower layers must not change while it is mounted. Forking
  * therefore needs the parent stopped for a moment: its upper becomes a
