@@ -372,13 +372,13 @@ static void print_status(json_t *st, pid_t pid)
 			printf("idle ttl    none (workspace.ttl_seconds unset)\n");
 		json_t *fk;
 		size_t fi;
-		json_array_foreach(json_object_get(st, "forks"), fi, fk)
-		    printf("fork        %s, %s, %lld command(s), idle %lld s of %lld s (airlock exec --fork %s)\n",
-			   json_string_value(json_object_get(fk, "name")), json_string_value(json_object_get(fk, "state")),
-			   (long long)json_integer_value(json_object_get(fk, "commands")),
-			   (long long)json_integer_value(json_object_get(fk, "idle_seconds")),
-			   (long long)json_integer_value(json_object_get(fk, "ttl_seconds")),
-			   json_string_value(json_object_get(fk, "name")));
+		json_array_foreach(json_object_get(st, "forks"), fi, fk) printf(
+		    "fork        %s, %s, %lld command(s), idle %lld s of %lld s (airlock exec --fork %s)\n",
+		    json_string_value(json_object_get(fk, "name")), json_string_value(json_object_get(fk, "state")),
+		    (long long)json_integer_value(json_object_get(fk, "commands")),
+		    (long long)json_integer_value(json_object_get(fk, "idle_seconds")),
+		    (long long)json_integer_value(json_object_get(fk, "ttl_seconds")),
+		    json_string_value(json_object_get(fk, "name")));
 	}
 	json_t *eg = json_object_get(st, "egress");
 	if (eg)

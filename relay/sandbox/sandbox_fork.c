@@ -585,7 +585,6 @@ fail:
 	return r;
 }
 
-
 int sandbox_fork_run_dir(const char *dir, const char *fork, char *out, size_t n)
 {
 	char path[PATH_MAX];
@@ -598,7 +597,6 @@ int sandbox_fork_run_dir(const char *dir, const char *fork, char *out, size_t n)
 	pathf(out, n, "%s/run.%u", dir, slot);
 	return 0;
 }
-
 
 int sandbox_fork_remove(const char *dir, const char *name, char *err, size_t errlen)
 {

@@ -237,7 +237,7 @@ static void test_changes(void **state)
 	put("upper/workspace/mod.txt", "in the parent's layer"); /* the parent's, frozen below the fork */
 	assert_int_equal(sandbox_fork_freeze(dir, &depth, err, sizeof(err)), 0);
 	assert_int_equal(sandbox_fork_make(dir, "c", depth, 60, err, sizeof(err)), 0);
-	put("forks/c/upper/workspace/same.txt", "x");	      /* copied up, same bytes */
+	put("forks/c/upper/workspace/same.txt", "x");	       /* copied up, same bytes */
 	put("forks/c/upper/workspace/mod.txt", "in the fork"); /* differs from layer 1's */
 	put("forks/c/upper/workspace/sub/new.txt", "new");
 	bool wo = whiteout("forks/c/upper/workspace/del.txt");
