@@ -322,8 +322,7 @@ static void on_close(struct chan *c, int err, const char *why, void *ud)
 	 * before calling the connection lost */
 	if (!u->stopping && u->sigfd >= 0)
 		on_signal(u->loop, u->sigfd, EPOLLIN, u);
-	if (u->sandbox.refork) { /* stopped for a fork's freeze: not news */
-	} else if (err < 0 && !u->stopping) {
+	if (err < 0 && !u->stopping && !u->sandbox.idle_stopped) { /* idle-stopped: we ended it */
 		snprintf(u->conn.last_error, sizeof(u->conn.last_error), "%s", why ? why : strerror(-err));
 		cmd_err("connection to %s lost: %s", u->conn.guest, u->conn.last_error);
 	} else if (!u->stopping && !u->sandbox.idle_stopped) {
@@ -353,10 +352,6 @@ static void on_close(struct chan *c, int err, const char *why, void *ud)
 		u->sandbox.sb = NULL;
 		up_status_write(u);
 		return;
-	}
-	if (u->sandbox.refork) {
-		u->sandbox.refork = false;
-		u->conn.backoff_ms = 1; /* restart on the new layers now */
 	}
 	schedule_retry(u);
 }

@@ -8,8 +8,9 @@
  * namespaces, its own cgroup, its own keys) whose workspace copy and home
  * are overlays over the parent's frozen layers (sandbox_fork.h). Making
  * forks stops the parent's sandbox for the freeze (a rename), starts the
- * forks, and lets the parent's connection come back at once on a fresh
- * upper (on_close in up_daemon.c, u->sandbox.refork). A fork gets no sync:
+ * forks, and leaves the parent idle-stopped: its next activity starts it
+ * again on a fresh upper (up_touch), so its start, reconnect and reconcile
+ * (each grows with the tree) do not hold up the forks. A fork gets no sync:
  * the host's later edits reach the parent only. Its commands are ordinary
  * xcmds (up_exec.c) on its channel; its egress goes through an egress link
  * of its own over the parent's policy, so the allow-list and the audit are
@@ -324,7 +325,6 @@ static int op_fork(struct up *u, const struct relay_fork_req *q, json_t *out, ch
 	struct up_fork *made[RELAY_FORKS_MAX];
 	double t0 = loop_now_ns() / 1e6;
 	unsigned depth, n = 0;
-	bool restart = false;
 	json_t *arr;
 	int r;
 
@@ -359,18 +359,20 @@ static int op_fork(struct up *u, const struct relay_fork_req *q, json_t *out, ch
 		return -EAGAIN;
 	}
 	double t_stop = loop_now_ns() / 1e6, t_freeze;
-	if (u->sandbox.sb) { /* a connection comes back by itself (on_close), else connect below */
-		restart = !u->conn.chan;
-		u->sandbox.refork = !restart;
+	/* stopped as by the idle TTL: the next activity of its own (a command,
+	 * an edit) starts it again, on the new layers; until then its start,
+	 * reconnect and reconcile do not hold up the forks' first commands */
+	if (u->sandbox.sb) {
+		u->sandbox.idle_stopped = true;
 		sandbox_stop(u->sandbox.sb);
 		u->sandbox.sb = NULL;
+		if (u->conn.chan)
+			chan_close(u->conn.chan); /* on_close: no retry while idle-stopped */
 	}
 	t_stop = loop_now_ns() / 1e6 - t_stop;
 	t_freeze = loop_now_ns() / 1e6;
 	r = sandbox_fork_freeze(u->sandbox.dir, &depth, err, errlen);
 	t_freeze = loop_now_ns() / 1e6 - t_freeze;
-	if (restart)
-		up_connect(u);
 	if (r < 0)
 		return r;
 	for (n = 0; n < q->count; n++) {

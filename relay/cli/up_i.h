@@ -216,7 +216,6 @@ struct up_sandbox {
 	char describe[256];		/* kept while idle-stopped, for status */
 	char dir[PATH_MAX];		/* its state directory, likewise */
 	char guest_name[PATH_MAX + 32]; /* what conn.guest shows for a sandbox */
-	bool refork;			/* stopped to freeze its layers for a fork: reconnect at once, quietly */
 };
 
 /* The sandbox's forks (up_fork.c; doc/SANDBOX.md "Forks"). */

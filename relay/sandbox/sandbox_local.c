@@ -961,6 +961,8 @@ static void agent_cmdline_build(struct lexec *x, const struct lkey *k, const str
 	ARG("--confine");
 	ARG("--file-max");
 	ARG("%llu", (unsigned long long)lim->file);
+	if (cfg->fork) /* its changes are read from its upper: no watch on every directory, a start in O(1) */
+		ARG("--no-track");
 	if (cfg->verbose)
 		ARG("-v");
 #undef ARG
