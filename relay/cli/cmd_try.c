@@ -504,7 +504,10 @@ static int winner_apply(const char *root, json_t *changes, const char *upper)
 	if (pid == 0) {
 		dup2(put, 0);
 		dup2(tarfd, 1);
-		execlp("tar", "tar", "-C", upper, "--null", "--no-recursion", "-T", "-", "-cf", "-", (char *)NULL);
+		/* --verbatim-files-from: a name the fork made ("--to-command=...")
+		 * is a name, never an option of ours */
+		execlp("tar", "tar", "-C", upper, "--null", "--verbatim-files-from", "--no-recursion", "-T", "-", "-cf",
+		       "-", (char *)NULL);
 		_exit(127);
 	}
 	if (pid < 0 || wait_exit(pid) != 0) {

@@ -379,7 +379,8 @@ static int op_fork(struct up *u, const struct relay_fork_req *q, json_t *out, ch
 		if ((r = sandbox_fork_make(u->sandbox.dir, names[n], depth, ttl, err, errlen)) < 0)
 			goto undo;
 		if (!(made[n] = fork_new(u, names[n], ttl, err, errlen))) {
-			(void)sandbox_fork_remove(u->sandbox.dir, names[n], err + strlen(err), 0);
+			char e2[256];
+			(void)sandbox_fork_remove(u->sandbox.dir, names[n], e2, sizeof(e2));
 			r = -ENOMEM;
 			goto undo;
 		}

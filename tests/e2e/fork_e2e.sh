@@ -224,6 +224,16 @@ t_try_none() {
 }
 check "try: no variant passes: exit 1, nothing applied, forks removed" t_try_none
 
+t_try_names() { # names a fork makes are names to the host's tar, never its options
+	printf -- '--- /dev/null\n+++ b/names.txt\n@@ -0,0 +1 @@\n+x\n' >"$T/new.diff"
+	$TO 120 "$AIRLOCK" try -C "$W" --patch "$T/new.diff" -- sh -c 'touch -- "--checkpoint=1" "--checkpoint-action=exec=touch owned" "-rf"' \
+		>/dev/null 2>"$T/names.err" || { cat "$T/names.err" >&2; return 1; }
+	[ -z "$(find "$T" "$SD" -name owned 2>/dev/null)" ] &&
+		$TO 10 "$AIRLOCK" changes -C "$W" --json | grep -q 'checkpoint-action=exec=touch owned' &&
+		[ "$(X -- sh -c 'ls -- --checkpoint=1 -rf | wc -l')" = 2 ]
+}
+check "try: file names like tar options are archived as names (nothing runs on the host)" t_try_names
+
 # ---- hostile input ----
 t_bad() {
 	printf -- '--- a/../../etc/passwd\n+++ b/../../etc/passwd\n@@ -1 +1 @@\n-x\n+y\n' >"$T/evil.diff"
