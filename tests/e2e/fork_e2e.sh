@@ -43,12 +43,13 @@ mkdir -p "$W/src" "$HOME"
 printf 'def f():\n    return 1\n' >"$W/src/m.py"
 echo hello >"$W/a.txt"
 printf 'node_modules/\n' >"$W/.gitignore"
-printf '{"egress": {"default": "deny", "allow": ["allowed.test"]}}\n' >"$W/airlock.json"
+printf '{"egress": {"default": "deny", "allow": ["allowed.test"]}, "credentials": {"forward_env": ["FORK_TOKEN"]},
+ "execution": {"local": ["hostname"]}}\n' >"$W/airlock.json"
 "$AIRLOCK" trust "$W" >/dev/null
 trap '"$AIRLOCK" down "$W" >/dev/null 2>&1 || true; cleanup' EXIT
 
 up() {
-	start_bg up "$AIRLOCK" up "$W"
+	FORK_TOKEN=tok-$$ start_bg up "$AIRLOCK" up "$W"
 	UP_PID=$BG_PID
 	wait_line "$T/up.out" "^airlock: $W in sync with sandbox local\$" 30
 }
@@ -91,6 +92,14 @@ t_parent_wakes() {
 	$TO 10 "$AIRLOCK" status -C "$W" --json | grep -q '"sandbox_state":"idle-stopped"' &&
 		[ "$(X -- cat a.txt)" = hello ] && $TO 10 "$AIRLOCK" status -C "$W" --json | grep -q '"sandbox_state":"running"'
 }
+t_policy() { # while the sandbox is stopped for the fork: credentials as the parent's, nothing on the host
+	$TO 10 "$AIRLOCK" fork -C "$W" --name pol >/dev/null &&
+		$TO 10 "$AIRLOCK" status -C "$W" --json | grep -q '"sandbox_state":"idle-stopped"' &&
+		[ "$(X --fork pol -- sh -c 'echo "$FORK_TOKEN"')" = "tok-$$" ] && [ "$(X --fork pol -- hostname)" = airlock ] &&
+		[ "$(X -- hostname)" = "$(hostname)" ] && F --rm pol >/dev/null
+}
+check "a fork's commands get the parent's credentials (forward_env) and run in the fork, never by execution.local on the host" t_policy
+
 check "the sandbox, stopped for the fork, starts again at its next command" t_parent_wakes
 
 t_inherits() {
