@@ -25,6 +25,14 @@
 
 #define FORK_BUSY_WAIT_MS 10000 /* a busy sandbox (a command ends, a sync settles) is waited for this long */
 
+json_t *cmd_relay_ask_take(int fd, json_t *rq)
+{
+	json_t *ans = rq ? cmd_relay_ask(fd, rq) : NULL;
+
+	json_decref(rq);
+	return ans;
+}
+
 int cmd_relay_open(const char *who, const char *dir, char root[PATH_MAX])
 {
 	char sock[PATH_MAX];
@@ -68,7 +76,7 @@ json_t *cmd_fork_make(const char *who, int fd, json_t *names, int count, long tt
 	json_t *ans;
 
 	/* the parent's copy holds every edit made so far */
-	ans = cmd_relay_ask(fd, json_pack("{s:i, s:s}", "id", 1, "op", "sync_wait"));
+	ans = cmd_relay_ask_take(fd, json_pack("{s:i, s:s}", "id", 1, "op", "sync_wait"));
 	if (!ans || strcmp(ev_name(ans), "synced")) {
 		cmd_err("%s: waiting for the sync: %s", who, ans ? ev_message(ans) : "the relay went away");
 		json_decref(ans);
@@ -231,7 +239,7 @@ int cmd_fork(int argc, char **argv)
 		return 1;
 	}
 	if (a.list) {
-		ans = cmd_relay_ask(fd, json_pack("{s:i, s:s}", "id", 1, "op", "forks"));
+		ans = cmd_relay_ask_take(fd, json_pack("{s:i, s:s}", "id", 1, "op", "forks"));
 		st = ans && !strcmp(ev_name(ans), "forks") ? print_forks(ans, a.json)
 							   : (cmd_err("fork: %s", ev_message(ans)), 1);
 	} else if (a.rm || a.rm_all) {

@@ -35,6 +35,8 @@ void cmd_find_workspace(char *root, const char **rel);
 /* cmd_changes.c: send rq (with "id": 1) on the relay connection fd, return
  * the first event with id 1 (new reference), NULL when the relay went away. */
 json_t *cmd_relay_ask(int fd, json_t *rq);
+/* cmd_fork.c: the same, and rq is released (NULL: NULL). */
+json_t *cmd_relay_ask_take(int fd, json_t *rq);
 /* cmd_fork.c: the relay of the workspace holding dir; *root its root. The
  * fd, or -1 after saying why (who: the command, for the message). */
 int cmd_relay_open(const char *who, const char *dir, char root[PATH_MAX]);

@@ -428,7 +428,7 @@ static void patches_apply(struct variant *vs, int nv, const char *root)
 static void changes_read(int fd, struct variant *vs, int nv)
 {
 	for (int i = 0; i < nv; i++) {
-		json_t *ans = cmd_relay_ask(
+		json_t *ans = cmd_relay_ask_take(
 		    fd, json_pack("{s:i, s:s, s:[s]}", "id", 1, "op", "fork_changes", "names", vs[i].fork));
 		const char *ev = json_string_value(json_object_get(ans, "event"));
 		const char *up = json_string_value(json_object_get(ans, "upper"));
@@ -604,7 +604,8 @@ int cmd_try(int argc, char **argv)
 	if (w >= 0)
 		applied = vs[w].changes && winner_apply(root, vs[w].changes, vs[w].upper) == 0;
 	if (!a.keep) {
-		json_t *ans = cmd_relay_ask(fd, json_pack("{s:i, s:s, s:O}", "id", 1, "op", "fork_rm", "names", names));
+		json_t *ans =
+		    cmd_relay_ask_take(fd, json_pack("{s:i, s:s, s:O}", "id", 1, "op", "fork_rm", "names", names));
 		json_decref(ans);
 	}
 	if (a.json) {

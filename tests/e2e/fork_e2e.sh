@@ -312,4 +312,9 @@ t_destroy() {
 }
 check "down --destroy removes the sandbox with its layers and forks" t_destroy
 
+t_no_reports() { # a sanitizer build: nothing from ASan/UBSan in the daemon's log or the CLI's output
+	! grep -l 'AddressSanitizer\|LeakSanitizer\|runtime error' "$T"/*.out "$T"/*.err "$T"/*.e 2>/dev/null
+}
+check "no sanitizer reports from the daemon and the CLI" t_no_reports
+
 finish
