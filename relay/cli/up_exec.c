@@ -95,6 +95,13 @@ void up_exec_kick(struct up *u)
 		next = x->next;
 		if (x->stream || u->sync.applied_seq < x->barrier)
 			continue;
+		char refusal[1200];
+		if (!x->gated && !(x->gated = true, up_paths_gate(u, x->cmd, refusal, sizeof(refusal)))) {
+			struct relay_cmd *cmd = x->cmd;
+			xcmd_free(u, x);
+			relay_cmd_error(cmd, "not_in_guest", refusal);
+			continue;
+		}
 		if (!(x->stream = chan_stream_open(u->conn.chan, 0))) {
 			struct relay_cmd *cmd = x->cmd;
 			xcmd_free(u, x);
@@ -429,6 +436,7 @@ void up_exec_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t *d
 		relay_cmd_set_data(cmd, NULL);
 		up_changes_exit(u, x, cmd, &ex);
 		xcmd_free(u, x);
+		up_paths_kick(u);
 		return;
 	}
 	case WIRE_EXEC_ERROR: {

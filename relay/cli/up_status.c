@@ -144,6 +144,8 @@ static json_t *status_json(struct up *u)
 		json_object_update_new(o, sandbox_json(&u->sandbox));
 	if (o && u->exec.egress)
 		json_object_set_new(o, "egress", egress_json(u->exec.egress));
+	if (o)
+		json_object_set_new(o, "not_in_guest", up_paths_json(u));
 	return o;
 }
 
@@ -376,6 +378,7 @@ static void print_status(json_t *st, pid_t pid)
 		       json_integer_value(json_object_get(eg, "streams")),
 		       json_integer_value(json_object_get(eg, "opened")),
 		       json_integer_value(json_object_get(eg, "denials")));
+	up_paths_print(st);
 	if (lerr && *lerr)
 		printf("last error  %s\n", lerr);
 	const char *crash = json_string_value(json_object_get(st, "last_crash"));
