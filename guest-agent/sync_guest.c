@@ -502,7 +502,8 @@ static int on_batch(struct syncg_session *ss, struct buf *in, char *err, size_t 
 		if ((r = wire_sync_ack_encode(&out, &m)) == 0)
 			r = reply(ss, WIRE_SYNC_ACK, &out);
 		if (r == 0 && st.failed)
-			errmsg_set(err, errlen, "batch %" PRIu64 ": %" PRIu64 " ops failed, reported to the host; first: %s: %s",
+			errmsg_set(err, errlen,
+				   "batch %" PRIu64 ": %" PRIu64 " ops failed, reported to the host; first: %s: %s",
 				   seq, st.failed, m.nfail ? m.fail[0].path : "?", m.nfail ? m.fail[0].msg : "?");
 	} else {
 		struct wire_sync_nack m = {.seq = seq, .code = (uint32_t)-ar, .partial = st.partial, .msg = why};

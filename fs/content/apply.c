@@ -363,7 +363,6 @@ static int dir_fsync(int pathfd)
 	return r;
 }
 
-
 /* ---- modes the way rsync applies them ----
  * The agent is not root in the guest, but it owns what it applied. A
  * directory without u+w or u+x (a read-only directory of the host's) is

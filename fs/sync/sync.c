@@ -468,7 +468,6 @@ static void records_drop_under(struct records *r, char *const *anchors, size_t n
 	r->n = k;
 }
 
-
 /* ---- per-path failures ---- */
 
 static void failure_clear(struct sync_failure *f)
@@ -2080,7 +2079,8 @@ static int ack_failures(struct sync *s, const struct inflight *f, const struct w
 				k = i;
 		if ((r = note_vanished(s, f->cidx[op])) < 0 ||
 		    (r = failures_add(&s->fnew, change_path(c), k >= 0 ? (int)m->fail[k].code : ESTALE,
-				      k >= 0 ? m->fail[k].msg : "more ops of its batch failed than the guest listed")) < 0)
+				      k >= 0 ? m->fail[k].msg : "more ops of its batch failed than the guest listed")) <
+			0)
 			return r;
 	}
 	return 0;

@@ -14,6 +14,8 @@
  *                applied barrier, the latency window, the audit record
  *   up_exec.c    the relay backend: commands to the guest on exec streams
  *                (struct xcmd), sync_wait waiters, egress lookups
+ *   up_paths.c   paths the guest could not apply: their retry, status
+ *                and audit record, each command's line (or refusal)
  *   up_status.c  the status file; `airlock status` and `sync-wait`
  *   up_state.c   the state directory, pid file and lock; `airlock down`
  *

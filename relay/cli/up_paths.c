@@ -99,10 +99,10 @@ static void save_audit(struct up *u, const struct sync_failure *f, size_t n, uin
 
 	strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tm));
 	for (size_t i = 0; a && i < n; i++)
-		json_array_append_new(a, json_pack("{s:s, s:i, s:s, s:s, s:I, s:I}", "path", f[i].path, "errno",
-						   f[i].err, "error", strerror(f[i].err), "message", f[i].msg,
-						   "attempts", (json_int_t)f[i].attempts, "since_ms",
-						   (json_int_t)f[i].since_ms));
+		json_array_append_new(a,
+				      json_pack("{s:s, s:i, s:s, s:s, s:I, s:I}", "path", f[i].path, "errno", f[i].err,
+						"error", strerror(f[i].err), "message", f[i].msg, "attempts",
+						(json_int_t)f[i].attempts, "since_ms", (json_int_t)f[i].since_ms));
 	doc = json_pack("{s:i, s:s, s:s, s:o?, s:I, s:I}", "version", 1, "workspace", u->dir, "time", when,
 			"not_in_guest", a, "not_in_guest_total", (json_int_t)total, "not_in_guest_omitted",
 			(json_int_t)(total - n));
@@ -171,13 +171,13 @@ static size_t paths_line(const struct up *u, char *line, size_t len)
 
 	if (!total)
 		return 0;
-	int w = snprintf(line, len, "airlock: %" PRIu64 " path%s edited before this command %s not in the guest: ",
-			 total, total == 1 ? "" : "s", total == 1 ? "is" : "are");
+	int w =
+	    snprintf(line, len, "airlock: %" PRIu64 " path%s edited before this command %s not in the guest: ", total,
+		     total == 1 ? "" : "s", total == 1 ? "is" : "are");
 	for (size_t i = 0; i < n && i < LINE_NAMES && w > 0 && (size_t)w < len; i++, k++)
 		w += snprintf(line + w, len - (size_t)w, "%s%s (%s)", i ? ", " : "", f[i].path, strerror(f[i].err));
 	if (w > 0 && (size_t)w < len)
-		snprintf(line + w, len - (size_t)w, "%s (retrying; airlock status)",
-			 total > k ? " and more" : "");
+		snprintf(line + w, len - (size_t)w, "%s (retrying; airlock status)", total > k ? " and more" : "");
 	return strlen(line);
 }
 

@@ -228,10 +228,19 @@ static int seed_msg(unsigned i, union wire_msg *m, uint8_t *type)
 		/* with a failure list: a refused delete and a full disk */
 		static struct wire_sync_fail fails[] = {
 		    {.op = 1, .code = EACCES, .path = "ro/f", .msg = "DELETE: unlink: Permission denied"},
-		    {.op = 4, .code = ENOSPC, .path = "big", .msg = "PUT: writing the new content: No space left on device"},
+		    {.op = 4,
+		     .code = ENOSPC,
+		     .path = "big",
+		     .msg = "PUT: writing the new content: No space left on device"},
 		};
-		m->sync_ack = (struct wire_sync_ack){.seq = 8, .ops = 3, .files = 2, .bytes = 4096, .deleted = 1,
-						     .fail_flags = WIRE_SYNC_FAIL_F_MORE, .nfail = 2, .fail = fails};
+		m->sync_ack = (struct wire_sync_ack){.seq = 8,
+						     .ops = 3,
+						     .files = 2,
+						     .bytes = 4096,
+						     .deleted = 1,
+						     .fail_flags = WIRE_SYNC_FAIL_F_MORE,
+						     .nfail = 2,
+						     .fail = fails};
 		break;
 	}
 	case WIRE_CHG_ITEM:

@@ -89,8 +89,8 @@ struct apply_stats {
 
 /* One op of the last batch that failed on its own. */
 struct apply_failure {
-	uint32_t op;			   /* index in the batch */
-	int err;			   /* errno */
+	uint32_t op;			  /* index in the batch */
+	int err;			  /* errno */
 	char msg[APPLY_FAIL_MSG_MAX + 1]; /* what failed, e.g. "DELETE: unlink: Permission denied" */
 };
 

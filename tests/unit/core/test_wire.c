@@ -169,7 +169,8 @@ static const struct row rows[] = {
     /* the failure list is optional, so the ACK before it is a valid prefix */
     ROW(sync_ack, clr_sync_ack, eq_sync_ack, true, {1, 2, 3, 4, 5, 6, 0, 1, fails2})
 	B(0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0,
-	  0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 13, 0, 0, 0, 1, 'a', 0, 0, 0, 1, 'm') END,
+	  0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 13, 0, 0, 0, 1, 'a', 0, 0, 0, 1, 'm')
+	    END,
     ROW(sync_nack, clr_sync_nack, eq_sync_nack, false, {.seq = 1, .code = 5, .partial = 1, .msg = "x"})
 	B(0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 5, 1, 0, 0, 0, 1, 'x') END,
     ROW(exec_start, clr_exec_start, eq_exec_start, false,
@@ -582,8 +583,7 @@ static const struct limit {
     {"SYNC_ACK failures out of op order", dec_sync_ack, clr_sync_ack, lim_ack_order, -EBADMSG,
      sizeof(struct wire_sync_ack)},
     {"SYNC_ACK failure errno 0", dec_sync_ack, clr_sync_ack, lim_ack_code0, -EBADMSG, sizeof(struct wire_sync_ack)},
-    {"SYNC_ACK empty failure list", dec_sync_ack, clr_sync_ack, lim_ack_empty, -EBADMSG,
-     sizeof(struct wire_sync_ack)},
+    {"SYNC_ACK empty failure list", dec_sync_ack, clr_sync_ack, lim_ack_empty, -EBADMSG, sizeof(struct wire_sync_ack)},
     {"SYNC_ACK unknown failure flag", dec_sync_ack, clr_sync_ack, lim_ack_flags, -EBADMSG,
      sizeof(struct wire_sync_ack)},
     {"SYNC_ACK failure message over WIRE_SYNC_FAIL_MSG_MAX", dec_sync_ack, clr_sync_ack, lim_ack_msg, -EBADMSG,

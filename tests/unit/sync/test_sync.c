@@ -131,7 +131,9 @@ static void tamper_ack(struct eng *e, uint32_t stream, const uint8_t *p, size_t 
 
 	buf_view(&in, p + 1, n - 1); /* after the fragment's "more" byte */
 	assert_int_equal(wire_sync_ack_decode(&in, &m), 0);
-	struct wire_sync_fail f = {.op = tamper_op, .code = (uint32_t)tamper_err, .path = (char *)tamper_path,
+	struct wire_sync_fail f = {.op = tamper_op,
+				   .code = (uint32_t)tamper_err,
+				   .path = (char *)tamper_path,
 				   .msg = "PUT: renaming into place: Permission denied"};
 	struct wire_sync_ack t = m;
 	t.fail_flags = 0;
