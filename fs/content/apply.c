@@ -85,6 +85,7 @@ struct run {
 	} * dirmodes;
 	size_t ndirmodes;
 	char path[MANIFEST_PATH_MAX + 1]; /* working copy for prefixes */
+	bool whole;			  /* apply_batch_whole: any failure is the batch's */
 };
 
 #if defined(__GNUC__)
@@ -1101,9 +1102,9 @@ static int commit_op(struct run *rn, size_t i)
 /* Only running out of memory stops a batch; every other failure is the
  * op's own (a directory we may not write, a full disk, a name the
  * filesystem refuses, a guest process in the way) and the rest goes on. */
-static bool op_isolated(int r)
+static bool op_isolated(const struct run *rn, int r)
 {
-	return r != -ENOMEM;
+	return !rn->whole && r != -ENOMEM;
 }
 
 static int fail_cmp(const void *x, const void *y)
@@ -1148,7 +1149,7 @@ static int finish_dirs(struct run *rn)
 			close(pfd);
 		if (r < 0) {
 			op_fail(rn, rn->dirmodes[k].op, r, "setting the mode of the directory");
-			if (!op_isolated(r))
+			if (!op_isolated(rn, r))
 				return r;
 			note_failed(rn, rn->dirmodes[k].op, r);
 		}
@@ -1186,7 +1187,7 @@ static int stage_all(struct run *rn)
 	for (size_t i = 0; i < rn->nops; i++) {
 		if ((r = prepare_op(rn, i)) == 0)
 			continue;
-		if (!op_isolated(r))
+		if (!op_isolated(rn, r))
 			return r;
 		note_failed(rn, i, r);
 	}
@@ -1205,7 +1206,7 @@ static int commit_all(struct run *rn, size_t *done)
 		if (rn->steps[i].failed)
 			continue;
 		if ((r = commit_op(rn, i)) < 0) {
-			if (!op_isolated(r))
+			if (!op_isolated(rn, r))
 				return r;
 			note_failed(rn, i, r);
 			continue;
@@ -1215,10 +1216,10 @@ static int commit_all(struct run *rn, size_t *done)
 	return 0;
 }
 
-int apply_batch(struct apply *a, struct delta_batch *b, struct apply_stats *st)
+static int batch_run(struct apply *a, struct delta_batch *b, struct apply_stats *st, bool whole)
 {
 	struct apply_stats dummy;
-	struct run rn = {.a = a, .b = b, .stagefd = -1};
+	struct run rn = {.a = a, .b = b, .stagefd = -1, .whole = whole};
 	size_t i;
 	int r = 0;
 
@@ -1287,6 +1288,16 @@ out:
 	mem_free(rn.dirmodes);
 	mem_free(rn.scratch);
 	return r;
+}
+
+int apply_batch(struct apply *a, struct delta_batch *b, struct apply_stats *st)
+{
+	return batch_run(a, b, st, false);
+}
+
+int apply_batch_whole(struct apply *a, struct delta_batch *b, struct apply_stats *st)
+{
+	return batch_run(a, b, st, true);
 }
 
 const struct apply_failure *apply_failures(const struct apply *a, size_t *n, uint64_t *total)

@@ -492,20 +492,42 @@ static bool failure_wants_reconcile(int err)
 	       err == ESTALE;
 }
 
+static int failure_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct sync_failure *)a)->path, ((const struct sync_failure *)b)->path);
+}
+
+/* In fs sorted by path (failures_sort). */
 static long failures_find(const struct failures *fs, const char *path)
 {
-	for (size_t i = 0; i < fs->n; i++)
-		if (!strcmp(fs->v[i].path, path))
-			return (long)i;
-	return -1;
+	struct sync_failure key = {.path = (char *)path};
+	const struct sync_failure *f = fs->n ? bsearch(&key, fs->v, fs->n, sizeof(*fs->v), failure_cmp) : NULL;
+	return f ? f - fs->v : -1;
+}
+
+/* Sort by path, each path once (a path can fail twice in one operation:
+ * the REMOVE and the ADD of a type change). */
+static void failures_sort(struct failures *fs)
+{
+	size_t k = 0;
+
+	if (fs->n > 1)
+		qsort(fs->v, fs->n, sizeof(*fs->v), failure_cmp);
+	for (size_t i = 0; i < fs->n; i++) {
+		if (k && !strcmp(fs->v[k - 1].path, fs->v[i].path)) {
+			failure_clear(&fs->v[i]);
+			fs->total--;
+			continue;
+		}
+		fs->v[k++] = fs->v[i];
+	}
+	fs->n = k;
 }
 
 /* One more path the guest reported; past SYNC_FAILURES_MAX only counted.
  * 0 or -ENOMEM. */
 static int failures_add(struct failures *fs, const char *path, int err, const char *msg)
 {
-	if (failures_find(fs, path) >= 0)
-		return 0; /* the same path twice in one operation (a retry in it) */
 	fs->total++;
 	if (fs->n >= SYNC_FAILURES_MAX)
 		return 0;
@@ -568,6 +590,7 @@ static void failures_commit(struct sync *s)
 	struct failures *old = &s->failed, *nw = &s->fnew;
 	size_t k = 0;
 
+	failures_sort(nw);
 	for (size_t i = 0; i < old->n; i++) {
 		struct sync_failure *f = &old->v[i];
 		long j = failures_find(nw, f->path);
@@ -2071,12 +2094,10 @@ static int ack_failures(struct sync *s, const struct inflight *f, const struct w
 	}
 	if (!(m->fail_flags & WIRE_SYNC_FAIL_F_MORE))
 		return 0;
+	uint32_t i = 0; /* m->fail is in op order */
 	for (uint32_t op = 0; op < f->nops; op++) {
 		const struct manifest_change *c = &s->changes[f->cidx[op]];
-		long k = -1;
-		for (uint32_t i = 0; i < m->nfail && k < 0; i++)
-			if (m->fail[i].op == op)
-				k = i;
+		long k = i < m->nfail && m->fail[i].op == op ? (long)i++ : -1;
 		if ((r = note_vanished(s, f->cidx[op])) < 0 ||
 		    (r = failures_add(&s->fnew, change_path(c), k >= 0 ? (int)m->fail[k].code : ESTALE,
 				      k >= 0 ? m->fail[k].msg : "more ops of its batch failed than the guest listed")) <

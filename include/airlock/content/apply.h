@@ -108,6 +108,12 @@ void apply_free(struct apply *a);
  * sequence becomes the batch's. st (may be NULL) is filled either way. */
 int apply_batch(struct apply *a, struct delta_batch *b, struct apply_stats *st);
 
+/* apply_batch where any op's failure is the batch's, as before per-op
+ * failures: one in (1) leaves the tree exactly as it was, one in (2) or
+ * (3) stops there (st->partial). For the write-back to the host, which
+ * writes a guest change whole or not at all (doc/WRITEBACK.md). */
+int apply_batch_whole(struct apply *a, struct delta_batch *b, struct apply_stats *st);
+
 /* The ops of the last apply_batch that failed on their own, in op order:
  * *n records (at most APPLY_FAIL_MAX), *total (may be NULL) all of them.
  * Owned by a, valid until the next apply_batch. */
