@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1094,6 +1096,19 @@ static void modes_child(const char *root, const struct apply_opts *opts)
 	CK(deliver(&ce, buf_ptr(&r.b), buf_len(&r.b), &st) == 0 && st.failed == 0);
 	buf_clear(&r.b);
 	CK(mode_at(g, "ro2") == 010000);
+	/* a file too large for the guest (EFBIG: its file size limit) fails alone */
+	static char large[8193];
+	memset(large, 'L', sizeof(large) - 1);
+	struct rlimit fs = {.rlim_cur = 4096, .rlim_max = 4096};
+	CK(signal(SIGXFSZ, SIG_IGN) != SIG_ERR && setrlimit(RLIMIT_FSIZE, &fs) == 0);
+	raw_begin(&r, 7);
+	raw_put(&r, "large", 5, 0644, large, 0);
+	raw_put(&r, "fits", 4, 0644, "fits", 0);
+	raw_finish(&r, -1);
+	CK(deliver(&ce, buf_ptr(&r.b), buf_len(&r.b), &st) == 0 && st.failed == 1);
+	buf_clear(&r.b);
+	f = apply_failures(ce.a, &nf, NULL);
+	CK(nf == 1 && f[0].op == 0 && f[0].err == EFBIG && mode_at(g, "large") == 010000 && text_at(g, "fits", "fits"));
 	apply_free(ce.a);
 	_exit(0);
 }
