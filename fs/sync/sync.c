@@ -17,6 +17,7 @@
 #include <strings.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <sodium.h>
@@ -188,6 +189,16 @@ struct gentry {
 struct inflight {
 	uint64_t seq;
 	uint64_t files, bytes;
+	uint32_t *cidx; /* the change each op of the batch came from (owned) */
+	uint32_t nops;
+};
+
+/* Paths the guest could not apply (sync_failures), kept across operations
+ * until an operation covering the path applies it. */
+struct failures {
+	struct sync_failure *v;
+	size_t n, cap;
+	uint64_t total;
 };
 
 enum phase {
@@ -245,6 +256,16 @@ struct sync {
 	uint64_t next_seq;
 	struct inflight fl[SYNC_BATCHES_IN_FLIGHT];
 	size_t nfl;
+	uint32_t *bops; /* the batch being built: its ops' changes (-> inflight.cidx) */
+	size_t nbops, capbops;
+	/* per-path failures: those of the operations before (failed), those
+	 * the guest reports in this one (fnew), and what this one covers
+	 * (scope: anchors, sorted, none beneath another; scope_all: the whole
+	 * tree); merged when it finishes (failures_commit) */
+	struct failures failed, fnew;
+	char **fscope;
+	size_t nfscope;
+	bool fscope_all;
 	uint64_t pump_timer; /* the next pump, after yielding to the loop */
 	/* changes skipped because the file changed or vanished while sent:
 	 * the guest still has their old side (fixed up in maybe_done) */
@@ -447,8 +468,201 @@ static void records_drop_under(struct records *r, char *const *anchors, size_t n
 	r->n = k;
 }
 
+/* ---- per-path failures ---- */
+
+static void failure_clear(struct sync_failure *f)
+{
+	mem_free(f->path);
+	mem_free(f->msg);
+}
+
+static void failures_clear(struct failures *fs)
+{
+	for (size_t i = 0; i < fs->n; i++)
+		failure_clear(&fs->v[i]);
+	mem_free(fs->v);
+	memset(fs, 0, sizeof(*fs));
+}
+
+/* The guest's copy differs from what the host thinks it is: a push would
+ * send the same op again, a reconcile learns what is there. */
+static bool failure_wants_reconcile(int err)
+{
+	return err == EBADMSG || err == EEXIST || err == EISDIR || err == ENOTDIR || err == ELOOP || err == EXDEV ||
+	       err == ESTALE;
+}
+
+static int failure_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct sync_failure *)a)->path, ((const struct sync_failure *)b)->path);
+}
+
+/* In fs sorted by path (failures_sort). */
+static long failures_find(const struct failures *fs, const char *path)
+{
+	struct sync_failure key = {.path = (char *)path};
+	const struct sync_failure *f = fs->n ? bsearch(&key, fs->v, fs->n, sizeof(*fs->v), failure_cmp) : NULL;
+	return f ? f - fs->v : -1;
+}
+
+/* Sort by path, each path once (a path can fail twice in one operation:
+ * the REMOVE and the ADD of a type change). */
+static void failures_sort(struct failures *fs)
+{
+	size_t k = 0;
+
+	if (fs->n > 1)
+		qsort(fs->v, fs->n, sizeof(*fs->v), failure_cmp);
+	for (size_t i = 0; i < fs->n; i++) {
+		if (k && !strcmp(fs->v[k - 1].path, fs->v[i].path)) {
+			failure_clear(&fs->v[i]);
+			fs->total--;
+			continue;
+		}
+		fs->v[k++] = fs->v[i];
+	}
+	fs->n = k;
+}
+
+/* One more path the guest reported; past SYNC_FAILURES_MAX only counted.
+ * 0 or -ENOMEM. */
+static int failures_add(struct failures *fs, const char *path, int err, const char *msg)
+{
+	fs->total++;
+	if (fs->n >= SYNC_FAILURES_MAX)
+		return 0;
+	if (fs->n == fs->cap) {
+		size_t nc = fs->cap ? fs->cap * 2 : 16;
+		void *nv = mem_realloc(fs->v, nc * sizeof(*fs->v));
+		if (!nv)
+			return -ENOMEM;
+		fs->v = nv;
+		fs->cap = nc;
+	}
+	struct sync_failure *f = &fs->v[fs->n];
+	*f = (struct sync_failure){.err = err, .attempts = 1, .reconcile = failure_wants_reconcile(err)};
+	if (!(f->path = mem_strdup(path)) || !(f->msg = mem_strdup(msg))) {
+		failure_clear(f);
+		return -ENOMEM;
+	}
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	f->since_ms = f->last_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+	fs->n++;
+	return 0;
+}
+
+static void scope_clear(struct sync *s)
+{
+	for (size_t i = 0; i < s->nfscope; i++)
+		mem_free(s->fscope[i]);
+	mem_free(s->fscope);
+	s->fscope = NULL;
+	s->nfscope = 0;
+	s->fscope_all = false;
+}
+
+/* An operation starts: what it covers (anchors: sorted, none beneath
+ * another, copied; NULL with all). Without memory for the copy it covers
+ * nothing: old failures stay until a later operation. */
+static void failures_begin(struct sync *s, char *const *anchors, size_t n, bool all)
+{
+	failures_clear(&s->fnew);
+	scope_clear(s);
+	s->fscope_all = all;
+	if (all || !n || !(s->fscope = mem_calloc(n, sizeof(*s->fscope))))
+		return;
+	for (size_t i = 0; i < n; i++) {
+		if (!(s->fscope[i] = mem_strdup(anchors[i]))) {
+			scope_clear(s);
+			return;
+		}
+		s->nfscope++;
+	}
+}
+
+/* The operation finished: a failure it reported again counts one more
+ * attempt (since kept), one it covered and did not report is gone (it
+ * applied, or the host no longer has anything there to send), the rest
+ * stay; then what is new. */
+static void failures_commit(struct sync *s)
+{
+	struct failures *old = &s->failed, *nw = &s->fnew;
+	size_t k = 0;
+
+	failures_sort(nw);
+	for (size_t i = 0; i < old->n; i++) {
+		struct sync_failure *f = &old->v[i];
+		long j = failures_find(nw, f->path);
+		if (j >= 0) {
+			nw->v[j].attempts = f->attempts + 1;
+			nw->v[j].since_ms = f->since_ms;
+		}
+		if (j >= 0 || s->fscope_all || anchor_holding(s->fscope, s->nfscope, f->path) >= 0) {
+			failure_clear(f);
+			old->total--;
+			continue;
+		}
+		old->v[k++] = *f;
+	}
+	old->n = k;
+	for (size_t j = 0; j < nw->n; j++) {
+		if (old->n == old->cap) {
+			size_t nc = old->cap ? old->cap * 2 : 16;
+			void *nv = mem_realloc(old->v, nc * sizeof(*old->v));
+			if (!nv) { /* counted, not listed */
+				failure_clear(&nw->v[j]);
+				old->total++;
+				continue;
+			}
+			old->v = nv;
+			old->cap = nc;
+		}
+		old->v[old->n++] = nw->v[j];
+		old->total++;
+	}
+	old->total += nw->total - nw->n; /* reported beyond SYNC_FAILURES_MAX */
+	mem_free(nw->v);
+	memset(nw, 0, sizeof(*nw));
+	scope_clear(s);
+}
+
+const struct sync_failure *sync_failures(const struct sync *s, size_t *n, uint64_t *total)
+{
+	*n = s->failed.n;
+	if (total)
+		*total = s->failed.total;
+	return s->failed.v;
+}
+
+static void inflight_clear(struct sync *s)
+{
+	for (size_t i = 0; i < s->nfl; i++)
+		mem_free(s->fl[i].cidx);
+	s->nfl = 0;
+	mem_free(s->bops);
+	s->bops = NULL;
+	s->nbops = s->capbops = 0;
+}
+
+/* The change behind the op just added to the batch being built. */
+static int bops_add(struct sync *s, size_t ci)
+{
+	if (s->nbops == s->capbops) {
+		size_t nc = s->capbops ? s->capbops * 2 : 256;
+		uint32_t *nv = mem_realloc(s->bops, nc * sizeof(*nv));
+		if (!nv)
+			return -ENOMEM;
+		s->bops = nv;
+		s->capbops = nc;
+	}
+	s->bops[s->nbops++] = (uint32_t)ci;
+	return 0;
+}
+
 static void reconcile_clear(struct sync *s)
 {
+	inflight_clear(s);
 	for (size_t i = 0; i < s->nge; i++)
 		mem_free(s->ge[i].e.path);
 	mem_free(s->ge);
@@ -545,6 +759,9 @@ void sync_free(struct sync *s)
 	buf_clear(&s->gitcfg);
 	records_clear(&s->withheld);
 	records_clear(&s->skipped);
+	failures_clear(&s->failed);
+	failures_clear(&s->fnew);
+	scope_clear(s);
 	policy_ctx_free(s->pctx);
 	withhold_free(s->wh);
 	hcache_free(s->cache);
@@ -1088,6 +1305,11 @@ static void count_change(struct sync *s, const struct manifest_change *c, struct
 
 static void maybe_done(struct sync *s);
 
+static const char *change_path(const struct manifest_change *c)
+{
+	return c->old ? c->old->path : c->new->path;
+}
+
 static int note_vanished(struct sync *s, size_t ci)
 {
 	if (s->nvan == s->capvan) {
@@ -1104,15 +1326,104 @@ static int note_vanished(struct sync *s, size_t ci)
 	return 0;
 }
 
-/* What the guest holds after a run in which some changes were skipped
- * (the file changed or vanished while being read): s->hm, except that a
- * skipped MODIFY leaves the guest's old file and a skipped ADD leaves
- * nothing. The change that made the file differ is journaled again, and
- * the next push compares against this. */
+/* What the guest holds after a run in which some changes were not applied:
+ * skipped (the file changed or vanished while being read) or failed in
+ * the guest (ack_failures). s->hm, except that such a change leaves the
+ * guest's old side: a MODIFY, MODE or REMOVE keeps the old entry (and the
+ * directories that hold it, which the run may have emptied of everything
+ * else), an ADD leaves nothing. The change that made the file differ is
+ * journaled again, a failure is retried, and the next push compares
+ * against this. */
+static bool keeps_old(const struct manifest_change *c)
+{
+	return c->old && c->kind != MANIFEST_ADD;
+}
+
+static int entry_ptr_cmp(const void *a, const void *b)
+{
+	const struct manifest_entry *const *x = a, *const *y = b;
+	return manifest_path_cmp((*x)->path, (*y)->path);
+}
+
+static bool in_sorted(const char **v, size_t n, const char *p)
+{
+	size_t lo = 0, hi = n;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		int c = manifest_path_cmp(v[mid], p);
+		if (c == 0)
+			return true;
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return false;
+}
+
+/* The old entries the not-applied changes leave, and the directories
+ * holding them that s->hm (minus vp) lacks, sorted, each once. */
+static int kept_entries(struct sync *s, const char **vp, const struct manifest_entry ***out, size_t *nout)
+{
+	const struct manifest *old = s->gm ? s->gm : s->pold ? s->pold : s->known;
+	const struct manifest_entry **v = NULL;
+	size_t n = 0, cap = 0;
+	char p[MANIFEST_PATH_MAX + 1];
+	int r = 0;
+
+	for (size_t i = 0; i < s->nvan && r == 0; i++) {
+		const struct manifest_change *c = &s->changes[s->van[i]];
+		if (!keeps_old(c))
+			continue;
+		const struct manifest_entry *e = c->old;
+		for (;;) {
+			if (n == cap) {
+				size_t nc = cap ? cap * 2 : 16;
+				void *nv = mem_realloc(v, nc * sizeof(*v));
+				if (!nv) {
+					r = -ENOMEM;
+					break;
+				}
+				v = nv;
+				cap = nc;
+			}
+			v[n++] = e;
+			/* up to the first directory the new state holds anyway */
+			snprintf(p, sizeof(p), "%s", e->path);
+			char *sl = strrchr(p, '/');
+			if (!sl)
+				break;
+			*sl = '\0';
+			if (manifest_find(s->hm, p) >= 0 && !in_sorted(vp, s->nvan, p))
+				break;
+			long oi = old ? manifest_find(old, p) : -1;
+			if (oi < 0)
+				break; /* not parent-closed: the seal says so */
+			e = &old->e[oi];
+		}
+	}
+	if (r == 0 && n > 1) {
+		qsort(v, n, sizeof(*v), entry_ptr_cmp);
+		size_t k = 1;
+		for (size_t i = 1; i < n; i++)
+			if (manifest_path_cmp(v[i]->path, v[k - 1]->path) != 0)
+				v[k++] = v[i];
+		n = k;
+	}
+	if (r < 0) {
+		mem_free(v);
+		return r;
+	}
+	*out = v;
+	*nout = n;
+	return 0;
+}
+
 static int known_without_vanished(struct sync *s, struct manifest **out)
 {
 	struct manifest *m = NULL;
-	size_t k = 0;
+	const struct manifest_entry **kept = NULL;
+	size_t k = 0, nkept = 0;
 	int r;
 
 	*out = NULL;
@@ -1121,9 +1432,9 @@ static int known_without_vanished(struct sync *s, struct manifest **out)
 	if (!vp)
 		return -ENOMEM;
 	for (size_t i = 0; i < s->nvan; i++)
-		vp[i] = s->changes[s->van[i]].new->path;
+		vp[i] = change_path(&s->changes[s->van[i]]);
 	qsort(vp, s->nvan, sizeof(*vp), str_tree_cmp);
-	if ((r = manifest_new(&s->params, &m)) < 0)
+	if ((r = kept_entries(s, vp, &kept, &nkept)) < 0 || (r = manifest_new(&s->params, &m)) < 0)
 		goto out;
 	for (size_t i = 0; i < s->hm->n; i++) {
 		const struct manifest_entry *e = &s->hm->e[i];
@@ -1134,9 +1445,11 @@ static int known_without_vanished(struct sync *s, struct manifest **out)
 		if ((r = manifest_add(m, e)) < 0)
 			goto out;
 	}
-	for (size_t i = 0; i < s->nvan; i++) {
-		const struct manifest_change *c = &s->changes[s->van[i]];
-		if (c->kind == MANIFEST_MODIFY && c->old && (r = manifest_add(m, c->old)) < 0)
+	for (size_t i = 0; i < nkept; i++) {
+		long hi = manifest_find(s->hm, kept[i]->path);
+		if (hi >= 0 && !in_sorted(vp, s->nvan, kept[i]->path))
+			continue; /* an ancestor the new state holds itself */
+		if ((r = manifest_add(m, kept[i])) < 0)
 			goto out;
 	}
 	if ((r = manifest_seal(m)) < 0)
@@ -1145,6 +1458,7 @@ static int known_without_vanished(struct sync *s, struct manifest **out)
 	m = NULL;
 out:
 	manifest_free(m);
+	mem_free(kept);
 	mem_free(vp);
 	return r;
 }
@@ -1186,6 +1500,7 @@ static void pump(struct sync *s)
 		struct inflight f = {.seq = s->next_seq};
 		size_t ops = 0;
 		delta_builder_reset(s->b, s->next_seq);
+		s->nbops = 0;
 		s->batch_first = s->ci;
 		while (s->ci < s->nchanges) {
 			const struct manifest_change *c = &s->changes[s->ci];
@@ -1237,6 +1552,10 @@ static void pump(struct sync *s)
 				return;
 			}
 			count_change(s, c, &f);
+			if (bops_add(s, s->ci) < 0) {
+				fail(s, -ENOMEM, "out of memory");
+				return;
+			}
 			s->ci++;
 			if (delta_builder_size(s->b) >= s->cfg.batch_target)
 				break;
@@ -1254,6 +1573,10 @@ static void pump(struct sync *s)
 		s->st.batch_bytes += n;
 		s->st.batches++;
 		s->next_seq++;
+		f.cidx = s->bops; /* the guest's failure list names ops by index */
+		f.nops = (uint32_t)s->nbops;
+		s->bops = NULL;
+		s->nbops = s->capbops = 0;
 		s->fl[s->nfl++] = f;
 		built++;
 		if ((r = syncmsg_outbox_push(&s->out, WIRE_SYNC_BATCH, bytes, n)) < 0 ||
@@ -1327,6 +1650,7 @@ static void maybe_done(struct sync *s)
 		s->hm = NULL;
 	}
 	reconcile_clear(s);
+	failures_commit(s);
 	progress(s, "done");
 	finish_op(s, 0, NULL);
 }
@@ -1744,6 +2068,45 @@ out:
 	return r;
 }
 
+/* The ops of batch f the guest could not apply: each must be an op the
+ * batch had, at that index, with that path (else the guest lies: a
+ * protocol error). Their changes are left out of what the guest is
+ * confirmed to hold (note_vanished: it keeps what it had there) and
+ * reported (fnew). With MORE, which other ops failed is unknown: every
+ * op of the batch is taken as failed, and the failure that says so asks
+ * for a reconcile. */
+static int ack_failures(struct sync *s, const struct inflight *f, const struct wire_sync_ack *m)
+{
+	int r;
+
+	for (uint32_t i = 0; i < m->nfail; i++) {
+		const struct wire_sync_fail *w = &m->fail[i];
+		if (w->op >= f->nops)
+			return -EPROTO;
+		const struct manifest_change *c = &s->changes[f->cidx[w->op]];
+		if (strcmp(change_path(c), w->path) != 0)
+			return -EPROTO;
+		if (m->fail_flags & WIRE_SYNC_FAIL_F_MORE)
+			continue;
+		if ((r = note_vanished(s, f->cidx[w->op])) < 0 ||
+		    (r = failures_add(&s->fnew, w->path, (int)w->code, w->msg)) < 0)
+			return r;
+	}
+	if (!(m->fail_flags & WIRE_SYNC_FAIL_F_MORE))
+		return 0;
+	uint32_t i = 0; /* m->fail is in op order */
+	for (uint32_t op = 0; op < f->nops; op++) {
+		const struct manifest_change *c = &s->changes[f->cidx[op]];
+		long k = i < m->nfail && m->fail[i].op == op ? (long)i++ : -1;
+		if ((r = note_vanished(s, f->cidx[op])) < 0 ||
+		    (r = failures_add(&s->fnew, change_path(c), k >= 0 ? (int)m->fail[k].code : ESTALE,
+				      k >= 0 ? m->fail[k].msg : "more ops of its batch failed than the guest listed")) <
+			0)
+			return r;
+	}
+	return 0;
+}
+
 static int on_ack(struct sync *s, struct buf *in)
 {
 	struct wire_sync_ack m;
@@ -1753,12 +2116,16 @@ static int on_ack(struct sync *s, struct buf *in)
 		return -EPROTO;
 	if ((r = wire_sync_ack_decode(in, &m)) < 0)
 		return r;
-	if (m.seq != s->fl[0].seq)
-		return -EPROTO;
+	if (m.seq != s->fl[0].seq || (r = ack_failures(s, &s->fl[0], &m)) < 0) {
+		wire_sync_ack_clear(&m);
+		return r < 0 ? r : -EPROTO;
+	}
 	s->st.guest_seq = m.seq;
 	s->st.kept_dirs += m.kept_dirs;
 	s->prog.files_done += s->fl[0].files;
 	s->prog.bytes_done += s->fl[0].bytes;
+	wire_sync_ack_clear(&m);
+	mem_free(s->fl[0].cidx);
 	memmove(&s->fl[0], &s->fl[1], (s->nfl - 1) * sizeof(s->fl[0]));
 	s->nfl--;
 	progress(s, "send");
@@ -1832,10 +2199,10 @@ int sync_reconcile(struct sync *s)
 		return -EBUSY;
 	reconcile_clear(s);
 	unranged_clear(s); /* a full comparison: every file is decided from its content */
+	failures_begin(s, NULL, 0, true);
 	s->busy = true;
 	s->have_state = false;
 	s->phase = PH_BEGIN;
-	s->nfl = 0;
 	memset(&s->prog, 0, sizeof(s->prog));
 	/* BEGIN first, so the guest scans its copy while we scan ours */
 	struct wire_sync_begin m = {
@@ -2511,8 +2878,8 @@ static int push_start(struct sync *s, const char *const *paths, size_t n)
 	full = full || r > 0; /* other files are included now: decide them all again */
 	r = 0;
 	reconcile_clear(s);
+	failures_begin(s, NULL, 0, false);
 	s->busy = true;
-	s->nfl = 0;
 	memset(&s->prog, 0, sizeof(s->prog));
 	memset(&s->push, 0, sizeof(s->push));
 	s->push.paths = n;
@@ -2545,6 +2912,7 @@ static int push_start(struct sync *s, const char *const *paths, size_t n)
 		}
 		na = k;
 		s->push.anchors = na;
+		failures_begin(s, anchors, na, false);
 		r = push_build_small(s, anchors, na, why, sizeof(why));
 		if (r == 0) {
 			s->pan = anchors; /* swapped into known on the acknowledgement */
@@ -2572,6 +2940,7 @@ static int push_start(struct sync *s, const char *const *paths, size_t n)
 		/* a full scan against what the guest confirmed, no round trip;
 		 * start_send follows it (scan_then) */
 		s->push.full = true;
+		failures_begin(s, NULL, 0, true);
 		scan_start(s, true);
 		goto out;
 	}

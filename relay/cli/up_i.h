@@ -14,6 +14,8 @@
  *                applied barrier, the latency window, the audit record
  *   up_exec.c    the relay backend: commands to the guest on exec streams
  *                (struct xcmd), sync_wait waiters, egress lookups
+ *   up_paths.c   paths the guest could not apply: their retry, status
+ *                and audit record, each command's line (or refusal)
  *   up_status.c  the status file; `airlock status` and `sync-wait`
  *   up_state.c   the state directory, pid file and lock; `airlock down`
  *
@@ -87,6 +89,7 @@ struct xcmd {
 	uint64_t barrier; /* journal seq the guest must have applied first */
 	uint32_t stream;  /* 0 until EXEC_START went out */
 	bool paused;	  /* the relay holds output back: credit is owed, not returned */
+	bool gated;	  /* up_paths_gate was asked (once per command) */
 	size_t owed;
 	size_t stdin_inflight;		 /* stdin bytes sent, not yet acknowledged
 					    (WIRE_EXEC_STDIN_WINDOW) */
@@ -237,6 +240,13 @@ struct up_super {
 	pid_t daemon_pid;
 };
 
+/* Paths the guest could not apply: their retry (up_paths.c). */
+struct up_paths {
+	uint64_t timer;	      /* the next retry, 0: none */
+	uint64_t retry_at_ms; /* loop_now_ms of it */
+	uint64_t retries;     /* retries started */
+	uint64_t sig;	      /* of the set last recorded (audit, the daemon's log) */
+};
 struct up {
 	struct loop *loop;
 	struct journal *journal;
@@ -258,6 +268,7 @@ struct up {
 	struct up_forks forks;
 	struct up_super super;
 	struct up_progress progress;
+	struct up_paths paths;
 
 	_Atomic uint64_t first_notify_ns; /* set by FUSE threads, taken by the loop */
 	atomic_bool mount_gone;
@@ -323,6 +334,25 @@ bool up_sync_settled(struct up *u);
 size_t up_sync_pending(struct up *u);
 /* Free the engines and the pending set. */
 void up_sync_clear(struct up *u);
+/* Push these paths again (with no content hint), or reconcile (full),
+ * now or after the operation running. */
+void up_sync_retry(struct up *u, const char *const *paths, size_t n, bool full);
+/* ---- up_paths.c: paths the guest could not apply ---- */
+/* An operation finished: record the set (audit, log) and arm the retry
+ * (1 s doubling to 60 s after the freshest failure), or stop it. */
+void up_paths_synced(struct up *u);
+/* A command ended: retry now (it may have freed space in the guest). */
+void up_paths_kick(struct up *u);
+/* The connection is gone: no retry until the next one. */
+void up_paths_clear(struct up *u);
+/* A command passed its barrier: with paths missing in the guest, one
+ * line on its stderr (true: send it), or with execution.barrier "fail"
+ * false and that line in refusal (the caller ends the command with it). */
+bool up_paths_gate(struct up *u, struct relay_cmd *cmd, char *refusal, size_t len);
+/* The status file's "not_in_guest" object (a json_t *; NULL without
+ * memory), and its lines in `airlock status` from a status document. */
+void *up_paths_json(struct up *u);
+void up_paths_print(void *status);
 
 /* ---- up_exec.c ---- */
 

@@ -146,6 +146,8 @@ static json_t *status_json(struct up *u)
 		json_object_set_new(o, "forks", up_fork_status(u));
 	if (o && u->exec.egress)
 		json_object_set_new(o, "egress", egress_json(u->exec.egress));
+	if (o)
+		json_object_set_new(o, "not_in_guest", up_paths_json(u));
 	return o;
 }
 
@@ -387,6 +389,7 @@ static void print_status(json_t *st, pid_t pid)
 		       json_integer_value(json_object_get(eg, "streams")),
 		       json_integer_value(json_object_get(eg, "opened")),
 		       json_integer_value(json_object_get(eg, "denials")));
+	up_paths_print(st);
 	if (lerr && *lerr)
 		printf("last error  %s\n", lerr);
 	const char *crash = json_string_value(json_object_get(st, "last_crash"));
@@ -527,9 +530,16 @@ int cmd_sync_wait(int argc, char **argv)
 				barrier = (uint64_t)json_integer_value(json_object_get(st, "journal_seq"));
 				have_barrier = true;
 			}
+			json_int_t missing =
+			    json_integer_value(json_object_get(json_object_get(st, "not_in_guest"), "total"));
 			json_decref(st);
-			if (have_barrier && applied >= barrier && pending == 0)
+			if (have_barrier && applied >= barrier && pending == 0) {
+				if (missing > 0) /* applied as far as the guest could: say what it could not */
+					cmd_err(
+					    "sync-wait: %lld path%s not in the guest, retrying (airlock status -C %s)",
+					    (long long)missing, missing == 1 ? " is" : "s are", dir);
 				return 0;
+			}
 		}
 		if (t - t0_ms > 0 && (t - t0_ms) % 1000 < 5 && up_daemon_pid(sdir) != pid) {
 			pid_t again = up_wait_daemon(sdir, RESTART_WAIT_MS);

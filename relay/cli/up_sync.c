@@ -159,6 +159,7 @@ static void on_sync_done(int err, const char *why, void *ud)
 	up_changes_synced(u, u->sync.op_full);
 	if (u->conn.state == UP_RECONCILING)
 		up_conn_live(u);
+	up_paths_synced(u);
 }
 
 #define PROGRESS_TTY_MS	 250u  /* a terminal's line is redrawn this often */
@@ -391,8 +392,26 @@ size_t up_sync_pending(struct up *u)
 	       (u->sync.busy ? u->sync.op_npaths + 1 : 0);
 }
 
+void up_sync_retry(struct up *u, const char *const *paths, size_t n, bool full)
+{
+	for (size_t i = 0; i < n && !full; i++) {
+		struct sync_hint *h = pathset_add(&u->sync.pending, paths[i]);
+		if (!h)
+			full = true;
+		else
+			h->valid = false; /* hash it whole */
+	}
+	if (full) {
+		pathset_clear(&u->sync.pending);
+		u->sync.pending_full = true;
+	}
+	up_mark_dirty(u);
+	up_sync_pump(u);
+}
+
 void up_sync_clear(struct up *u)
 {
+	up_paths_clear(u);
 	sync_free(u->sync.engine);
 	sync_free(u->sync.dead);
 	u->sync.engine = u->sync.dead = NULL;

@@ -18,6 +18,12 @@
  *       "withheld_total": N, "withheld_omitted": M,
  *       "skipped":  [ { "path": "...", "reason": "special file ..." } ],
  *       "skipped_total": N, "skipped_omitted": M }
+ *   failed.json    written by airlock up when the set of paths the guest
+ *     could not apply changes (sync_failures; doc/SYNC.md "Per-path
+ *     failures"): { "version": 1, "workspace", "time",
+ *       "not_in_guest": [ { "path", "errno", "error", "message",
+ *       "attempts", "since_ms" } ], "not_in_guest_total": N,
+ *       "not_in_guest_omitted": M }; an empty list once all applied.
  *   egress.json    reserved for the egress proxy's denial log (same
  *     conventions: { "version": 1, "denials": [ {...} ], "denials_total",
  *     "denials_omitted" }); `airlock audit` prints it when present.
@@ -35,6 +41,7 @@
 
 #define AUDIT_WITHHELD_FILE "withheld.json"
 #define AUDIT_EGRESS_FILE   "egress.json"
+#define AUDIT_FAILED_FILE   "failed.json"
 #define AUDIT_FILE_MAX	    (64u << 20) /* larger audit files are refused when read */
 
 /* The workspace id of dir (32 hex chars + NUL). */
