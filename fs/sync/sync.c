@@ -208,6 +208,7 @@ struct sync {
 	struct syncmsg_outbox out;
 	enum phase phase;
 	bool busy;
+	bool send_failed; /* the op failed while sending: the guest may hold part of it (sync_sending) */
 	struct sync_stats st;
 	struct sync_progress prog;
 	struct records withheld, skipped;
@@ -350,6 +351,7 @@ static void fail(struct sync *s, int err, const char *fmt, ...)
 
 	if (!s->busy)
 		return;
+	s->send_failed = s->phase == PH_SEND;
 	scan_stop(s);
 	va_start(ap, fmt);
 	vsnprintf(why, sizeof(why), fmt, ap);
@@ -476,6 +478,7 @@ static void reconcile_clear(struct sync *s)
 	s->pold = NULL;
 	manifest_free(s->sending);
 	s->sending = NULL;
+	s->send_failed = false;
 	for (size_t i = 0; i < s->npan; i++)
 		mem_free(s->pan[i]);
 	mem_free(s->pan);
@@ -570,7 +573,9 @@ static int known_swap_in_to(struct sync *s, struct manifest *into);
 
 const struct manifest *sync_sending(struct sync *s)
 {
-	if (!s->busy || s->phase != PH_SEND)
+	/* also after a failure while sending (a write to a guest that died,
+	 * its ERROR): batches sent before it may be applied, unacknowledged */
+	if (!(s->busy && s->phase == PH_SEND) && !s->send_failed)
 		return NULL;
 	if (!s->pold || s->sending)
 		return s->pold ? s->sending : s->hm;
