@@ -114,6 +114,10 @@ start_agent
 mkdir -p "$W/sub"
 printf 'before\n' >"$W/sub/f"
 start_up
+# a relay socket left by a daemon that died with it (kill -9 of supervisor and daemon): the next up removes it
+RELAY_DIR=$(dirname "$("$AIRLOCK" status -C "$W" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["socket"])')")
+STALE=$RELAY_DIR/faults-gone-$$.sock
+python3 -c 'import socket,sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' "$STALE"
 
 # ---- kill -9 of the daemon: DIR stays the workspace ----
 t_daemon_crash() {
@@ -249,7 +253,7 @@ xworkload() { # xworkload SEED
 			mv "$d/ro$1_$i" "$d/rn$1_$i"
 			;;
 		5) [ -d "$d" ] && { chmod -R u+w "$d" && rm -rf "$d"; } ;;
-		esac
+		esac || true
 	done
 }
 
@@ -276,6 +280,9 @@ fault_round() { # fault_round KIND SEED
 		echo "$kind seed $s: trees differ" >&2
 		tail -8 "$T/up.err" >&2
 		"$AIRLOCK" changes -C "$W" 2>&1 | head -5 >&2
+		# a late arrival (sync-wait returned early) or a lost change?
+		sleep 3
+		syncwait 30 && same_tree 2>/dev/null && echo "(the same after 3 s more: converged late)" >&2
 		return 1
 	}
 }
@@ -348,6 +355,14 @@ check "down right after a crash stops the restarted daemon, first time" t_down_a
 
 # ---- permissions across uids through up --allow-other ----
 as_nobody() { setpriv --reuid 65534 --regid 65534 --clear-groups -- "$@"; }
+t_stale_sockets() {
+	start_up || return 1
+	[ ! -e "$STALE" ] || { echo "the stale socket $STALE is still there" >&2; return 1; }
+	grep -q 'removed [0-9]* stale relay socket' "$T/up.err" || { head -5 "$T/up.err" >&2; return 1; }
+	[ -S "$("$AIRLOCK" status -C "$W" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["socket"])')" ] &&
+		$TO 15 "$AIRLOCK" down "$W" && wait "$UP_PID"
+}
+check "stale relay sockets of daemons that are gone are removed by the next up" t_stale_sockets
 t_other_uid_refused() {
 	local out
 	start_up || return 1
@@ -380,5 +395,33 @@ t_allow_other() {
 }
 check "--allow-other: modes, owners, sticky and setgid directories hold for another uid; the guest converges" t_allow_other
 $TO 15 "$AIRLOCK" down "$W" >/dev/null 2>&1 || true
+
+# ---- a full host workspace: the editor's write gets ENOSPC through the mount, nothing is lost ----
+t_host_full() {
+	local small=$T/small g2=$T/guest2 out rc=0 apid upid
+	mkdir -p "$small" "$g2"
+	mount -t tmpfs -o size=1m airlock-faults-small "$small" || return 1
+	printf 'kept\n' >"$small/keep"
+	start_bg agent2 "$AGENT" --listen "unix:$T/a2.sock" --root "$g2" --key "$T/gk" --allow "$HPUB" \
+		--state "$T/agent2.state" --fsync none
+	apid=$BG_PID
+	wait_line "$T/agent2.out" '^ready' 10 || return 1
+	start_bg up2 "$AIRLOCK" up "$small" --guest "unix:$T/a2.sock" --key "$T/hk" --guest-key "$GPUB"
+	upid=$BG_PID
+	wait_line "$T/up2.out" "in sync with unix:$T/a2.sock\$" 20 || return 1
+	out=$(dd if=/dev/urandom of="$small/big" bs=64k count=64 2>&1) || rc=$?
+	[ "$rc" != 0 ] && echo "$out" | grep -q 'No space left on device' || { echo "dd: rc $rc: $out" >&2; return 1; }
+	[ "$(cat "$small/keep")" = kept ] || return 1
+	$TO 40 "$AIRLOCK" sync-wait -C "$small" --timeout 30 || return 1
+	W=$small G=$g2 same_tree || { echo "full: guest differs" >&2; return 1; }
+	rm -f "$small/big"
+	printf 'after\n' >"$small/after" || return 1
+	$TO 40 "$AIRLOCK" sync-wait -C "$small" --timeout 30 && [ "$(cat "$g2/after")" = after ] && [ ! -e "$g2/big" ] &&
+		W=$small G=$g2 same_tree || return 1
+	$TO 15 "$AIRLOCK" down "$small" && wait "$upid"
+	kill "$apid" 2>/dev/null
+	! mountpoint -q "$small/keep" && [ "$(cat "$small/after")" = after ]
+}
+check "a full host workspace: ENOSPC through the mount, nothing lost, the guest equals it; space back, sync goes on" t_host_full
 
 finish
