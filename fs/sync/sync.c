@@ -225,11 +225,13 @@ struct sync {
 	struct sync_progress prog;
 	struct records withheld, skipped;
 	struct policy_ctx *pctx;
-	struct withhold *wh;			/* content, copies, disk-shaped names (withhold.h) */
-	struct hcache *cache;			/* NULL without cfg.state_dir */
-	int state_fd;				/* cfg.state_dir, or -1 */
-	struct gitcfgs gitcfg;			/* the generated .git/config files of this operation */
-	char gitcfg_bad[MANIFEST_PATH_MAX + 1]; /* the host config git_configs failed on */
+	struct withhold *wh;  /* content, copies, disk-shaped names (withhold.h) */
+	struct hcache *cache; /* NULL without cfg.state_dir */
+	int state_fd;	      /* cfg.state_dir, or -1 */
+	/* the generated config files of this operation's git directories, and
+	 * the host config git_configs failed on */
+	struct gitcfgs gitcfg;
+	char gitcfg_bad[MANIFEST_PATH_MAX + 1];
 	/* manifests */
 	struct manifest *hm;	/* host, this run */
 	struct manifest *known; /* what the guest confirmed last (host view) */
