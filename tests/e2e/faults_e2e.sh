@@ -326,11 +326,19 @@ t_state_full() {
 	syncwait 30 && "$AIRLOCK" audit -C "$W" | grep -q 'sub/.env'
 }
 check "a full state directory: status, the daemon's stderr name each file (status, audit record); freed, all is well again" t_state_full
+t_audit_rename() {
+	local out
+	mv "$W/sub" "$W/sub2" && syncwait 30 || return 1
+	out=$("$AIRLOCK" audit -C "$W") || return 1
+	echo "$out" | grep -q ' sub2/\.env ' && ! echo "$out" | grep -q ' sub/\.env ' || { echo "$out" >&2; return 1; }
+	[ ! -e "$G/sub2/.env" ] && [ -f "$G/sub2/f" ]
+}
+check "audit after a directory rename names the withheld file at its new path only" t_audit_rename
 t_state_ro() {
 	local out rc=0
 	# a read-only bind over it (the daemon's open log keeps the tmpfs itself from going read-only)
 	mount --bind "$T/state/airlock" "$T/state/airlock" && mount -o remount,bind,ro "$T/state/airlock" || return 1
-	echo ro >>"$W/sub/f"
+	echo ro >>"$W/sub2/f"
 	sleep 0.3
 	out=$("$AIRLOCK" status -C "$W" 2>&1) || rc=$?
 	umount "$T/state/airlock"
