@@ -209,6 +209,18 @@ enum phase {
 	PH_SEND,    /* batches */
 };
 
+/* A generated config of a git directory (the top level's .git, a nested
+ * repository's, a submodule's under .git/modules): its path, bytes, hash. */
+struct gitcfg {
+	char *path;
+	struct buf bytes;
+	uint8_t hash[CHUNK_HASH_LEN];
+};
+struct gitcfgs {
+	struct gitcfg *v;
+	size_t n;
+};
+
 struct sync {
 	struct chan *chan;
 	struct sync_cfg cfg;
@@ -219,6 +231,7 @@ struct sync {
 	struct syncmsg_outbox out;
 	enum phase phase;
 	bool busy;
+	bool send_failed; /* the op failed while sending: the guest may hold part of it (sync_sending) */
 	struct sync_stats st;
 	struct sync_progress prog;
 	struct records withheld, skipped;
@@ -226,9 +239,10 @@ struct sync {
 	struct withhold *wh;  /* content, copies, disk-shaped names (withhold.h) */
 	struct hcache *cache; /* NULL without cfg.state_dir */
 	int state_fd;	      /* cfg.state_dir, or -1 */
-	struct buf gitcfg;    /* generated .git/config bytes */
-	uint8_t gitcfg_hash[CHUNK_HASH_LEN];
-	bool have_gitcfg;
+	/* the generated config files of this operation's git directories, and
+	 * the host config git_configs failed on */
+	struct gitcfgs gitcfg;
+	char gitcfg_bad[MANIFEST_PATH_MAX + 1];
 	/* manifests */
 	struct manifest *hm;	/* host, this run */
 	struct manifest *known; /* what the guest confirmed last (host view) */
@@ -371,6 +385,7 @@ static void fail(struct sync *s, int err, const char *fmt, ...)
 
 	if (!s->busy)
 		return;
+	s->send_failed = s->phase == PH_SEND;
 	scan_stop(s);
 	va_start(ap, fmt);
 	vsnprintf(why, sizeof(why), fmt, ap);
@@ -660,6 +675,104 @@ static int bops_add(struct sync *s, size_t ci)
 	return 0;
 }
 
+/* ---- generated git configs ---- */
+
+static void gitcfgs_clear(struct gitcfgs *g)
+{
+	for (size_t i = 0; i < g->n; i++) {
+		mem_free(g->v[i].path);
+		buf_clear(&g->v[i].bytes);
+	}
+	mem_free(g->v);
+	g->v = NULL;
+	g->n = 0;
+}
+
+static void gitcfg_why(const struct sync *s, int r, char *why, size_t whylen)
+{
+	snprintf(why, whylen, "%.300s: %s (the guest gets a generated one; fix or shrink the host's)", s->gitcfg_bad,
+		 strerror(-r));
+}
+
+static const struct gitcfg *gitcfg_find(const struct sync *s, const char *path)
+{
+	for (size_t i = 0; i < s->gitcfg.n; i++)
+		if (!strcmp(s->gitcfg.v[i].path, path))
+			return &s->gitcfg.v[i];
+	return NULL;
+}
+
+/* Is directory d of m a git directory whose config the guest gets
+ * generated: a work tree's .git (top level or nested), or a submodule's
+ * under .git/modules (it has a HEAD). A .git *file* (gitdir: elsewhere) is
+ * synced as it is and never followed: a target inside the workspace is a
+ * directory of m like any other, one outside is not ours to read. A bare
+ * repository keeps its config withheld without a replacement (bare = false
+ * would be wrong for it). */
+static bool git_dir(const struct manifest *m, const char *d)
+{
+	char head[MANIFEST_PATH_MAX + 8];
+	const char *base = strrchr(d, '/');
+
+	if (!strcmp(base ? base + 1 : d, ".git"))
+		return true;
+	if (strncmp(d, ".git/modules/", 13) && !strstr(d, "/.git/modules/"))
+		return false;
+	snprintf(head, sizeof(head), "%s/HEAD", d);
+	long i = manifest_find(m, head);
+	return i >= 0 && m->e[i].type == MANIFEST_FILE;
+}
+
+/* Add to m (sealed; resealed) the generated config of every git directory
+ * whose config path is at or beneath one of the anchors (all of them
+ * without anchors), made from the host's config there by sync_git_config
+ * (read beneath the workspace, no symlink followed). The table becomes
+ * these, for add_change. 0 or -errno (gitcfg_bad names the file). */
+static int git_configs(struct sync *s, struct manifest *m, char *const *anchors, size_t na)
+{
+	char p[MANIFEST_PATH_MAX + 1];
+	int r = 0;
+
+	gitcfgs_clear(&s->gitcfg);
+	s->gitcfg_bad[0] = '\0';
+	/* decided on the sealed m first (manifest_find), added after */
+	for (size_t i = 0; i < m->n && r == 0; i++) {
+		const struct manifest_entry *d = &m->e[i];
+		if (d->type != MANIFEST_DIR || (size_t)snprintf(p, sizeof(p), "%s/config", d->path) >= sizeof(p) ||
+		    (anchors && anchor_holding(anchors, na, p) < 0) || !git_dir(m, d->path) || manifest_find(m, p) >= 0)
+			continue;
+		struct gitcfg *nv = mem_realloc(s->gitcfg.v, (s->gitcfg.n + 1) * sizeof(*nv));
+		if (!nv) {
+			r = -ENOMEM;
+			break;
+		}
+		s->gitcfg.v = nv;
+		struct gitcfg *g = &nv[s->gitcfg.n];
+		buf_init(&g->bytes, SYNC_GIT_CONFIG_MAX);
+		if (!(g->path = mem_strdup(p))) {
+			r = -ENOMEM;
+			break;
+		}
+		s->gitcfg.n++;
+		if ((r = sync_git_config(s->cfg.dirfd, p, &g->bytes)) < 0)
+			snprintf(s->gitcfg_bad, sizeof(s->gitcfg_bad), "%s", p);
+		else
+			chunk_hash(buf_ptr(&g->bytes), buf_len(&g->bytes), g->hash);
+	}
+	for (size_t i = 0; i < s->gitcfg.n && r == 0; i++) {
+		const struct gitcfg *g = &s->gitcfg.v[i];
+		struct manifest_entry e = {
+		    .path = g->path, .type = MANIFEST_FILE, .mode = 0644, .size = buf_len(&g->bytes)};
+		memcpy(e.hash, g->hash, CHUNK_HASH_LEN);
+		r = manifest_add(m, &e);
+	}
+	if (r == 0 && s->gitcfg.n)
+		r = manifest_seal(m);
+	if (r < 0 && !s->gitcfg_bad[0])
+		snprintf(s->gitcfg_bad, sizeof(s->gitcfg_bad), "%s", "generating git configs");
+	return r;
+}
+
 static void reconcile_clear(struct sync *s)
 {
 	inflight_clear(s);
@@ -690,6 +803,7 @@ static void reconcile_clear(struct sync *s)
 	s->pold = NULL;
 	manifest_free(s->sending);
 	s->sending = NULL;
+	s->send_failed = false;
 	for (size_t i = 0; i < s->npan; i++)
 		mem_free(s->pan[i]);
 	mem_free(s->pan);
@@ -728,7 +842,6 @@ int sync_new(struct chan *c, const struct sync_cfg *cfg, struct sync **out)
 	syncmsg_scope(cfg->guest_pub, cfg->sign_pk, s->scope);
 	syncmsg_inbox_init(&s->in);
 	syncmsg_outbox_init(&s->out);
-	buf_init(&s->gitcfg, SYNC_GIT_CONFIG_MAX);
 	struct delta_caps caps = syncmsg_delta_caps;
 	if (cfg->max_batch && cfg->max_batch < caps.max_batch)
 		caps.max_batch = cfg->max_batch;
@@ -756,7 +869,7 @@ void sync_free(struct sync *s)
 	reconcile_clear(s);
 	syncmsg_inbox_clear(&s->in);
 	syncmsg_outbox_clear(&s->out);
-	buf_clear(&s->gitcfg);
+	gitcfgs_clear(&s->gitcfg);
 	records_clear(&s->withheld);
 	records_clear(&s->skipped);
 	failures_clear(&s->failed);
@@ -787,7 +900,9 @@ static int known_swap_in_to(struct sync *s, struct manifest *into);
 
 const struct manifest *sync_sending(struct sync *s)
 {
-	if (!s->busy || s->phase != PH_SEND)
+	/* also after a failure while sending (a write to a guest that died,
+	 * its ERROR): batches sent before it may be applied, unacknowledged */
+	if (!(s->busy && s->phase == PH_SEND) && !s->send_failed)
 		return NULL;
 	if (!s->pold || s->sending)
 		return s->pold ? s->sending : s->hm;
@@ -940,7 +1055,7 @@ static int withhold_contents(struct sync *s, bool defer)
 
 	for (size_t i = 0; i < s->hm->n; i++) {
 		const struct manifest_entry *e = &s->hm->e[i];
-		if (e->type != MANIFEST_FILE || !strcmp(e->path, SYNC_GIT_CONFIG) || allowed_by_name(s, e->path))
+		if (e->type != MANIFEST_FILE || gitcfg_find(s, e->path) || allowed_by_name(s, e->path))
 			continue; /* the generated one: the host's is a secret */
 		if ((r = withhold_content(s->wh, e, defer, rule, sizeof(rule))) == 0)
 			continue;
@@ -1037,25 +1152,9 @@ static int host_scan(struct sync *s, char *why, size_t whylen)
 	s->st.withheld = s->withheld.total;
 	s->st.withheld_changes = s->withheld.changes;
 	s->st.skipped = s->skipped.total;
-	s->have_gitcfg = false;
-	long gi = manifest_find(s->hm, ".git");
-	if (gi >= 0 && s->hm->e[gi].type == MANIFEST_DIR) {
-		buf_reset(&s->gitcfg);
-		if ((r = sync_git_config(s->cfg.dirfd, SYNC_GIT_CONFIG, &s->gitcfg)) < 0) {
-			snprintf(why, whylen,
-				 ".git/config: %s (the guest gets a generated one; fix or shrink the host's)",
-				 strerror(-r));
-			return r;
-		}
-		struct manifest_entry e = {
-		    .path = (char *)SYNC_GIT_CONFIG, .type = MANIFEST_FILE, .mode = 0644, .size = buf_len(&s->gitcfg)};
-		chunk_hash(buf_ptr(&s->gitcfg), buf_len(&s->gitcfg), e.hash);
-		memcpy(s->gitcfg_hash, e.hash, CHUNK_HASH_LEN);
-		if ((r = manifest_add(s->hm, &e)) < 0 || (r = manifest_seal(s->hm)) < 0) {
-			snprintf(why, whylen, "adding the generated .git/config: %s", strerror(-r));
-			return r;
-		}
-		s->have_gitcfg = true;
+	if ((r = git_configs(s, s->hm, NULL, 0)) < 0) {
+		gitcfg_why(s, r, why, whylen);
+		return r;
 	}
 	s->st.host_entries = s->hm->n;
 	return 0;
@@ -1234,13 +1333,13 @@ static int add_change(struct sync *s, const struct manifest_change *c)
 	const struct manifest_entry *n = c->new;
 	int r;
 
-	if (n && n->type == MANIFEST_FILE && s->have_gitcfg && !strcmp(n->path, SYNC_GIT_CONFIG) &&
-	    (c->kind == MANIFEST_ADD || c->kind == MANIFEST_MODIFY)) {
+	const struct gitcfg *g = n && n->type == MANIFEST_FILE ? gitcfg_find(s, n->path) : NULL;
+	if (g && (c->kind == MANIFEST_ADD || c->kind == MANIFEST_MODIFY)) {
 		/* Never the real file: the generated bytes, signed like the rest. */
 		if ((r = delta_put_begin(s->b, n->path, n->mode, NULL)) < 0)
 			return r;
-		if ((r = delta_put_inline(s->b, buf_ptr(&s->gitcfg), buf_len(&s->gitcfg))) < 0 ||
-		    (r = delta_put_end(s->b, s->gitcfg_hash)) < 0)
+		if ((r = delta_put_inline(s->b, buf_ptr(&g->bytes), buf_len(&g->bytes))) < 0 ||
+		    (r = delta_put_end(s->b, g->hash)) < 0)
 			return r;
 		return 0;
 	}
@@ -1745,8 +1844,8 @@ static int guest_managed(struct sync *s, const char *path, uint8_t type)
 {
 	struct policy_verdict v;
 
-	if (!strcmp(path, SYNC_GIT_CONFIG))
-		return s->have_gitcfg ? 1 : 0;
+	if (gitcfg_find(s, path))
+		return 1;
 	if (policy_check(s->cfg.policy, s->pctx, path, type == MANIFEST_DIR, &v) < 0)
 		return 0;
 	if (v.reason == POLICY_SYNCED)
@@ -2570,29 +2669,6 @@ static int push_scan_anchor(struct sync *s, struct scan_ctx *x, const char *path
 	return r;
 }
 
-/* Add the generated .git/config when the new state has a .git directory
- * (m sealed; resealed). */
-static int push_git_config(struct sync *s, struct manifest *m)
-{
-	int r;
-	long gi = manifest_find(m, ".git");
-
-	s->have_gitcfg = false;
-	if (gi < 0 || m->e[gi].type != MANIFEST_DIR || manifest_find(m, SYNC_GIT_CONFIG) >= 0)
-		return 0;
-	buf_reset(&s->gitcfg);
-	if ((r = sync_git_config(s->cfg.dirfd, SYNC_GIT_CONFIG, &s->gitcfg)) < 0)
-		return r;
-	struct manifest_entry e = {
-	    .path = (char *)SYNC_GIT_CONFIG, .type = MANIFEST_FILE, .mode = 0644, .size = buf_len(&s->gitcfg)};
-	chunk_hash(buf_ptr(&s->gitcfg), buf_len(&s->gitcfg), e.hash);
-	memcpy(s->gitcfg_hash, e.hash, CHUNK_HASH_LEN);
-	if ((r = manifest_add(m, &e)) < 0 || (r = manifest_seal(m)) < 0)
-		return r;
-	s->have_gitcfg = true;
-	return 0;
-}
-
 /* A directory the policy keeps only for what is beneath it (DESCEND) must
  * go when the anchors took the last of that. Returns how many were found;
  * their paths are appended to *drop. */
@@ -2635,7 +2711,6 @@ static int push_build(struct sync *s, char **anchors, size_t na, char *why, size
 	struct manifest *m = NULL;
 	char **drop = NULL;
 	size_t ndrop = 0;
-	bool git = false;
 	int r;
 
 	records_drop_under(&s->withheld, anchors, na);
@@ -2654,8 +2729,6 @@ static int push_build(struct sync *s, char **anchors, size_t na, char *why, size
 				goto out;
 		}
 		for (size_t a = 0; a < na; a++) {
-			if (round == 0 && path_under(SYNC_GIT_CONFIG, anchors[a]))
-				git = true;
 			if (ndrop && anchor_holding(drop, ndrop, anchors[a]) >= 0)
 				continue;
 			if (round == 0)
@@ -2703,9 +2776,8 @@ static int push_build(struct sync *s, char **anchors, size_t na, char *why, size
 	}
 	if ((r = withhold_contents(s, false)) < 0) /* few files: decided before the diff */
 		goto out;
-	if (git && (r = push_git_config(s, s->hm)) < 0) {
-		snprintf(why, whylen, ".git/config: %s (the guest gets a generated one; fix or shrink the host's)",
-			 strerror(-r));
+	if ((r = git_configs(s, s->hm, anchors, na)) < 0) {
+		gitcfg_why(s, r, why, whylen);
 		goto out;
 	}
 	s->st.withheld = s->withheld.total;
@@ -2795,9 +2867,6 @@ static int push_build_small(struct sync *s, char **anchors, size_t na, char *why
 	struct manifest *nm = NULL, *om = NULL;
 	int r;
 
-	for (size_t a = 0; a < na; a++)
-		if (path_under(SYNC_GIT_CONFIG, anchors[a]))
-			return PUSH_SLOW;
 	records_drop_under(&s->withheld, anchors, na);
 	records_drop_under(&s->skipped, anchors, na);
 	if ((r = manifest_new(&s->params, &nm)) < 0 || (r = manifest_new(&s->params, &om)) < 0)
@@ -2846,6 +2915,10 @@ static int push_build_small(struct sync *s, char **anchors, size_t na, char *why
 	nm = NULL;
 	if ((r = withhold_contents(s, false)) < 0)
 		goto out;
+	if ((r = git_configs(s, s->hm, anchors, na)) < 0) {
+		gitcfg_why(s, r, why, whylen);
+		goto out;
+	}
 	s->pold = om;
 	om = NULL;
 	s->st.withheld = s->withheld.total;

@@ -291,10 +291,10 @@ int wb_store_save(struct wb_store *s)
 	size_t len = strlen(text);
 	if (fd < 0)
 		r = -errno;
-	else if (write(fd, text, len) != (ssize_t)len || fsync(fd) < 0)
-		r = -EIO;
-	if (fd >= 0)
-		close(fd);
+	else if ((errno = 0, write(fd, text, len) != (ssize_t)len || fsync(fd) < 0))
+		r = errno ? -errno : -ENOSPC; /* a short write: the disk is full */
+	if (fd >= 0 && close(fd) < 0 && r == 0)
+		r = -errno;
 	free(text);
 	if (r == 0 && renameat(s->dirfd, tmp, s->dirfd, WB_STORE_FILE) < 0)
 		r = -errno;

@@ -84,9 +84,11 @@ void up_exec_kick(struct up *u)
 {
 	struct xcmd *x, *next;
 
+	/* live: a reconnect's (or a restarted daemon's) reconcile is done,
+	 * which the barrier alone does not say */
 	for (struct syncw **pp = &u->exec.syncws; *pp;) {
 		struct syncw *w = *pp;
-		if (u->sync.applied_seq >= w->barrier) {
+		if (u->conn.state == UP_LIVE && u->sync.applied_seq >= w->barrier) {
 			*pp = w->next;
 			relay_sync_done(u->exec.relay, w->token);
 			mem_free(w);

@@ -55,6 +55,10 @@
 #define RESTART_WAIT_MS 3000u /* status/sync-wait wait this long for a restarted daemon */
 #define POLICY_NOTE	"policy is read once at start: edits to it apply after restart"
 
+/* state files of up_changes.c that up_status.c names in state_error */
+#define UP_CONFIRMED_FILE "confirmed.manifest" /* the confirmed state, for the next reconcile */
+#define UP_STASH_FILES	  "conflict-*"	       /* the guest's versions of conflicts */
+
 struct loop;
 struct journal;
 struct mount;
@@ -149,11 +153,21 @@ struct up_progress {
 	uint64_t t0_ms, last_ms;
 };
 
-/* The status file's throttle (up_status.c). */
+/* A file of the state directory whose last write failed (up_state_wrote). */
+struct up_werr {
+	char file[32];
+	int err; /* -errno */
+};
+#define UP_WERR_MAX 8
+
+/* The status file's throttle, and the state directory's failed writes
+ * (up_status.c): the status's state_error until each is written again. */
 struct up_status {
 	uint64_t last_ms, timer;
 	bool dirty;
-	int save_err; /* the last status write's -errno (said once on stderr per change) */
+	struct up_werr werr[UP_WERR_MAX];
+	size_t nwerr;
+	uint64_t retry_ms; /* when the failed files were last written again */
 };
 
 /* The policy, read once at start, and where its file is to notice edits. */
@@ -332,6 +346,8 @@ void up_sync_pump(struct up *u);
 bool up_sync_settled(struct up *u);
 /* Journaled changes not yet on the guest (approximate: what status shows). */
 size_t up_sync_pending(struct up *u);
+/* Write the audit record (withheld.json) again: a retry after a failed write. */
+void up_sync_save_audit(struct up *u);
 /* Free the engines and the pending set. */
 void up_sync_clear(struct up *u);
 /* Push these paths again (with no content hint), or reconcile (full),
@@ -434,6 +450,8 @@ bool up_changes_keep(void *ud, const struct manifest_change *c);
 void up_changes_reconcile_begin(struct up *u);
 /* A sync operation finished (full: a reconcile). */
 void up_changes_synced(struct up *u, bool full);
+/* Write the store and the confirmed state again: a retry after a failed write. */
+void up_changes_save_state(struct up *u);
 /* An ERROR from the guest on a pull's stream (too many pulls, an agent
  * without them): that pull fails. false when stream is no pull's. */
 bool up_changes_refused(struct up *u, uint32_t stream, const char *msg);
@@ -448,6 +466,11 @@ void up_status_write(struct up *u);
 /* Write it if it changed: at once when settled (sync-wait and status wait
  * for that), else at most every STATUS_MIN_MS. */
 void up_status_flush(struct up *u, bool settled);
+/* The result of a write of file in the state directory: r < 0 (-errno:
+ * ENOSPC, EROFS...) is said once on stderr and is the status's state_error
+ * (airlock status fails with it) until a write of that file works again,
+ * which is said too. */
+void up_state_wrote(struct up *u, const char *file, int r);
 
 /* ---- up_log.c: the daemon's log ---- */
 
@@ -461,6 +484,9 @@ int up_log_term_fd(void);
 void up_log_detach(void);
 /* Restore stdout and stderr, close the log. */
 void up_log_stop(void);
+/* 0, or the -errno of the last failed write to up.log (a full or
+ * read-only state directory; the log cannot say it itself). */
+int up_log_error(void);
 
 /* ---- up_traps.c: refusals and warnings before anything starts ---- */
 

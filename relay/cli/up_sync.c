@@ -122,6 +122,14 @@ static void lat_add(struct up_latency *lat, uint64_t ns)
 		lat->n++;
 }
 
+static void save_withheld(struct up *u);
+
+void up_sync_save_audit(struct up *u)
+{
+	if (u->sync.engine)
+		save_withheld(u);
+}
+
 static void save_withheld(struct up *u)
 {
 	size_t nw, ns;
@@ -130,8 +138,8 @@ static void save_withheld(struct up *u)
 	const struct sync_record *w = sync_withheld(u->sync.engine, &nw, &tw),
 				 *s = sync_skipped(u->sync.engine, &ns, &ts);
 
-	if (audit_save_withheld(u->dir, policy_source(u->pol.policy), w, nw, tw, s, ns, ts, err, sizeof(err)) < 0)
-		cmd_err("audit record: %s", err);
+	int r = audit_save_withheld(u->dir, policy_source(u->pol.policy), w, nw, tw, s, ns, ts, err, sizeof(err));
+	up_state_wrote(u, AUDIT_WITHHELD_FILE, r); /* said once, in status until it works again */
 	u->sync.withheld_saved = sync_get_stats(u->sync.engine)->withheld_changes;
 }
 

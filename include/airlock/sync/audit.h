@@ -50,7 +50,9 @@ int audit_workspace_id(const char *dir, char id[33]);
 /* The audit directory of dir (created with mode 0700 when create != 0). */
 int audit_dir(const char *dir, int create, char *out, size_t outlen, char *err, size_t errlen);
 
-/* Write withheld.json for workspace dir. */
+/* Write withheld.json for workspace dir. 0 or -errno with err set: a full
+ * or read-only state directory gives its own errno (ENOSPC, EROFS), never a
+ * bare EIO. */
 int audit_save_withheld(const char *dir, const char *policy_source, const struct sync_record *withheld, size_t nw,
 			uint64_t withheld_total, const struct sync_record *skipped, size_t ns, uint64_t skipped_total,
 			char *err, size_t errlen);

@@ -246,9 +246,11 @@ const struct sync_stats *sync_get_stats(const struct sync *s);
 const struct manifest *sync_known(const struct sync *s);
 /* The host state the operation in progress is sending (NULL when none is,
  * or without memory): what the guest may already hold beyond sync_known
- * when the connection drops before the acknowledgements arrive. The whole
- * tree: for a targeted push (which holds only the changed part) it is built
- * when asked, O(entries). Valid until the operation ends. */
+ * when the connection drops before the acknowledgements arrive; also
+ * after the operation failed while sending (a write to a dead guest, its
+ * ERROR: batches before may be applied). The whole tree: for a targeted
+ * push (which holds only the changed part) it is built when asked,
+ * O(entries). Valid until the next operation starts. */
 const struct manifest *sync_sending(struct sync *s);
 /* The paths the guest could not apply (struct sync_failure), *total
  * counts all. A failure stays until an operation covering its path
