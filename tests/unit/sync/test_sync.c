@@ -1270,8 +1270,8 @@ static void test_sending_after_failure(void **state)
 	uint8_t hr[CHUNK_HASH_LEN];
 	size_t hn;
 
-	snprintf(host, sizeof(host), "%s/fh", dir);
-	snprintf(guest, sizeof(guest), "%s/fg", dir);
+	snprintf(host, sizeof(host), "%s/sh", dir);
+	snprintf(guest, sizeof(guest), "%s/sg", dir);
 	assert_int_equal(mkdir(host, 0755), 0);
 	assert_int_equal(mkdir(guest, 0755), 0);
 	put(host, "a", "one\n");
