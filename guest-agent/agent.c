@@ -1547,6 +1547,7 @@ static int setup_workspace(struct agent *a, const struct agent_args *o)
 	} else if (err[0]) {
 		logmsg("%s", err);
 	}
+	syncg_set_track(a->sync, a->track);
 	if ((st = setup_run_as(a, o->run_as)) != 0)
 		return st;
 	if ((r = exec_sys_new(NULL, &a->xsys)) < 0) {
