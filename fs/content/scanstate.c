@@ -611,6 +611,7 @@ static void verify_dir(struct verify *v, uint32_t d, uint8_t *dents, size_t dent
 	uint32_t first = d == st->n ? st->root_kids : st->e[d].kids;
 	uint32_t nk = d == st->n ? st->nroot : st->e[d].nkids;
 	uint32_t matched = 0;
+	size_t dl = d == st->n ? 0 : st->e[d].plen;
 	int fd;
 
 	fd = d == st->n ? openat(v->rootfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
@@ -638,6 +639,9 @@ static void verify_dir(struct verify *v, uint32_t d, uint8_t *dents, size_t dent
 				continue;
 			if (!strncmp(name, MANIFEST_RESERVED_PREFIX, RESERVED_LEN))
 				continue; /* never scanned (apply's temporaries) */
+			size_t nl = strlen(name);
+			if (nl > MANIFEST_NAME_MAX || dl + (dl > 0) + nl > MANIFEST_PATH_MAX)
+				continue; /* never scanned either: too long (the scan reported it) */
 			long k = kid_find(st, first, nk, name);
 			struct stat sb;
 			struct hcache_key now;
