@@ -284,6 +284,7 @@ static void test_racy(void **state)
 	/* distrusted (a change seen while scanning): nothing saved, the old file gone */
 	assert_int_equal(scanstate_new(&st), 0);
 	scanstate_begin(st, e->dfd);
+	o.seen_ud = st;
 	assert_int_equal(manifest_scan(e->dfd, &o, &m), 0);
 	scanstate_distrust(st);
 	assert_int_equal(scanstate_save(st, e->sfd, SCANSTATE_FILE, m, key, fp, NULL, 0), -ESTALE);
