@@ -452,13 +452,13 @@ static int on_begin(struct syncg_session *ss, struct buf *in, char *err, size_t 
 	struct track_stats ts = {0};
 	if (g->track)
 		track_get_stats(g->track, &ts);
-	if (g->quiet && g->track && ts.events == g->quiet_events && ts.saturated == g->quiet_saturated &&
-	    !memcmp(&g->quiet_params, &p, sizeof(p))) {
+	if (g->quiet && g->track && !ts.saturated_now && ts.events == g->quiet_events &&
+	    ts.saturated == g->quiet_saturated && !memcmp(&g->quiet_params, &p, sizeof(p))) {
 		ss->lazy = true; /* nothing happened in the copy since the last scan began */
 	} else if ((r = scan_copy(g, ss, err, errlen)) < 0) {
 		return r;
 	} else {
-		g->quiet = g->track != NULL;
+		g->quiet = g->track && !ts.saturated_now; /* a saturated one may miss a change */
 		g->quiet_events = ts.events;
 		g->quiet_saturated = ts.saturated;
 		g->quiet_count = ss->m ? ss->m->n : scanstate_manifest_count(ss->state);
