@@ -1605,7 +1605,9 @@ static void setup_track(struct agent *a, const struct agent_args *o)
 		logmsg("inotify: cannot watch its descriptor; guest changes are not tracked");
 		track_free(a->track);
 		a->track = NULL;
+		return;
 	}
+	syncg_set_track(a->sync, a->track); /* a scan from now on may be skipped while it sees nothing */
 }
 
 /* Listen on the transport address and print the readiness line. */

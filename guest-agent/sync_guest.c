@@ -19,10 +19,12 @@
 #include "airlock/content/delta.h"
 #include "airlock/content/hcache.h"
 #include "airlock/content/manifest.h"
+#include "airlock/content/scanstate.h"
 #include "airlock/content/syncmsg.h"
 #include "airlock/core/chan.h"
 #include "airlock/core/mem.h"
 #include "airlock/core/wire.h"
+#include "airlock/guest/track.h"
 
 _Static_assert(WIRE_PATH_MAX == MANIFEST_PATH_MAX, "wire.h path limit is the manifest's");
 _Static_assert(WIRE_SYNC_HASH_LEN == CHUNK_HASH_LEN, "wire.h SYNC_STATE digest is a chunk hash");
@@ -44,6 +46,15 @@ struct syncg {
 	/* the ops of the last batch that failed on their own, as the ACK's
 	 * failure list (only fail_flags, nfail, fail are used) */
 	struct wire_sync_ack fails;
+	/* the last BEGIN's scan of this process, valid while the tracker has
+	 * seen no event since that scan began (quiet_events) */
+	const struct track *track;
+	bool quiet;
+	uint64_t quiet_events, quiet_saturated;
+	uint8_t quiet_root[CHUNK_HASH_LEN];
+	uint64_t quiet_count;
+	struct chunk_params quiet_params;
+	uint64_t walks; /* syncg_walks */
 };
 
 struct syncg_session {
@@ -54,6 +65,10 @@ struct syncg_session {
 	struct syncmsg_inbox in;
 	struct syncmsg_outbox out;
 	struct manifest *m; /* the guest tree as of SYNC_BEGIN */
+	/* ... or, when the copy was proven unchanged, the state that holds
+	 * it, decoded into m only when the host asks for levels or entries */
+	struct scanstate *state;
+	bool lazy; /* neither: answered from the quiet scan; made on demand */
 	struct chunk_params params;
 };
 
@@ -208,6 +223,17 @@ const char *syncg_state_dir(const struct syncg *g)
 {
 	return g->state_dir;
 }
+uint64_t syncg_walks(const struct syncg *g)
+{
+	return g->walks;
+}
+
+void syncg_set_track(struct syncg *g, const struct track *t)
+{
+	g->track = t;
+	g->quiet = false;
+}
+
 const struct chunk_params *syncg_params(const struct syncg *g)
 {
 	return &g->params;
@@ -314,6 +340,7 @@ void syncg_session_free(struct syncg_session *ss)
 	syncmsg_inbox_clear(&ss->in);
 	syncmsg_outbox_clear(&ss->out);
 	manifest_free(ss->m);
+	scanstate_free(ss->state);
 	mem_free(ss);
 }
 
@@ -334,6 +361,108 @@ static int reply(struct syncg_session *ss, uint8_t type, const struct buf *b)
 }
 
 typedef int msg_fn(struct syncg_session *ss, struct buf *in, char *err, size_t errlen);
+
+/* ---- the persisted last scan (scanstate.h, doc/SYNC.md "Unchanged trees") ----
+ *
+ * The copy changes through our applies, through commands, and through
+ * anything else while no agent runs (a crash, a restart, someone editing
+ * the copy): so every BEGIN proves it unchanged with a stat walk against
+ * the last full scan, or scans it fully. The key is not a secret (the
+ * guest checks only itself: whatever it claims affects its own copy, the
+ * host trusts none of it), so the MAC is a checksum here. */
+
+static void state_keys(const struct syncg *g, const struct chunk_params *p, uint8_t key[SCANSTATE_KEY_LEN],
+		       uint8_t fp[SCANSTATE_FP_LEN])
+{
+	static const char label[] = "airlock guest scan-state v1";
+	uint8_t pb[16];
+
+	crypto_generichash(key, SCANSTATE_KEY_LEN, (const uint8_t *)label, sizeof(label), g->guest_pub, 32);
+	buf_store_be32(pb, p->min);
+	buf_store_be32(pb + 4, p->avg);
+	buf_store_be32(pb + 8, p->max);
+	buf_store_be32(pb + 12, p->whole_max);
+	crypto_generichash(fp, SCANSTATE_FP_LEN, pb, sizeof(pb), key, SCANSTATE_KEY_LEN);
+}
+
+/* 1 with ss->state when the copy is proven unchanged (its manifest is
+ * decoded when the host asks for more than the root), 0 when it must be
+ * scanned, -ENOMEM. */
+static int state_scan(struct syncg *g, struct syncg_session *ss)
+{
+	uint8_t key[SCANSTATE_KEY_LEN], fp[SCANSTATE_FP_LEN];
+	struct scanstate *st;
+	int r;
+
+	state_keys(g, &ss->params, key, fp);
+	if ((r = scanstate_load(g->state_fd, SCANSTATE_FILE, key, fp, 0, &st)) < 0)
+		return r == -ENOMEM ? r : 0;
+	if ((r = scanstate_verify(st, apply_rootfd(g->apply), 0, NULL)) == 1) {
+		ss->state = st;
+		return 1;
+	}
+	scanstate_free(st);
+	return r == -ENOMEM ? r : 0;
+}
+
+static void scan_skipped(const char *relpath, enum manifest_skip why, int err, void *ud)
+{
+	(void)relpath;
+	(void)err;
+	if (why == MANIFEST_SKIP_ERROR || why == MANIFEST_SKIP_CHANGED)
+		scanstate_distrust(ud); /* need not repeat: no state from this scan */
+}
+
+/* ss->state proven unchanged, else ss->m scanned fully (and persisted). */
+static int full_scan(struct syncg *g, struct syncg_session *ss);
+static int scan_copy(struct syncg *g, struct syncg_session *ss, char *err, size_t errlen)
+{
+	int r;
+
+	g->walks++;
+	if ((r = state_scan(g, ss)) == 0 && (r = full_scan(g, ss)) < 0) {
+		errmsg_set(err, errlen, "scanning %s: %s", g->root, strerror(-r));
+		return r;
+	}
+	if (r < 0)
+		errmsg_set(err, errlen, "the scan state in %s: %s", g->state_dir, strerror(-r));
+	return r < 0 ? r : 0;
+}
+
+/* Scan the whole copy into ss->m and persist it. */
+static int full_scan(struct syncg *g, struct syncg_session *ss)
+{
+	uint8_t key[SCANSTATE_KEY_LEN], fp[SCANSTATE_FP_LEN];
+	struct scanstate *st = NULL;
+	int r;
+
+	/* Everything under the root: which paths the host manages is the
+	 * host's policy, applied on its side while it reads our levels. */
+	struct manifest_scan_opts o = {.chunking = &ss->params};
+	/* Stat-keyed hash cache: files untouched since they were last hashed
+	 * are not read (hcache.h); a command that changed one changed its
+	 * ctime. Without memory for it, scan without. */
+	hcache_free(g->cache);
+	g->cache = NULL;
+	if (hcache_new(&ss->params, &g->cache) == 0 && hcache_load(g->cache, g->state_fd, HCACHE_FILE) != -ENOMEM)
+		o.cache = g->cache;
+	if (scanstate_new(&st) == 0) {
+		scanstate_begin(st, apply_rootfd(g->apply));
+		o.seen = scanstate_seen;
+		o.seen_ud = st;
+		o.skipped = scan_skipped;
+		o.skipped_ud = st;
+	}
+	if ((r = apply_manifest(g->apply, &o, &ss->m)) == 0) {
+		if (o.cache)
+			(void)hcache_save(g->cache, g->state_fd, HCACHE_FILE); /* best effort */
+		state_keys(g, &ss->params, key, fp);
+		if (st)
+			(void)scanstate_save(st, g->state_fd, SCANSTATE_FILE, ss->m, key, fp, NULL, 0);
+	}
+	scanstate_free(st);
+	return r;
+}
 
 static int on_begin(struct syncg_session *ss, struct buf *in, char *err, size_t errlen)
 {
@@ -358,24 +487,27 @@ static int on_begin(struct syncg_session *ss, struct buf *in, char *err, size_t 
 	g->params = p;
 	manifest_free(ss->m);
 	ss->m = NULL;
-	/* Everything under the root: which paths the host manages is the
-	 * host's policy, applied on its side while it reads our levels. */
-	struct manifest_scan_opts o = {.chunking = &ss->params};
-	/* Stat-keyed hash cache: files untouched since they were last hashed
-	 * are not read (hcache.h); a command that changed one changed its
-	 * ctime. Without memory for it, scan without. */
-	hcache_free(g->cache);
-	g->cache = NULL;
-	if (hcache_new(&ss->params, &g->cache) == 0 && hcache_load(g->cache, g->state_fd, HCACHE_FILE) != -ENOMEM)
-		o.cache = g->cache;
-	if ((r = apply_manifest(g->apply, &o, &ss->m)) < 0) {
-		errmsg_set(err, errlen, "scanning %s: %s", g->root, strerror(-r));
+	scanstate_free(ss->state);
+	ss->state = NULL;
+	ss->lazy = false;
+	struct track_stats ts = {0};
+	if (g->track)
+		track_get_stats(g->track, &ts);
+	if (g->quiet && g->track && !ts.saturated_now && ts.events == g->quiet_events &&
+	    ts.saturated == g->quiet_saturated && !memcmp(&g->quiet_params, &p, sizeof(p))) {
+		ss->lazy = true; /* nothing happened in the copy since the last scan began */
+	} else if ((r = scan_copy(g, ss, err, errlen)) < 0) {
 		return r;
+	} else {
+		g->quiet = g->track && !ts.saturated_now; /* a saturated one may miss a change */
+		g->quiet_events = ts.events;
+		g->quiet_saturated = ts.saturated;
+		g->quiet_count = ss->m ? ss->m->n : scanstate_manifest_count(ss->state);
+		memcpy(g->quiet_root, ss->m ? ss->m->root : scanstate_root(ss->state), CHUNK_HASH_LEN);
+		g->quiet_params = p;
 	}
-	if (o.cache)
-		(void)hcache_save(g->cache, g->state_fd, HCACHE_FILE); /* best effort */
-	struct wire_sync_state st = {.seq = apply_last_seq(g->apply), .entries = ss->m->n, .special = 0};
-	memcpy(st.root, ss->m->root, CHUNK_HASH_LEN);
+	struct wire_sync_state st = {.seq = apply_last_seq(g->apply), .entries = g->quiet_count};
+	memcpy(st.root, g->quiet_root, CHUNK_HASH_LEN);
 	buf_init(&out, 64);
 	if ((r = wire_sync_state_encode(&out, &st)) < 0 || (r = reply(ss, WIRE_SYNC_STATE, &out)) < 0)
 		errmsg_set(err, errlen, "answering SYNC_BEGIN: %s", strerror(-r));
@@ -388,9 +520,17 @@ static int on_begin(struct syncg_session *ss, struct buf *in, char *err, size_t 
 static int decode_req(struct syncg_session *ss, uint8_t type, struct buf *in, struct wire_sync_req *q, char *err,
 		      size_t errlen)
 {
-	if (!ss->m || ss->g->owner != ss) {
+	if ((!ss->m && !ss->state && !ss->lazy) || ss->g->owner != ss) {
 		errmsg_set(err, errlen, "%s before SYNC_BEGIN", wire_type_name(type));
 		return -EPROTO;
+	}
+	int r;
+	if (!ss->m && ss->lazy && (r = scan_copy(ss->g, ss, err, errlen)) < 0)
+		return r; /* (a copy changed since is for the host's recon to notice: -ESTALE there) */
+	ss->lazy = false;
+	if (!ss->m && (r = scanstate_manifest(ss->state, &ss->m)) < 0) {
+		errmsg_set(err, errlen, "%s: the saved scan does not decode: %s", wire_type_name(type), strerror(-r));
+		return r;
 	}
 	if (wire_sync_req_decode(in, q) < 0) {
 		errmsg_set(err, errlen, "%s: bad count or malformed path", wire_type_name(type));
@@ -483,6 +623,10 @@ static int on_batch(struct syncg_session *ss, struct buf *in, char *err, size_t 
 	/* The tree changes: a later level request needs a new BEGIN. */
 	manifest_free(ss->m);
 	ss->m = NULL;
+	scanstate_free(ss->state);
+	ss->state = NULL;
+	ss->lazy = false;
+	g->quiet = false; /* the copy changes (the tracker sees it too) */
 	ar = syncg_apply_batch(g, buf_ptr(in), buf_len(in), ss->host_pk, &st, why, sizeof(why));
 	buf_init(&out, 8192);
 	uint64_t seq = 0;

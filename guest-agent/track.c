@@ -340,6 +340,7 @@ int track_fd(const struct track *t)
 void track_get_stats(const struct track *t, struct track_stats *st)
 {
 	*st = t->st;
+	st->saturated_now = t->saturated;
 }
 
 /* ---- events ---- */

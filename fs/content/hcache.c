@@ -19,16 +19,10 @@ static const uint8_t hcache_magic[4] = {'A', 'L', 'H', 'C'};
 #define ENT_MIN	       (2 + 1 + 5 * 8 + 4 + CHUNK_HASH_LEN + 4)
 #define REC_LEN	       (4 + CHUNK_HASH_LEN)
 
-struct key {
-	uint64_t dev, ino, size;
-	int64_t mtime, ctime;
-	uint32_t mode;
-};
-
 struct ent {
 	const char *path; /* into c->file */
 	size_t plen;
-	struct key k;
+	struct hcache_key k;
 	const uint8_t *hash;
 	const uint8_t *recs; /* nchunks chunk records, into c->file */
 	uint32_t nchunks;
@@ -47,7 +41,7 @@ struct hcache {
 	uint64_t hits, misses, racy;
 };
 
-static void key_of(const struct stat *st, struct key *k)
+void hcache_key_of(const struct stat *st, struct hcache_key *k)
 {
 	k->dev = (uint64_t)st->st_dev;
 	k->ino = (uint64_t)st->st_ino;
@@ -57,7 +51,7 @@ static void key_of(const struct stat *st, struct key *k)
 	k->mode = (uint32_t)st->st_mode;
 }
 
-static bool key_eq(const struct key *a, const struct key *b)
+bool hcache_key_eq(const struct hcache_key *a, const struct hcache_key *b)
 {
 	return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime == b->mtime &&
 	       a->ctime == b->ctime && a->mode == b->mode;
@@ -105,7 +99,7 @@ void hcache_free(struct hcache *c)
 	mem_free(c);
 }
 
-static int get_key(struct buf *in, struct key *k)
+static int get_key(struct buf *in, struct hcache_key *k)
 {
 	uint64_t m, t;
 	int r;
@@ -204,43 +198,47 @@ int hcache_load(struct hcache *c, int dirfd, const char *name)
 	return 0;
 }
 
-void hcache_begin(struct hcache *c, int scan_dirfd)
+int64_t hcache_stamp(int dirfd)
 {
 	struct timespec now;
 	struct stat st;
 	int fd;
 
-	buf_reset(&c->next);
-	c->nnext = c->hits = c->misses = c->racy = 0;
 	/* The filesystem's own clock: what it will stamp on the next change. */
-	fd = openat(scan_dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+	fd = openat(dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
 	if (fd >= 0 && fstat(fd, &st) == 0) {
-		c->stamp = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec;
 		close(fd);
-		return;
+		return (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec;
 	}
 	if (fd >= 0)
 		close(fd);
 	clock_gettime(CLOCK_REALTIME, &now);
-	c->stamp = ((int64_t)now.tv_sec - 2) * 1000000000 + now.tv_nsec;
+	return ((int64_t)now.tv_sec - 2) * 1000000000 + now.tv_nsec;
+}
+
+void hcache_begin(struct hcache *c, int scan_dirfd)
+{
+	buf_reset(&c->next);
+	c->nnext = c->hits = c->misses = c->racy = 0;
+	c->stamp = hcache_stamp(scan_dirfd);
 }
 
 int hcache_get(struct hcache *c, const char *path, const struct stat *st, struct manifest_entry *e)
 {
-	struct key k;
+	struct hcache_key k;
 	size_t pl = strlen(path);
 
 	if (!c->nslots || !S_ISREG(st->st_mode)) {
 		c->misses++;
 		return 0;
 	}
-	key_of(st, &k);
+	hcache_key_of(st, &k);
 	for (size_t s = (size_t)path_hash(path, pl) & (c->nslots - 1); c->slots[s]; s = (s + 1) & (c->nslots - 1)) {
 		const struct ent *x = &c->ents[c->slots[s] - 1];
 		if (x->plen != pl || memcmp(x->path, path, pl) != 0)
 			continue;
 		/* Racy on this scan's clock too (a clock set back): not trusted. */
-		if (!key_eq(&x->k, &k) || k.mtime >= c->stamp || k.ctime >= c->stamp)
+		if (!hcache_key_eq(&x->k, &k) || k.mtime >= c->stamp || k.ctime >= c->stamp)
 			break;
 		struct chunk *v = NULL;
 		bool big = k.size > c->p.whole_max;
@@ -276,11 +274,11 @@ int hcache_get(struct hcache *c, const char *path, const struct stat *st, struct
 
 int hcache_put(struct hcache *c, const char *path, const struct stat *st, const struct manifest_entry *e)
 {
-	struct key k;
+	struct hcache_key k;
 	size_t pl = strlen(path), mark = buf_len(&c->next);
 	int r;
 
-	key_of(st, &k);
+	hcache_key_of(st, &k);
 	if (k.mtime >= c->stamp || k.ctime >= c->stamp || !S_ISREG(st->st_mode) || k.size != e->size) {
 		c->racy++;
 		return 0;

@@ -920,6 +920,8 @@ static int scan_entry(struct scan *s, int dfd, const char *name, unsigned depth)
 		report(s, err == ENOENT ? MANIFEST_SKIP_CHANGED : MANIFEST_SKIP_ERROR, err == ENOENT ? 0 : err);
 		return 0;
 	}
+	if (s->o->seen)
+		s->o->seen(s->path, &st, MANIFEST_SEEN_STAT, s->o->seen_ud);
 	if (S_ISDIR(st.st_mode)) {
 		if ((v = verdict(s, true)) == MANIFEST_SKIP)
 			return 0;
@@ -946,6 +948,8 @@ static int scan_entry(struct scan *s, int dfd, const char *name, unsigned depth)
 		}
 		size_t idx = s->m->n - 1;
 		size_t plen = s->plen;
+		if (s->o->seen)
+			s->o->seen(s->path, &st, MANIFEST_SEEN_WALK, s->o->seen_ud);
 		r = scan_dir(s, cfd, depth + 1); /* takes cfd */
 		s->plen = plen;
 		s->path[plen] = '\0';

@@ -6,8 +6,10 @@
  */
 #include "airlock/sync/sync.h"
 
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -24,6 +26,7 @@
 
 #include "airlock/content/hcache.h"
 #include "airlock/content/manifest.h"
+#include "airlock/content/scanstate.h"
 #include "airlock/content/syncmsg.h"
 #include "airlock/core/chan.h"
 #include "airlock/core/loop.h"
@@ -243,6 +246,21 @@ struct sync {
 	 * the host config git_configs failed on */
 	struct gitcfgs gitcfg;
 	char gitcfg_bad[MANIFEST_PATH_MAX + 1];
+	/* the persisted last full scan (scanstate.h, doc/SYNC.md "Unchanged
+	 * trees"): a full scan writes it, the next one proves the tree
+	 * unchanged with a stat walk or scans fully */
+	uint8_t state_key[SCANSTATE_KEY_LEN]; /* its MAC key, from the signing key */
+	uint8_t state_fp[SCANSTATE_FP_LEN];   /* what its decisions depended on beside the tree */
+	/* the state of the host scan of the operation in progress (built or
+	 * loaded; NULL after a targeted push's), saved once the guest has
+	 * confirmed it when it is new or the send withheld more */
+	struct scanstate *sstate;
+	bool sstate_new;
+	uint8_t state_rules[2][1 + SCANSTATE_ID_LEN]; /* identities of rule_files[] it saw */
+	size_t withheld_mark;			      /* s->withheld.n when the send began */
+	uint64_t withheld_mark_total;
+	char **secrets; /* paths the full scan noted as secrets (withhold_note_secret) */
+	size_t nsecrets, capsecrets;
 	/* manifests */
 	struct manifest *hm;	/* host, this run */
 	struct manifest *known; /* what the guest confirmed last (host view) */
@@ -371,8 +389,11 @@ static void unranged_clear(struct sync *s)
 static void fail(struct sync *s, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void scan_stop(struct sync *s);
 
+static void state_drop(struct sync *s);
+
 static void finish_op(struct sync *s, int err, const char *why)
 {
+	state_drop(s); /* an operation's scan state is saved in maybe_done or not at all */
 	s->busy = false;
 	s->phase = PH_IDLE;
 	s->cfg.ops->on_done(err, why, s->cfg.ud);
@@ -811,6 +832,10 @@ static void reconcile_clear(struct sync *s)
 	s->npan = 0;
 }
 
+static void state_keys(struct sync *s);
+static void state_note_secret(struct sync *s, const char *path);
+static void state_secrets_clear(struct sync *s);
+
 int sync_new(struct chan *c, const struct sync_cfg *cfg, struct sync **out)
 {
 	struct sync *s;
@@ -839,6 +864,7 @@ int sync_new(struct chan *c, const struct sync_cfg *cfg, struct sync **out)
 		close(s->state_fd);
 		s->state_fd = -1;
 	}
+	state_keys(s);
 	syncmsg_scope(cfg->guest_pub, cfg->sign_pk, s->scope);
 	syncmsg_inbox_init(&s->in);
 	syncmsg_outbox_init(&s->out);
@@ -880,6 +906,9 @@ void sync_free(struct sync *s)
 	hcache_free(s->cache);
 	if (s->state_fd >= 0)
 		close(s->state_fd);
+	state_secrets_clear(s);
+	state_drop(s);
+	sodium_memzero(s->state_key, sizeof(s->state_key));
 	delta_builder_free(s->b);
 	manifest_free(s->hm);
 	manifest_free(s->known);
@@ -976,10 +1005,13 @@ static int scan_filter(const char *rel, bool is_dir, void *ud)
 		snprintf(why, sizeof(why), "policy check failed: %s", strerror(-r));
 		if (records_add(&x->s->skipped, rel, why) < 0)
 			x->err = -ENOMEM;
+		scanstate_distrust(x->s->sstate);
 		return MANIFEST_SKIP;
 	}
 	if (v.reason == POLICY_SECRET && !is_dir && (r = withhold_note_secret(x->s->wh, rel)) < 0)
 		x->err = r; /* its content is withheld under any name */
+	else if (v.reason == POLICY_SECRET && !is_dir)
+		state_note_secret(x->s, rel);
 	if (v.reason == POLICY_SYNCED && (is_dir || !withheld_beyond_policy(x, rel, &v)))
 		return MANIFEST_KEEP;
 	if (is_dir && !v.prune)
@@ -1009,9 +1041,11 @@ static void scan_skipped(const char *rel, enum manifest_skip why, int err, void 
 		break;
 	case MANIFEST_SKIP_ERROR:
 		snprintf(text, sizeof(text), "unreadable: %s", strerror(err));
+		scanstate_distrust(x->s->sstate); /* an error need not repeat */
 		break;
 	case MANIFEST_SKIP_CHANGED:
 		snprintf(text, sizeof(text), "changed while scanned");
+		scanstate_distrust(x->s->sstate);
 		break;
 	case MANIFEST_SKIP_RESERVED:
 		return; /* airlock's own temporaries */
@@ -1066,6 +1100,8 @@ static int withhold_contents(struct sync *s, bool defer)
 			goto out;
 		}
 		verdict[i] = r == 1 ? 1 : -1;
+		if (r != 1)
+			scanstate_distrust(s->sstate); /* changed while scanned */
 		out++;
 		if (r == 1 ? records_add(&s->withheld, e->path, rule)
 			   : records_add(&s->skipped, e->path, "changed while scanned") < 0) {
@@ -1101,8 +1137,383 @@ out:
 	return r;
 }
 
-/* Scan the host tree into s->hm, with the generated .git/config. */
-static int host_scan(struct sync *s, char *why, size_t whylen)
+/* ---- the persisted last scan (doc/SYNC.md "Unchanged trees") ----
+ *
+ * A full scan's result depends on the tree (every name of every directory
+ * it read, with its lstat identity: scanstate.h), on the rules (the
+ * policy's sync lists, the built-in lists of this binary, the chunk
+ * parameters: the fingerprint), on two rule files the walk may not read
+ * (.git/info/exclude, .git/config: their identities here) and on the git
+ * include targets. With all of them unchanged the scan would decide
+ * exactly what it decided last time, so its result is taken from the
+ * state: the manifest, the withheld and skipped records, and the secrets
+ * whose contents withhold_note_secret must know again. */
+
+static const char *const rule_files[] = {".git/info/exclude", SYNC_GIT_CONFIG};
+#define N_RULE_FILES	    (sizeof(rule_files) / sizeof(rule_files[0]))
+#define RULE_ID_LEN	    (1 + SCANSTATE_ID_LEN) /* u8 present, identity */
+#define STATE_EXTRA_VERSION 1
+
+/* The GNU build id of the running program (the built-in rules are its
+ * code), else a hash of its file. */
+static int build_id_note(struct dl_phdr_info *info, size_t size, void *ud)
+{
+	uint8_t *out = ud;
+	(void)size;
+
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		if (ph->p_type != PT_NOTE)
+			continue;
+		const uint8_t *p = (const uint8_t *)(info->dlpi_addr + ph->p_vaddr), *end = p + ph->p_memsz;
+		while ((size_t)(end - p) >= sizeof(ElfW(Nhdr))) {
+			const ElfW(Nhdr) *nh = (const void *)p;
+			size_t nsz = (nh->n_namesz + 3u) & ~3u, dsz = (nh->n_descsz + 3u) & ~3u;
+			const uint8_t *desc = p + sizeof(*nh) + nsz;
+			if (nsz > (size_t)(end - p) || dsz > (size_t)(end - desc))
+				break;
+			if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 && !memcmp(p + sizeof(*nh), "GNU", 4)) {
+				crypto_generichash(out + 1, 32, desc, nh->n_descsz, NULL, 0);
+				out[0] = 1;
+				return 1;
+			}
+			p = desc + dsz;
+		}
+	}
+	return 1; /* the first object is the program: stop */
+}
+
+static void build_id(uint8_t out[32])
+{
+	uint8_t got[33] = {0};
+	crypto_generichash_state h;
+	uint8_t blk[65536];
+	ssize_t k;
+
+	dl_iterate_phdr(build_id_note, got);
+	if (got[0]) {
+		memcpy(out, got + 1, 32);
+		return;
+	}
+	crypto_generichash_init(&h, NULL, 0, 32);
+	int fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+	while (fd >= 0 && (k = read(fd, blk, sizeof(blk))) > 0)
+		crypto_generichash_update(&h, blk, (size_t)k);
+	if (fd >= 0)
+		close(fd);
+	crypto_generichash_final(&h, out, 32);
+}
+
+static void fp_list(crypto_generichash_state *h, const struct policy_list *l)
+{
+	uint8_t n[4];
+
+	buf_store_be32(n, (uint32_t)l->n);
+	crypto_generichash_update(h, n, 4);
+	for (size_t i = 0; i < l->n; i++)
+		crypto_generichash_update(h, (const uint8_t *)l->v[i], strlen(l->v[i]) + 1);
+}
+
+/* The MAC key (from the signing key: a state another party wrote is never
+ * taken) and the fingerprint of the rules. */
+static void state_keys(struct sync *s)
+{
+	static const char label[] = "airlock host scan-state key v1";
+	static const char fplabel[] = "airlock host scan-state rules v1";
+	const struct policy_workspace *pw = policy_workspace(s->cfg.policy);
+	crypto_generichash_state h;
+	uint8_t bid[32], p[17];
+
+	crypto_generichash(s->state_key, sizeof(s->state_key), (const uint8_t *)label, sizeof(label), s->cfg.sign_sk,
+			   64);
+	build_id(bid);
+	crypto_generichash_init(&h, NULL, 0, sizeof(s->state_fp));
+	crypto_generichash_update(&h, (const uint8_t *)fplabel, sizeof(fplabel));
+	crypto_generichash_update(&h, bid, sizeof(bid));
+	buf_store_be32(p, s->params.min);
+	buf_store_be32(p + 4, s->params.avg);
+	buf_store_be32(p + 8, s->params.max);
+	buf_store_be32(p + 12, s->params.whole_max);
+	p[16] = pw ? (uint8_t)(pw->has_include | pw->gitignore << 1) : 0xff;
+	crypto_generichash_update(&h, p, sizeof(p));
+	if (pw) {
+		fp_list(&h, &pw->include);
+		fp_list(&h, &pw->exclude);
+		fp_list(&h, &pw->allow_secrets);
+		fp_list(&h, &pw->guest_owned);
+	}
+	crypto_generichash_final(&h, s->state_fp, sizeof(s->state_fp));
+}
+
+static void state_secrets_clear(struct sync *s)
+{
+	for (size_t i = 0; i < s->nsecrets; i++)
+		mem_free(s->secrets[i]);
+	mem_free(s->secrets);
+	s->secrets = NULL;
+	s->nsecrets = s->capsecrets = 0;
+}
+
+/* A path the full scan noted as a secret: the next scan taken from the
+ * state notes it again. Without room or memory the state is not kept. */
+static void state_note_secret(struct sync *s, const char *path)
+{
+	if (!s->sstate)
+		return;
+	if (s->nsecrets == s->capsecrets) {
+		size_t nc = s->capsecrets ? s->capsecrets * 2 : 16;
+		char **nv = nc <= WITHHOLD_HASHES_MAX ? mem_realloc(s->secrets, nc * sizeof(*nv)) : NULL;
+		if (!nv) {
+			scanstate_distrust(s->sstate);
+			return;
+		}
+		s->secrets = nv;
+		s->capsecrets = nc;
+	}
+	if (!(s->secrets[s->nsecrets] = mem_strdup(path)))
+		scanstate_distrust(s->sstate);
+	else
+		s->nsecrets++;
+}
+
+/* The identity of a rule file into out (zeros when absent); false when it
+ * changed in the stamp's granule or cannot be stat'ed. */
+static bool rule_id(struct sync *s, const char *path, int64_t stamp, uint8_t out[RULE_ID_LEN])
+{
+	struct stat sb;
+
+	memset(out, 0, RULE_ID_LEN);
+	if (fstatat(s->cfg.dirfd, path, &sb, AT_SYMLINK_NOFOLLOW) < 0)
+		return errno == ENOENT || errno == ENOTDIR;
+	out[0] = 1;
+	scanstate_id_encode(&sb, out + 1);
+	int64_t m = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+	int64_t c = (int64_t)sb.st_ctim.tv_sec * 1000000000 + sb.st_ctim.tv_nsec;
+	return m < stamp && c < stamp;
+}
+
+static int records_encode(const struct records *r, struct buf *b)
+{
+	int e;
+
+	if ((e = buf_put_u64(b, r->total)) < 0 || (e = buf_put_u32(b, (uint32_t)r->n)) < 0)
+		return e;
+	for (size_t i = 0; i < r->n; i++)
+		if ((e = buf_put_str(b, r->v[i].path)) < 0 || (e = buf_put_str(b, r->v[i].rule)) < 0)
+			return e;
+	return 0;
+}
+
+static int records_decode(struct records *r, struct buf *in)
+{
+	uint64_t total;
+	uint32_t n;
+	int e;
+
+	records_clear(r);
+	if (buf_get_u64(in, &total) < 0 || buf_get_u32(in, &n) < 0 || n > SYNC_RECORDS_MAX || n > total)
+		return -EBADMSG;
+	for (uint32_t i = 0; i < n; i++) {
+		char *p = NULL, *q = NULL;
+		if ((e = buf_get_str(in, &p, MANIFEST_PATH_MAX + 64)) < 0 ||
+		    (e = buf_get_str(in, &q, POLICY_RULE_MAX + 256)) < 0 || (e = records_add(r, p, q)) < 0) {
+			mem_free(p);
+			mem_free(q);
+			return e == -ENOMEM ? e : -EBADMSG;
+		}
+		mem_free(p);
+		mem_free(q);
+	}
+	r->total = total;
+	return 0;
+}
+
+static void state_drop(struct sync *s)
+{
+	scanstate_free(s->sstate);
+	s->sstate = NULL;
+	s->sstate_new = false;
+}
+
+/* Write the state of the host scan the guest just confirmed: m (the scan's
+ * manifest without what the send withheld), s->withheld, s->skipped,
+ * s->secrets. Best effort: without it the next scan is a full one. */
+static void state_save(struct sync *s, const struct manifest *m)
+{
+	const uint8_t(*rules)[RULE_ID_LEN] = (const uint8_t(*)[RULE_ID_LEN])s->state_rules;
+	struct buf x;
+	uint8_t incl[32];
+	int r;
+
+	buf_init(&x, SCANSTATE_EXTRA_MAX);
+	withhold_includes_digest(s->wh, incl);
+	r = buf_put_u8(&x, STATE_EXTRA_VERSION);
+	if (r == 0)
+		r = buf_put(&x, incl, sizeof(incl));
+	for (size_t i = 0; i < N_RULE_FILES && r == 0; i++)
+		r = buf_put(&x, rules[i], RULE_ID_LEN);
+	if (r == 0)
+		r = buf_put_u32(&x, (uint32_t)s->nsecrets);
+	for (size_t i = 0; i < s->nsecrets && r == 0; i++)
+		r = buf_put_str(&x, s->secrets[i]);
+	if (r == 0 && (r = records_encode(&s->withheld, &x)) == 0)
+		r = records_encode(&s->skipped, &x);
+	if (r < 0)
+		scanstate_distrust(s->sstate);
+	(void)scanstate_save(s->sstate, s->state_fd, SCANSTATE_FILE, m, s->state_key, s->state_fp, buf_ptr(&x),
+			     buf_len(&x));
+	buf_clear(&x);
+}
+
+/* The operation's scan is confirmed by the guest (s->known is it): keep
+ * it for the next up when it is new, or when the send withheld files the
+ * scan had kept (their contents, judged as sent): those leave the saved
+ * manifest, so the next up starts with the guest's tree. */
+static void state_confirmed(struct sync *s)
+{
+	struct manifest *m = NULL;
+	size_t from = s->withheld_mark;
+	bool more = s->withheld.total != s->withheld_mark_total;
+
+	if (!s->sstate || !s->known || (!s->sstate_new && !more))
+		goto out;
+	/* each file the send withheld is one skipped change and one record */
+	uint64_t added = s->withheld.total - s->withheld_mark_total;
+	if (s->nvan != added || added != s->withheld.n - from)
+		scanstate_distrust(s->sstate); /* changed while sent; or records past their cap */
+	if (!more) {
+		state_save(s, s->known);
+		goto out;
+	}
+	if (manifest_new(&s->params, &m) < 0)
+		goto out;
+	for (size_t i = 0; i < s->known->n; i++) {
+		const struct manifest_entry *e = &s->known->e[i];
+		bool gone = false;
+		for (size_t k = from; k < s->withheld.n && !gone; k++)
+			gone = !strcmp(s->withheld.v[k].path, e->path);
+		if (!gone && manifest_add(m, e) < 0)
+			goto out;
+	}
+	if (manifest_seal(m) == 0)
+		state_save(s, m);
+out:
+	manifest_free(m);
+	state_drop(s);
+}
+
+/* The state's extra bytes: do the rule files and include targets match
+ * the disk? Then the records and the secrets into s. 1 taken, 0 not,
+ * -ENOMEM. */
+static int state_take_extra(struct sync *s, const uint8_t *p, size_t n)
+{
+	uint8_t v, incl[32], have[32], id[RULE_ID_LEN], now[RULE_ID_LEN];
+	uint32_t ns;
+	struct buf in;
+	int r;
+
+	buf_view(&in, p, n);
+	withhold_includes_digest(s->wh, have);
+	if (buf_get_u8(&in, &v) < 0 || v != STATE_EXTRA_VERSION || buf_get(&in, incl, sizeof(incl)) < 0)
+		return 0;
+	if (memcmp(incl, have, sizeof(incl)) != 0) {
+		snprintf(s->st.scan_note, sizeof(s->st.scan_note), "git include targets changed");
+		return 0;
+	}
+	for (size_t i = 0; i < N_RULE_FILES; i++) {
+		if (buf_get(&in, id, sizeof(id)) < 0)
+			return 0;
+		if (!rule_id(s, rule_files[i], INT64_MAX, now) || memcmp(id, now, sizeof(id)) != 0) {
+			snprintf(s->st.scan_note, sizeof(s->st.scan_note), "%s", rule_files[i]);
+			return 0;
+		}
+		memcpy(s->state_rules[i], id, sizeof(id));
+	}
+	state_secrets_clear(s);
+	if (buf_get_u32(&in, &ns) < 0 || ns > WITHHOLD_HASHES_MAX)
+		return 0;
+	for (uint32_t i = 0; i < ns; i++) {
+		char *path = NULL;
+		if ((r = buf_get_str(&in, &path, MANIFEST_PATH_MAX)) < 0)
+			return r == -ENOMEM ? r : 0;
+		r = withhold_note_secret(s->wh, path); /* reads it: its content may be copied later */
+		if (r == 0 && s->nsecrets == s->capsecrets) {
+			size_t nc = s->capsecrets ? s->capsecrets * 2 : 16;
+			char **nv = mem_realloc(s->secrets, nc * sizeof(*nv));
+			if (nv) {
+				s->secrets = nv;
+				s->capsecrets = nc;
+			}
+		}
+		if (r == 0 && s->nsecrets < s->capsecrets)
+			s->secrets[s->nsecrets++] = path;
+		else
+			mem_free(path);
+		if (r < 0)
+			return r;
+	}
+	if ((r = records_decode(&s->withheld, &in)) < 0 || (r = records_decode(&s->skipped, &in)) < 0 ||
+	    buf_len(&in) != 0) {
+		records_clear(&s->withheld);
+		records_clear(&s->skipped);
+		return r == -ENOMEM ? r : 0;
+	}
+	return 1;
+}
+
+/* The full scan from the persisted state when a stat walk proves the tree
+ * unchanged: 1 with s->hm and the records filled, 0 when a full scan is
+ * needed (s->st.scan_note says why), -ENOMEM. */
+static int state_scan(struct sync *s)
+{
+	struct scanstate_verify_stats vs;
+	struct scanstate *st = NULL;
+	size_t xn;
+	int r;
+
+	if (s->state_fd < 0) {
+		snprintf(s->st.scan_note, sizeof(s->st.scan_note), "no state directory");
+		return 0;
+	}
+	if ((r = scanstate_load(s->state_fd, SCANSTATE_FILE, s->state_key, s->state_fp, SCANSTATE_LOAD_DECODE, &st)) <
+	    0) {
+		snprintf(s->st.scan_note, sizeof(s->st.scan_note), "%s",
+			 r == -ENOENT ? "none" : "refused (corrupt, forged, another version or other rules)");
+		return r == -ENOMEM ? r : 0;
+	}
+	if ((r = scanstate_verify(st, s->cfg.dirfd, 0, &vs)) == 1) {
+		s->st.scan_names = vs.names;
+		const uint8_t *x = scanstate_extra(st, &xn);
+		r = state_take_extra(s, x, xn);
+		if (r == 1 && (r = scanstate_manifest(st, &s->hm)) == 0)
+			r = 1;
+		else if (r < 0 && r != -ENOMEM)
+			r = 0; /* a manifest that does not decode: scan fully */
+	} else if (r == 0) {
+		snprintf(s->st.scan_note, sizeof(s->st.scan_note), "changed: %.140s",
+			 vs.first[0] ? vs.first : "(root)");
+	} else if (r == -EBADMSG) {
+		snprintf(s->st.scan_note, sizeof(s->st.scan_note), "refused (corrupt or forged)");
+		r = 0;
+	}
+	if (r != 1) {
+		scanstate_free(st);
+		manifest_free(s->hm);
+		s->hm = NULL;
+		records_clear(&s->withheld);
+		records_clear(&s->skipped);
+		return r < 0 ? r : 0;
+	}
+	state_drop(s);
+	s->sstate = st; /* saved again only if the send withholds more */
+	s->st.scan_verified = 1;
+	s->st.scan_note[0] = '\0';
+	return 1;
+}
+
+/* Scan the whole host tree into s->hm (after withhold_contents), feeding
+ * a new persisted state. */
+static int full_scan(struct sync *s, char *why, size_t whylen)
 {
 	struct scan_ctx x = {.s = s};
 	struct manifest_scan_opts o = {
@@ -1119,13 +1530,19 @@ static int host_scan(struct sync *s, char *why, size_t whylen)
 		snprintf(why, whylen, "loading the hash cache: %s", strerror(-r));
 		return r;
 	}
-	records_clear(&s->withheld);
-	records_clear(&s->skipped);
-	manifest_free(s->hm);
-	s->hm = NULL;
-	if ((r = withhold_git_includes(s->wh)) < 0 || (r = manifest_scan(s->cfg.dirfd, &o, &s->hm)) < 0) {
+	state_secrets_clear(s);
+	if (s->state_fd >= 0 && scanstate_new(&s->sstate) == 0) {
+		s->sstate_new = true;
+		scanstate_begin(s->sstate, s->cfg.dirfd);
+		o.seen = scanstate_seen;
+		o.seen_ud = s->sstate;
+		for (size_t i = 0; i < N_RULE_FILES; i++)
+			if (!rule_id(s, rule_files[i], scanstate_stamp(s->sstate), s->state_rules[i]))
+				scanstate_distrust(s->sstate);
+	}
+	if ((r = manifest_scan(s->cfg.dirfd, &o, &s->hm)) < 0) {
 		snprintf(why, whylen, "scanning the workspace: %s", strerror(-r));
-		return r;
+		goto out;
 	}
 	/* rule files the policy could not use (too large, too many patterns,
 	 * a symlink) since the engine started (a ctx caches what it read):
@@ -1139,24 +1556,155 @@ static int host_scan(struct sync *s, char *why, size_t whylen)
 		if (records_add(&s->skipped, "(ignore rules)", text) < 0)
 			x.err = -ENOMEM;
 	}
-	if (x.err) {
+	if ((r = x.err) < 0) {
 		snprintf(why, whylen, "scanning the workspace: %s", strerror(-x.err));
-		return x.err;
+		goto out;
 	}
 	if ((r = withhold_contents(s, true)) < 0) {
 		snprintf(why, whylen, "scanning file contents: %s", strerror(-r));
+		goto out;
+	}
+	uint64_t hits = 0, misses = 0, racy = 0;
+	if (s->cache) {
+		(void)hcache_save(s->cache, s->state_fd, HCACHE_FILE); /* best effort: next scan hashes more */
+		hcache_counts(s->cache, &hits, &misses, &racy);
+		s->st.scan_hashed = misses;
+	} else {
+		for (size_t i = 0; i < s->hm->n; i++)
+			s->st.scan_hashed += s->hm->e[i].type == MANIFEST_FILE;
+	}
+out:
+	if (r < 0)
+		state_drop(s);
+	return r;
+}
+
+/* A manifest taken from the persisted state holds the generated configs
+ * it was made with: each git directory's must be what the host's config
+ * makes now (its lstat identity was verified with the rest, but the
+ * generator may differ), then it goes into the table for add_change. A
+ * config that is neither generated nor withheld is the host's own, synced
+ * by the policy (allow_secrets). 1 when one is missing or stale, 0, or
+ * -errno (why says it). */
+static int check_git_configs(struct sync *s, char *why, size_t whylen)
+{
+	const struct manifest *m = s->hm;
+	char p[MANIFEST_PATH_MAX + 1];
+	struct buf bytes;
+	uint8_t hash[CHUNK_HASH_LEN];
+	int r = 0;
+
+	gitcfgs_clear(&s->gitcfg);
+	s->gitcfg_bad[0] = '\0';
+	buf_init(&bytes, SYNC_GIT_CONFIG_MAX);
+	for (size_t i = 0; i < m->n && r == 0; i++) {
+		const struct manifest_entry *d = &m->e[i];
+		if (d->type != MANIFEST_DIR || (size_t)snprintf(p, sizeof(p), "%s/config", d->path) >= sizeof(p) ||
+		    !git_dir(m, d->path))
+			continue;
+		long ci = manifest_find(m, p);
+		if (ci < 0) {
+			r = 1; /* a full scan would have added one */
+			break;
+		}
+		buf_reset(&bytes);
+		if ((r = sync_git_config(s->cfg.dirfd, p, &bytes)) < 0) {
+			snprintf(s->gitcfg_bad, sizeof(s->gitcfg_bad), "%s", p);
+			gitcfg_why(s, r, why, whylen);
+			break;
+		}
+		chunk_hash(buf_ptr(&bytes), buf_len(&bytes), hash);
+		const struct manifest_entry *k = &m->e[ci];
+		if (k->type != MANIFEST_FILE || k->mode != 0644 || k->size != buf_len(&bytes) ||
+		    memcmp(k->hash, hash, CHUNK_HASH_LEN) != 0) {
+			bool withheld = false;
+			for (size_t w = 0; w < s->withheld.n && !withheld; w++)
+				withheld = !strcmp(s->withheld.v[w].path, p);
+			r = withheld ? 1 : 0; /* stale generated, or the host's own */
+			continue;
+		}
+		struct gitcfg *nv = mem_realloc(s->gitcfg.v, (s->gitcfg.n + 1) * sizeof(*nv));
+		if (!nv) {
+			r = -ENOMEM;
+			break;
+		}
+		s->gitcfg.v = nv;
+		struct gitcfg *g = &nv[s->gitcfg.n];
+		memcpy(g->hash, hash, CHUNK_HASH_LEN);
+		g->bytes = bytes;
+		buf_init(&bytes, SYNC_GIT_CONFIG_MAX);
+		if (!(g->path = mem_strdup(p))) {
+			buf_clear(&g->bytes);
+			r = -ENOMEM;
+			break;
+		}
+		s->gitcfg.n++;
+	}
+	buf_clear(&bytes);
+	if (r == -ENOMEM)
+		snprintf(why, whylen, "checking the generated git configs: %s", strerror(ENOMEM));
+	return r;
+}
+
+/* The generated config of every git directory (git_configs): added to
+ * s->hm after a full scan, checked in a manifest taken from the persisted
+ * state (1 when one differs). 0 or -errno. */
+static int add_git_config(struct sync *s, char *why, size_t whylen)
+{
+	int r;
+
+	if (s->st.scan_verified)
+		return check_git_configs(s, why, whylen);
+	if ((r = git_configs(s, s->hm, NULL, 0)) < 0)
+		gitcfg_why(s, r, why, whylen);
+	return r;
+}
+
+/* Scan the host tree into s->hm, with the generated .git/config: from
+ * the persisted state when the tree is proven unchanged, else fully. */
+static int host_scan(struct sync *s, char *why, size_t whylen)
+{
+	struct timespec t0, t1;
+	int r;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	records_clear(&s->withheld);
+	records_clear(&s->skipped);
+	manifest_free(s->hm);
+	s->hm = NULL;
+	s->st.scan_hashed = s->st.scan_verified = s->st.scan_names = 0;
+	if ((r = withhold_git_includes(s->wh)) < 0) {
+		snprintf(why, whylen, "scanning the workspace: %s", strerror(-r));
 		return r;
 	}
-	if (s->cache)
-		(void)hcache_save(s->cache, s->state_fd, HCACHE_FILE); /* best effort: next scan hashes more */
+	if ((r = state_scan(s)) < 0) {
+		snprintf(why, whylen, "the persisted scan state: %s", strerror(-r));
+		return r;
+	}
+	if (r == 0 && (r = full_scan(s, why, whylen)) < 0)
+		return r;
+	if ((r = add_git_config(s, why, whylen)) == 1) {
+		/* the saved one is not what .git/config makes now: scan fully */
+		snprintf(s->st.scan_note, sizeof(s->st.scan_note), "a generated git config differs");
+		s->st.scan_verified = 0;
+		state_drop(s);
+		manifest_free(s->hm);
+		s->hm = NULL;
+		records_clear(&s->withheld);
+		records_clear(&s->skipped);
+		if ((r = full_scan(s, why, whylen)) < 0 || (r = add_git_config(s, why, whylen)) < 0)
+			return r;
+	} else if (r < 0) {
+		return r;
+	}
 	s->st.withheld = s->withheld.total;
 	s->st.withheld_changes = s->withheld.changes;
 	s->st.skipped = s->skipped.total;
-	if ((r = git_configs(s, s->hm, NULL, 0)) < 0) {
-		gitcfg_why(s, r, why, whylen);
-		return r;
-	}
 	s->st.host_entries = s->hm->n;
+	s->withheld_mark = s->withheld.n; /* what the send withholds comes after */
+	s->withheld_mark_total = s->withheld.total;
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	s->st.scan_ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)t1.tv_nsec - (uint64_t)t0.tv_nsec;
 	return 0;
 }
 
@@ -1748,6 +2296,7 @@ static void maybe_done(struct sync *s)
 		s->known = s->hm;
 		s->hm = NULL;
 	}
+	state_confirmed(s);
 	reconcile_clear(s);
 	failures_commit(s);
 	progress(s, "done");
@@ -1780,6 +2329,8 @@ static int start_send(struct sync *s)
 	keep_guest_changes(s);
 	s->ci = 0;
 	s->st.changes = s->nchanges;
+	s->withheld_mark = s->withheld.n;
+	s->withheld_mark_total = s->withheld.total;
 	s->prog.files_total = s->prog.bytes_total = 0;
 	for (size_t i = 0; i < s->nchanges; i++) {
 		const struct manifest_change *c = &s->changes[i];
@@ -2063,6 +2614,7 @@ static void start_levels(struct sync *s)
 		/* the guest holds exactly the managed tree: nothing to list */
 		s->st.guest_entries = s->hm->n;
 		s->nchanges = 0;
+		s->st.changes = 0;
 		s->phase = PH_SEND;
 		pump(s);
 		return;

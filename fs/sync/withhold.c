@@ -14,6 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #include "airlock/core/mem.h"
 #include "airlock/policy/policy.h"
 #include "airlock/policy/scan.h"
@@ -144,6 +146,16 @@ void withhold_free(struct withhold *w)
 	strv_free(w->paths, w->npaths);
 	strv_free(w->includes, w->nincludes);
 	mem_free(w);
+}
+
+void withhold_includes_digest(const struct withhold *w, uint8_t out[32])
+{
+	crypto_generichash_state h;
+
+	crypto_generichash_init(&h, NULL, 0, 32);
+	for (size_t i = 0; i < w->nincludes; i++)
+		crypto_generichash_update(&h, (const uint8_t *)w->includes[i], strlen(w->includes[i]) + 1);
+	crypto_generichash_final(&h, out, 32);
 }
 
 const struct withhold_stats *withhold_stats(const struct withhold *w)

@@ -104,6 +104,7 @@ static void pull_free(struct upull *p);
 static int pull_start(struct up *u, struct upull *p);
 static void rejected_clear(struct up *u);
 static void save_confirmed(struct up *u, struct sync *engine, bool exact);
+static struct manifest *chg_base(struct up *u);
 
 void up_changes_clear(struct up *u)
 {
@@ -352,7 +353,7 @@ static void stash_group_done(struct upull *p, size_t n)
 			struct wire_chg_item it = {
 			    .path = c->path, .st_mode = c->st_mode, .size = c->size, .flags = WIRE_CHG_F_HASHED};
 			memcpy(it.hash, c->hash, CHUNK_HASH_LEN);
-			wb_note(u->chg.store, u->pol.policy, u->chg.pctx, u->chg.base, &it, w->by_id, w->by_argv);
+			wb_note(u->chg.store, u->pol.policy, u->chg.pctx, chg_base(u), &it, w->by_id, w->by_argv);
 			wb_store_set_conflict(u->chg.store, c->path);
 		}
 		wb_store_set_stash(u->chg.store, c->path, name);
@@ -779,7 +780,7 @@ static const struct manifest *base_usable(struct up *u)
 	 * this engine knows the guest confirmed, exactly */
 	if (u->sync.engine && sync_known(u->sync.engine))
 		return sync_known(u->sync.engine);
-	if (u->chg.base && u->sync.engine && u->chg.base_seq &&
+	if (chg_base(u) && u->sync.engine && u->chg.base_seq &&
 	    sync_get_stats(u->sync.engine)->guest_seq >= u->chg.base_seq &&
 	    !sodium_memcmp(u->chg.base_guest, u->conn.g.guest_pub, sizeof(u->chg.base_guest)))
 		return u->chg.base;
@@ -945,11 +946,14 @@ static void save_confirmed(struct up *u, struct sync *engine, bool exact)
 	u->chg.base_saved_ms = loop_now_ms();
 	u->chg.exact_on_disk = exact && r == 0;
 	if (r == 0) {
-		/* whose and when: the guest's key and its sequence (CONFIRMED_FILE.meta) */
-		char meta[160], hex[65];
+		/* whose and when: the guest's key and its sequence, and the root
+		 * digest of what was saved (CONFIRMED_FILE.meta) */
+		char meta[200], hex[65], root[33];
 		sodium_bin2hex(hex, sizeof(hex), u->conn.g.guest_pub, 32);
-		int n = snprintf(meta, sizeof(meta), "%s %llu %s\n", hex,
-				 (unsigned long long)sync_get_stats(engine)->guest_seq, exact ? "exact" : "lagging");
+		sodium_bin2hex(root, sizeof(root), k->root, sizeof(k->root));
+		int n =
+		    snprintf(meta, sizeof(meta), "%s %llu %s %s\n", hex,
+			     (unsigned long long)sync_get_stats(engine)->guest_seq, exact ? "exact" : "lagging", root);
 		r = save_bytes(u, CONFIRMED_FILE ".meta", meta, (size_t)n);
 	}
 	up_state_wrote(u, CONFIRMED_FILE, r);
@@ -996,8 +1000,40 @@ void up_changes_reconcile_begin(struct up *u)
 	    got != sizeof(u->chg.base_guest))
 		return;
 	u->chg.base_seq = seq;
-	u->chg.base = load_manifest(u, CONFIRMED_FILE);
-	u->chg.sending = load_manifest(u, SENDING_FILE);
+	char root[40] = "";
+	got = 0;
+	u->chg.base_root_known =
+	    sscanf(meta, "%*s %*s %*s %39s", root) == 1 &&
+	    sodium_hex2bin(u->chg.base_root, sizeof(u->chg.base_root), root, strlen(root), NULL, &got, NULL) == 0 &&
+	    got == sizeof(u->chg.base_root);
+	/* loaded when the reconcile first needs them (chg_base): one that
+	 * finds the guest equal to the host needs neither */
+	u->chg.base_lazy = true;
+}
+
+/* The saved confirmed state (and the sending one), loaded at first use
+ * after a reconcile began. */
+static struct manifest *chg_base(struct up *u)
+{
+	if (u->chg.base_lazy) {
+		u->chg.base_lazy = false;
+		u->chg.base = load_manifest(u, CONFIRMED_FILE);
+		u->chg.sending = load_manifest(u, SENDING_FILE);
+	}
+	return u->chg.base;
+}
+
+/* The saved confirmed state is already exactly the engine's: an exact
+ * one for this guest at its sequence, of the same root (an unchanged up:
+ * nothing to write). */
+static bool confirmed_on_disk(struct up *u, struct sync *engine)
+{
+	const struct manifest *k = sync_known(engine);
+
+	return k && u->chg.base_seq && u->chg.base_root_known && sync_get_stats(engine)->changes == 0 &&
+	       sync_get_stats(engine)->guest_seq == u->chg.base_seq &&
+	       !memcmp(u->chg.base_root, k->root, sizeof(u->chg.base_root)) &&
+	       !sodium_memcmp(u->chg.base_guest, u->conn.g.guest_pub, sizeof(u->chg.base_guest));
 }
 
 void up_changes_save_state(struct up *u)
@@ -1014,8 +1050,12 @@ void up_changes_synced(struct up *u, bool full)
 	if (!u->chg.store || !u->sync.engine)
 		return;
 	/* an exact copy stops being one with this confirmed push */
-	if (full || u->chg.exact_on_disk || loop_now_ms() - u->chg.base_saved_ms >= CONFIRMED_MS)
+	if (full && confirmed_on_disk(u, u->sync.engine)) {
+		u->chg.exact_on_disk = true; /* still exact: re-marked at the next push */
+		u->chg.base_saved_ms = loop_now_ms();
+	} else if (full || u->chg.exact_on_disk || loop_now_ms() - u->chg.base_saved_ms >= CONFIRMED_MS) {
 		save_confirmed(u, u->sync.engine, false);
+	}
 	if (wb_store_prune(u->chg.store, sync_known(u->sync.engine)))
 		save_store(u);
 	if (!full || !u->chg.nrejects)

@@ -213,6 +213,9 @@ struct up_changes {
 	 * reconcile's three-way check; loaded when a reconcile starts */
 	struct manifest *base;
 	struct manifest *sending; /* what was being sent when the connection dropped (SENDING_FILE) */
+	bool base_lazy;		  /* base and sending are on disk, not loaded yet (chg_base loads them) */
+	uint8_t base_root[16];	  /* the saved confirmed state's root digest (from the .meta) */
+	bool base_root_known;
 	uint64_t base_saved_ms;
 	bool exact_on_disk;	/* the saved confirmed state is marked exact: re-mark it at the next push */
 	uint64_t base_seq;	/* the guest's sequence when it was saved (0: unusable) */

@@ -164,6 +164,14 @@ static void on_sync_done(int err, const char *why, void *ud)
 	 * when a push changed what is withheld */
 	if (u->sync.op_full || sync_get_stats(u->sync.engine)->withheld_changes != u->sync.withheld_saved)
 		save_withheld(u);
+	if (u->sync.op_full) {
+		const struct sync_stats *st = sync_get_stats(u->sync.engine);
+		fprintf(stderr,
+			"airlock: reconcile: host scan %.1f ms (%s%s), %" PRIu64 " files read, %" PRIu64
+			" levels, %" PRIu64 " changes\n",
+			(double)st->scan_ns / 1e6, st->scan_verified ? "unchanged since the last scan" : "full scan: ",
+			st->scan_verified ? "" : st->scan_note, st->scan_hashed, st->levels, st->changes);
+	}
 	up_changes_synced(u, u->sync.op_full);
 	if (u->conn.state == UP_RECONCILING)
 		up_conn_live(u);

@@ -43,6 +43,16 @@
 
 struct hcache;
 
+/* A file's stat identity, the key of a cache entry (and of a scanstate
+ * name): mtime and ctime in nanoseconds. */
+struct hcache_key {
+	uint64_t dev, ino, size;
+	int64_t mtime, ctime;
+	uint32_t mode;
+};
+void hcache_key_of(const struct stat *st, struct hcache_key *k);
+bool hcache_key_eq(const struct hcache_key *a, const struct hcache_key *b);
+
 /* New empty cache for chunk lists cut with p (NULL: default). */
 int hcache_new(const struct chunk_params *p, struct hcache **out);
 void hcache_free(struct hcache *c); /* NULL is a no-op */
@@ -52,6 +62,11 @@ void hcache_free(struct hcache *c); /* NULL is a no-op */
  * version or for other chunk parameters (ignored: the cache is then
  * empty); -ENOMEM. The cache is usable after any return. */
 int hcache_load(struct hcache *c, int dirfd, const char *name);
+
+/* The racy stamp for a scan of the tree at dirfd, in ns: the ctime of a
+ * fresh unnamed O_TMPFILE there (the filesystem's own clock), else the
+ * wall clock minus 2 s. A change after it stamps a ctime >= it. */
+int64_t hcache_stamp(int dirfd);
 
 /* Start a scan of the tree at scan_dirfd: takes the racy stamp and
  * forgets the entries put by an earlier scan. */

@@ -33,6 +33,8 @@
 #include "airlock/content/chunk.h"
 #include "airlock/core/buf.h"
 
+struct stat;
+
 #define MANIFEST_PATH_MAX    4096u	/* bytes in a relative path, without NUL */
 #define MANIFEST_NAME_MAX    255u	/* bytes in one component */
 #define MANIFEST_TARGET_MAX  4096u	/* bytes in a symlink target */
@@ -182,6 +184,13 @@ typedef void (*manifest_skipped_fn)(const char *relpath, enum manifest_skip why,
 
 struct hcache;
 
+/* What manifest_scan_opts.seen is told about a name (scanstate.h keeps it). */
+enum manifest_seen {
+	MANIFEST_SEEN_STAT = 1, /* st: the name's lstat, taken before any verdict or read */
+	MANIFEST_SEEN_WALK = 2, /* a directory whose names are read next (its children follow) */
+};
+typedef void (*manifest_seen_fn)(const char *relpath, const struct stat *st, enum manifest_seen kind, void *ud);
+
 struct manifest_scan_opts {
 	manifest_filter_fn filter; /* NULL: keep everything */
 	void *filter_ud;
@@ -196,6 +205,12 @@ struct manifest_scan_opts {
 	struct hcache *cache;
 	unsigned max_depth; /* 0: 128. Directories nest at most this deep. */
 	size_t max_entries; /* 0: MANIFEST_ENTRIES_MAX; more is -E2BIG */
+	/* Told, in tree order, the lstat of every name of every directory the
+	 * scan reads (kept, filtered out or skipped alike; not reserved names)
+	 * and which directories it reads: what a later scanstate_verify
+	 * compares the disk with. NULL: not told. */
+	manifest_seen_fn seen;
+	void *seen_ud;
 };
 
 /*

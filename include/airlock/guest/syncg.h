@@ -49,6 +49,15 @@ int syncg_open(const char *root, const char *state_dir, const struct apply_opts 
 	       struct syncg **out, char *err, size_t errlen);
 void syncg_free(struct syncg *g); /* NULL is a no-op */
 uint64_t syncg_last_seq(const struct syncg *g);
+/* The tracker watching the copy (track.h; NULL: none), kept by the
+ * caller, who reads its events before handing a frame to a session: a
+ * BEGIN that finds no event since the last one's scan started answers
+ * from that scan without walking (doc/SYNC.md "Unchanged trees"). */
+struct track;
+void syncg_set_track(struct syncg *g, const struct track *t);
+/* BEGINs that walked or scanned the copy (the others answered from a
+ * quiet tracker): for tests and the bench. */
+uint64_t syncg_walks(const struct syncg *g);
 const char *syncg_state_dir(const struct syncg *g);
 /* The chunk parameters of the last SYNC_BEGIN (chunk_params_default
  * before one): guest changes are hashed with them, as the host's

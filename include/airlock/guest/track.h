@@ -74,6 +74,7 @@ int track_take(struct track *t, struct track_dirty **out, size_t *n);
 /* Figures for tests and the bench. */
 struct track_stats {
 	uint64_t events, watches, saturated;
+	bool saturated_now; /* some change may be unseen until the next track_take walks */
 };
 void track_get_stats(const struct track *t, struct track_stats *st);
 

@@ -101,6 +101,15 @@ struct sync_stats {
 	uint64_t vanished;  /* files that changed or vanished while being sent (left for next sync) */
 	uint64_t kept_dirs; /* directory deletes the guest skipped: they hold its own files */
 	uint64_t guest_seq; /* last sequence the guest confirmed */
+	/* the last full host scan (doc/SYNC.md "Unchanged trees") */
+	uint64_t scan_ns;	/* its wall time */
+	uint64_t scan_hashed;	/* files it read (0 when the persisted scan was proven unchanged) */
+	uint64_t scan_verified; /* 1: the persisted scan state was proven unchanged by a stat walk */
+	uint64_t scan_names;	/* names that walk compared */
+	/* why the persisted state was not used ("" when it was): "none",
+	 * "refused" (corrupt, forged, other version or rules), or the first
+	 * path found changed */
+	char scan_note[160];
 };
 
 /* A path the guest could not apply (doc/SYNC.md "Per-path failures"):
@@ -143,8 +152,9 @@ struct sync_cfg {
 	size_t batch_target;		     /* 0: SYNC_BATCH_TARGET */
 	size_t max_batch;		     /* 0: WIRE_SYNC_MSG_MAX; a file whose PUT alone is larger
 					      * is not sent but listed as skipped ("too large to sync") */
-	/* Directory for the host's hash cache (hcache.h, file HCACHE_FILE),
-	 * e.g. audit_dir(); NULL: every scan hashes every file. */
+	/* Directory for the host's hash cache (hcache.h, file HCACHE_FILE)
+	 * and its persisted last scan (scanstate.h, file SCANSTATE_FILE), e.g.
+	 * audit_dir(); NULL: every scan reads and hashes every file. */
 	const char *state_dir;
 	const struct sync_ops *ops;
 	void *ud;

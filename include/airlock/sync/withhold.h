@@ -78,6 +78,10 @@ int withhold_sent(struct withhold *w, const struct manifest_entry *e, const uint
  * last call (the caller re-decides the tree), 0 when not, -ENOMEM. */
 int withhold_git_includes(struct withhold *w);
 
+/* BLAKE2b-256 of the include targets the last withhold_git_includes
+ * found (what a persisted scan's name decisions depended on). */
+void withhold_includes_digest(const struct withhold *w, uint8_t out[32]);
+
 /* Counters for tests and benches. */
 struct withhold_stats {
 	uint64_t scanned, scanned_bytes, cache_hits, by_content, by_copy;

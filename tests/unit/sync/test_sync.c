@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -28,6 +29,7 @@
 #include "airlock/core/noise.h"
 #include "airlock/core/wire.h"
 #include "airlock/guest/syncg.h"
+#include "airlock/guest/track.h"
 #include "airlock/policy/policy.h"
 #include "airlock/sync/sync.h"
 
@@ -1094,11 +1096,15 @@ static void test_pump_yields(void **state)
 }
 
 /* Edits made while no engine runs (airlock down, then up): each new
- * engine loads the hash cache the last one saved and reconciles; an edit
- * that keeps the size and the mtime (set back with utimensat, so only
- * ctime moves), a rename and a deleted directory are all found, and a
- * second up finds nothing more. */
-static void offline_up(const char *host, const char *guest)
+ * engine proves the tree unchanged from the scan state the last one saved
+ * (doc/SYNC.md "Unchanged trees") or scans it fully, with the hash cache.
+ * Every kind of offline edit is found: one that keeps the size and the
+ * mtime (set back with utimensat, so only ctime moves), one touched back
+ * to the same second, a rename, a deleted directory, a file replaced by a
+ * hard link to another, a chmod, a retargeted symlink; and an edit of the
+ * guest's copy. An unchanged up reads no file (scan_hashed 0); a damaged
+ * state means a full scan with the same result. */
+static struct sync_stats offline_up(const char *host, const char *guest)
 {
 	struct eng e = {0};
 	eng_start(&e, host, guest, 0);
@@ -1107,14 +1113,70 @@ static void offline_up(const char *host, const char *guest)
 	assert_true(e.done);
 	if (e.err)
 		fail_msg("reconcile: %s", e.why);
+	struct sync_stats st = *sync_get_stats(e.s);
 	eng_stop(&e);
+	return st;
+}
+
+/* Past the stamp's granule, so that the last scan's entries are not racy. */
+static void granule(void)
+{
+	struct timespec ts = {0, 50 * 1000 * 1000};
+	nanosleep(&ts, NULL);
+}
+
+/* An up that must find the tree unchanged: no file read, nothing sent. */
+static void unchanged_up(const char *host, const char *guest)
+{
+	granule();
+	struct sync_stats st = offline_up(host, guest);
+	if (!st.scan_verified)
+		fail_msg("the unchanged tree was scanned fully: %s", st.scan_note);
+	assert_int_equal(st.scan_hashed, 0);
+	assert_int_equal(st.changes, 0);
+	assert_int_equal(st.levels, 0); /* the root digests were equal */
+	assert_true(st.scan_names > 0);
+	assert_same_tree(host, guest);
+}
+
+/* An up after an offline edit: the stat walk finds it, a full scan follows. */
+static void changed_up(const char *host, const char *guest, const char *what)
+{
+	granule(); /* the edit is older than this up's stamp: its state is not racy */
+	struct sync_stats st = offline_up(host, guest);
+	if (st.scan_verified)
+		fail_msg("%s: taken as unchanged", what);
+	assert_same_tree(host, guest);
+}
+
+static void same_size_same_mtime(const char *root, const char *rel, const char *text, bool whole_second)
+{
+	char p[256];
+	struct stat st, st2;
+
+	snprintf(p, sizeof(p), "%s/%s", root, rel);
+	assert_int_equal(stat(p, &st), 0);
+	put(root, rel, text);
+	struct timespec ts[2] = {st.st_atim, st.st_mtim};
+	if (whole_second)
+		ts[1].tv_nsec = 0;
+	assert_int_equal(utimensat(AT_FDCWD, p, ts, 0), 0);
+	assert_int_equal(stat(p, &st2), 0);
+	assert_int_equal(st2.st_size, st.st_size);
+	assert_int_equal(st2.st_mtim.tv_sec, st.st_mtim.tv_sec);
+	if (!whole_second)
+		assert_int_equal(st2.st_mtim.tv_nsec, st.st_mtim.tv_nsec);
+}
+
+static void path_of(char *out, size_t n, const char *root, const char *rel)
+{
+	snprintf(out, n, "%s/%s", root, rel);
 }
 
 static void test_offline_edits(void **state)
 {
 	(void)state;
 	char host[128], guest[128], sd[128], p[256], q[256];
-	struct stat st;
 
 	snprintf(host, sizeof(host), "%s/oh", dir);
 	snprintf(guest, sizeof(guest), "%s/og", dir);
@@ -1122,53 +1184,179 @@ static void test_offline_edits(void **state)
 	assert_int_equal(mkdir(host, 0755), 0);
 	assert_int_equal(mkdir(guest, 0755), 0);
 	assert_int_equal(mkdir(sd, 0700), 0);
-	snprintf(p, sizeof(p), "%s/d", host);
+	path_of(p, sizeof(p), host, "d");
 	assert_int_equal(mkdir(p, 0755), 0);
-	snprintf(p, sizeof(p), "%s/gone", host);
+	path_of(p, sizeof(p), host, "gone");
 	assert_int_equal(mkdir(p, 0755), 0);
 	put(host, "same.txt", "aaaa\n");
+	put(host, "second.txt", "1111\n");
 	put(host, "d/old-name", "moved\n");
 	put(host, "gone/x", "x\n");
 	put(host, "gone/y", "y\n");
+	put(host, "one", "same length 1\n");
+	put(host, "two", "same length 2\n");
+	put(host, "mode.sh", "#!/bin/sh\n");
+	put(host, "d/target-a", "a\n");
+	put(host, "d/target-b", "b\n");
+	path_of(p, sizeof(p), host, "d/link");
+	assert_int_equal(symlink("target-a", p), 0);
 	eng_state_dir = sd;
-	offline_up(host, guest);
+	changed_up(host, guest, "the first up");
 	assert_true(has(guest, "same.txt", "aaaa\n"));
-	/* the cache is hot and no longer racy */
-	sleep(1);
+	/* that up's state was saved once the guest confirmed it (what was
+	 * made in its stamp's granule is racy: the next one may scan again) */
+	granule();
 	offline_up(host, guest);
+	unchanged_up(host, guest);
+	unchanged_up(host, guest);
 
 	/* while down: same size, same mtime (to the nanosecond) */
-	snprintf(p, sizeof(p), "%s/same.txt", host);
-	assert_int_equal(stat(p, &st), 0);
-	put(host, "same.txt", "bbbb\n");
-	struct timespec ts[2] = {st.st_atim, st.st_mtim};
-	assert_int_equal(utimensat(AT_FDCWD, p, ts, 0), 0);
-	struct stat st2;
-	assert_int_equal(stat(p, &st2), 0);
-	assert_int_equal(st2.st_size, st.st_size);
-	assert_int_equal(st2.st_mtim.tv_sec, st.st_mtim.tv_sec);
-	assert_int_equal(st2.st_mtim.tv_nsec, st.st_mtim.tv_nsec);
-	/* a rename, a deleted directory */
-	snprintf(p, sizeof(p), "%s/d/old-name", host);
-	snprintf(q, sizeof(q), "%s/d/new-name", host);
-	assert_int_equal(rename(p, q), 0);
-	snprintf(p, sizeof(p), "%s/gone", host);
-	tu_rm_rf(p);
-
-	offline_up(host, guest);
+	same_size_same_mtime(host, "same.txt", "bbbb\n", false);
+	changed_up(host, guest, "an edit keeping size and mtime");
 	assert_true(has(guest, "same.txt", "bbbb\n"));
+	unchanged_up(host, guest);
+	/* same size, mtime touched back to its second */
+	same_size_same_mtime(host, "second.txt", "2222\n", true);
+	changed_up(host, guest, "an edit touched back to the second");
+	assert_true(has(guest, "second.txt", "2222\n"));
+	unchanged_up(host, guest);
+	/* a rename, a deleted directory */
+	path_of(p, sizeof(p), host, "d/old-name");
+	path_of(q, sizeof(q), host, "d/new-name");
+	assert_int_equal(rename(p, q), 0);
+	path_of(p, sizeof(p), host, "gone");
+	tu_rm_rf(p);
+	changed_up(host, guest, "a rename and a deleted directory");
 	assert_false(exists(guest, "d/old-name"));
 	assert_true(has(guest, "d/new-name", "moved\n"));
 	assert_false(exists(guest, "gone"));
+	unchanged_up(host, guest);
+	/* "two" replaced by a hard link to "one" (same size) */
+	path_of(p, sizeof(p), host, "one");
+	path_of(q, sizeof(q), host, "two.tmp");
+	assert_int_equal(link(p, q), 0);
+	path_of(p, sizeof(p), host, "two");
+	assert_int_equal(rename(q, p), 0);
+	changed_up(host, guest, "a file replaced by a hard link to another");
+	assert_true(has(guest, "two", "same length 1\n"));
+	unchanged_up(host, guest);
+	/* a chmod */
+	path_of(p, sizeof(p), host, "mode.sh");
+	assert_int_equal(chmod(p, 0755), 0);
+	changed_up(host, guest, "a chmod");
+	struct stat st;
+	path_of(p, sizeof(p), guest, "mode.sh");
+	assert_int_equal(stat(p, &st), 0);
+	assert_int_equal(st.st_mode & 0777, 0755);
+	unchanged_up(host, guest);
+	/* a symlink retargeted (same target length) */
+	path_of(p, sizeof(p), host, "d/link");
+	assert_int_equal(unlink(p), 0);
+	assert_int_equal(symlink("target-b", p), 0);
+	changed_up(host, guest, "a retargeted symlink");
+	char t[64] = "";
+	path_of(p, sizeof(p), guest, "d/link");
+	assert_int_equal(readlink(p, t, sizeof(t) - 1), 8);
+	assert_string_equal(t, "target-b");
+	unchanged_up(host, guest);
+	/* the guest's copy edited while down (same size and mtime): the
+	 * guest's own walk finds it and the host's version goes back */
+	same_size_same_mtime(guest, "same.txt", "gggg\n", false);
+	struct sync_stats gs = offline_up(host, guest);
+	assert_true(gs.scan_verified); /* the host's tree did not change */
+	assert_true(gs.changes > 0);
+	assert_true(has(guest, "same.txt", "bbbb\n"));
+	unchanged_up(host, guest);
+
+	/* a damaged state: a flipped byte, then a truncated file, then garbage
+	 * of the right size: each means one full scan, the same result */
+	size_t n;
+	char *good = tu_read_file(AT_FDCWD, (snprintf(p, sizeof(p), "%s/scan-state", sd), p), &n);
+	assert_non_null(good);
+	good[n / 2] ^= 0x10;
+	tu_put_file(AT_FDCWD, p, good, n, 0600);
+	struct sync_stats ds = offline_up(host, guest);
+	assert_false(ds.scan_verified);
+	assert_true(strstr(ds.scan_note, "refused") != NULL);
+	assert_int_equal(ds.changes, 0);
+	unchanged_up(host, guest);
+	tu_put_file(AT_FDCWD, p, good, n / 3, 0600);
+	ds = offline_up(host, guest);
+	assert_false(ds.scan_verified);
+	assert_int_equal(ds.changes, 0);
+	memset(good, 'A', n);
+	tu_put_file(AT_FDCWD, p, good, n, 0600);
+	ds = offline_up(host, guest);
+	assert_false(ds.scan_verified);
+	assert_int_equal(ds.changes, 0);
+	free(good);
+	unchanged_up(host, guest);
 	assert_same_tree(host, guest);
-	/* once more, with nothing changed: nothing to send */
+	eng_state_dir = NULL;
+}
+
+/* An agent that stays up between connections answers a BEGIN without
+ * walking when its tracker saw nothing since the last BEGIN's scan began;
+ * any event (a command's write, an apply) makes the next BEGIN walk. */
+static void test_guest_quiet(void **state)
+{
+	(void)state;
 	struct eng e = {0};
+	struct track *t = NULL;
+	char host[128], guest[128], sd[128], err[256], p[256];
+
+	snprintf(host, sizeof(host), "%s/qh", dir);
+	snprintf(guest, sizeof(guest), "%s/qg", dir);
+	snprintf(sd, sizeof(sd), "%s/qstate", dir);
+	assert_int_equal(mkdir(host, 0755), 0);
+	assert_int_equal(mkdir(guest, 0755), 0);
+	assert_int_equal(mkdir(sd, 0700), 0);
+	put(host, "a.txt", "a\n");
+	path_of(p, sizeof(p), host, "sub");
+	assert_int_equal(mkdir(p, 0755), 0);
+	put(host, "sub/b.txt", "b\n");
+	eng_state_dir = sd;
 	eng_start(&e, host, guest, 0);
-	assert_int_equal(sync_reconcile(e.s), 0);
-	e_run(&e);
-	assert_true(e.done);
-	assert_int_equal(e.err, 0);
-	assert_int_equal(sync_get_stats(e.s)->changes, 0);
+	int gfd = open(guest, O_RDONLY | O_DIRECTORY);
+	assert_true(gfd >= 0);
+	assert_int_equal(track_new(gfd, guest, &t, err, sizeof(err)), 0);
+	syncg_set_track(e.g, t);
+	for (int round = 0; round < 5; round++) {
+		if (round == 3)
+			put(guest, "made-by-a-command", "x\n"); /* the tracker sees it */
+		track_read(t, 0);				/* as the agent does before each frame */
+		uint64_t w = syncg_walks(e.g), lv = sync_get_stats(e.s)->levels;
+		e.done = false;
+		assert_int_equal(sync_reconcile(e.s), 0);
+		e_run(&e);
+		assert_true(e.done);
+		assert_int_equal(e.err, 0);
+		const struct sync_stats *st = sync_get_stats(e.s);
+		switch (round) {
+		case 0: /* the first sync: batches applied */
+		case 1: /* the copy changed by them: walked */
+			assert_int_equal(syncg_walks(e.g), w + 1);
+			break;
+		case 2: /* nothing happened since round 1's scan began */
+			assert_int_equal(syncg_walks(e.g), w);
+			assert_int_equal(st->changes, 0);
+			assert_int_equal(st->levels, lv); /* the roots were equal */
+			break;
+		case 3: /* a command wrote: walked, and the host's tree goes back */
+			assert_int_equal(syncg_walks(e.g), w + 1);
+			assert_true(st->changes > 0);
+			path_of(p, sizeof(p), guest, "made-by-a-command");
+			assert_int_equal(access(p, F_OK), -1);
+			break;
+		case 4: /* the delete was an apply: walked again */
+			assert_int_equal(syncg_walks(e.g), w + 1);
+			assert_int_equal(st->changes, 0);
+			break;
+		}
+		assert_same_tree(host, guest);
+	}
+	track_free(t);
+	close(gfd);
 	eng_stop(&e);
 	eng_state_dir = NULL;
 }
@@ -1310,7 +1498,7 @@ int main(void)
 	    cmocka_unit_test(test_withheld_content),   cmocka_unit_test(test_push_random),
 	    cmocka_unit_test(test_pump_yields),	       cmocka_unit_test(test_offline_edits),
 	    cmocka_unit_test(test_guest_failures),     cmocka_unit_test(test_sending_after_failure),
-	    cmocka_unit_test(test_nested_git_configs),
+	    cmocka_unit_test(test_nested_git_configs), cmocka_unit_test(test_guest_quiet),
 	};
 	if (sodium_init() < 0)
 		return 1;

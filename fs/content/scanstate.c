@@ -1,0 +1,743 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* scanstate: the persisted result of a full scan and its parallel stat
+ * verification (scanstate.h, doc/SYNC.md "Unchanged trees"). */
+#include "airlock/content/scanstate.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#include "airlock/content/hcache.h"
+#include "airlock/core/buf.h"
+#include "airlock/core/mem.h"
+
+/* CHANGE SCANSTATE_VERSION IF THE FILE FORMAT CHANGES (scanstate.h). */
+static const uint8_t scanstate_magic[4] = {'A', 'L', 'S', 'S'};
+#define SCANSTATE_VERSION 1
+#define MAC_LEN		  32u
+#define HDR_LEN		  (4 + 4 + SCANSTATE_FP_LEN + CHUNK_HASH_LEN + 4 + 8)
+#define ENT_MIN		  (2 + 1 + 2 + SCANSTATE_ID_LEN)
+#define WALKERS_MAX	  8u
+
+enum {
+	F_WALKED = 0x01, /* a directory the scan read: its names are compared */
+	F_RACY = 0x02,	 /* changed in the scan's timestamp granule: never matches */
+	F_ALL = 0x03,
+};
+
+struct ent {
+	size_t path;	/* offset of the NUL-terminated path in paths */
+	uint32_t name;	/* offset of its last component within the path */
+	uint32_t kids;	/* walked directories: first child in kids[] */
+	uint32_t nkids; /* and how many */
+	uint16_t plen;
+	uint8_t flags;
+	struct hcache_key id;
+};
+
+struct scanstate {
+	/* entries in tree order; their NUL-terminated paths at base + e->path:
+	 * in paths when built, in the loaded file itself when loaded */
+	struct ent *e;
+	size_t n, cap;
+	struct buf paths;
+	uint32_t *kids;		   /* children of each walked directory, in name order */
+	uint32_t root_kids, nroot; /* the root's range in kids */
+	int64_t stamp;
+	bool distrusted;
+	/* loaded */
+	uint8_t *file;
+	size_t file_len;
+	const uint8_t *mbytes; /* manifest encoding, into file */
+	size_t mlen;
+	const uint8_t *extra; /* into file */
+	size_t extra_len;
+	uint8_t root[CHUNK_HASH_LEN];
+	uint32_t mcount; /* the manifest's entries */
+	/* the MAC (and, when asked, the manifest's decoding) run on a thread
+	 * of their own while the walkers verify: joined by scanstate_check */
+	uint8_t key[SCANSTATE_KEY_LEN];
+	bool decode;
+	pthread_t checker;
+	bool checking;	    /* the thread runs (not joined yet) */
+	int check_r;	    /* 0 authentic, -EBADMSG, -ENOMEM; set by the thread */
+	struct manifest *m; /* decoded by the thread (decode) */
+};
+
+static const char *ent_path(const struct scanstate *st, size_t i)
+{
+	return (st->file ? (const char *)st->file : (const char *)st->paths.data) + st->e[i].path;
+}
+
+void scanstate_id_encode(const struct stat *sb, uint8_t out[SCANSTATE_ID_LEN])
+{
+	struct hcache_key k;
+
+	hcache_key_of(sb, &k);
+	buf_store_be64(out, k.dev);
+	buf_store_be64(out + 8, k.ino);
+	buf_store_be32(out + 16, k.mode);
+	buf_store_be64(out + 20, k.size);
+	buf_store_be64(out + 28, (uint64_t)k.mtime);
+	buf_store_be64(out + 36, (uint64_t)k.ctime);
+}
+
+static void id_decode(const uint8_t *p, struct hcache_key *k)
+{
+	k->dev = buf_load_be64(p);
+	k->ino = buf_load_be64(p + 8);
+	k->mode = buf_load_be32(p + 16);
+	k->size = buf_load_be64(p + 20);
+	k->mtime = (int64_t)buf_load_be64(p + 28);
+	k->ctime = (int64_t)buf_load_be64(p + 36);
+}
+
+int scanstate_new(struct scanstate **out)
+{
+	struct scanstate *st = mem_calloc(1, sizeof(*st));
+
+	*out = st;
+	if (!st)
+		return -ENOMEM;
+	buf_init(&st->paths, SCANSTATE_FILE_MAX);
+	st->stamp = INT64_MIN;
+	return 0;
+}
+
+static int check_join(struct scanstate *st);
+
+void scanstate_free(struct scanstate *st)
+{
+	if (!st)
+		return;
+	check_join(st);
+	manifest_free(st->m);
+	sodium_memzero(st->key, sizeof(st->key));
+	mem_free(st->e);
+	mem_free(st->kids);
+	buf_clear(&st->paths);
+	mem_free(st->file);
+	mem_free(st);
+}
+
+void scanstate_begin(struct scanstate *st, int dirfd)
+{
+	st->n = 0;
+	buf_reset(&st->paths);
+	st->distrusted = false;
+	st->stamp = hcache_stamp(dirfd);
+}
+
+int64_t scanstate_stamp(const struct scanstate *st)
+{
+	return st->stamp;
+}
+
+void scanstate_distrust(struct scanstate *st)
+{
+	if (st)
+		st->distrusted = true;
+}
+
+void scanstate_seen(const char *relpath, const struct stat *sb, enum manifest_seen kind, void *ud)
+{
+	struct scanstate *st = ud;
+	size_t pl = strlen(relpath);
+
+	if (st->distrusted)
+		return;
+	if (kind == MANIFEST_SEEN_WALK) {
+		/* right after the directory's own STAT */
+		if (!st->n || strcmp(ent_path(st, st->n - 1), relpath) != 0)
+			st->distrusted = true;
+		else
+			st->e[st->n - 1].flags |= F_WALKED;
+		return;
+	}
+	if (st->n >= MANIFEST_ENTRIES_MAX || pl == 0 || pl > MANIFEST_PATH_MAX) {
+		st->distrusted = true;
+		return;
+	}
+	if (st->n == st->cap) {
+		size_t nc = st->cap ? st->cap * 2 : 1024;
+		struct ent *nv = mem_realloc(st->e, nc * sizeof(*nv));
+		if (!nv) {
+			st->distrusted = true;
+			return;
+		}
+		st->e = nv;
+		st->cap = nc;
+	}
+	struct ent *e = &st->e[st->n];
+	memset(e, 0, sizeof(*e));
+	e->path = buf_len(&st->paths);
+	e->plen = (uint16_t)pl;
+	const char *slash = strrchr(relpath, '/');
+	e->name = slash ? (uint32_t)(slash - relpath + 1) : 0;
+	hcache_key_of(sb, &e->id);
+	if (e->id.mtime >= st->stamp || e->id.ctime >= st->stamp)
+		e->flags |= F_RACY;
+	if (buf_put(&st->paths, relpath, pl + 1) < 0) {
+		st->distrusted = true;
+		return;
+	}
+	st->n++;
+}
+
+/* ---- the file ---- */
+
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+	while (n > 0) {
+		ssize_t w = write(fd, p, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return w < 0 ? -errno : -EIO;
+		p += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+static void mac_of(const uint8_t key[SCANSTATE_KEY_LEN], const uint8_t *p, size_t n, uint8_t out[MAC_LEN])
+{
+	crypto_generichash(out, MAC_LEN, p, n, key, SCANSTATE_KEY_LEN);
+}
+
+static int encode(struct scanstate *st, const struct manifest *m, const uint8_t fp[SCANSTATE_FP_LEN], const void *extra,
+		  size_t extra_len, struct buf *out)
+{
+	size_t at;
+	int r;
+
+	if ((r = buf_put(out, scanstate_magic, 4)) < 0 || (r = buf_put_u8(out, SCANSTATE_VERSION)) < 0 ||
+	    (r = buf_put_u8(out, 0)) < 0 || (r = buf_put_u16(out, 0)) < 0 ||
+	    (r = buf_put(out, fp, SCANSTATE_FP_LEN)) < 0 || (r = buf_put(out, m->root, CHUNK_HASH_LEN)) < 0 ||
+	    (r = buf_put_u32(out, (uint32_t)m->n)) < 0 || (r = buf_put_u64(out, (uint64_t)st->stamp)) < 0)
+		return r;
+	at = buf_len(out);
+	if ((r = buf_put_u32(out, 0)) < 0 || (r = manifest_encode(m, out)) < 0)
+		return r;
+	if (buf_len(out) - at - 4 > UINT32_MAX)
+		return -E2BIG;
+	if ((r = buf_poke_u32(out, at, (uint32_t)(buf_len(out) - at - 4))) < 0 ||
+	    (r = buf_put_bytes(out, extra, extra_len)) < 0 || (r = buf_put_u32(out, (uint32_t)st->n)) < 0)
+		return r;
+	for (size_t i = 0; i < st->n; i++) {
+		const struct ent *e = &st->e[i];
+		const char *p = ent_path(st, i);
+		size_t pl = strlen(p);
+		uint8_t *d;
+		if ((r = buf_reserve(out, 2 + pl + 2 + SCANSTATE_ID_LEN, &d)) < 0)
+			return r;
+		buf_store_be16(d, (uint16_t)pl);
+		memcpy(d + 2, p, pl);
+		d[2 + pl] = 0; /* so that a loaded state uses its paths where they are */
+		d[3 + pl] = e->flags;
+		d += 4 + pl;
+		buf_store_be64(d, e->id.dev);
+		buf_store_be64(d + 8, e->id.ino);
+		buf_store_be32(d + 16, e->id.mode);
+		buf_store_be64(d + 20, e->id.size);
+		buf_store_be64(d + 28, (uint64_t)e->id.mtime);
+		buf_store_be64(d + 36, (uint64_t)e->id.ctime);
+		buf_commit(out, 2 + pl + 2 + SCANSTATE_ID_LEN);
+	}
+	return 0;
+}
+
+int scanstate_save(struct scanstate *st, int dirfd, const char *name, const struct manifest *m,
+		   const uint8_t key[SCANSTATE_KEY_LEN], const uint8_t fp[SCANSTATE_FP_LEN], const void *extra,
+		   size_t extra_len)
+{
+	struct buf out;
+	uint8_t mac[MAC_LEN];
+	char tmp[300];
+	int fd, r;
+
+	if (strlen(name) > 200)
+		return -ENAMETOOLONG;
+	if (st->distrusted || extra_len > SCANSTATE_EXTRA_MAX) {
+		unlinkat(dirfd, name, 0); /* the earlier one describes an older tree */
+		return -ESTALE;
+	}
+	buf_init(&out, SCANSTATE_FILE_MAX);
+	if ((r = encode(st, m, fp, extra, extra_len, &out)) < 0)
+		goto out;
+	mac_of(key, buf_ptr(&out), buf_len(&out), mac);
+	if ((r = buf_put(&out, mac, MAC_LEN)) < 0)
+		goto out;
+	snprintf(tmp, sizeof(tmp), "%s.tmp", name);
+	if ((fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0) {
+		r = -errno;
+		goto out;
+	}
+	r = write_all(fd, buf_ptr(&out), buf_len(&out));
+	if (close(fd) < 0 && r == 0)
+		r = -errno;
+	if (r == 0 && renameat(dirfd, tmp, dirfd, name) < 0)
+		r = -errno;
+	if (r < 0) {
+		unlinkat(dirfd, tmp, 0);
+		unlinkat(dirfd, name, 0);
+	}
+out:
+	buf_clear(&out);
+	return r;
+}
+
+/* Parent links and children ranges of the n entries read into st->e, all
+ * checked: strictly increasing tree order, each parent a walked directory
+ * listed before it. */
+static int link_tree(struct scanstate *st)
+{
+	uint32_t *stack = NULL, *count = NULL, *parent = NULL;
+	size_t depth = 0;
+	int r = -EBADMSG;
+
+	if (!(stack = mem_calloc(st->n + 1, sizeof(*stack))) || !(count = mem_calloc(st->n + 1, sizeof(*count))) ||
+	    !(parent = mem_calloc(st->n + 1, sizeof(*parent))) ||
+	    (st->n && !(st->kids = mem_calloc(st->n, sizeof(*st->kids))))) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < st->n; i++) {
+		const char *p = ent_path(st, i);
+		if (i && manifest_path_cmp(ent_path(st, i - 1), p) >= 0)
+			goto out;
+		/* pop to the directory holding p */
+		size_t dl = st->e[i].name ? st->e[i].name - 1 : 0;
+		while (depth > 0) {
+			size_t d = stack[depth - 1];
+			const char *dp = ent_path(st, d);
+			if (st->e[d].plen == dl && !memcmp(dp, p, dl))
+				break;
+			depth--;
+		}
+		if (dl && depth == 0)
+			goto out; /* its parent is not a directory the scan read */
+		parent[i] = depth ? stack[depth - 1] : (uint32_t)st->n; /* n = the root */
+		count[parent[i]]++;
+		if (st->e[i].flags & F_WALKED) {
+			if (!S_ISDIR(st->e[i].id.mode))
+				goto out;
+			stack[depth++] = (uint32_t)i;
+		}
+	}
+	/* ranges: each parent's children are contiguous in kids, in order */
+	uint32_t at = 0;
+	for (size_t i = 0; i <= st->n; i++) {
+		uint32_t c = count[i];
+		if (i < st->n) {
+			st->e[i].kids = at;
+			st->e[i].nkids = 0;
+		} else {
+			st->root_kids = at;
+			st->nroot = 0;
+		}
+		at += c;
+	}
+	for (size_t i = 0; i < st->n; i++) {
+		uint32_t p = parent[i];
+		if (p == st->n)
+			st->kids[st->root_kids + st->nroot++] = (uint32_t)i;
+		else
+			st->kids[st->e[p].kids + st->e[p].nkids++] = (uint32_t)i;
+	}
+	r = 0;
+out:
+	mem_free(stack);
+	mem_free(count);
+	mem_free(parent);
+	return r;
+}
+
+static int parse(struct scanstate *st, const uint8_t fp[SCANSTATE_FP_LEN])
+{
+	struct buf in;
+	uint8_t magic[4], ver, flags, sfp[SCANSTATE_FP_LEN];
+	uint16_t resv;
+	uint64_t stamp;
+	uint32_t count;
+
+	buf_view(&in, st->file, st->file_len - MAC_LEN);
+	if (buf_get(&in, magic, 4) < 0 || buf_get_u8(&in, &ver) < 0 || buf_get_u8(&in, &flags) < 0 ||
+	    buf_get_u16(&in, &resv) < 0 || buf_get(&in, sfp, SCANSTATE_FP_LEN) < 0 ||
+	    buf_get(&in, st->root, CHUNK_HASH_LEN) < 0 || buf_get_u32(&in, &st->mcount) < 0 ||
+	    buf_get_u64(&in, &stamp) < 0)
+		return -EBADMSG;
+	if (memcmp(magic, scanstate_magic, 4) != 0 || ver != SCANSTATE_VERSION || flags || resv ||
+	    sodium_memcmp(sfp, fp, SCANSTATE_FP_LEN) != 0)
+		return -EBADMSG;
+	st->stamp = (int64_t)stamp;
+	if (buf_get_bytes(&in, &st->mbytes, &st->mlen, SCANSTATE_FILE_MAX) < 0 ||
+	    buf_get_bytes(&in, &st->extra, &st->extra_len, SCANSTATE_EXTRA_MAX) < 0 || buf_get_u32(&in, &count) < 0)
+		return -EBADMSG;
+	if (count > MANIFEST_ENTRIES_MAX || count > buf_len(&in) / ENT_MIN)
+		return -EBADMSG;
+	if (count && !(st->e = mem_calloc(count, sizeof(*st->e))))
+		return -ENOMEM;
+	st->cap = count;
+	for (uint32_t i = 0; i < count; i++) {
+		uint16_t pl;
+		if (buf_get_u16(&in, &pl) < 0 || pl == 0 || pl > MANIFEST_PATH_MAX ||
+		    buf_len(&in) < (size_t)pl + 2 + SCANSTATE_ID_LEN)
+			return -EBADMSG;
+		const char *p = (const char *)buf_ptr(&in);
+		if (p[pl] != '\0' || manifest_path_check(p, pl) < 0)
+			return -EBADMSG;
+		struct ent *e = &st->e[i];
+		e->path = (size_t)((const uint8_t *)p - st->file);
+		e->plen = pl;
+		const char *slash = memrchr(p, '/', pl);
+		e->name = slash ? (uint32_t)(slash - p + 1) : 0;
+		buf_consume(&in, (size_t)pl + 1);
+		e->flags = *buf_ptr(&in);
+		buf_consume(&in, 1);
+		if (e->flags & ~F_ALL)
+			return -EBADMSG;
+		id_decode(buf_ptr(&in), &e->id);
+		buf_consume(&in, SCANSTATE_ID_LEN);
+		st->n++;
+	}
+	if (buf_len(&in) != 0)
+		return -EBADMSG;
+	return link_tree(st);
+}
+
+static int decode_manifest(const struct scanstate *st, struct manifest **out)
+{
+	*out = NULL;
+	if (!st->mbytes)
+		return -EINVAL;
+	int r = manifest_decode(st->mbytes, st->mlen, 0, out);
+	if (r == 0 && (memcmp((*out)->root, st->root, CHUNK_HASH_LEN) != 0 || (*out)->n != st->mcount)) {
+		manifest_free(*out);
+		*out = NULL;
+		r = -EBADMSG;
+	}
+	return r;
+}
+
+/* The MAC over the file, then (decode) its manifest. */
+static void *check_thread(void *arg)
+{
+	struct scanstate *st = arg;
+	uint8_t mac[MAC_LEN];
+
+	mac_of(st->key, st->file, st->file_len - MAC_LEN, mac);
+	st->check_r = sodium_memcmp(mac, st->file + st->file_len - MAC_LEN, MAC_LEN) ? -EBADMSG : 0;
+	if (st->check_r == 0 && st->decode && (st->check_r = decode_manifest(st, &st->m)) < 0)
+		st->check_r = st->check_r == -ENOMEM ? -ENOMEM : -EBADMSG;
+	return NULL;
+}
+
+static int check_join(struct scanstate *st)
+{
+	if (st->checking) {
+		pthread_join(st->checker, NULL);
+		st->checking = false;
+	}
+	return st->check_r;
+}
+
+int scanstate_check(struct scanstate *st)
+{
+	return check_join(st);
+}
+
+int scanstate_load(int dirfd, const char *name, const uint8_t key[SCANSTATE_KEY_LEN],
+		   const uint8_t fp[SCANSTATE_FP_LEN], unsigned flags, struct scanstate **out)
+{
+	struct scanstate *st = NULL;
+	struct stat sb;
+	int fd, r;
+
+	*out = NULL;
+	if ((fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)) < 0)
+		return errno == ENOENT ? -ENOENT : -EBADMSG;
+	if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode) || sb.st_size < HDR_LEN + MAC_LEN ||
+	    (uint64_t)sb.st_size > SCANSTATE_FILE_MAX) {
+		close(fd);
+		return -EBADMSG;
+	}
+	if ((r = scanstate_new(&st)) < 0) {
+		close(fd);
+		return r;
+	}
+	memcpy(st->key, key, SCANSTATE_KEY_LEN);
+	st->decode = flags & SCANSTATE_LOAD_DECODE;
+	st->file_len = (size_t)sb.st_size;
+	if (!(st->file = mem_alloc(st->file_len))) {
+		close(fd);
+		scanstate_free(st);
+		return -ENOMEM;
+	}
+	r = chunk_read_fd(&fd, 0, st->file, st->file_len);
+	close(fd);
+	/* the MAC beside the walk; nothing of the state is trusted before
+	 * scanstate_check says it is authentic (parsing and walking check
+	 * every byte they use) */
+	if (r == 0 && (r = parse(st, fp)) == 0) {
+		/* parse set what the thread reads; nothing changes it after */
+		st->check_r = -EBADMSG;
+		if (pthread_create(&st->checker, NULL, check_thread, st) == 0)
+			st->checking = true;
+		else
+			check_thread(st);
+	}
+	if (r < 0) {
+		scanstate_free(st);
+		return r == -ENOMEM ? r : -EBADMSG;
+	}
+	*out = st;
+	return 0;
+}
+
+const uint8_t *scanstate_root(const struct scanstate *st)
+{
+	return st->root;
+}
+
+int scanstate_manifest(struct scanstate *st, struct manifest **out)
+{
+	int r = check_join(st);
+
+	*out = NULL;
+	if (r < 0)
+		return r;
+	if (st->m) {
+		*out = st->m;
+		st->m = NULL;
+		return 0;
+	}
+	return decode_manifest(st, out);
+}
+
+size_t scanstate_manifest_count(const struct scanstate *st)
+{
+	return st->mcount;
+}
+
+const uint8_t *scanstate_extra(const struct scanstate *st, size_t *n)
+{
+	*n = st->extra_len;
+	return st->extra;
+}
+
+size_t scanstate_count(const struct scanstate *st)
+{
+	return st->n;
+}
+
+/* ---- verification ----
+ *
+ * A shared stack of directories (entry index; st->n for the root) and a
+ * few walkers. A walker opens its directory beneath the root (openat2
+ * RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS through manifest_open_beneath, so
+ * no descriptor is held per queued directory), reads it with getdents64,
+ * looks every name up among the saved children (binary search: they are
+ * in name order), fstatat's it relative to the directory and compares.
+ * The first difference stops every walker. No allocation in the walkers
+ * (mem's failure injection is not for threads). */
+
+struct verify {
+	struct scanstate *st;
+	int rootfd;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	uint32_t *stack; /* protected by lock */
+	size_t top;	 /* protected by lock */
+	unsigned busy;	 /* walkers holding a directory; protected by lock */
+	atomic_bool differs;
+	atomic_uint_fast64_t dirs, names;
+	char first[MANIFEST_PATH_MAX + 1]; /* protected by lock */
+};
+
+static void differ(struct verify *v, uint32_t dir, const char *name)
+{
+	pthread_mutex_lock(&v->lock);
+	if (!atomic_load(&v->differs)) {
+		const char *dp = dir == v->st->n ? "" : ent_path(v->st, dir);
+		/* a name, or the directory whose names differ ("." the root) */
+		snprintf(v->first, sizeof(v->first), "%s%s%s", dp, dp[0] && name[0] ? "/" : "",
+			 name[0] || dp[0] ? name : ".");
+		atomic_store(&v->differs, true);
+	}
+	pthread_cond_broadcast(&v->cond);
+	pthread_mutex_unlock(&v->lock);
+}
+
+static long kid_find(const struct scanstate *st, uint32_t first, uint32_t n, const char *name)
+{
+	size_t lo = 0, hi = n;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		uint32_t k = st->kids[first + mid];
+		int c = strcmp(ent_path(st, k) + st->e[k].name, name);
+		if (c == 0)
+			return k;
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return -1;
+}
+
+struct linux_dirent64 {
+	uint64_t d_ino;
+	int64_t d_off;
+	unsigned short d_reclen;
+	unsigned char d_type;
+	char d_name[];
+};
+
+#define RESERVED_LEN (sizeof(MANIFEST_RESERVED_PREFIX) - 1)
+
+/* Compare directory d with the disk. */
+static void verify_dir(struct verify *v, uint32_t d, uint8_t *dents, size_t dents_len)
+{
+	struct scanstate *st = v->st;
+	uint32_t first = d == st->n ? st->root_kids : st->e[d].kids;
+	uint32_t nk = d == st->n ? st->nroot : st->e[d].nkids;
+	uint32_t matched = 0;
+	size_t dl = d == st->n ? 0 : st->e[d].plen;
+	int fd;
+
+	fd = d == st->n ? openat(v->rootfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+			: manifest_open_beneath(v->rootfd, ent_path(st, d), O_RDONLY | O_DIRECTORY, false);
+	if (fd < 0) {
+		differ(v, d, "");
+		return;
+	}
+	atomic_fetch_add(&v->dirs, 1);
+	for (;;) {
+		long got = syscall(SYS_getdents64, fd, dents, dents_len);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0) {
+			differ(v, d, "");
+			break;
+		}
+		if (got == 0)
+			break;
+		for (long off = 0; off < got && !atomic_load_explicit(&v->differs, memory_order_relaxed);) {
+			struct linux_dirent64 *de = (struct linux_dirent64 *)(dents + off);
+			const char *name = de->d_name;
+			off += de->d_reclen;
+			if (name[0] == '.' && (!name[1] || (name[1] == '.' && !name[2])))
+				continue;
+			if (!strncmp(name, MANIFEST_RESERVED_PREFIX, RESERVED_LEN))
+				continue; /* never scanned (apply's temporaries) */
+			size_t nl = strlen(name);
+			if (nl > MANIFEST_NAME_MAX || dl + (dl > 0) + nl > MANIFEST_PATH_MAX)
+				continue; /* never scanned either: too long (the scan reported it) */
+			long k = kid_find(st, first, nk, name);
+			struct stat sb;
+			struct hcache_key now;
+			if (k < 0 || fstatat(fd, name, &sb, AT_SYMLINK_NOFOLLOW) < 0) {
+				differ(v, d, name);
+				break;
+			}
+			atomic_fetch_add_explicit(&v->names, 1, memory_order_relaxed);
+			const struct ent *e = &st->e[k];
+			hcache_key_of(&sb, &now);
+			bool same = S_ISDIR(e->id.mode) && !(e->flags & F_WALKED)
+					? (now.mode & S_IFMT) == (e->id.mode & S_IFMT) /* skipped: its type only */
+					: !(e->flags & F_RACY) && hcache_key_eq(&now, &e->id);
+			if (!same) {
+				differ(v, d, name);
+				break;
+			}
+			matched++;
+			if (e->flags & F_WALKED) {
+				pthread_mutex_lock(&v->lock);
+				v->stack[v->top++] = (uint32_t)k; /* room: each directory is pushed once */
+				pthread_cond_signal(&v->cond);
+				pthread_mutex_unlock(&v->lock);
+			}
+		}
+		if (atomic_load_explicit(&v->differs, memory_order_relaxed))
+			break;
+	}
+	close(fd);
+	if (!atomic_load(&v->differs) && matched != nk)
+		differ(v, d, ""); /* a name is gone */
+}
+
+static void *walker(void *arg)
+{
+	struct verify *v = arg;
+	uint8_t dents[32768] __attribute__((aligned(8)));
+
+	pthread_mutex_lock(&v->lock);
+	for (;;) {
+		while (!v->top && v->busy && !atomic_load(&v->differs))
+			pthread_cond_wait(&v->cond, &v->lock);
+		if (atomic_load(&v->differs) || (!v->top && !v->busy))
+			break;
+		uint32_t d = v->stack[--v->top];
+		v->busy++;
+		pthread_mutex_unlock(&v->lock);
+		verify_dir(v, d, dents, sizeof(dents));
+		pthread_mutex_lock(&v->lock);
+		v->busy--;
+		if (!v->top && !v->busy)
+			pthread_cond_broadcast(&v->cond);
+	}
+	pthread_cond_broadcast(&v->cond);
+	pthread_mutex_unlock(&v->lock);
+	return NULL;
+}
+
+int scanstate_verify(struct scanstate *st, int rootfd, unsigned threads, struct scanstate_verify_stats *vs)
+{
+	struct verify v = {.st = st, .rootfd = rootfd};
+	pthread_t tid[WALKERS_MAX];
+	unsigned started = 0;
+
+	if (!threads) {
+		long c = sysconf(_SC_NPROCESSORS_ONLN);
+		threads = c < 1 ? 1 : c > WALKERS_MAX ? WALKERS_MAX : (unsigned)c;
+	}
+	if (threads > WALKERS_MAX)
+		threads = WALKERS_MAX;
+	if (!(v.stack = mem_calloc(st->n + 1, sizeof(*v.stack))))
+		return -ENOMEM;
+	pthread_mutex_init(&v.lock, NULL);
+	pthread_cond_init(&v.cond, NULL);
+	atomic_init(&v.differs, false);
+	atomic_init(&v.dirs, 0);
+	atomic_init(&v.names, 0);
+	v.stack[v.top++] = (uint32_t)st->n; /* the root */
+	for (unsigned i = 1; i < threads; i++)
+		if (pthread_create(&tid[started], NULL, walker, &v) == 0)
+			started++;
+	walker(&v);
+	for (unsigned i = 0; i < started; i++)
+		pthread_join(tid[i], NULL);
+	pthread_cond_destroy(&v.cond);
+	pthread_mutex_destroy(&v.lock);
+	mem_free(v.stack);
+	bool differs = atomic_load(&v.differs);
+	int auth = check_join(st);
+	if (auth < 0)
+		return auth == -ENOMEM ? auth : -EBADMSG;
+	if (vs) {
+		vs->dirs = atomic_load(&v.dirs);
+		vs->names = atomic_load(&v.names);
+		vs->threads = started + 1;
+		snprintf(vs->first, sizeof(vs->first), "%s", differs ? v.first : "");
+	}
+	return differs ? 0 : 1;
+}
