@@ -194,6 +194,7 @@ enum phase {
 	PH_IDLE,
 	PH_BEGIN,   /* BEGIN sent, waiting for STATE */
 	PH_LEVELS,  /* asking directory levels */
+	PH_DIFF,    /* comparing the trees (a job) */
 	PH_ENTRIES, /* asking chunk lists of changed large files */
 	PH_SEND,    /* batches */
 };
@@ -269,11 +270,15 @@ struct sync {
 	atomic_bool scan_cancel; /* read by the scan's filter: stop early */
 };
 
+typedef int job_work(struct sync *s, char *why, size_t whylen);
+typedef void job_then(struct sync *s, int r, const char *why);
+
 struct scan_job {
 	pthread_t tid;
-	int efd;       /* eventfd: written once by the thread when it is done */
-	bool for_push; /* what continues after it: start_send, else the levels */
-	int r;	       /* host_scan's result, its message in why */
+	int efd;	/* eventfd: written once by the thread when it is done */
+	job_work *work; /* on the thread (or inline without a loop) */
+	job_then *then; /* on the loop, with work's result */
+	int r;		/* work's result, its message in why */
 	char why[512];
 };
 
@@ -844,35 +849,41 @@ static int host_scan(struct sync *s, char *why, size_t whylen)
 	return 0;
 }
 
-/* ---- the full scan off the loop ----
+/* ---- whole-tree work off the loop ----
  *
  * A full scan walks the whole tree and decides every path; with a large
  * tree or costly ignore rules that takes seconds, during which a loop that
- * ran it would answer nothing (not even SIGTERM from `airlock down`). With
- * cfg.loop the scan runs on a worker thread and the loop continues when
- * the thread's eventfd fires; without one (airlock sync, tests) it runs
- * inline. Stopping the engine (fail, sync_free) cancels and joins it: the
- * filter returns at the next entry, so that takes one policy decision
- * (bounded by POLICY_MATCH_BUDGET) and the file being hashed. */
+ * ran it would answer nothing (not even SIGTERM from `airlock down`). The
+ * comparison of two whole trees (building the guest's manifest from its
+ * levels, the diff) takes hundreds of milliseconds at a million entries.
+ * With cfg.loop such work runs on a worker thread and the loop continues
+ * when the thread's eventfd fires; without one (airlock sync, tests) it
+ * runs inline. While a job runs the thread alone uses what its work names
+ * (hm, gm, ge, changes, withheld, skipped, st's scan counts, gitcfg, cache
+ * and pctx); the loop only reads known, and the guest's messages are
+ * refused by phase (PH_BEGIN or PH_DIFF: no LEVEL, ENTRY or ACK is
+ * expected then). Stopping the engine (fail, sync_free) cancels and joins
+ * it: a scan's filter returns at the next entry, so that takes one policy
+ * decision (bounded by POLICY_MATCH_BUDGET) and the file being hashed; a
+ * diff runs to its end. */
 
-static void scan_then(struct sync *s, int r, const char *why, bool for_push);
-
-static void *scan_thread(void *arg)
+static void *job_thread(void *arg)
 {
 	struct sync *s = arg;
 	struct scan_job *j = s->job;
 	uint64_t one = 1;
 
-	j->r = host_scan(s, j->why, sizeof(j->why));
+	j->r = j->work(s, j->why, sizeof(j->why));
 	while (write(j->efd, &one, sizeof(one)) < 0 && errno == EINTR)
 		;
 	return NULL;
 }
 
-/* Join and free the job; its result into *r, why, *for_push. */
-static void scan_join(struct sync *s, int *r, char *why, size_t whylen, bool *for_push)
+/* Join and free the job; its result into *r and why, its continuation. */
+static job_then *job_join(struct sync *s, int *r, char *why, size_t whylen)
 {
 	struct scan_job *j = s->job;
+	job_then *then = j->then;
 
 	pthread_join(j->tid, NULL);
 	loop_del_fd(s->cfg.loop, j->efd);
@@ -881,60 +892,59 @@ static void scan_join(struct sync *s, int *r, char *why, size_t whylen, bool *fo
 		*r = j->r;
 	if (why)
 		snprintf(why, whylen, "%s", j->why);
-	if (for_push)
-		*for_push = j->for_push;
 	mem_free(j);
 	s->job = NULL;
 	atomic_store(&s->scan_cancel, false);
+	return then;
 }
 
-static void on_scan_done(struct loop *l, int fd, uint32_t events, void *ud)
+static void on_job_done(struct loop *l, int fd, uint32_t events, void *ud)
 {
 	struct sync *s = ud;
 	char why[512];
-	bool for_push;
 	int r;
 	(void)l;
 	(void)fd;
 	(void)events;
 
-	scan_join(s, &r, why, sizeof(why), &for_push);
-	scan_then(s, r, why, for_push);
+	job_then *then = job_join(s, &r, why, sizeof(why));
+	then(s, r, why);
 }
 
-/* Stop a running scan and drop its result (the engine fails or goes). */
+/* Stop a running job and drop its result (the engine fails or goes). */
 static void scan_stop(struct sync *s)
 {
 	if (!s->job)
 		return;
 	atomic_store(&s->scan_cancel, true);
-	scan_join(s, NULL, NULL, 0, NULL);
+	job_join(s, NULL, NULL, 0);
 }
 
-/* Scan the host tree, then scan_then(). On a thread when the engine has a
- * loop and one can be started, else inline. */
-static void scan_start(struct sync *s, bool for_push)
+/* work(), then then(). On a thread when the engine has a loop and one can
+ * be started, else inline. */
+static void job_start(struct sync *s, job_work *work, job_then *then)
 {
 	struct scan_job *j;
 	char why[512] = "";
 	int r;
 
 	if (s->cfg.loop && (j = mem_calloc(1, sizeof(*j)))) {
-		j->for_push = for_push;
+		j->work = work;
+		j->then = then;
 		j->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-		if (j->efd >= 0 && loop_add_fd(s->cfg.loop, j->efd, EPOLLIN, on_scan_done, s) == 0) {
+		if (j->efd >= 0 && loop_add_fd(s->cfg.loop, j->efd, EPOLLIN, on_job_done, s) == 0) {
 			s->job = j;
-			if (pthread_create(&j->tid, NULL, scan_thread, s) == 0)
+			if (pthread_create(&j->tid, NULL, job_thread, s) == 0)
 				return;
 			s->job = NULL;
 			loop_del_fd(s->cfg.loop, j->efd);
 		}
 		if (j->efd >= 0)
 			close(j->efd);
-		mem_free(j); /* no thread: scan inline */
+		mem_free(j); /* no thread: inline */
 	}
-	r = host_scan(s, why, sizeof(why));
-	scan_then(s, r, why, for_push);
+	r = work(s, why, sizeof(why));
+	then(s, r, why);
 }
 
 /* ---- sending batches ---- */
@@ -1263,6 +1273,8 @@ static void pump(struct sync *s)
 		}
 		progress(s, "send");
 	}
+	if (!s->push.t_sent_ns && sync_all_sent(s))
+		s->push.t_sent_ns = loop_now_ns();
 	maybe_done(s);
 }
 
@@ -1345,15 +1357,24 @@ static void keep_guest_changes(struct sync *s)
 	s->nchanges = k;
 }
 
-static int start_send(struct sync *s)
+/* The ops from the old state (the guest's, the anchors' part of known, or
+ * known) to s->hm into s->changes: O(entries of both), so a job's work
+ * for whole trees. */
+static int diff_changes(struct sync *s)
 {
-	int r;
 	const struct manifest *old = s->gm ? s->gm : s->pold ? s->pold : s->known;
 
 	mem_free(s->changes);
 	s->changes = NULL;
-	if ((r = manifest_diff(old, s->hm, &s->changes, &s->nchanges)) < 0)
-		return r;
+	s->nchanges = 0;
+	return manifest_diff(old, s->hm, &s->changes, &s->nchanges);
+}
+
+/* Send s->changes (diff_changes), minus the guest changes kept. */
+static void send_changes(struct sync *s)
+{
+	s->push.t_decided_ns = loop_now_ns();
+	s->push.t_sent_ns = s->push.t_acked_ns = 0;
 	keep_guest_changes(s);
 	s->ci = 0;
 	s->st.changes = s->nchanges;
@@ -1369,7 +1390,15 @@ static int start_send(struct sync *s)
 	s->phase = PH_SEND;
 	progress(s, "send");
 	pump(s);
-	return 0;
+}
+
+static int start_send(struct sync *s)
+{
+	int r = diff_changes(s);
+
+	if (r == 0)
+		send_changes(s);
+	return r;
 }
 
 /* ---- reconcile: guest manifest from levels ---- */
@@ -1564,8 +1593,7 @@ static void ask_entries(struct sync *s)
 	}
 	if (n == 0) {
 		buf_clear(&b);
-		if ((r = start_send(s)) < 0)
-			fail(s, r, "comparing with the guest: %s", strerror(-r));
+		send_changes(s); /* levels_work made the diff */
 		return;
 	}
 	if ((r = wire_sync_req_encode(&b, &(struct wire_sync_req){.n = (uint32_t)n, .names = s->asked})) < 0)
@@ -1578,21 +1606,30 @@ out:
 		fail(s, r, "asking the guest for chunk lists: %s", strerror(-r));
 }
 
-static void levels_done(struct sync *s)
+/* levels_done's job: the guest's manifest and the diff to the host's. */
+static int levels_work(struct sync *s, char *why, size_t whylen)
 {
 	int r;
 
-	if ((r = build_guest_manifest(s)) < 0) {
-		fail(s, r, "the guest's listing is inconsistent: %s", strerror(-r));
-		return;
-	}
-	mem_free(s->changes);
-	s->changes = NULL;
-	if ((r = manifest_diff(s->gm, s->hm, &s->changes, &s->nchanges)) < 0) {
-		fail(s, r, "comparing with the guest: %s", strerror(-r));
-		return;
-	}
-	ask_entries(s);
+	if ((r = build_guest_manifest(s)) < 0)
+		snprintf(why, whylen, "the guest's listing is inconsistent: %s", strerror(-r));
+	else if ((r = diff_changes(s)) < 0)
+		snprintf(why, whylen, "comparing with the guest: %s", strerror(-r));
+	return r;
+}
+
+static void levels_diffed(struct sync *s, int r, const char *why)
+{
+	if (r < 0)
+		fail(s, r, "%s", why);
+	else
+		ask_entries(s);
+}
+
+static void levels_done(struct sync *s)
+{
+	s->phase = PH_DIFF;
+	job_start(s, levels_work, levels_diffed);
 }
 
 static void ask_round(struct sync *s)
@@ -1735,8 +1772,8 @@ static int on_entry(struct sync *s, struct buf *in)
 			e.nchunks = 0;
 		}
 	}
-	if (s->nanswered == s->nasked && (r = start_send(s)) < 0)
-		goto out;
+	if (s->nanswered == s->nasked)
+		send_changes(s); /* the diff is levels_work's: the chunk lists do not change it */
 	r = 0;
 out:
 	manifest_entry_clear(&e);
@@ -1757,6 +1794,7 @@ static int on_ack(struct sync *s, struct buf *in)
 		return -EPROTO;
 	s->st.guest_seq = m.seq;
 	s->st.kept_dirs += m.kept_dirs;
+	s->push.t_acked_ns = loop_now_ns();
 	s->prog.files_done += s->fl[0].files;
 	s->prog.bytes_done += s->fl[0].bytes;
 	memmove(&s->fl[0], &s->fl[1], (s->nfl - 1) * sizeof(s->fl[0]));
@@ -1823,6 +1861,34 @@ void sync_on_error(struct sync *s, uint32_t code, const char *msg)
 	fail(s, code > 0 && code < 4096 ? -(int)code : -EPROTO, "the guest reported: %s", msg);
 }
 
+/* A reconcile's scan is done: compare once the guest's STATE is in too
+ * (on_state, otherwise). */
+static void scanned(struct sync *s, int r, const char *why)
+{
+	if (r < 0)
+		fail(s, r, "%s", why[0] ? why : strerror(-r));
+	else if (s->have_state)
+		start_levels(s);
+}
+
+/* A push's full scan and its diff against known, on the job's thread. */
+static int push_scan_work(struct sync *s, char *why, size_t whylen)
+{
+	int r = host_scan(s, why, whylen);
+
+	if (r == 0 && (r = diff_changes(s)) < 0)
+		snprintf(why, whylen, "comparing with the last confirmed state: %s", strerror(-r));
+	return r;
+}
+
+static void push_scanned(struct sync *s, int r, const char *why)
+{
+	if (r < 0)
+		fail(s, r, "%s", why[0] ? why : strerror(-r));
+	else
+		send_changes(s);
+}
+
 int sync_reconcile(struct sync *s)
 {
 	struct buf b;
@@ -1848,18 +1914,8 @@ int sync_reconcile(struct sync *s)
 	}
 	buf_clear(&b);
 	progress(s, "scan");
-	scan_start(s, false);
+	job_start(s, host_scan, scanned);
 	return 0;
-}
-
-static void scan_then(struct sync *s, int r, const char *why, bool for_push)
-{
-	if (r < 0)
-		fail(s, r, "%s", why[0] ? why : strerror(-r));
-	else if (!for_push && s->have_state)
-		start_levels(s);
-	else if (for_push && (r = start_send(s)) < 0)
-		fail(s, r, "comparing with the last confirmed state: %s", strerror(-r));
 }
 
 /* ---- targeted push (the live mount's dirty paths) ----
@@ -2570,9 +2626,9 @@ static int push_start(struct sync *s, const char *const *paths, size_t n)
 		manifest_free(s->pold);
 		s->pold = NULL;
 		/* a full scan against what the guest confirmed, no round trip;
-		 * start_send follows it (scan_then) */
+		 * the diff on the same job, then send_changes */
 		s->push.full = true;
-		scan_start(s, true);
+		job_start(s, push_scan_work, push_scanned);
 		goto out;
 	}
 	if ((r = start_send(s)) < 0)
@@ -2616,4 +2672,9 @@ int sync_push_paths(struct sync *s, const char *const *paths, size_t n)
 const struct sync_push_stats *sync_get_push_stats(const struct sync *s)
 {
 	return &s->push;
+}
+
+bool sync_all_sent(const struct sync *s)
+{
+	return s->busy && s->phase == PH_SEND && s->ci >= s->nchanges && s->out.queued == 0 && !s->pump_timer;
 }

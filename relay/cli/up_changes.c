@@ -40,7 +40,6 @@
 #define ADOPTED_MAX    (1u << 20)
 #define CONFIRMED_FILE "confirmed.manifest" /* the confirmed state, saved for the next reconcile */
 #define SENDING_FILE   "sending.manifest"   /* what was in flight when the connection dropped */
-#define CONFIRMED_MS   2000u		    /* saved at most this often while live */
 #define PULL_GROUP     512u		    /* paths per CHG_PULL: each staged file holds an fd until written */
 
 enum pull_kind { PULL_AUTO, PULL_ACCEPT, PULL_SHOW, PULL_STASH };
@@ -97,6 +96,7 @@ int up_changes_init(struct up *u)
 	}
 	crypto_sign_keypair(u->chg.pk, u->chg.sk);
 	randombytes_buf(u->chg.scope, sizeof(u->chg.scope));
+	u->chg.exact_on_disk = true; /* a past session's may be: marked lagging once this one confirms */
 	return 0;
 }
 
@@ -901,11 +901,31 @@ static void save_manifest(struct up *u, const struct manifest *m, const char *na
 	buf_clear(&b);
 }
 
-/* exact: saved when the session ended (down, a lost connection); a copy
- * saved while pushes go on lags behind the guest as soon as the next one
- * is confirmed, and after a crash of the daemon such a copy made host
- * edits look like guest changes (faults_e2e): the next reconcile uses only
- * an exact one. */
+/* CONFIRMED_FILE.meta: whose and when (the guest's key and its sequence),
+ * and whether the manifests beside it are exact. */
+static void save_meta(struct up *u, uint64_t seq, bool exact)
+{
+	char meta[160], hex[65];
+	sodium_bin2hex(hex, sizeof(hex), u->conn.g.guest_pub, 32);
+	int n = snprintf(meta, sizeof(meta), "%s %llu %s\n", hex, (unsigned long long)seq, exact ? "exact" : "lagging");
+	int fd = openat(u->chg.state_fd, CONFIRMED_FILE ".meta", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
+			0600);
+	if (fd >= 0) {
+		if (write(fd, meta, (size_t)n) != n)
+			ftruncate(fd, 0);
+		close(fd);
+	}
+	u->chg.exact_on_disk = exact;
+}
+
+/* Saved when the session ends (down, a lost connection): exact, for the
+ * next reconcile. While pushes go on, a saved copy lags behind the guest
+ * as soon as the next one is confirmed, and after a crash of the daemon
+ * such a copy made host edits look like guest changes (faults_e2e): the
+ * next reconcile uses only an exact one, so a live session never writes
+ * the manifests (their size is the tree's: about 8 MB at 100k files, once
+ * per edit burst before); the first confirmed operation only marks what
+ * is on disk as lagging (up_changes_synced). */
 static void save_confirmed(struct up *u, struct sync *engine, bool exact)
 {
 	const struct manifest *k = engine ? sync_known(engine) : NULL;
@@ -914,20 +934,7 @@ static void save_confirmed(struct up *u, struct sync *engine, bool exact)
 		return;
 	save_manifest(u, k, CONFIRMED_FILE);
 	save_manifest(u, sync_sending(engine), SENDING_FILE);
-	u->chg.base_saved_ms = loop_now_ms();
-	u->chg.exact_on_disk = exact;
-	/* whose and when: the guest's key and its sequence (CONFIRMED_FILE.meta) */
-	char meta[160], hex[65];
-	sodium_bin2hex(hex, sizeof(hex), u->conn.g.guest_pub, 32);
-	int n = snprintf(meta, sizeof(meta), "%s %llu %s\n", hex, (unsigned long long)sync_get_stats(engine)->guest_seq,
-			 exact ? "exact" : "lagging");
-	int fd = openat(u->chg.state_fd, CONFIRMED_FILE ".meta", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
-			0600);
-	if (fd >= 0) {
-		if (write(fd, meta, (size_t)n) != n)
-			ftruncate(fd, 0);
-		close(fd);
-	}
+	save_meta(u, sync_get_stats(engine)->guest_seq, exact);
 }
 
 /* A saved manifest, or NULL (missing or damaged: the reconcile goes without). */
@@ -979,9 +986,9 @@ void up_changes_synced(struct up *u, bool full)
 {
 	if (!u->chg.store || !u->sync.engine)
 		return;
-	/* an exact copy stops being one with this confirmed push */
-	if (full || u->chg.exact_on_disk || loop_now_ms() - u->chg.base_saved_ms >= CONFIRMED_MS)
-		save_confirmed(u, u->sync.engine, false);
+	/* an exact copy stops being one with this confirmed operation */
+	if (u->chg.exact_on_disk)
+		save_meta(u, sync_get_stats(u->sync.engine)->guest_seq, false);
 	if (wb_store_prune(u->chg.store, sync_known(u->sync.engine)))
 		save_store(u);
 	if (!full || !u->chg.nrejects)

@@ -5,9 +5,10 @@
  * command an egress connection belongs to (doc/UP.md "Exec").
  *
  * Each command gets its own host-opened stream. EXEC_START goes out only
- * once applied_seq has reached the journal's barrier seq taken when the
- * request arrived (doc/UP.md "Exec"): a command never sees a file older
- * than the request. Output credit is returned as the relay takes the
+ * once every batch covering the journal's barrier seq taken when the
+ * request arrived is in the channel (up_sync_sent_seq; doc/UP.md "Exec"):
+ * the guest applies them before it reads the command, so a command never
+ * sees a file older than the request. sync_wait waits for applied_seq. Output credit is returned as the relay takes the
  * bytes, and held back while the relay pauses the command, so a slow
  * client stalls that command in the guest and nothing else. Nothing ever
  * runs on the host: without a guest the request fails.
@@ -90,10 +91,11 @@ void up_exec_kick(struct up *u)
 	}
 	if (u->conn.state != UP_LIVE || !u->conn.chan)
 		return;
+	uint64_t sent = up_sync_sent_seq(u);
 	for (x = u->exec.xcmds; x; x = next) {
 		int r;
 		next = x->next;
-		if (x->stream || u->sync.applied_seq < x->barrier)
+		if (x->stream || sent < x->barrier)
 			continue;
 		if (!(x->stream = chan_stream_open(u->conn.chan, 0))) {
 			struct relay_cmd *cmd = x->cmd;
@@ -116,6 +118,9 @@ void up_exec_kick(struct up *u)
 			continue;
 		}
 		buf_clear(&x->start);
+		if (u->sync.trace)
+			fprintf(stderr, "airlock: trace: exec barrier_us=%.1f\n",
+				(double)(loop_now_ns() - x->t_req_ns) / 1e3);
 	}
 }
 
@@ -178,6 +183,7 @@ static int be_exec_start(void *ud, struct relay_cmd *cmd, const struct relay_exe
 	if ((r = wire_exec_start_encode(&x->start, &m)) < 0) /* credentials: wiped with x->start */
 		goto fail;
 	x->barrier = journal_barrier_seq(u->journal);
+	x->t_req_ns = loop_now_ns();
 	x->next = u->exec.xcmds;
 	u->exec.xcmds = x;
 	relay_cmd_set_data(cmd, x);

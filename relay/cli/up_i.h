@@ -79,10 +79,11 @@ struct xcmd {
 	struct up *u;
 	struct relay_cmd *cmd;
 	struct xcmd *next;
-	struct buf start; /* EXEC_START payload, until sent */
-	uint64_t barrier; /* journal seq the guest must have applied first */
-	uint32_t stream;  /* 0 until EXEC_START went out */
-	bool paused;	  /* the relay holds output back: credit is owed, not returned */
+	struct buf start;  /* EXEC_START payload, until sent */
+	uint64_t barrier;  /* journal seq whose batches must be sent first */
+	uint64_t t_req_ns; /* when the request came (AIRLOCK_TRACE) */
+	uint32_t stream;   /* 0 until EXEC_START went out */
+	bool paused;	   /* the relay holds output back: credit is owed, not returned */
 	size_t owed;
 	size_t stdin_inflight;		 /* stdin bytes sent, not yet acknowledged
 					    (WIRE_EXEC_STDIN_WINDOW) */
@@ -126,6 +127,11 @@ struct up_sync {
 	uint64_t pending_upto, pending_t0_ns;
 	uint64_t applied_seq; /* every journaled op <= this is on the guest */
 	uint64_t withheld, withheld_saved;
+	/* AIRLOCK_TRACE=1: one log line per push and per command with where
+	 * its time went (doc/UP.md "Tracing a push"); op_start_ns: when the
+	 * operation was handed to the engine */
+	bool trace;
+	uint64_t op_start_ns;
 };
 
 /* Edit-to-apply latency of the last LAT_WINDOW pushes (up_sync.c). */
@@ -192,12 +198,11 @@ struct up_changes {
 	 * reconcile's three-way check; loaded when a reconcile starts */
 	struct manifest *base;
 	struct manifest *sending; /* what was being sent when the connection dropped (SENDING_FILE) */
-	uint64_t base_saved_ms;
-	bool exact_on_disk;	/* the saved confirmed state is marked exact: re-mark it at the next push */
-	uint64_t base_seq;	/* the guest's sequence when it was saved (0: unusable) */
-	char **rejected;	/* rejected paths (sorted) until their reconcile is done: the */
-	size_t nrejected;	/* three-way check must not take them as guest changes again */
-	uint8_t base_guest[32]; /* ... and whose it was */
+	bool exact_on_disk;	  /* the saved confirmed state is marked exact: re-mark it at the next push */
+	uint64_t base_seq;	  /* the guest's sequence when it was saved (0: unusable) */
+	char **rejected;	  /* rejected paths (sorted) until their reconcile is done: the */
+	size_t nrejected;	  /* three-way check must not take them as guest changes again */
+	uint8_t base_guest[32];	  /* ... and whose it was */
 };
 
 /* The embedded sandbox (no --guest): doc/SANDBOX.md (up_daemon.c). */
@@ -309,6 +314,10 @@ void up_sync_pump(struct up *u);
 bool up_sync_settled(struct up *u);
 /* Journaled changes not yet on the guest (approximate: what status shows). */
 size_t up_sync_pending(struct up *u);
+/* The journal seq a command sent now comes after: applied_seq, or the
+ * running operation's when all of its batches are in the channel
+ * (sync_all_sent: the guest applies them before it reads the command). */
+uint64_t up_sync_sent_seq(struct up *u);
 /* Free the engines and the pending set. */
 void up_sync_clear(struct up *u);
 
