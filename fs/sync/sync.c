@@ -452,6 +452,15 @@ static void records_drop_under(struct records *r, char *const *anchors, size_t n
 	r->n = k;
 }
 
+static void pan_clear(struct sync *s)
+{
+	for (size_t i = 0; i < s->npan; i++)
+		mem_free(s->pan[i]);
+	mem_free(s->pan);
+	s->pan = NULL;
+	s->npan = 0;
+}
+
 static void reconcile_clear(struct sync *s)
 {
 	for (size_t i = 0; i < s->nge; i++)
@@ -481,11 +490,7 @@ static void reconcile_clear(struct sync *s)
 	s->pold = NULL;
 	manifest_free(s->sending);
 	s->sending = NULL;
-	for (size_t i = 0; i < s->npan; i++)
-		mem_free(s->pan[i]);
-	mem_free(s->pan);
-	s->pan = NULL;
-	s->npan = 0;
+	pan_clear(s);
 }
 
 int sync_new(struct chan *c, const struct sync_cfg *cfg, struct sync **out)
@@ -2552,6 +2557,63 @@ out:
 	return r;
 }
 
+/* Anchors worth a worker thread: a directory to walk (known as one with
+ * more than a few entries, or new on the disk), the generated .git/config
+ * (push_build: a copy of known), or many files to read. */
+static bool push_walks(const struct sync *s)
+{
+	if (s->npan > 64)
+		return true;
+	for (size_t a = 0; a < s->npan; a++) {
+		struct stat st;
+		long i = manifest_find(s->known, s->pan[a]);
+		if (path_under(SYNC_GIT_CONFIG, s->pan[a]))
+			return true;
+		if (i >= 0 && s->known->e[i].type == MANIFEST_DIR && s->known->end[i] - (size_t)i > 64)
+			return true;
+		if (i < 0 && fstatat(s->cfg.dirfd, s->pan[a], &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
+			return true;
+	}
+	return false;
+}
+
+/* The new state of the anchors (s->pan) and its diff: push_build_small,
+ * else push_build (then known is replaced whole on the acknowledgement,
+ * not swapped into). PUSH_FULL when only a full scan is right. */
+static int push_decide_work(struct sync *s, char *why, size_t whylen)
+{
+	int r = push_build_small(s, s->pan, s->npan, why, whylen);
+
+	if (r == PUSH_SLOW) {
+		r = push_build(s, s->pan, s->npan, why, whylen);
+		pan_clear(s);
+	}
+	if (r == 0 && (r = diff_changes(s)) < 0)
+		snprintf(why, whylen, "comparing with the last confirmed state: %s", strerror(-r));
+	return r;
+}
+
+/* A full scan against what the guest confirmed, no round trip; the diff
+ * on the same job, then send_changes. */
+static void push_full(struct sync *s)
+{
+	pan_clear(s);
+	manifest_free(s->pold);
+	s->pold = NULL;
+	s->push.full = true;
+	job_start(s, push_scan_work, push_scanned);
+}
+
+static void push_decided(struct sync *s, int r, const char *why)
+{
+	if (r == PUSH_FULL)
+		push_full(s);
+	else if (r < 0)
+		fail(s, r, "%s", why[0] ? why : strerror(-r));
+	else
+		send_changes(s);
+}
+
 static int push_start(struct sync *s, const char *const *paths, size_t n)
 {
 	char why[512] = "";
@@ -2601,19 +2663,22 @@ static int push_start(struct sync *s, const char *const *paths, size_t n)
 		}
 		na = k;
 		s->push.anchors = na;
-		r = push_build_small(s, anchors, na, why, sizeof(why));
-		if (r == 0) {
-			s->pan = anchors; /* swapped into known on the acknowledgement */
-			s->npan = na;
-			anchors = NULL;
-			na = 0;
-		} else if (r == PUSH_SLOW) {
-			r = push_build(s, anchors, na, why, sizeof(why));
+		s->pan = anchors; /* swapped into known on the acknowledgement */
+		s->npan = na;
+		anchors = NULL;
+		na = 0;
+		if (s->cfg.loop && push_walks(s)) {
+			/* a subtree to walk or many files to read: decided on the
+			 * worker thread, without the hints (the caller's, valid
+			 * for this call only: the files are hashed in full) */
+			mem_free(s->hints);
+			s->hints = NULL;
+			s->nhints = 0;
+			job_start(s, push_decide_work, push_decided);
+		} else {
+			push_decided(s, push_decide_work(s, why, sizeof(why)), why);
 		}
-		if (r == PUSH_FULL)
-			full = true;
-		else if (r < 0)
-			goto out;
+		goto out;
 	} else if (!full) {
 		/* nothing dirty: the state stays what the guest confirmed */
 		manifest_free(s->hm);
@@ -2623,12 +2688,7 @@ static int push_start(struct sync *s, const char *const *paths, size_t n)
 			goto out;
 	}
 	if (full) {
-		manifest_free(s->pold);
-		s->pold = NULL;
-		/* a full scan against what the guest confirmed, no round trip;
-		 * the diff on the same job, then send_changes */
-		s->push.full = true;
-		job_start(s, push_scan_work, push_scanned);
+		push_full(s);
 		goto out;
 	}
 	if ((r = start_send(s)) < 0)
@@ -2658,9 +2718,11 @@ int sync_push_hinted(struct sync *s, const char *const *paths, const struct sync
 		qsort(s->hints, s->nhints, sizeof(*s->hints), hint_cmp);
 	} /* without memory: no hints, every file hashed in full */
 	r = push_start(s, paths, n);
-	mem_free(s->hints);
-	s->hints = NULL;
-	s->nhints = 0;
+	if (!s->job) { /* else push_start dropped them: the job is decided without */
+		mem_free(s->hints);
+		s->hints = NULL;
+		s->nhints = 0;
+	}
 	return r;
 }
 

@@ -773,9 +773,8 @@ static void assert_same_tree(const char *a, const char *b)
  * nothing to send: the engine's confirmed state, edited in place push by
  * push, is exactly the tree. AIRLOCK_SYNC_RANDOM_FILES (default 3000)
  * sets the tree's size, AIRLOCK_SYNC_RANDOM_STEPS (default 300) the steps. */
-static void test_push_random(void **state)
+static void push_random(const char *tag)
 {
-	(void)state;
 	struct eng e = {0};
 	char host[128], guest[128], p[200], q[200], r2[200], a[400], b[400];
 	const char *env = getenv("AIRLOCK_SYNC_RANDOM_FILES");
@@ -785,8 +784,8 @@ static void test_push_random(void **state)
 	unsigned nd = nf / 50 + 1, fresh = 0;
 	uint64_t rs = 0x72616e646f6d31ULL;
 
-	snprintf(host, sizeof(host), "%s/randhost", dir);
-	snprintf(guest, sizeof(guest), "%s/randguest", dir);
+	snprintf(host, sizeof(host), "%s/%shost", dir, tag);
+	snprintf(guest, sizeof(guest), "%s/%sguest", dir, tag);
 	if (mkdir(host, 0755) != 0)
 		fail_msg("mkdir %s: %s", host, strerror(errno));
 	assert_int_equal(mkdir(guest, 0755), 0);
@@ -913,6 +912,22 @@ static void test_push_random(void **state)
 	assert_int_equal(sync_get_stats(e.s)->changes, 0);
 	eng_stop(&e);
 	eng_wait_ms = 10000;
+}
+
+static void test_push_random(void **state)
+{
+	(void)state;
+	push_random("rand");
+}
+
+/* The same with a loop, as under airlock up: pushes that walk a directory
+ * are decided on the worker thread (and batches yield). */
+static void test_push_random_loop(void **state)
+{
+	(void)state;
+	eng_loop = true;
+	push_random("randloop");
+	eng_loop = false;
 }
 
 /* With a loop, batch building yields: a budget of 1 ns finishes a batch
@@ -1193,11 +1208,11 @@ static void test_storm_during_jobs(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_git_config),	      cmocka_unit_test(test_push_targeted),
-	    cmocka_unit_test(test_push_ranged),	      cmocka_unit_test(test_too_large),
-	    cmocka_unit_test(test_withheld_content),  cmocka_unit_test(test_push_random),
-	    cmocka_unit_test(test_pump_yields),	      cmocka_unit_test(test_offline_edits),
-	    cmocka_unit_test(test_storm_during_jobs),
+	    cmocka_unit_test(test_git_config),	     cmocka_unit_test(test_push_targeted),
+	    cmocka_unit_test(test_push_ranged),	     cmocka_unit_test(test_too_large),
+	    cmocka_unit_test(test_withheld_content), cmocka_unit_test(test_push_random),
+	    cmocka_unit_test(test_push_random_loop), cmocka_unit_test(test_pump_yields),
+	    cmocka_unit_test(test_offline_edits),    cmocka_unit_test(test_storm_during_jobs),
 	};
 	if (sodium_init() < 0)
 		return 1;
