@@ -452,6 +452,54 @@ static void records_drop_under(struct records *r, char *const *anchors, size_t n
 	r->n = k;
 }
 
+/* What a whole-tree operation leaves behind: freeing a million entries
+ * (a malloc'd path each, chunk lists) takes tens of milliseconds, so with
+ * a loop large leftovers are freed on a detached thread. Never fails:
+ * without memory or a thread they are freed here. */
+#define GARBAGE_INLINE_MAX 8192u /* entries: fewer are freed at once */
+
+struct garbage {
+	struct manifest *m[2];
+	struct gentry *ge;
+	size_t nge;
+};
+
+static void garbage_free(struct garbage *g)
+{
+	manifest_free(g->m[0]);
+	manifest_free(g->m[1]);
+	for (size_t i = 0; i < g->nge; i++)
+		mem_free(g->ge[i].e.path);
+	mem_free(g->ge);
+}
+
+static void *garbage_thread(void *arg)
+{
+	garbage_free(arg);
+	mem_free(arg);
+	return NULL;
+}
+
+static void dispose(const struct sync *s, struct manifest *m1, struct manifest *m2, struct gentry *ge, size_t nge)
+{
+	struct garbage g = {{m1, m2}, ge, nge}, *h;
+	size_t n = (m1 ? m1->n : 0) + (m2 ? m2->n : 0) + nge;
+	pthread_attr_t a;
+	pthread_t t;
+
+	if (s->cfg.loop && n > GARBAGE_INLINE_MAX && (h = mem_alloc(sizeof(*h)))) {
+		*h = g;
+		int r = pthread_attr_init(&a);
+		if (r == 0 && (r = pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED)) == 0)
+			r = pthread_create(&t, &a, garbage_thread, h);
+		pthread_attr_destroy(&a);
+		if (r == 0)
+			return;
+		mem_free(h);
+	}
+	garbage_free(&g);
+}
+
 static void pan_clear(struct sync *s)
 {
 	for (size_t i = 0; i < s->npan; i++)
@@ -463,9 +511,8 @@ static void pan_clear(struct sync *s)
 
 static void reconcile_clear(struct sync *s)
 {
-	for (size_t i = 0; i < s->nge; i++)
-		mem_free(s->ge[i].e.path);
-	mem_free(s->ge);
+	dispose(s, s->gm, NULL, s->ge, s->nge);
+	s->gm = NULL;
 	s->ge = NULL;
 	s->nge = s->capge = 0;
 	for (size_t i = s->qhead; i < s->nq; i++)
@@ -484,8 +531,6 @@ static void reconcile_clear(struct sync *s)
 	mem_free(s->van);
 	s->van = NULL;
 	s->nvan = s->capvan = 0;
-	manifest_free(s->gm);
-	s->gm = NULL;
 	manifest_free(s->pold);
 	s->pold = NULL;
 	manifest_free(s->sending);
@@ -561,8 +606,7 @@ void sync_free(struct sync *s)
 	if (s->state_fd >= 0)
 		close(s->state_fd);
 	delta_builder_free(s->b);
-	manifest_free(s->hm);
-	manifest_free(s->known);
+	dispose(s, s->hm, s->known, NULL, 0);
 	unranged_clear(s);
 	mem_free(s);
 }
@@ -1339,7 +1383,7 @@ static void maybe_done(struct sync *s)
 			return;
 		}
 	} else {
-		manifest_free(s->known);
+		dispose(s, s->known, NULL, NULL, 0);
 		s->known = s->hm;
 		s->hm = NULL;
 	}

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +102,7 @@ int up_changes_init(struct up *u)
 }
 
 static void pull_free(struct upull *p);
+static void base_wait(struct up *u);
 static int pull_start(struct up *u, struct upull *p);
 static void rejected_clear(struct up *u);
 static void save_confirmed(struct up *u, struct sync *engine, bool exact);
@@ -126,6 +128,7 @@ void up_changes_clear(struct up *u)
 	mem_free(u->chg.rejects);
 	mem_free(u->chg.reject_bodies);
 	apply_free(u->chg.apply);
+	base_wait(u);
 	manifest_free(u->chg.base);
 	manifest_free(u->chg.sending);
 	rejected_clear(u);
@@ -351,6 +354,7 @@ static void stash_group_done(struct upull *p, size_t n)
 			struct wire_chg_item it = {
 			    .path = c->path, .st_mode = c->st_mode, .size = c->size, .flags = WIRE_CHG_F_HASHED};
 			memcpy(it.hash, c->hash, CHUNK_HASH_LEN);
+			base_wait(u);
 			wb_note(u->chg.store, u->pol.policy, u->chg.pctx, u->chg.base, &it, w->by_id, w->by_argv);
 			wb_store_set_conflict(u->chg.store, c->path);
 		}
@@ -774,6 +778,7 @@ static void rejected_clear(struct up *u)
  * replaced copy starts over at 0: everything would look deleted). */
 static const struct manifest *base_usable(struct up *u)
 {
+	base_wait(u);
 	/* a reconcile on a live connection (the journal overflowed): what
 	 * this engine knows the guest confirmed, exactly */
 	if (u->sync.engine && sync_known(u->sync.engine))
@@ -957,10 +962,30 @@ static struct manifest *load_manifest(struct up *u, const char *name)
 	return m;
 }
 
+/* The saved states are decoded on a thread while the reconcile scans (a
+ * million entries take hundreds of milliseconds, which the loop would not
+ * answer during); base_wait joins it before anything reads them. */
+static void *load_thread(void *arg)
+{
+	struct up *u = arg;
+
+	u->chg.base = load_manifest(u, CONFIRMED_FILE);
+	u->chg.sending = load_manifest(u, SENDING_FILE);
+	return NULL;
+}
+
+static void base_wait(struct up *u)
+{
+	if (u->chg.loading)
+		pthread_join(u->chg.loader, NULL);
+	u->chg.loading = false;
+}
+
 void up_changes_reconcile_begin(struct up *u)
 {
 	int fd;
 
+	base_wait(u);
 	manifest_free(u->chg.base);
 	manifest_free(u->chg.sending);
 	u->chg.base = u->chg.sending = NULL;
@@ -978,8 +1003,10 @@ void up_changes_reconcile_begin(struct up *u)
 	    got != sizeof(u->chg.base_guest))
 		return;
 	u->chg.base_seq = seq;
-	u->chg.base = load_manifest(u, CONFIRMED_FILE);
-	u->chg.sending = load_manifest(u, SENDING_FILE);
+	if (pthread_create(&u->chg.loader, NULL, load_thread, u) == 0)
+		u->chg.loading = true;
+	else
+		load_thread(u);
 }
 
 void up_changes_synced(struct up *u, bool full)

@@ -24,6 +24,7 @@
  */
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -198,11 +199,13 @@ struct up_changes {
 	 * reconcile's three-way check; loaded when a reconcile starts */
 	struct manifest *base;
 	struct manifest *sending; /* what was being sent when the connection dropped (SENDING_FILE) */
-	bool exact_on_disk;	  /* the saved confirmed state is marked exact: re-mark it at the next push */
-	uint64_t base_seq;	  /* the guest's sequence when it was saved (0: unusable) */
-	char **rejected;	  /* rejected paths (sorted) until their reconcile is done: the */
-	size_t nrejected;	  /* three-way check must not take them as guest changes again */
-	uint8_t base_guest[32];	  /* ... and whose it was */
+	pthread_t loader;	  /* loading base and sending while `loading` (up_changes.c base_wait) */
+	bool loading;
+	bool exact_on_disk;	/* the saved confirmed state is marked exact: re-mark it at the next push */
+	uint64_t base_seq;	/* the guest's sequence when it was saved (0: unusable) */
+	char **rejected;	/* rejected paths (sorted) until their reconcile is done: the */
+	size_t nrejected;	/* three-way check must not take them as guest changes again */
+	uint8_t base_guest[32]; /* ... and whose it was */
 };
 
 /* The embedded sandbox (no --guest): doc/SANDBOX.md (up_daemon.c). */
