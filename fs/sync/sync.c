@@ -2601,6 +2601,15 @@ out:
 	return r;
 }
 
+/* The write-range hints of sync_push_hinted are the caller's, valid for
+ * that call only: a push that continues on a job goes without them. */
+static void hints_drop(struct sync *s)
+{
+	mem_free(s->hints);
+	s->hints = NULL;
+	s->nhints = 0;
+}
+
 /* Anchors worth a worker thread: a directory to walk (known as one with
  * more than a few entries, or new on the disk), the generated .git/config
  * (push_build: a copy of known), or many files to read. */
@@ -2641,6 +2650,7 @@ static int push_decide_work(struct sync *s, char *why, size_t whylen)
  * on the same job, then send_changes. */
 static void push_full(struct sync *s)
 {
+	hints_drop(s); /* the caller's: a job must not outlive them */
 	pan_clear(s);
 	manifest_free(s->pold);
 	s->pold = NULL;
@@ -2715,9 +2725,7 @@ static int push_start(struct sync *s, const char *const *paths, size_t n)
 			/* a subtree to walk or many files to read: decided on the
 			 * worker thread, without the hints (the caller's, valid
 			 * for this call only: the files are hashed in full) */
-			mem_free(s->hints);
-			s->hints = NULL;
-			s->nhints = 0;
+			hints_drop(s);
 			job_start(s, push_decide_work, push_decided);
 		} else {
 			push_decided(s, push_decide_work(s, why, sizeof(why)), why);
@@ -2762,11 +2770,8 @@ int sync_push_hinted(struct sync *s, const char *const *paths, const struct sync
 		qsort(s->hints, s->nhints, sizeof(*s->hints), hint_cmp);
 	} /* without memory: no hints, every file hashed in full */
 	r = push_start(s, paths, n);
-	if (!s->job) { /* else push_start dropped them: the job is decided without */
-		mem_free(s->hints);
-		s->hints = NULL;
-		s->nhints = 0;
-	}
+	if (!s->job) /* else push_start dropped them: the job is decided without */
+		hints_drop(s);
 	return r;
 }
 
