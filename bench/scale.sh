@@ -12,7 +12,9 @@
 #                     latency_ms (the guest's acknowledgement); lsyncd delay = 0 on the same tree
 #   write → exec      the same write, then `airlock exec -- cat` of it (the barrier), p50
 #   peak RSS          VmHWM of the daemon and of the agent (/proc/PID/status) after all of the above
-#   responsiveness    `airlock status` run in a loop during the initial sync: its slowest answer
+#   responsiveness    `airlock status` every 200 ms during the initial sync: its slowest and p99
+#                     answer times (a new CLI process each time: its start is in the figure), and
+#                     the daemon loop's own (SIGUSR1 until status.json is rewritten)
 # The 100-file row (edits/ alone) is measured in the same run, for the ratios.
 #
 # usage: bench/scale.sh BUILD [EDITS]     (root + /dev/fuse)
@@ -22,7 +24,9 @@
 #   /usr/lib/python3*), SCALE_1M=1 adds the 1M-file tree, ONLY=airlock skips rsync and lsyncd,
 #   SKIP_100K=1 skips the 100k tree, GUEST=agent syncs to a plain airlock-agent on a unix socket
 #   with --fsync none (like bench/latency.sh and rsync: no fsync) instead of the local sandbox
-#   (whose agent fsyncs its sequence file after every batch).
+#   (whose agent fsyncs its sequence file after every batch). TRACE=1 runs the daemon with
+#   AIRLOCK_TRACE=1 and prints, per tree, where an edit's and a command's time went (p50 / p99
+#   of each step, from up.log: doc/UP.md "Tracing a push").
 set -euo pipefail
 
 B=$(realpath "${1:?usage: bench/scale.sh BUILD [EDITS]}")
@@ -97,6 +101,7 @@ gen small small
 [ -n "${SCALE_1M:-}" ] && gen 1m 1m
 
 ROWS=()
+TRACES=()
 declare -A EDIT EDIT99 INIT UNCH RINIT RUNCH LEDIT
 row() { ROWS+=("| $* |"); echo "# $*" >&2; }
 med() { sort -g | awk '{ v[NR] = $1 } END { printf "%.3f", v[int((NR + 1) / 2)] }'; }
@@ -169,21 +174,60 @@ pct = lambda p: lat[min(len(lat) - 1, int(p / 100.0 * len(lat)))] if lat else fl
 print("%.3f %.3f %d %d" % (pct(50), pct(99), len(lat), tmo))
 EOF
 
-# `airlock status` answered during the initial sync: "max p99 n" in ms, from the first answer
-# until the up is in sync (each a new CLI process: connect, ask, print)
+# `airlock status` answered during the initial sync, every 200 ms, from the first answer until
+# the up is in sync: "max p99 n loopmax loopp99" in ms. max/p99: the whole CLI (a new process:
+# start, connect, ask, print; on a loaded machine its start is most of it); loopmax/loopp99: the
+# daemon's loop alone (SIGUSR1, as status sends it, until status.json is rewritten)
 cat >"$T/probe.py" <<'EOF'
-import os, subprocess, sys, time
+import glob, json, os, signal, subprocess, sys, time
 airlock, ws, done = sys.argv[1:4]
-lat = []
+lat, loop, pid = [], [], None
+state = os.path.join(os.environ.get("XDG_STATE_HOME", ""), "airlock", "*", "status.json")
 while not os.path.exists(done):
     t0 = time.monotonic()
-    r = subprocess.run([airlock, "status", "-C", ws, "--json"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    r = subprocess.run([airlock, "status", "-C", ws, "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     t1 = time.monotonic()
     if r.returncode == 0:
         lat.append((t1 - t0) * 1000)
-    time.sleep(0.02)
-lat.sort()
-print("%.1f %.1f %d" % (lat[-1], lat[min(len(lat) - 1, int(0.99 * len(lat)))], len(lat)) if lat else "- - 0")
+        try:
+            pid = json.loads(r.stdout)["pid"]
+        except (ValueError, KeyError):
+            pass
+    files = glob.glob(state)
+    if pid and files:
+        real0 = time.time_ns()
+        t2 = time.monotonic()
+        try:
+            os.kill(pid, signal.SIGUSR1)
+            while time.monotonic() - t2 < 10 and not os.path.exists(done):
+                try:
+                    if json.load(open(files[0]))["updated_ns"] >= real0:
+                        loop.append((time.monotonic() - t2) * 1000)
+                        break
+                except (OSError, ValueError, KeyError):
+                    pass
+                time.sleep(0.001)
+        except ProcessLookupError:
+            pid = None
+    time.sleep(max(0.0, 0.2 - (time.monotonic() - t0)))
+def mp(l):
+    l.sort()
+    return "%.1f %.1f" % (l[-1], l[min(len(l) - 1, int(0.99 * len(l)))]) if l else "- -"
+print("%s %d %s" % (mp(lat), len(lat), mp(loop)))
+EOF
+
+# TRACE=1: p50 / p99 of each step of the pushes and commands traced in up.log (doc/UP.md)
+cat >"$T/trace.py" <<'EOF'
+import re, sys
+steps = ["queue_us", "decide_us", "send_us", "ack_us", "done_us", "total_us"]
+v = {k: [] for k in steps + ["barrier_us"]}
+for line in open(sys.argv[1], errors="replace"):
+    if "trace: push" in line or "trace: exec" in line:
+        for k, x in re.findall(r"(\w+_us)=(-?[\d.]+)", line):
+            if k in v and float(x) >= 0:
+                v[k].append(float(x))
+pct = lambda l, p: sorted(l)[min(len(l) - 1, int(p / 100.0 * len(l)))]
+print(" ".join("%s %.0f/%.0f" % (k[:-3], pct(l, 50), pct(l, 99)) for k, l in v.items() if l) + " (us p50/p99)")
 EOF
 
 hwm() { awk '/^VmHWM/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status" 2>/dev/null || echo "-"; }
@@ -222,6 +266,7 @@ airlock_run() {
 	fi
 	sync
 	rm -f "$T/up.done"
+	[ -n "${TRACE:-}" ] && export AIRLOCK_TRACE=1
 	python3 "$T/probe.py" "$AIRLOCK" "$W" "$T/up.done" >"$T/probe.out" &
 	local PRP=$!
 	t0=$(now)
@@ -235,10 +280,14 @@ airlock_run() {
 	read -r p50 p99 _ tmo <<<"$(python3 "$T/drive.py" "$W" "$G" "$N")"
 	"$AIRLOCK" sync-wait -C "$W" --timeout 60 >/dev/null
 	st=$("$AIRLOCK" status -C "$W" --json)
-	local ap50 ap99 pid apid e50 e99 pmax p99s pn
+	local ap50 ap99 pid apid e50 e99 pmax p99s pn lmax l99
 	ap50=$(python3 -c 'import json,sys; print("%.3f" % json.load(sys.stdin)["latency_ms"]["p50"])' <<<"$st")
 	ap99=$(python3 -c 'import json,sys; print("%.3f" % json.load(sys.stdin)["latency_ms"]["p99"])' <<<"$st")
 	read -r e50 e99 _ _ <<<"$(python3 "$T/drive.py" "$W" "$G" "$((N < 200 ? N : 200))" "$AIRLOCK" "$W")"
+	if [ -n "${TRACE:-}" ]; then
+		TRACES+=("$name: $(python3 "$T/trace.py" "$XDG_STATE_HOME"/airlock/*/up.log)")
+		echo "# trace ${TRACES[-1]}" >&2
+	fi
 	pid=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])' <<<"$st")
 	apid=$(agent_pid "$pid")
 	local rss_d rss_a
@@ -266,8 +315,8 @@ airlock_run() {
 	"$AIRLOCK" down "$W" >/dev/null
 	W=
 	[ -n "${AP:-}" ] && { kill "$AP"; wait "$AP" 2>/dev/null || true; AP=; }
-	read -r pmax p99s pn <<<"$probe"
-	row "airlock | $name ($files files, $mib MiB) | $init | $unch | $p50 / $p99 ($tmo timeouts) | $ap50 / $ap99 | $e50 / $e99 | $rss_d | $rss_a | $pmax / $p99s ($pn)"
+	read -r pmax p99s pn lmax l99 <<<"$probe"
+	row "airlock | $name ($files files, $mib MiB) | $init | $unch | $p50 / $p99 ($tmo timeouts) | $ap50 / $ap99 | $e50 / $e99 | $rss_d | $rss_a | $pmax / $p99s ($pn); loop $lmax / $l99"
 	EDIT[$name]=$p50 EDIT99[$name]=$p99 INIT[$name]=$init UNCH[$name]=$unch
 	rm -rf "$T/$name.work" "$T/$name.data" "$T/$name.state" "$T/$name.guest" "$T/$name.agent-state"
 }
@@ -323,10 +372,11 @@ for t in $TREES; do
 	fi
 done
 
-echo "| tool | tree | initial sync s | unchanged up s | edit → guest p50 / p99 ms | guest ack p50 / p99 ms | write → exec cat p50 / p99 ms | daemon VmHWM MiB | agent VmHWM MiB | status during initial sync max / p99 ms (answers) |"
+echo "| tool | tree | initial sync s | unchanged up s | edit → guest p50 / p99 ms | guest ack p50 / p99 ms | write → exec cat p50 / p99 ms | daemon VmHWM MiB | agent VmHWM MiB | status during initial sync max / p99 ms (answers); the loop alone |"
 echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 printf '%s\n' "${ROWS[@]}"
 echo
+[ ${#TRACES[@]} -gt 0 ] && { printf 'trace, %s\n' "${TRACES[@]}"; echo; }
 r() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "-" }'; }
 for t in $TREES; do
 	[ "$t" = small ] && continue

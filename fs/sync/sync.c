@@ -208,6 +208,7 @@ enum phase {
 	PH_IDLE,
 	PH_BEGIN,   /* BEGIN sent, waiting for STATE */
 	PH_LEVELS,  /* asking directory levels */
+	PH_DIFF,    /* comparing the trees (a job) */
 	PH_ENTRIES, /* asking chunk lists of changed large files */
 	PH_SEND,    /* batches */
 };
@@ -322,11 +323,15 @@ struct sync {
 	atomic_bool scan_cancel; /* read by the scan's filter: stop early */
 };
 
+typedef int job_work(struct sync *s, char *why, size_t whylen);
+typedef void job_then(struct sync *s, int r, const char *why);
+
 struct scan_job {
 	pthread_t tid;
-	int efd;       /* eventfd: written once by the thread when it is done */
-	bool for_push; /* what continues after it: start_send, else the levels */
-	int r;	       /* host_scan's result, its message in why */
+	int efd;	/* eventfd: written once by the thread when it is done */
+	job_work *work; /* on the thread (or inline without a loop) */
+	job_then *then; /* on the loop, with work's result */
+	int r;		/* work's result, its message in why */
 	char why[512];
 };
 
@@ -794,12 +799,68 @@ static int git_configs(struct sync *s, struct manifest *m, char *const *anchors,
 	return r;
 }
 
+/* What a whole-tree operation leaves behind: freeing a million entries
+ * (a malloc'd path each, chunk lists) takes tens of milliseconds, so with
+ * a loop large leftovers are freed on a detached thread. Never fails:
+ * without memory or a thread they are freed here. */
+#define GARBAGE_INLINE_MAX 8192u /* entries: fewer are freed at once */
+
+struct garbage {
+	struct manifest *m[2];
+	struct gentry *ge;
+	size_t nge;
+};
+
+static void garbage_free(struct garbage *g)
+{
+	manifest_free(g->m[0]);
+	manifest_free(g->m[1]);
+	for (size_t i = 0; i < g->nge; i++)
+		mem_free(g->ge[i].e.path);
+	mem_free(g->ge);
+}
+
+static void *garbage_thread(void *arg)
+{
+	garbage_free(arg);
+	mem_free(arg);
+	return NULL;
+}
+
+static void dispose(const struct sync *s, struct manifest *m1, struct manifest *m2, struct gentry *ge, size_t nge)
+{
+	struct garbage g = {{m1, m2}, ge, nge}, *h;
+	size_t n = (m1 ? m1->n : 0) + (m2 ? m2->n : 0) + nge;
+	pthread_attr_t a;
+	pthread_t t;
+
+	if (s->cfg.loop && n > GARBAGE_INLINE_MAX && (h = mem_alloc(sizeof(*h)))) {
+		*h = g;
+		int r = pthread_attr_init(&a);
+		if (r == 0 && (r = pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED)) == 0)
+			r = pthread_create(&t, &a, garbage_thread, h);
+		pthread_attr_destroy(&a);
+		if (r == 0)
+			return;
+		mem_free(h);
+	}
+	garbage_free(&g);
+}
+
+static void pan_clear(struct sync *s)
+{
+	for (size_t i = 0; i < s->npan; i++)
+		mem_free(s->pan[i]);
+	mem_free(s->pan);
+	s->pan = NULL;
+	s->npan = 0;
+}
+
 static void reconcile_clear(struct sync *s)
 {
 	inflight_clear(s);
-	for (size_t i = 0; i < s->nge; i++)
-		mem_free(s->ge[i].e.path);
-	mem_free(s->ge);
+	dispose(s, s->gm, NULL, s->ge, s->nge);
+	s->gm = NULL;
 	s->ge = NULL;
 	s->nge = s->capge = 0;
 	for (size_t i = s->qhead; i < s->nq; i++)
@@ -818,18 +879,12 @@ static void reconcile_clear(struct sync *s)
 	mem_free(s->van);
 	s->van = NULL;
 	s->nvan = s->capvan = 0;
-	manifest_free(s->gm);
-	s->gm = NULL;
 	manifest_free(s->pold);
 	s->pold = NULL;
 	manifest_free(s->sending);
 	s->sending = NULL;
 	s->send_failed = false;
-	for (size_t i = 0; i < s->npan; i++)
-		mem_free(s->pan[i]);
-	mem_free(s->pan);
-	s->pan = NULL;
-	s->npan = 0;
+	pan_clear(s);
 }
 
 static void state_keys(struct sync *s);
@@ -910,8 +965,7 @@ void sync_free(struct sync *s)
 	state_drop(s);
 	sodium_memzero(s->state_key, sizeof(s->state_key));
 	delta_builder_free(s->b);
-	manifest_free(s->hm);
-	manifest_free(s->known);
+	dispose(s, s->hm, s->known, NULL, 0);
 	unranged_clear(s);
 	mem_free(s);
 }
@@ -1708,35 +1762,41 @@ static int host_scan(struct sync *s, char *why, size_t whylen)
 	return 0;
 }
 
-/* ---- the full scan off the loop ----
+/* ---- whole-tree work off the loop ----
  *
  * A full scan walks the whole tree and decides every path; with a large
  * tree or costly ignore rules that takes seconds, during which a loop that
- * ran it would answer nothing (not even SIGTERM from `airlock down`). With
- * cfg.loop the scan runs on a worker thread and the loop continues when
- * the thread's eventfd fires; without one (airlock sync, tests) it runs
- * inline. Stopping the engine (fail, sync_free) cancels and joins it: the
- * filter returns at the next entry, so that takes one policy decision
- * (bounded by POLICY_MATCH_BUDGET) and the file being hashed. */
+ * ran it would answer nothing (not even SIGTERM from `airlock down`). The
+ * comparison of two whole trees (building the guest's manifest from its
+ * levels, the diff) takes hundreds of milliseconds at a million entries.
+ * With cfg.loop such work runs on a worker thread and the loop continues
+ * when the thread's eventfd fires; without one (airlock sync, tests) it
+ * runs inline. While a job runs the thread alone uses what its work names
+ * (hm, gm, ge, changes, withheld, skipped, st's scan counts, gitcfg, cache
+ * and pctx); the loop only reads known, and the guest's messages are
+ * refused by phase (PH_BEGIN or PH_DIFF: no LEVEL, ENTRY or ACK is
+ * expected then). Stopping the engine (fail, sync_free) cancels and joins
+ * it: a scan's filter returns at the next entry, so that takes one policy
+ * decision (bounded by POLICY_MATCH_BUDGET) and the file being hashed; a
+ * diff runs to its end. */
 
-static void scan_then(struct sync *s, int r, const char *why, bool for_push);
-
-static void *scan_thread(void *arg)
+static void *job_thread(void *arg)
 {
 	struct sync *s = arg;
 	struct scan_job *j = s->job;
 	uint64_t one = 1;
 
-	j->r = host_scan(s, j->why, sizeof(j->why));
+	j->r = j->work(s, j->why, sizeof(j->why));
 	while (write(j->efd, &one, sizeof(one)) < 0 && errno == EINTR)
 		;
 	return NULL;
 }
 
-/* Join and free the job; its result into *r, why, *for_push. */
-static void scan_join(struct sync *s, int *r, char *why, size_t whylen, bool *for_push)
+/* Join and free the job; its result into *r and why, its continuation. */
+static job_then *job_join(struct sync *s, int *r, char *why, size_t whylen)
 {
 	struct scan_job *j = s->job;
+	job_then *then = j->then;
 
 	pthread_join(j->tid, NULL);
 	loop_del_fd(s->cfg.loop, j->efd);
@@ -1745,60 +1805,59 @@ static void scan_join(struct sync *s, int *r, char *why, size_t whylen, bool *fo
 		*r = j->r;
 	if (why)
 		snprintf(why, whylen, "%s", j->why);
-	if (for_push)
-		*for_push = j->for_push;
 	mem_free(j);
 	s->job = NULL;
 	atomic_store(&s->scan_cancel, false);
+	return then;
 }
 
-static void on_scan_done(struct loop *l, int fd, uint32_t events, void *ud)
+static void on_job_done(struct loop *l, int fd, uint32_t events, void *ud)
 {
 	struct sync *s = ud;
 	char why[512];
-	bool for_push;
 	int r;
 	(void)l;
 	(void)fd;
 	(void)events;
 
-	scan_join(s, &r, why, sizeof(why), &for_push);
-	scan_then(s, r, why, for_push);
+	job_then *then = job_join(s, &r, why, sizeof(why));
+	then(s, r, why);
 }
 
-/* Stop a running scan and drop its result (the engine fails or goes). */
+/* Stop a running job and drop its result (the engine fails or goes). */
 static void scan_stop(struct sync *s)
 {
 	if (!s->job)
 		return;
 	atomic_store(&s->scan_cancel, true);
-	scan_join(s, NULL, NULL, 0, NULL);
+	job_join(s, NULL, NULL, 0);
 }
 
-/* Scan the host tree, then scan_then(). On a thread when the engine has a
- * loop and one can be started, else inline. */
-static void scan_start(struct sync *s, bool for_push)
+/* work(), then then(). On a thread when the engine has a loop and one can
+ * be started, else inline. */
+static void job_start(struct sync *s, job_work *work, job_then *then)
 {
 	struct scan_job *j;
 	char why[512] = "";
 	int r;
 
 	if (s->cfg.loop && (j = mem_calloc(1, sizeof(*j)))) {
-		j->for_push = for_push;
+		j->work = work;
+		j->then = then;
 		j->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-		if (j->efd >= 0 && loop_add_fd(s->cfg.loop, j->efd, EPOLLIN, on_scan_done, s) == 0) {
+		if (j->efd >= 0 && loop_add_fd(s->cfg.loop, j->efd, EPOLLIN, on_job_done, s) == 0) {
 			s->job = j;
-			if (pthread_create(&j->tid, NULL, scan_thread, s) == 0)
+			if (pthread_create(&j->tid, NULL, job_thread, s) == 0)
 				return;
 			s->job = NULL;
 			loop_del_fd(s->cfg.loop, j->efd);
 		}
 		if (j->efd >= 0)
 			close(j->efd);
-		mem_free(j); /* no thread: scan inline */
+		mem_free(j); /* no thread: inline */
 	}
-	r = host_scan(s, why, sizeof(why));
-	scan_then(s, r, why, for_push);
+	r = work(s, why, sizeof(why));
+	then(s, r, why);
 }
 
 /* ---- sending batches ---- */
@@ -2233,6 +2292,8 @@ static void pump(struct sync *s)
 		}
 		progress(s, "send");
 	}
+	if (!s->push.t_sent_ns && sync_all_sent(s))
+		s->push.t_sent_ns = loop_now_ns();
 	maybe_done(s);
 }
 
@@ -2292,7 +2353,7 @@ static void maybe_done(struct sync *s)
 			return;
 		}
 	} else {
-		manifest_free(s->known);
+		dispose(s, s->known, NULL, NULL, 0);
 		s->known = s->hm;
 		s->hm = NULL;
 	}
@@ -2317,15 +2378,24 @@ static void keep_guest_changes(struct sync *s)
 	s->nchanges = k;
 }
 
-static int start_send(struct sync *s)
+/* The ops from the old state (the guest's, the anchors' part of known, or
+ * known) to s->hm into s->changes: O(entries of both), so a job's work
+ * for whole trees. */
+static int diff_changes(struct sync *s)
 {
-	int r;
 	const struct manifest *old = s->gm ? s->gm : s->pold ? s->pold : s->known;
 
 	mem_free(s->changes);
 	s->changes = NULL;
-	if ((r = manifest_diff(old, s->hm, &s->changes, &s->nchanges)) < 0)
-		return r;
+	s->nchanges = 0;
+	return manifest_diff(old, s->hm, &s->changes, &s->nchanges);
+}
+
+/* Send s->changes (diff_changes), minus the guest changes kept. */
+static void send_changes(struct sync *s)
+{
+	s->push.t_decided_ns = loop_now_ns();
+	s->push.t_sent_ns = s->push.t_acked_ns = 0;
 	keep_guest_changes(s);
 	s->ci = 0;
 	s->st.changes = s->nchanges;
@@ -2343,7 +2413,15 @@ static int start_send(struct sync *s)
 	s->phase = PH_SEND;
 	progress(s, "send");
 	pump(s);
-	return 0;
+}
+
+static int start_send(struct sync *s)
+{
+	int r = diff_changes(s);
+
+	if (r == 0)
+		send_changes(s);
+	return r;
 }
 
 /* ---- reconcile: guest manifest from levels ---- */
@@ -2538,8 +2616,7 @@ static void ask_entries(struct sync *s)
 	}
 	if (n == 0) {
 		buf_clear(&b);
-		if ((r = start_send(s)) < 0)
-			fail(s, r, "comparing with the guest: %s", strerror(-r));
+		send_changes(s); /* levels_work made the diff */
 		return;
 	}
 	if ((r = wire_sync_req_encode(&b, &(struct wire_sync_req){.n = (uint32_t)n, .names = s->asked})) < 0)
@@ -2552,21 +2629,30 @@ out:
 		fail(s, r, "asking the guest for chunk lists: %s", strerror(-r));
 }
 
-static void levels_done(struct sync *s)
+/* levels_done's job: the guest's manifest and the diff to the host's. */
+static int levels_work(struct sync *s, char *why, size_t whylen)
 {
 	int r;
 
-	if ((r = build_guest_manifest(s)) < 0) {
-		fail(s, r, "the guest's listing is inconsistent: %s", strerror(-r));
-		return;
-	}
-	mem_free(s->changes);
-	s->changes = NULL;
-	if ((r = manifest_diff(s->gm, s->hm, &s->changes, &s->nchanges)) < 0) {
-		fail(s, r, "comparing with the guest: %s", strerror(-r));
-		return;
-	}
-	ask_entries(s);
+	if ((r = build_guest_manifest(s)) < 0)
+		snprintf(why, whylen, "the guest's listing is inconsistent: %s", strerror(-r));
+	else if ((r = diff_changes(s)) < 0)
+		snprintf(why, whylen, "comparing with the guest: %s", strerror(-r));
+	return r;
+}
+
+static void levels_diffed(struct sync *s, int r, const char *why)
+{
+	if (r < 0)
+		fail(s, r, "%s", why);
+	else
+		ask_entries(s);
+}
+
+static void levels_done(struct sync *s)
+{
+	s->phase = PH_DIFF;
+	job_start(s, levels_work, levels_diffed);
 }
 
 static void ask_round(struct sync *s)
@@ -2710,8 +2796,8 @@ static int on_entry(struct sync *s, struct buf *in)
 			e.nchunks = 0;
 		}
 	}
-	if (s->nanswered == s->nasked && (r = start_send(s)) < 0)
-		goto out;
+	if (s->nanswered == s->nasked)
+		send_changes(s); /* the diff is levels_work's: the chunk lists do not change it */
 	r = 0;
 out:
 	manifest_entry_clear(&e);
@@ -2773,6 +2859,7 @@ static int on_ack(struct sync *s, struct buf *in)
 	}
 	s->st.guest_seq = m.seq;
 	s->st.kept_dirs += m.kept_dirs;
+	s->push.t_acked_ns = loop_now_ns();
 	s->prog.files_done += s->fl[0].files;
 	s->prog.bytes_done += s->fl[0].bytes;
 	wire_sync_ack_clear(&m);
@@ -2841,6 +2928,34 @@ void sync_on_error(struct sync *s, uint32_t code, const char *msg)
 	fail(s, code > 0 && code < 4096 ? -(int)code : -EPROTO, "the guest reported: %s", msg);
 }
 
+/* A reconcile's scan is done: compare once the guest's STATE is in too
+ * (on_state, otherwise). */
+static void scanned(struct sync *s, int r, const char *why)
+{
+	if (r < 0)
+		fail(s, r, "%s", why[0] ? why : strerror(-r));
+	else if (s->have_state)
+		start_levels(s);
+}
+
+/* A push's full scan and its diff against known, on the job's thread. */
+static int push_scan_work(struct sync *s, char *why, size_t whylen)
+{
+	int r = host_scan(s, why, whylen);
+
+	if (r == 0 && (r = diff_changes(s)) < 0)
+		snprintf(why, whylen, "comparing with the last confirmed state: %s", strerror(-r));
+	return r;
+}
+
+static void push_scanned(struct sync *s, int r, const char *why)
+{
+	if (r < 0)
+		fail(s, r, "%s", why[0] ? why : strerror(-r));
+	else
+		send_changes(s);
+}
+
 int sync_reconcile(struct sync *s)
 {
 	struct buf b;
@@ -2866,18 +2981,8 @@ int sync_reconcile(struct sync *s)
 	}
 	buf_clear(&b);
 	progress(s, "scan");
-	scan_start(s, false);
+	job_start(s, host_scan, scanned);
 	return 0;
-}
-
-static void scan_then(struct sync *s, int r, const char *why, bool for_push)
-{
-	if (r < 0)
-		fail(s, r, "%s", why[0] ? why : strerror(-r));
-	else if (!for_push && s->have_state)
-		start_levels(s);
-	else if (for_push && (r = start_send(s)) < 0)
-		fail(s, r, "comparing with the last confirmed state: %s", strerror(-r));
 }
 
 /* ---- targeted push (the live mount's dirty paths) ----
@@ -3488,6 +3593,74 @@ out:
 	return r;
 }
 
+/* The write-range hints of sync_push_hinted are the caller's, valid for
+ * that call only: a push that continues on a job goes without them. */
+static void hints_drop(struct sync *s)
+{
+	mem_free(s->hints);
+	s->hints = NULL;
+	s->nhints = 0;
+}
+
+/* Anchors worth a worker thread: a directory to walk (known as one with
+ * more than a few entries, or new on the disk), the generated .git/config
+ * (push_build: a copy of known), or many files to read. */
+static bool push_walks(const struct sync *s)
+{
+	if (s->npan > 64)
+		return true;
+	for (size_t a = 0; a < s->npan; a++) {
+		struct stat st;
+		long i = manifest_find(s->known, s->pan[a]);
+		if (path_under(SYNC_GIT_CONFIG, s->pan[a]))
+			return true;
+		if (i >= 0 && s->known->e[i].type == MANIFEST_DIR && s->known->end[i] - (size_t)i > 64)
+			return true;
+		if (i < 0 && fstatat(s->cfg.dirfd, s->pan[a], &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
+			return true;
+	}
+	return false;
+}
+
+/* The new state of the anchors (s->pan) and its diff: push_build_small,
+ * else push_build (then known is replaced whole on the acknowledgement,
+ * not swapped into). PUSH_FULL when only a full scan is right. */
+static int push_decide_work(struct sync *s, char *why, size_t whylen)
+{
+	int r = push_build_small(s, s->pan, s->npan, why, whylen);
+
+	if (r == PUSH_SLOW) {
+		r = push_build(s, s->pan, s->npan, why, whylen);
+		pan_clear(s);
+	}
+	if (r == 0 && (r = diff_changes(s)) < 0)
+		snprintf(why, whylen, "comparing with the last confirmed state: %s", strerror(-r));
+	return r;
+}
+
+/* A full scan against what the guest confirmed, no round trip; the diff
+ * on the same job, then send_changes. */
+static void push_full(struct sync *s)
+{
+	hints_drop(s); /* the caller's: a job must not outlive them */
+	pan_clear(s);
+	manifest_free(s->pold);
+	s->pold = NULL;
+	s->push.full = true;
+	failures_begin(s, NULL, 0, true);
+	job_start(s, push_scan_work, push_scanned);
+}
+
+static void push_decided(struct sync *s, int r, const char *why)
+{
+	if (r == PUSH_FULL)
+		push_full(s);
+	else if (r < 0)
+		fail(s, r, "%s", why[0] ? why : strerror(-r));
+	else
+		send_changes(s);
+}
+
 static int push_start(struct sync *s, const char *const *paths, size_t n)
 {
 	char why[512] = "";
@@ -3538,19 +3711,20 @@ static int push_start(struct sync *s, const char *const *paths, size_t n)
 		na = k;
 		s->push.anchors = na;
 		failures_begin(s, anchors, na, false);
-		r = push_build_small(s, anchors, na, why, sizeof(why));
-		if (r == 0) {
-			s->pan = anchors; /* swapped into known on the acknowledgement */
-			s->npan = na;
-			anchors = NULL;
-			na = 0;
-		} else if (r == PUSH_SLOW) {
-			r = push_build(s, anchors, na, why, sizeof(why));
+		s->pan = anchors; /* swapped into known on the acknowledgement */
+		s->npan = na;
+		anchors = NULL;
+		na = 0;
+		if (s->cfg.loop && push_walks(s)) {
+			/* a subtree to walk or many files to read: decided on the
+			 * worker thread, without the hints (the caller's, valid
+			 * for this call only: the files are hashed in full) */
+			hints_drop(s);
+			job_start(s, push_decide_work, push_decided);
+		} else {
+			push_decided(s, push_decide_work(s, why, sizeof(why)), why);
 		}
-		if (r == PUSH_FULL)
-			full = true;
-		else if (r < 0)
-			goto out;
+		goto out;
 	} else if (!full) {
 		/* nothing dirty: the state stays what the guest confirmed */
 		manifest_free(s->hm);
@@ -3560,13 +3734,7 @@ static int push_start(struct sync *s, const char *const *paths, size_t n)
 			goto out;
 	}
 	if (full) {
-		manifest_free(s->pold);
-		s->pold = NULL;
-		/* a full scan against what the guest confirmed, no round trip;
-		 * start_send follows it (scan_then) */
-		s->push.full = true;
-		failures_begin(s, NULL, 0, true);
-		scan_start(s, true);
+		push_full(s);
 		goto out;
 	}
 	if ((r = start_send(s)) < 0)
@@ -3596,9 +3764,8 @@ int sync_push_hinted(struct sync *s, const char *const *paths, const struct sync
 		qsort(s->hints, s->nhints, sizeof(*s->hints), hint_cmp);
 	} /* without memory: no hints, every file hashed in full */
 	r = push_start(s, paths, n);
-	mem_free(s->hints);
-	s->hints = NULL;
-	s->nhints = 0;
+	if (!s->job) /* else push_start dropped them: the job is decided without */
+		hints_drop(s);
 	return r;
 }
 
@@ -3610,4 +3777,9 @@ int sync_push_paths(struct sync *s, const char *const *paths, size_t n)
 const struct sync_push_stats *sync_get_push_stats(const struct sync *s)
 {
 	return &s->push;
+}
+
+bool sync_all_sent(const struct sync *s)
+{
+	return s->busy && s->phase == PH_SEND && s->ci >= s->nchanges && s->out.queued == 0 && !s->pump_timer;
 }

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +41,6 @@
 #define ADOPTED_MAX    (1u << 20)
 #define CONFIRMED_FILE UP_CONFIRMED_FILE
 #define SENDING_FILE   "sending.manifest" /* what was in flight when the connection dropped */
-#define CONFIRMED_MS   2000u		  /* saved at most this often while live */
 #define PULL_GROUP     512u		  /* paths per CHG_PULL: each staged file holds an fd until written */
 
 enum pull_kind { PULL_AUTO, PULL_ACCEPT, PULL_SHOW, PULL_STASH };
@@ -97,10 +97,12 @@ int up_changes_init(struct up *u)
 	}
 	crypto_sign_keypair(u->chg.pk, u->chg.sk);
 	randombytes_buf(u->chg.scope, sizeof(u->chg.scope));
+	u->chg.exact_on_disk = true; /* a past session's may be: marked lagging once this one confirms */
 	return 0;
 }
 
 static void pull_free(struct upull *p);
+static void base_wait(struct up *u);
 static int pull_start(struct up *u, struct upull *p);
 static void rejected_clear(struct up *u);
 static void save_confirmed(struct up *u, struct sync *engine, bool exact);
@@ -127,6 +129,7 @@ void up_changes_clear(struct up *u)
 	mem_free(u->chg.rejects);
 	mem_free(u->chg.reject_bodies);
 	apply_free(u->chg.apply);
+	base_wait(u);
 	manifest_free(u->chg.base);
 	manifest_free(u->chg.sending);
 	rejected_clear(u);
@@ -776,6 +779,7 @@ static void rejected_clear(struct up *u)
  * replaced copy starts over at 0: everything would look deleted). */
 static const struct manifest *base_usable(struct up *u)
 {
+	base_wait(u);
 	/* a reconcile on a live connection (the journal overflowed): what
 	 * this engine knows the guest confirmed, exactly */
 	if (u->sync.engine && sync_known(u->sync.engine))
@@ -916,11 +920,32 @@ static int save_manifest(struct up *u, const struct manifest *m, const char *nam
 	return r;
 }
 
-/* exact: saved when the session ended (down, a lost connection); a copy
- * saved while pushes go on lags behind the guest as soon as the next one
- * is confirmed, and after a crash of the daemon such a copy made host
- * edits look like guest changes (faults_e2e): the next reconcile uses only
- * an exact one. */
+/* CONFIRMED_FILE.meta: whose and when (the guest's key and its sequence),
+ * whether the manifests beside it are exact, and the root digest of the
+ * confirmed one (root NULL: a lagging mark, whose root no one reads).
+ * 0 or -errno (also said by up_state_wrote). */
+static int save_meta(struct up *u, uint64_t seq, bool exact, const uint8_t *root)
+{
+	char meta[200], hex[65], rhex[2 * CHUNK_HASH_LEN + 1] = "-";
+	sodium_bin2hex(hex, sizeof(hex), u->conn.g.guest_pub, 32);
+	if (root)
+		sodium_bin2hex(rhex, sizeof(rhex), root, CHUNK_HASH_LEN);
+	int n = snprintf(meta, sizeof(meta), "%s %llu %s %s\n", hex, (unsigned long long)seq,
+			 exact ? "exact" : "lagging", rhex);
+	int r = save_bytes(u, CONFIRMED_FILE ".meta", meta, (size_t)n);
+	u->chg.exact_on_disk = exact && r == 0;
+	up_state_wrote(u, CONFIRMED_FILE, r);
+	return r;
+}
+
+/* Saved when the session ends (down, a lost connection): exact, for the
+ * next reconcile. While pushes go on, a saved copy lags behind the guest
+ * as soon as the next one is confirmed, and after a crash of the daemon
+ * such a copy made host edits look like guest changes (faults_e2e): the
+ * next reconcile uses only an exact one, so a live session never writes
+ * the manifests (their size is the tree's: about 8 MB at 100k files, once
+ * per edit burst before); the first confirmed operation only marks what
+ * is on disk as lagging (up_changes_synced). */
 static void save_confirmed(struct up *u, struct sync *engine, bool exact)
 {
 	const struct manifest *k = engine ? sync_known(engine) : NULL;
@@ -943,20 +968,11 @@ static void save_confirmed(struct up *u, struct sync *engine, bool exact)
 	int r = unlinkat(u->chg.state_fd, CONFIRMED_FILE ".meta", 0) < 0 && errno != ENOENT ? -errno : 0;
 	if (r == 0 && (r = save_manifest(u, k, CONFIRMED_FILE)) == 0)
 		r = save_manifest(u, sync_sending(engine), SENDING_FILE);
-	u->chg.base_saved_ms = loop_now_ms();
-	u->chg.exact_on_disk = exact && r == 0;
-	if (r == 0) {
-		/* whose and when: the guest's key and its sequence, and the root
-		 * digest of what was saved (CONFIRMED_FILE.meta) */
-		char meta[200], hex[65], root[33];
-		sodium_bin2hex(hex, sizeof(hex), u->conn.g.guest_pub, 32);
-		sodium_bin2hex(root, sizeof(root), k->root, sizeof(k->root));
-		int n =
-		    snprintf(meta, sizeof(meta), "%s %llu %s %s\n", hex,
-			     (unsigned long long)sync_get_stats(engine)->guest_seq, exact ? "exact" : "lagging", root);
-		r = save_bytes(u, CONFIRMED_FILE ".meta", meta, (size_t)n);
-	}
-	up_state_wrote(u, CONFIRMED_FILE, r);
+	u->chg.exact_on_disk = false;
+	if (r == 0)
+		r = save_meta(u, sync_get_stats(engine)->guest_seq, exact, k->root);
+	else
+		up_state_wrote(u, CONFIRMED_FILE, r);
 }
 
 /* A saved manifest, or NULL (missing or damaged: the reconcile goes without). */
@@ -979,10 +995,30 @@ static struct manifest *load_manifest(struct up *u, const char *name)
 	return m;
 }
 
+/* The saved states are decoded on a thread while the reconcile scans (a
+ * million entries take hundreds of milliseconds, which the loop would not
+ * answer during); base_wait joins it before anything reads them. */
+static void *load_thread(void *arg)
+{
+	struct up *u = arg;
+
+	u->chg.base = load_manifest(u, CONFIRMED_FILE);
+	u->chg.sending = load_manifest(u, SENDING_FILE);
+	return NULL;
+}
+
+static void base_wait(struct up *u)
+{
+	if (u->chg.loading)
+		pthread_join(u->chg.loader, NULL);
+	u->chg.loading = false;
+}
+
 void up_changes_reconcile_begin(struct up *u)
 {
 	int fd;
 
+	base_wait(u);
 	manifest_free(u->chg.base);
 	manifest_free(u->chg.sending);
 	u->chg.base = u->chg.sending = NULL;
@@ -1006,20 +1042,16 @@ void up_changes_reconcile_begin(struct up *u)
 	    sscanf(meta, "%*s %*s %*s %39s", root) == 1 &&
 	    sodium_hex2bin(u->chg.base_root, sizeof(u->chg.base_root), root, strlen(root), NULL, &got, NULL) == 0 &&
 	    got == sizeof(u->chg.base_root);
-	/* loaded when the reconcile first needs them (chg_base): one that
-	 * finds the guest equal to the host needs neither */
-	u->chg.base_lazy = true;
+	if (pthread_create(&u->chg.loader, NULL, load_thread, u) == 0)
+		u->chg.loading = true;
+	else
+		load_thread(u);
 }
 
-/* The saved confirmed state (and the sending one), loaded at first use
- * after a reconcile began. */
+/* The saved confirmed state (and the sending one), once loaded. */
 static struct manifest *chg_base(struct up *u)
 {
-	if (u->chg.base_lazy) {
-		u->chg.base_lazy = false;
-		u->chg.base = load_manifest(u, CONFIRMED_FILE);
-		u->chg.sending = load_manifest(u, SENDING_FILE);
-	}
+	base_wait(u);
 	return u->chg.base;
 }
 
@@ -1049,13 +1081,10 @@ void up_changes_synced(struct up *u, bool full)
 {
 	if (!u->chg.store || !u->sync.engine)
 		return;
-	/* an exact copy stops being one with this confirmed push */
-	if (full && confirmed_on_disk(u, u->sync.engine)) {
-		u->chg.exact_on_disk = true; /* still exact: re-marked at the next push */
-		u->chg.base_saved_ms = loop_now_ms();
-	} else if (full || u->chg.exact_on_disk || loop_now_ms() - u->chg.base_saved_ms >= CONFIRMED_MS) {
-		save_confirmed(u, u->sync.engine, false);
-	}
+	/* an exact copy stops being one with this confirmed operation,
+	 * unless it found the guest where the copy says (an unchanged up) */
+	if (u->chg.exact_on_disk && !(full && confirmed_on_disk(u, u->sync.engine)))
+		(void)save_meta(u, sync_get_stats(u->sync.engine)->guest_seq, false, NULL);
 	if (wb_store_prune(u->chg.store, sync_known(u->sync.engine)))
 		save_store(u);
 	if (!full || !u->chg.nrejects)

@@ -5,9 +5,10 @@
  * command an egress connection belongs to (doc/UP.md "Exec").
  *
  * Each command gets its own host-opened stream. EXEC_START goes out only
- * once applied_seq has reached the journal's barrier seq taken when the
- * request arrived (doc/UP.md "Exec"): a command never sees a file older
- * than the request. Output credit is returned as the relay takes the
+ * once every batch covering the journal's barrier seq taken when the
+ * request arrived is in the channel (up_sync_sent_seq; doc/UP.md "Exec"):
+ * the guest applies them before it reads the command, so a command never
+ * sees a file older than the request. sync_wait waits for applied_seq. Output credit is returned as the relay takes the
  * bytes, and held back while the relay pauses the command, so a slow
  * client stalls that command in the guest and nothing else. Nothing ever
  * runs on the host: without a guest the request fails.
@@ -26,6 +27,7 @@
 #include "airlock/egress/egress_link.h"
 #include "airlock/host/route.h"
 #include "airlock/mount/journal.h"
+#include "airlock/policy/policy.h"
 #include "airlock/server/relay.h"
 #include "airlock/sync/sync.h"
 #include "cmd_i.h"
@@ -96,13 +98,18 @@ void up_exec_kick(struct up *u)
 			pp = &w->next;
 		}
 	}
+	/* a command goes once the batches before it are in the channel (the
+	 * guest applies them before it reads the command), or, with
+	 * execution.barrier "fail", once the guest acknowledged them: only
+	 * the acknowledgement says which paths failed */
+	uint64_t sent =
+	    policy_execution(u->pol.policy)->barrier == POLICY_BARRIER_FAIL ? u->sync.applied_seq : up_sync_sent_seq(u);
 	for (x = u->exec.xcmds; x; x = next) {
 		struct chan *c = xchan(u, x);
 		int r;
 		next = x->next;
 		/* a fork has no sync: its commands wait only for its handshake */
-		if (x->stream ||
-		    (x->fork ? !x->fork->ready : u->conn.state != UP_LIVE || u->sync.applied_seq < x->barrier) || !c)
+		if (x->stream || (x->fork ? !x->fork->ready : u->conn.state != UP_LIVE || sent < x->barrier) || !c)
 			continue;
 		/* a fork has no sync, so no paths it could be missing */
 		char refusal[1200];
@@ -133,6 +140,9 @@ void up_exec_kick(struct up *u)
 			continue;
 		}
 		buf_clear(&x->start);
+		if (u->sync.trace)
+			fprintf(stderr, "airlock: trace: exec barrier_us=%.1f\n",
+				(double)(loop_now_ns() - x->t_req_ns) / 1e3);
 	}
 }
 
@@ -202,6 +212,7 @@ queue:
 	if ((r = wire_exec_start_encode(&x->start, &m)) < 0) /* credentials: wiped with x->start */
 		goto fail;
 	x->barrier = f ? 0 : journal_barrier_seq(u->journal);
+	x->t_req_ns = loop_now_ns();
 	x->next = u->exec.xcmds;
 	u->exec.xcmds = x;
 	relay_cmd_set_data(cmd, x);

@@ -26,6 +26,7 @@
  */
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -89,11 +90,12 @@ struct xcmd {
 	struct up_fork *fork; /* the fork it runs in (up_fork.c); NULL: the sandbox */
 	struct relay_cmd *cmd;
 	struct xcmd *next;
-	struct buf start; /* EXEC_START payload, until sent */
-	uint64_t barrier; /* journal seq the guest must have applied first */
-	uint32_t stream;  /* 0 until EXEC_START went out */
-	bool paused;	  /* the relay holds output back: credit is owed, not returned */
-	bool gated;	  /* up_paths_gate was asked (once per command) */
+	struct buf start;  /* EXEC_START payload, until sent */
+	uint64_t barrier;  /* journal seq whose batches must be sent first */
+	uint64_t t_req_ns; /* when the request came (AIRLOCK_TRACE) */
+	uint32_t stream;   /* 0 until EXEC_START went out */
+	bool paused;	   /* the relay holds output back: credit is owed, not returned */
+	bool gated;	   /* up_paths_gate was asked (once per command) */
 	size_t owed;
 	size_t stdin_inflight;		 /* stdin bytes sent, not yet acknowledged
 					    (WIRE_EXEC_STDIN_WINDOW) */
@@ -137,6 +139,11 @@ struct up_sync {
 	uint64_t pending_upto, pending_t0_ns;
 	uint64_t applied_seq; /* every journaled op <= this is on the guest */
 	uint64_t withheld, withheld_saved;
+	/* AIRLOCK_TRACE=1: one log line per push and per command with where
+	 * its time went (doc/UP.md "Tracing a push"); op_start_ns: when the
+	 * operation was handed to the engine */
+	bool trace;
+	uint64_t op_start_ns;
 };
 
 /* Edit-to-apply latency of the last LAT_WINDOW pushes (up_sync.c). */
@@ -213,10 +220,10 @@ struct up_changes {
 	 * reconcile's three-way check; loaded when a reconcile starts */
 	struct manifest *base;
 	struct manifest *sending; /* what was being sent when the connection dropped (SENDING_FILE) */
-	bool base_lazy;		  /* base and sending are on disk, not loaded yet (chg_base loads them) */
 	uint8_t base_root[16];	  /* the saved confirmed state's root digest (from the .meta) */
 	bool base_root_known;
-	uint64_t base_saved_ms;
+	pthread_t loader; /* loading base and sending while `loading` (up_changes.c base_wait) */
+	bool loading;
 	bool exact_on_disk;	/* the saved confirmed state is marked exact: re-mark it at the next push */
 	uint64_t base_seq;	/* the guest's sequence when it was saved (0: unusable) */
 	char **rejected;	/* rejected paths (sorted) until their reconcile is done: the */
@@ -351,6 +358,10 @@ bool up_sync_settled(struct up *u);
 size_t up_sync_pending(struct up *u);
 /* Write the audit record (withheld.json) again: a retry after a failed write. */
 void up_sync_save_audit(struct up *u);
+/* The journal seq a command sent now comes after: applied_seq, or the
+ * running operation's when all of its batches are in the channel
+ * (sync_all_sent: the guest applies them before it reads the command). */
+uint64_t up_sync_sent_seq(struct up *u);
 /* Free the engines and the pending set. */
 void up_sync_clear(struct up *u);
 /* Push these paths again (with no content hint), or reconcile (full),

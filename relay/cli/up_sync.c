@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -143,6 +144,29 @@ static void save_withheld(struct up *u)
 	u->sync.withheld_saved = sync_get_stats(u->sync.engine)->withheld_changes;
 }
 
+static double us_between(uint64_t a, uint64_t b)
+{
+	return a && b >= a ? (double)(b - a) / 1e3 : -1;
+}
+
+/* AIRLOCK_TRACE: where a push's time went, from the first notify of its
+ * changes (a FUSE thread, after the journal record) to its end here:
+ * waiting for the loop, deciding, building and sending, the guest's apply
+ * and acknowledgement, then what ran on the acknowledgement. -1: did not
+ * happen (nothing to send). */
+static void trace_push(struct up *u, uint64_t now)
+{
+	const struct sync_push_stats *p = sync_get_push_stats(u->sync.engine);
+
+	fprintf(stderr,
+		"airlock: trace: push paths=%zu queue_us=%.1f decide_us=%.1f send_us=%.1f ack_us=%.1f "
+		"done_us=%.1f total_us=%.1f\n",
+		u->sync.op_npaths, us_between(u->sync.op_t0_ns, u->sync.op_start_ns),
+		us_between(u->sync.op_start_ns, p->t_decided_ns), us_between(p->t_decided_ns, p->t_sent_ns),
+		us_between(p->t_sent_ns, p->t_acked_ns), us_between(p->t_acked_ns, now),
+		us_between(u->sync.op_t0_ns, now));
+}
+
 static void on_sync_done(int err, const char *why, void *ud)
 {
 	struct up *u = ud;
@@ -159,6 +183,8 @@ static void on_sync_done(int err, const char *why, void *ud)
 
 	if (u->sync.op_t0_ns && now > u->sync.op_t0_ns)
 		lat_add(&u->lat, now - u->sync.op_t0_ns);
+	if (u->sync.trace && !u->sync.op_full)
+		trace_push(u, now);
 	u->sync.withheld = sync_get_stats(u->sync.engine)->withheld;
 	/* the audit record follows the host tree: after a reconcile, and
 	 * when a push changed what is withheld */
@@ -354,6 +380,7 @@ static void start_push(struct up *u)
 	u->sync.op_npaths = n;
 	u->sync.pending_t0_ns = 0;
 	u->sync.busy = true;
+	u->sync.op_start_ns = loop_now_ns();
 	up_mark_dirty(u);
 	r = sync_push_hinted(u->sync.engine, paths, hints, n); /* may finish (on_done) before it returns */
 	mem_free(paths);
@@ -379,7 +406,9 @@ int up_sync_attach(struct up *u, struct chan *c)
 	    .loop = u->loop, /* full scans off the loop: `airlock down` is answered during one */
 	    .keep = up_changes_keep,
 	};
+	const char *tr = getenv("AIRLOCK_TRACE");
 
+	u->sync.trace = tr && *tr && strcmp(tr, "0") != 0;
 	return sync_new(c, &cfg, &u->sync.engine);
 }
 
@@ -423,6 +452,13 @@ void up_sync_retry(struct up *u, const char *const *paths, size_t n, bool full)
 	}
 	up_mark_dirty(u);
 	up_sync_pump(u);
+}
+
+uint64_t up_sync_sent_seq(struct up *u)
+{
+	if (u->sync.busy && u->sync.engine && sync_all_sent(u->sync.engine) && u->sync.op_upto > u->sync.applied_seq)
+		return u->sync.op_upto;
+	return u->sync.applied_seq;
 }
 
 void up_sync_clear(struct up *u)

@@ -241,8 +241,19 @@ struct sync_push_stats {
 	uint64_t ranged;       /* large files re-chunked from a hint (chunk_update) */
 	uint64_t put_read;     /* bytes read to build PUTs of files with a chunk list */
 	bool full;	       /* fell back to a full host scan */
+	/* loop_now_ns() when the new state was decided (the changes known),
+	 * when the last batch went into the channel, when the last
+	 * acknowledgement came (0: not yet; for AIRLOCK_TRACE and the bench) */
+	uint64_t t_decided_ns, t_sent_ns, t_acked_ns;
 };
 const struct sync_push_stats *sync_get_push_stats(const struct sync *s);
+
+/* The operation in progress has handed every batch to the channel (its
+ * acknowledgements may still be on the way). A frame sent on the channel
+ * after this reaches the guest after those batches: the guest applies
+ * each batch before it reads the next frame, so a command started then
+ * sees them (the exec barrier). false when idle or still deciding. */
+bool sync_all_sent(const struct sync *s);
 
 void sync_on_frame(struct sync *s, uint8_t type, uint32_t stream, const uint8_t *p, size_t n);
 void sync_on_writable(struct sync *s);

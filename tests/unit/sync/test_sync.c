@@ -810,9 +810,8 @@ static void assert_same_tree(const char *a, const char *b)
  * nothing to send: the engine's confirmed state, edited in place push by
  * push, is exactly the tree. AIRLOCK_SYNC_RANDOM_FILES (default 3000)
  * sets the tree's size, AIRLOCK_SYNC_RANDOM_STEPS (default 300) the steps. */
-static void test_push_random(void **state)
+static void push_random(const char *tag)
 {
-	(void)state;
 	struct eng e = {0};
 	char host[128], guest[128], p[200], q[200], r2[200], a[400], b[400];
 	const char *env = getenv("AIRLOCK_SYNC_RANDOM_FILES");
@@ -822,8 +821,8 @@ static void test_push_random(void **state)
 	unsigned nd = nf / 50 + 1, fresh = 0;
 	uint64_t rs = 0x72616e646f6d31ULL;
 
-	snprintf(host, sizeof(host), "%s/randhost", dir);
-	snprintf(guest, sizeof(guest), "%s/randguest", dir);
+	snprintf(host, sizeof(host), "%s/%shost", dir, tag);
+	snprintf(guest, sizeof(guest), "%s/%sguest", dir, tag);
 	if (mkdir(host, 0755) != 0)
 		fail_msg("mkdir %s: %s", host, strerror(errno));
 	assert_int_equal(mkdir(guest, 0755), 0);
@@ -950,6 +949,22 @@ static void test_push_random(void **state)
 	assert_int_equal(sync_get_stats(e.s)->changes, 0);
 	eng_stop(&e);
 	eng_wait_ms = 10000;
+}
+
+static void test_push_random(void **state)
+{
+	(void)state;
+	push_random("rand");
+}
+
+/* The same with a loop, as under airlock up: pushes that walk a directory
+ * are decided on the worker thread (and batches yield). */
+static void test_push_random_loop(void **state)
+{
+	(void)state;
+	eng_loop = true;
+	push_random("randloop");
+	eng_loop = false;
 }
 
 /* With a loop, batch building yields: a budget of 1 ns finishes a batch
@@ -1490,6 +1505,158 @@ static void test_sending_after_failure(void **state)
 	eng_stop(&e);
 }
 
+/* A seeded storm of edits while operations run with a loop (full scans
+ * and tree diffs on the worker thread, batches yielding): a timer edits
+ * the host tree during each operation (rewrites of random sizes, creates
+ * in new directories, deletes, renames, a directory removed), and every
+ * path it touched is named in the next push, as the journal would. The
+ * operations cycle through a reconcile (scan, levels, diff on the
+ * thread), a full push (the root dirty: scan and diff on the thread) and
+ * targeted pushes. After a last push with the storm stopped, the guest
+ * equals the host and a full push finds nothing to send: no edit made
+ * while a job ran was lost, and none left the confirmed state wrong. */
+struct storm {
+	const char *host;
+	uint64_t rs;
+	unsigned n, fresh;
+	char dirty[4096][48];
+	size_t ndirty;
+	uint64_t timer;
+	struct loop *l;
+};
+
+static void storm_name(struct storm *w, const char *p)
+{
+	if (w->ndirty < sizeof(w->dirty) / sizeof(w->dirty[0]))
+		snprintf(w->dirty[w->ndirty++], sizeof(w->dirty[0]), "%s", p);
+}
+
+static void storm_edit(struct storm *w)
+{
+	char p[48], q[48], a[200], b[200], text[700];
+	unsigned d = tu_rand(&w->rs, 8), op = tu_rand(&w->rs, 6);
+	size_t len = tu_rand(&w->rs, sizeof(text) - 1);
+
+	for (size_t i = 0; i < len; i++)
+		text[i] = (char)('a' + tu_rand(&w->rs, 26));
+	text[len] = '\0';
+	snprintf(a, sizeof(a), "%s/w%u", w->host, d);
+	mkdir(a, 0755); /* may be gone (op 5), or there */
+	snprintf(p, sizeof(p), "w%u", d);
+	storm_name(w, p);
+	switch (op) {
+	case 0: /* a rewrite, of another size */
+	case 1:
+		snprintf(p, sizeof(p), "w%u/f%u", d, tu_rand(&w->rs, 40));
+		put(w->host, p, text);
+		storm_name(w, p);
+		break;
+	case 2: /* a file in a new directory: only the file is named */
+		snprintf(a, sizeof(a), "%s/w%u/n%u", w->host, d, w->fresh);
+		assert_int_equal(mkdir(a, 0755), 0);
+		snprintf(p, sizeof(p), "w%u/n%u/x", d, w->fresh++);
+		put(w->host, p, text);
+		storm_name(w, p);
+		break;
+	case 3: /* a delete */
+		snprintf(p, sizeof(p), "w%u/f%u", d, tu_rand(&w->rs, 40));
+		snprintf(a, sizeof(a), "%s/%s", w->host, p);
+		(void)unlink(a);
+		storm_name(w, p);
+		break;
+	case 4: /* a rename into another directory */
+		snprintf(p, sizeof(p), "w%u/f%u", d, tu_rand(&w->rs, 40));
+		snprintf(q, sizeof(q), "w%u/f%u", tu_rand(&w->rs, 8), tu_rand(&w->rs, 40));
+		snprintf(a, sizeof(a), "%s/%s", w->host, p);
+		snprintf(b, sizeof(b), "%s/%s", w->host, q);
+		snprintf(text, sizeof(text), "%s/%s", w->host, q);
+		*strrchr(text, '/') = '\0';
+		mkdir(text, 0755);
+		(void)rename(a, b);
+		storm_name(w, p);
+		storm_name(w, q);
+		break;
+	default: /* a whole directory */
+		snprintf(a, sizeof(a), "%s/w%u", w->host, d);
+		tu_rm_rf(a);
+		break;
+	}
+	w->n++;
+}
+
+static void storm_tick(struct loop *l, void *ud)
+{
+	struct storm *w = ud;
+	storm_edit(w);
+	w->timer = loop_add_timer(l, tu_rand(&w->rs, 3), storm_tick, w);
+}
+
+static void test_storm_during_jobs(void **state)
+{
+	(void)state;
+	struct eng e = {0};
+	static struct storm w;
+	char host[128], guest[128];
+	const char *names[4097];
+	static const struct sync_hint nohints[4097];
+
+	snprintf(host, sizeof(host), "%s/sth", dir);
+	snprintf(guest, sizeof(guest), "%s/stg", dir);
+	assert_int_equal(mkdir(host, 0755), 0);
+	assert_int_equal(mkdir(guest, 0755), 0);
+	memset(&w, 0, sizeof(w));
+	w.host = host;
+	w.rs = 0x73746f726d31ULL;
+	for (int i = 0; i < 400; i++)
+		storm_edit(&w);
+	eng_loop = true;
+	eng_budget_ns = 1; /* batches yield every 32 files: more turns for the storm */
+	eng_start(&e, host, guest, 0);
+	w.l = e.l;
+	assert_int_equal(sync_reconcile(e.s), 0);
+	e_run(&e);
+	assert_true(e.done);
+	assert_int_equal(e.err, 0);
+	for (int round = 0; round < 60; round++) {
+		size_t n = w.ndirty;
+		for (size_t i = 0; i < n; i++)
+			names[i] = w.dirty[i];
+		if (round % 3 == 2 || w.ndirty == sizeof(w.dirty) / sizeof(w.dirty[0]))
+			names[n++] = ""; /* the root: a full scan and diff on the thread */
+		static char copy[4097][48];
+		for (size_t i = 0; i < n; i++) {
+			snprintf(copy[i], sizeof(copy[i]), "%s", names[i]);
+			names[i] = copy[i];
+		}
+		w.ndirty = 0;
+		w.timer = loop_add_timer(e.l, 0, storm_tick, &w);
+		e.done = false;
+		if (round % 3 == 0)
+			assert_int_equal(sync_reconcile(e.s), 0);
+		else /* with (unusable) hints: a push that goes on a job must drop them */
+			assert_int_equal(sync_push_hinted(e.s, names, nohints, n), 0);
+		if (!e.done)
+			e_run(&e);
+		loop_del_timer(e.l, w.timer);
+		assert_true(e.done);
+		if (e.err)
+			fail_msg("round %d: %s", round, e.why);
+	}
+	/* the storm is over: its last paths, then the whole tree */
+	for (size_t i = 0; i < w.ndirty; i++)
+		names[i] = w.dirty[i];
+	if (w.ndirty)
+		e_push(&e, names, w.ndirty);
+	assert_same_tree(host, guest);
+	const char *root[] = {""};
+	e_push(&e, root, 1);
+	assert_int_equal(sync_get_stats(e.s)->changes, 0);
+	assert_true(w.n > 400 + 60); /* edits did land while the operations ran */
+	eng_stop(&e);
+	eng_loop = false;
+	eng_budget_ns = 0;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1499,6 +1666,7 @@ int main(void)
 	    cmocka_unit_test(test_pump_yields),	       cmocka_unit_test(test_offline_edits),
 	    cmocka_unit_test(test_guest_failures),     cmocka_unit_test(test_sending_after_failure),
 	    cmocka_unit_test(test_nested_git_configs), cmocka_unit_test(test_guest_quiet),
+	    cmocka_unit_test(test_push_random_loop),   cmocka_unit_test(test_storm_during_jobs),
 	};
 	if (sodium_init() < 0)
 		return 1;
