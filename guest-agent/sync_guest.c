@@ -331,8 +331,10 @@ static int on_begin(struct syncg_session *ss, struct buf *in, char *err, size_t 
 		errmsg_set(err, errlen, "scanning %s: %s", g->root, strerror(-r));
 		return r;
 	}
-	if (o.cache)
+	if (o.cache) {
 		(void)hcache_save(g->cache, g->state_fd, HCACHE_FILE); /* best effort */
+		hcache_trim(g->cache);				       /* loaded again before the next scan */
+	}
 	struct wire_sync_state st = {.seq = apply_last_seq(g->apply), .entries = ss->m->n, .special = 0};
 	memcpy(st.root, ss->m->root, CHUNK_HASH_LEN);
 	buf_init(&out, 64);

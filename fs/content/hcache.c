@@ -305,41 +305,55 @@ fail:
 	return r == -ENOBUFS ? -E2BIG : r;
 }
 
+/* write(2) all of p[0..n), retrying short writes. */
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+	size_t off = 0;
+
+	while (off < n) {
+		ssize_t w = write(fd, p + off, n - off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return w < 0 ? -errno : -EIO;
+		off += (size_t)w;
+	}
+	return 0;
+}
+
+/* The header, then the entries straight from c->next (no copy of them:
+ * at a million files that copy was the daemon's largest allocation),
+ * then the checksum over both, hashed as they are written. */
 int hcache_save(struct hcache *c, int dirfd, const char *name)
 {
-	struct buf out;
+	struct buf hdr;
+	struct chunk_hasher h;
 	uint8_t sum[CHUNK_HASH_LEN];
 	char tmp[300];
 	int fd, r;
 
 	if (strlen(name) > 200)
 		return -ENAMETOOLONG;
-	buf_init(&out, HCACHE_FILE_MAX);
-	if ((r = buf_put(&out, hcache_magic, 4)) < 0 || (r = buf_put_u8(&out, HCACHE_VERSION)) < 0 ||
-	    (r = buf_put_u8(&out, 0)) < 0 || (r = buf_put_u16(&out, 0)) < 0 || (r = buf_put_u32(&out, c->p.min)) < 0 ||
-	    (r = buf_put_u32(&out, c->p.avg)) < 0 || (r = buf_put_u32(&out, c->p.max)) < 0 ||
-	    (r = buf_put_u32(&out, c->p.whole_max)) < 0 || (r = buf_put_u64(&out, c->nnext)) < 0 ||
-	    (r = buf_put(&out, buf_ptr(&c->next), buf_len(&c->next))) < 0)
+	if (HDR_LEN + buf_len(&c->next) + CHUNK_HASH_LEN > HCACHE_FILE_MAX)
+		return -ENOBUFS;
+	buf_init(&hdr, HDR_LEN);
+	if ((r = buf_put(&hdr, hcache_magic, 4)) < 0 || (r = buf_put_u8(&hdr, HCACHE_VERSION)) < 0 ||
+	    (r = buf_put_u8(&hdr, 0)) < 0 || (r = buf_put_u16(&hdr, 0)) < 0 || (r = buf_put_u32(&hdr, c->p.min)) < 0 ||
+	    (r = buf_put_u32(&hdr, c->p.avg)) < 0 || (r = buf_put_u32(&hdr, c->p.max)) < 0 ||
+	    (r = buf_put_u32(&hdr, c->p.whole_max)) < 0 || (r = buf_put_u64(&hdr, c->nnext)) < 0)
 		goto out;
-	chunk_hash(buf_ptr(&out), buf_len(&out), sum);
-	if ((r = buf_put(&out, sum, CHUNK_HASH_LEN)) < 0)
-		goto out;
+	chunk_hasher_init(&h);
+	chunk_hasher_update(&h, buf_ptr(&hdr), buf_len(&hdr));
+	chunk_hasher_update(&h, buf_ptr(&c->next), buf_len(&c->next));
+	chunk_hasher_final(&h, sum);
 	snprintf(tmp, sizeof(tmp), "%s.tmp", name);
 	if ((fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0) {
 		r = -errno;
 		goto out;
 	}
-	size_t n = buf_len(&out), off = 0;
-	while (off < n) {
-		ssize_t w = write(fd, buf_ptr(&out) + off, n - off);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0) {
-			r = w < 0 ? -errno : -EIO;
-			break;
-		}
-		off += (size_t)w;
-	}
+	if ((r = write_all(fd, buf_ptr(&hdr), buf_len(&hdr))) == 0 &&
+	    (r = write_all(fd, buf_ptr(&c->next), buf_len(&c->next))) == 0)
+		r = write_all(fd, sum, CHUNK_HASH_LEN);
 	/* No fsync: a torn cache fails its checksum and is ignored. */
 	close(fd);
 	if (r == 0 && renameat(dirfd, tmp, dirfd, name) < 0)
@@ -347,8 +361,18 @@ int hcache_save(struct hcache *c, int dirfd, const char *name)
 	if (r < 0)
 		unlinkat(dirfd, tmp, 0);
 out:
-	buf_clear(&out);
+	buf_clear(&hdr);
 	return r;
+}
+
+void hcache_trim(struct hcache *c)
+{
+	if (!c)
+		return;
+	drop_loaded(c);
+	buf_clear(&c->next);
+	buf_init(&c->next, HCACHE_FILE_MAX);
+	c->nnext = 0;
 }
 
 void hcache_counts(const struct hcache *c, uint64_t *hits, uint64_t *misses, uint64_t *racy)

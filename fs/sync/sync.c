@@ -815,8 +815,10 @@ static int host_scan(struct sync *s, char *why, size_t whylen)
 		snprintf(why, whylen, "scanning file contents: %s", strerror(-r));
 		return r;
 	}
-	if (s->cache)
+	if (s->cache) {
 		(void)hcache_save(s->cache, s->state_fd, HCACHE_FILE); /* best effort: next scan hashes more */
+		hcache_trim(s->cache); /* the next scan loads it again; until then it is only memory */
+	}
 	s->st.withheld = s->withheld.total;
 	s->st.withheld_changes = s->withheld.changes;
 	s->st.skipped = s->skipped.total;
