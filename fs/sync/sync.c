@@ -1298,6 +1298,7 @@ static void maybe_done(struct sync *s)
 {
 	if (!s->busy || s->phase != PH_SEND || s->ci < s->nchanges || s->nfl > 0)
 		return;
+	bool whole = !s->pold; /* not an incremental push */
 	/* The guest confirmed everything: what it has is now this scan (minus
 	 * what could not be read while sending). */
 	if (s->nvan) {
@@ -1329,6 +1330,8 @@ static void maybe_done(struct sync *s)
 		s->hm = NULL;
 	}
 	reconcile_clear(s);
+	if (whole)
+		mem_release(); /* after a whole-tree sync: its scan, diff and batches */
 	progress(s, "done");
 	finish_op(s, 0, NULL);
 }
