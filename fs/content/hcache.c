@@ -2,6 +2,7 @@
 /* hcache: stat-keyed content-hash cache (hcache.h, doc/SYNC.md §3). */
 #include "airlock/content/hcache.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -25,6 +26,9 @@ struct key {
 	uint32_t mode;
 };
 
+/* One loaded entry, read from its record in c->file when looked up (the
+ * table holds only the record's offset: 4 bytes a slot instead of a
+ * parsed copy of every entry). */
 struct ent {
 	const char *path; /* into c->file */
 	size_t plen;
@@ -36,10 +40,10 @@ struct ent {
 
 struct hcache {
 	struct chunk_params p;
-	uint8_t *file; /* loaded bytes */
-	struct ent *ents;
+	uint8_t *file; /* loaded bytes (< 4 GiB: HCACHE_FILE_MAX) */
+	size_t nfile;  /* their length without the checksum */
 	size_t nents;
-	uint32_t *slots; /* open addressing: index + 1, 0 = empty */
+	uint32_t *slots; /* open addressing: offset of a record in file, 0 = empty */
 	size_t nslots;	 /* power of two */
 	struct buf next; /* entries put during this scan, encoded */
 	uint64_t nnext;
@@ -74,12 +78,10 @@ static uint64_t path_hash(const char *p, size_t n)
 static void drop_loaded(struct hcache *c)
 {
 	mem_free(c->file);
-	mem_free(c->ents);
 	mem_free(c->slots);
 	c->file = NULL;
-	c->ents = NULL;
 	c->slots = NULL;
-	c->nents = c->nslots = 0;
+	c->nents = c->nslots = c->nfile = 0;
 }
 
 int hcache_new(const struct chunk_params *p, struct hcache **out)
@@ -119,7 +121,44 @@ static int get_key(struct buf *in, struct key *k)
 	return 0;
 }
 
-/* Parse c->file (n bytes, checksum already checked) into c->ents. */
+_Static_assert(HCACHE_FILE_MAX < UINT32_MAX, "record offsets are u32");
+
+/* The entry whose record starts at `in` (its remaining bytes): the layout
+ * of one record, checked. */
+static int ent_read(struct buf *in, struct ent *e)
+{
+	uint16_t l16;
+	size_t pl;
+
+	if (buf_get_u16(in, &l16) < 0 || (pl = l16) == 0 || pl > MANIFEST_PATH_MAX || buf_len(in) < pl)
+		return -EBADMSG;
+	e->path = (const char *)buf_ptr(in);
+	e->plen = pl;
+	buf_consume(in, pl);
+	if (get_key(in, &e->k) < 0 || buf_len(in) < CHUNK_HASH_LEN + 4)
+		return -EBADMSG;
+	e->hash = buf_ptr(in);
+	buf_consume(in, CHUNK_HASH_LEN);
+	if (buf_get_u32(in, &e->nchunks) < 0 || e->nchunks > buf_len(in) / REC_LEN)
+		return -EBADMSG;
+	e->recs = buf_ptr(in);
+	buf_consume(in, (size_t)e->nchunks * REC_LEN);
+	return 0;
+}
+
+/* The entry at offset off of the loaded file (checked by parse). */
+static void ent_at(const struct hcache *c, uint32_t off, struct ent *e)
+{
+	struct buf in;
+
+	buf_view(&in, c->file + off, c->nfile - off);
+	int r = ent_read(&in, e);
+	assert(r == 0);
+	(void)r;
+}
+
+/* Parse c->file (n bytes, checksum already checked): every record checked,
+ * its offset put in c->slots. */
 static int parse(struct hcache *c, size_t n)
 {
 	struct buf in;
@@ -128,7 +167,8 @@ static int parse(struct hcache *c, size_t n)
 	struct chunk_params p;
 	uint64_t count;
 
-	buf_view(&in, c->file, n - CHUNK_HASH_LEN);
+	c->nfile = n - CHUNK_HASH_LEN;
+	buf_view(&in, c->file, c->nfile);
 	if (buf_get(&in, magic, 4) < 0 || buf_get_u8(&in, &ver) < 0 || buf_get_u8(&in, &flags) < 0 ||
 	    buf_get_u16(&in, &resv) < 0 || buf_get_u32(&in, &p.min) < 0 || buf_get_u32(&in, &p.avg) < 0 ||
 	    buf_get_u32(&in, &p.max) < 0 || buf_get_u32(&in, &p.whole_max) < 0 || buf_get_u64(&in, &count) < 0)
@@ -136,8 +176,6 @@ static int parse(struct hcache *c, size_t n)
 	if (memcmp(magic, hcache_magic, 4) != 0 || ver != HCACHE_VERSION || flags || resv ||
 	    memcmp(&p, &c->p, sizeof(p)) != 0 || count > MANIFEST_ENTRIES_MAX || count > buf_len(&in) / ENT_MIN)
 		return -EBADMSG;
-	if (count && !(c->ents = mem_calloc((size_t)count, sizeof(*c->ents))))
-		return -ENOMEM;
 	size_t ns = 16;
 	while (ns < 2 * count)
 		ns <<= 1;
@@ -145,28 +183,14 @@ static int parse(struct hcache *c, size_t n)
 		return -ENOMEM;
 	c->nslots = ns;
 	for (uint64_t i = 0; i < count; i++) {
-		struct ent *e = &c->ents[i];
-		const uint8_t *pp;
-		size_t pl;
-		uint16_t l16;
-		if (buf_get_u16(&in, &l16) < 0 || (pl = l16) == 0 || pl > MANIFEST_PATH_MAX || buf_len(&in) < pl)
+		struct ent e;
+		uint32_t off = (uint32_t)(c->nfile - buf_len(&in));
+		if (ent_read(&in, &e) < 0)
 			return -EBADMSG;
-		pp = buf_ptr(&in);
-		buf_consume(&in, pl);
-		e->path = (const char *)pp;
-		e->plen = pl;
-		if (get_key(&in, &e->k) < 0 || buf_len(&in) < CHUNK_HASH_LEN + 4)
-			return -EBADMSG;
-		e->hash = buf_ptr(&in);
-		buf_consume(&in, CHUNK_HASH_LEN);
-		if (buf_get_u32(&in, &e->nchunks) < 0 || e->nchunks > buf_len(&in) / REC_LEN)
-			return -EBADMSG;
-		e->recs = buf_ptr(&in);
-		buf_consume(&in, (size_t)e->nchunks * REC_LEN);
-		size_t s = (size_t)path_hash(e->path, e->plen) & (ns - 1);
+		size_t s = (size_t)path_hash(e.path, e.plen) & (ns - 1);
 		while (c->slots[s])
 			s = (s + 1) & (ns - 1);
-		c->slots[s] = (uint32_t)i + 1;
+		c->slots[s] = off; /* >= HDR_LEN, never 0 */
 		c->nents++;
 	}
 	return buf_len(&in) == 0 ? 0 : -EBADMSG;
@@ -236,7 +260,9 @@ int hcache_get(struct hcache *c, const char *path, const struct stat *st, struct
 	}
 	key_of(st, &k);
 	for (size_t s = (size_t)path_hash(path, pl) & (c->nslots - 1); c->slots[s]; s = (s + 1) & (c->nslots - 1)) {
-		const struct ent *x = &c->ents[c->slots[s] - 1];
+		struct ent xe;
+		const struct ent *x = &xe;
+		ent_at(c, c->slots[s], &xe);
 		if (x->plen != pl || memcmp(x->path, path, pl) != 0)
 			continue;
 		/* Racy on this scan's clock too (a clock set back): not trusted. */
