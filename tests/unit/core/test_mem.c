@@ -26,6 +26,7 @@
 #endif
 #endif
 
+#if defined(__GLIBC__) && !defined(SANITIZED)
 /* Resident pages of this process. */
 static long resident_pages(void)
 {
@@ -36,6 +37,7 @@ static long resident_pages(void)
 	fclose(f);
 	return res;
 }
+#endif
 
 /* After a large block was freed, a smaller large one still gets its own
  * mapping (glibc alone would have raised its threshold past it and taken
