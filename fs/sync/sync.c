@@ -811,13 +811,16 @@ static int host_scan(struct sync *s, char *why, size_t whylen)
 		snprintf(why, whylen, "scanning the workspace: %s", strerror(-x.err));
 		return x.err;
 	}
-	if ((r = withhold_contents(s, true)) < 0) {
-		snprintf(why, whylen, "scanning file contents: %s", strerror(-r));
-		return r;
-	}
+	/* Saved and given back before the content scan fills its verdict set:
+	 * the two are the largest per-file allocations after the manifest,
+	 * and need not be held at once. */
 	if (s->cache) {
 		(void)hcache_save(s->cache, s->state_fd, HCACHE_FILE); /* best effort: next scan hashes more */
 		hcache_trim(s->cache); /* the next scan loads it again; until then it is only memory */
+	}
+	if ((r = withhold_contents(s, true)) < 0) {
+		snprintf(why, whylen, "scanning file contents: %s", strerror(-r));
+		return r;
 	}
 	s->st.withheld = s->withheld.total;
 	s->st.withheld_changes = s->withheld.changes;
