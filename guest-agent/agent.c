@@ -1678,6 +1678,7 @@ int main(int argc, char **argv)
 	char err[512];
 	int r, status;
 
+	mem_tune(); /* before any thread */
 	if (sodium_init() < 0) {
 		logmsg("libsodium failed to initialise");
 		return 1;

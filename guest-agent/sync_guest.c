@@ -454,8 +454,10 @@ static int full_scan(struct syncg *g, struct syncg_session *ss)
 		o.skipped_ud = st;
 	}
 	if ((r = apply_manifest(g->apply, &o, &ss->m)) == 0) {
-		if (o.cache)
+		if (o.cache) {
 			(void)hcache_save(g->cache, g->state_fd, HCACHE_FILE); /* best effort */
+			hcache_trim(g->cache); /* loaded again before the next scan */
+		}
 		state_keys(g, &ss->params, key, fp);
 		if (st)
 			(void)scanstate_save(st, g->state_fd, SCANSTATE_FILE, ss->m, key, fp, NULL, 0);

@@ -2,6 +2,7 @@
 /* hcache: stat-keyed content-hash cache (hcache.h, doc/SYNC.md §3). */
 #include "airlock/content/hcache.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -19,6 +20,9 @@ static const uint8_t hcache_magic[4] = {'A', 'L', 'H', 'C'};
 #define ENT_MIN	       (2 + 1 + 5 * 8 + 4 + CHUNK_HASH_LEN + 4)
 #define REC_LEN	       (4 + CHUNK_HASH_LEN)
 
+/* One loaded entry, read from its record in c->file when looked up (the
+ * table holds only the record's offset: 4 bytes a slot instead of a
+ * parsed copy of every entry). */
 struct ent {
 	const char *path; /* into c->file */
 	size_t plen;
@@ -30,10 +34,10 @@ struct ent {
 
 struct hcache {
 	struct chunk_params p;
-	uint8_t *file; /* loaded bytes */
-	struct ent *ents;
+	uint8_t *file; /* loaded bytes (< 4 GiB: HCACHE_FILE_MAX) */
+	size_t nfile;  /* their length without the checksum */
 	size_t nents;
-	uint32_t *slots; /* open addressing: index + 1, 0 = empty */
+	uint32_t *slots; /* open addressing: offset of a record in file, 0 = empty */
 	size_t nslots;	 /* power of two */
 	struct buf next; /* entries put during this scan, encoded */
 	uint64_t nnext;
@@ -68,12 +72,10 @@ static uint64_t path_hash(const char *p, size_t n)
 static void drop_loaded(struct hcache *c)
 {
 	mem_free(c->file);
-	mem_free(c->ents);
 	mem_free(c->slots);
 	c->file = NULL;
-	c->ents = NULL;
 	c->slots = NULL;
-	c->nents = c->nslots = 0;
+	c->nents = c->nslots = c->nfile = 0;
 }
 
 int hcache_new(const struct chunk_params *p, struct hcache **out)
@@ -113,7 +115,44 @@ static int get_key(struct buf *in, struct hcache_key *k)
 	return 0;
 }
 
-/* Parse c->file (n bytes, checksum already checked) into c->ents. */
+_Static_assert(HCACHE_FILE_MAX < UINT32_MAX, "record offsets are u32");
+
+/* The entry whose record starts at `in` (its remaining bytes): the layout
+ * of one record, checked. */
+static int ent_read(struct buf *in, struct ent *e)
+{
+	uint16_t l16;
+	size_t pl;
+
+	if (buf_get_u16(in, &l16) < 0 || (pl = l16) == 0 || pl > MANIFEST_PATH_MAX || buf_len(in) < pl)
+		return -EBADMSG;
+	e->path = (const char *)buf_ptr(in);
+	e->plen = pl;
+	buf_consume(in, pl);
+	if (get_key(in, &e->k) < 0 || buf_len(in) < CHUNK_HASH_LEN + 4)
+		return -EBADMSG;
+	e->hash = buf_ptr(in);
+	buf_consume(in, CHUNK_HASH_LEN);
+	if (buf_get_u32(in, &e->nchunks) < 0 || e->nchunks > buf_len(in) / REC_LEN)
+		return -EBADMSG;
+	e->recs = buf_ptr(in);
+	buf_consume(in, (size_t)e->nchunks * REC_LEN);
+	return 0;
+}
+
+/* The entry at offset off of the loaded file (checked by parse). */
+static void ent_at(const struct hcache *c, uint32_t off, struct ent *e)
+{
+	struct buf in;
+
+	buf_view(&in, c->file + off, c->nfile - off);
+	int r = ent_read(&in, e);
+	assert(r == 0);
+	(void)r;
+}
+
+/* Parse c->file (n bytes, checksum already checked): every record checked,
+ * its offset put in c->slots. */
 static int parse(struct hcache *c, size_t n)
 {
 	struct buf in;
@@ -122,7 +161,8 @@ static int parse(struct hcache *c, size_t n)
 	struct chunk_params p;
 	uint64_t count;
 
-	buf_view(&in, c->file, n - CHUNK_HASH_LEN);
+	c->nfile = n - CHUNK_HASH_LEN;
+	buf_view(&in, c->file, c->nfile);
 	if (buf_get(&in, magic, 4) < 0 || buf_get_u8(&in, &ver) < 0 || buf_get_u8(&in, &flags) < 0 ||
 	    buf_get_u16(&in, &resv) < 0 || buf_get_u32(&in, &p.min) < 0 || buf_get_u32(&in, &p.avg) < 0 ||
 	    buf_get_u32(&in, &p.max) < 0 || buf_get_u32(&in, &p.whole_max) < 0 || buf_get_u64(&in, &count) < 0)
@@ -130,8 +170,6 @@ static int parse(struct hcache *c, size_t n)
 	if (memcmp(magic, hcache_magic, 4) != 0 || ver != HCACHE_VERSION || flags || resv ||
 	    memcmp(&p, &c->p, sizeof(p)) != 0 || count > MANIFEST_ENTRIES_MAX || count > buf_len(&in) / ENT_MIN)
 		return -EBADMSG;
-	if (count && !(c->ents = mem_calloc((size_t)count, sizeof(*c->ents))))
-		return -ENOMEM;
 	size_t ns = 16;
 	while (ns < 2 * count)
 		ns <<= 1;
@@ -139,28 +177,14 @@ static int parse(struct hcache *c, size_t n)
 		return -ENOMEM;
 	c->nslots = ns;
 	for (uint64_t i = 0; i < count; i++) {
-		struct ent *e = &c->ents[i];
-		const uint8_t *pp;
-		size_t pl;
-		uint16_t l16;
-		if (buf_get_u16(&in, &l16) < 0 || (pl = l16) == 0 || pl > MANIFEST_PATH_MAX || buf_len(&in) < pl)
+		struct ent e;
+		uint32_t off = (uint32_t)(c->nfile - buf_len(&in));
+		if (ent_read(&in, &e) < 0)
 			return -EBADMSG;
-		pp = buf_ptr(&in);
-		buf_consume(&in, pl);
-		e->path = (const char *)pp;
-		e->plen = pl;
-		if (get_key(&in, &e->k) < 0 || buf_len(&in) < CHUNK_HASH_LEN + 4)
-			return -EBADMSG;
-		e->hash = buf_ptr(&in);
-		buf_consume(&in, CHUNK_HASH_LEN);
-		if (buf_get_u32(&in, &e->nchunks) < 0 || e->nchunks > buf_len(&in) / REC_LEN)
-			return -EBADMSG;
-		e->recs = buf_ptr(&in);
-		buf_consume(&in, (size_t)e->nchunks * REC_LEN);
-		size_t s = (size_t)path_hash(e->path, e->plen) & (ns - 1);
+		size_t s = (size_t)path_hash(e.path, e.plen) & (ns - 1);
 		while (c->slots[s])
 			s = (s + 1) & (ns - 1);
-		c->slots[s] = (uint32_t)i + 1;
+		c->slots[s] = off; /* >= HDR_LEN, never 0 */
 		c->nents++;
 	}
 	return buf_len(&in) == 0 ? 0 : -EBADMSG;
@@ -234,7 +258,9 @@ int hcache_get(struct hcache *c, const char *path, const struct stat *st, struct
 	}
 	hcache_key_of(st, &k);
 	for (size_t s = (size_t)path_hash(path, pl) & (c->nslots - 1); c->slots[s]; s = (s + 1) & (c->nslots - 1)) {
-		const struct ent *x = &c->ents[c->slots[s] - 1];
+		struct ent xe;
+		const struct ent *x = &xe;
+		ent_at(c, c->slots[s], &xe);
 		if (x->plen != pl || memcmp(x->path, path, pl) != 0)
 			continue;
 		/* Racy on this scan's clock too (a clock set back): not trusted. */
@@ -303,41 +329,55 @@ fail:
 	return r == -ENOBUFS ? -E2BIG : r;
 }
 
+/* write(2) all of p[0..n), retrying short writes. */
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+	size_t off = 0;
+
+	while (off < n) {
+		ssize_t w = write(fd, p + off, n - off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return w < 0 ? -errno : -EIO;
+		off += (size_t)w;
+	}
+	return 0;
+}
+
+/* The header, then the entries straight from c->next (no copy of them:
+ * at a million files that copy was the daemon's largest allocation),
+ * then the checksum over both, hashed as they are written. */
 int hcache_save(struct hcache *c, int dirfd, const char *name)
 {
-	struct buf out;
+	struct buf hdr;
+	struct chunk_hasher h;
 	uint8_t sum[CHUNK_HASH_LEN];
 	char tmp[300];
 	int fd, r;
 
 	if (strlen(name) > 200)
 		return -ENAMETOOLONG;
-	buf_init(&out, HCACHE_FILE_MAX);
-	if ((r = buf_put(&out, hcache_magic, 4)) < 0 || (r = buf_put_u8(&out, HCACHE_VERSION)) < 0 ||
-	    (r = buf_put_u8(&out, 0)) < 0 || (r = buf_put_u16(&out, 0)) < 0 || (r = buf_put_u32(&out, c->p.min)) < 0 ||
-	    (r = buf_put_u32(&out, c->p.avg)) < 0 || (r = buf_put_u32(&out, c->p.max)) < 0 ||
-	    (r = buf_put_u32(&out, c->p.whole_max)) < 0 || (r = buf_put_u64(&out, c->nnext)) < 0 ||
-	    (r = buf_put(&out, buf_ptr(&c->next), buf_len(&c->next))) < 0)
+	if (HDR_LEN + buf_len(&c->next) + CHUNK_HASH_LEN > HCACHE_FILE_MAX)
+		return -ENOBUFS;
+	buf_init(&hdr, HDR_LEN);
+	if ((r = buf_put(&hdr, hcache_magic, 4)) < 0 || (r = buf_put_u8(&hdr, HCACHE_VERSION)) < 0 ||
+	    (r = buf_put_u8(&hdr, 0)) < 0 || (r = buf_put_u16(&hdr, 0)) < 0 || (r = buf_put_u32(&hdr, c->p.min)) < 0 ||
+	    (r = buf_put_u32(&hdr, c->p.avg)) < 0 || (r = buf_put_u32(&hdr, c->p.max)) < 0 ||
+	    (r = buf_put_u32(&hdr, c->p.whole_max)) < 0 || (r = buf_put_u64(&hdr, c->nnext)) < 0)
 		goto out;
-	chunk_hash(buf_ptr(&out), buf_len(&out), sum);
-	if ((r = buf_put(&out, sum, CHUNK_HASH_LEN)) < 0)
-		goto out;
+	chunk_hasher_init(&h);
+	chunk_hasher_update(&h, buf_ptr(&hdr), buf_len(&hdr));
+	chunk_hasher_update(&h, buf_ptr(&c->next), buf_len(&c->next));
+	chunk_hasher_final(&h, sum);
 	snprintf(tmp, sizeof(tmp), "%s.tmp", name);
 	if ((fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0) {
 		r = -errno;
 		goto out;
 	}
-	size_t n = buf_len(&out), off = 0;
-	while (off < n) {
-		ssize_t w = write(fd, buf_ptr(&out) + off, n - off);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0) {
-			r = w < 0 ? -errno : -EIO;
-			break;
-		}
-		off += (size_t)w;
-	}
+	if ((r = write_all(fd, buf_ptr(&hdr), buf_len(&hdr))) == 0 &&
+	    (r = write_all(fd, buf_ptr(&c->next), buf_len(&c->next))) == 0)
+		r = write_all(fd, sum, CHUNK_HASH_LEN);
 	/* No fsync: a torn cache fails its checksum and is ignored. */
 	close(fd);
 	if (r == 0 && renameat(dirfd, tmp, dirfd, name) < 0)
@@ -345,8 +385,18 @@ int hcache_save(struct hcache *c, int dirfd, const char *name)
 	if (r < 0)
 		unlinkat(dirfd, tmp, 0);
 out:
-	buf_clear(&out);
+	buf_clear(&hdr);
 	return r;
+}
+
+void hcache_trim(struct hcache *c)
+{
+	if (!c)
+		return;
+	drop_loaded(c);
+	buf_clear(&c->next);
+	buf_init(&c->next, HCACHE_FILE_MAX);
+	c->nnext = 0;
 }
 
 void hcache_counts(const struct hcache *c, uint64_t *hits, uint64_t *misses, uint64_t *racy)

@@ -1614,14 +1614,20 @@ static int full_scan(struct sync *s, char *why, size_t whylen)
 		snprintf(why, whylen, "scanning the workspace: %s", strerror(-x.err));
 		goto out;
 	}
+	/* Saved and given back before the content scan fills its verdict set:
+	 * the two are the largest per-file allocations after the manifest,
+	 * and need not be held at once. */
+	if (s->cache) {
+		(void)hcache_save(s->cache, s->state_fd, HCACHE_FILE); /* best effort: next scan hashes more */
+		hcache_trim(s->cache); /* the next scan loads it again; until then it is only memory */
+	}
 	if ((r = withhold_contents(s, true)) < 0) {
 		snprintf(why, whylen, "scanning file contents: %s", strerror(-r));
 		goto out;
 	}
 	uint64_t hits = 0, misses = 0, racy = 0;
 	if (s->cache) {
-		(void)hcache_save(s->cache, s->state_fd, HCACHE_FILE); /* best effort: next scan hashes more */
-		hcache_counts(s->cache, &hits, &misses, &racy);
+		hcache_counts(s->cache, &hits, &misses, &racy); /* (saved above) */
 		s->st.scan_hashed = misses;
 	} else {
 		for (size_t i = 0; i < s->hm->n; i++)
@@ -2327,6 +2333,7 @@ static void maybe_done(struct sync *s)
 {
 	if (!s->busy || s->phase != PH_SEND || s->ci < s->nchanges || s->nfl > 0)
 		return;
+	bool whole = !s->pold; /* not an incremental push */
 	/* The guest confirmed everything: what it has is now this scan (minus
 	 * what could not be read while sending). */
 	if (s->nvan) {
@@ -2360,6 +2367,8 @@ static void maybe_done(struct sync *s)
 	state_confirmed(s);
 	reconcile_clear(s);
 	failures_commit(s);
+	if (whole)
+		mem_release(); /* after a whole-tree sync: its scan, diff and batches */
 	progress(s, "done");
 	finish_op(s, 0, NULL);
 }

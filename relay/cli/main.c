@@ -128,6 +128,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	mem_init_json();
+	mem_tune();
 	if (argc < 2) {
 		cmd_help_overview(stderr);
 		return 2;

@@ -2,6 +2,9 @@
 #include "airlock/core/mem.h"
 
 #include <jansson.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -81,4 +84,25 @@ unsigned long mem_count(void)
 void mem_init_json(void)
 {
 	json_set_alloc_funcs(mem_alloc, mem_free);
+}
+
+/* glibc raises its mmap threshold to the size of every mmapped block freed
+ * (up to 32 MiB), after which batch buffers, manifest arrays and the hash
+ * cache come from the heap, whose freed middle is never given back: the
+ * process keeps its high-water mark. A fixed threshold keeps large blocks
+ * in their own mappings, returned on free; a fixed trim threshold gives
+ * the top of the heap back past 1 MiB. */
+void mem_tune(void)
+{
+#ifdef __GLIBC__
+	mallopt(M_MMAP_THRESHOLD, MEM_MMAP_THRESHOLD);
+	mallopt(M_TRIM_THRESHOLD, 1 << 20);
+#endif
+}
+
+void mem_release(void)
+{
+#ifdef __GLIBC__
+	malloc_trim(0);
+#endif
 }

@@ -86,6 +86,12 @@ int hcache_put(struct hcache *c, const char *path, const struct stat *st, const 
  * file, rename). 0 or -errno. */
 int hcache_save(struct hcache *c, int dirfd, const char *name);
 
+/* Forget the loaded entries and the ones put since hcache_begin, giving
+ * their memory back (after hcache_save: the next hcache_load reads them
+ * from the file). A scan between this and the next load finds no hits.
+ * NULL is a no-op. */
+void hcache_trim(struct hcache *c);
+
 /* Counters of the last scan: hits, misses, entries put (racy ones are not). */
 void hcache_counts(const struct hcache *c, uint64_t *hits, uint64_t *misses, uint64_t *racy);
 

@@ -34,4 +34,16 @@ unsigned long mem_count(void);
  * that uses jansson. */
 void mem_init_json(void);
 
+/* Tune the allocator for a long-running process that holds large, short-
+ * lived buffers (delta batches, the hash cache, manifest arrays): blocks
+ * of MEM_MMAP_THRESHOLD bytes or more get their own mapping, so freeing
+ * one gives its memory back. Call once at the start of main, before any
+ * thread. No-op where the C library has no such knobs. */
+#define MEM_MMAP_THRESHOLD (256u << 10)
+void mem_tune(void);
+
+/* Give freed heap memory back to the system (after a large transient
+ * peak, e.g. the first sync). No-op where unsupported. */
+void mem_release(void);
+
 #endif

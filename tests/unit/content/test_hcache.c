@@ -216,6 +216,78 @@ static void test_guest_edit(void **state)
 	assert_memory_equal(h, want, CHUNK_HASH_LEN);
 }
 
+/* A saved cache loads back whole (every entry, large files' chunk lists
+ * too) after hcache_trim dropped it from memory; a trimmed cache itself
+ * answers nothing (its memory is gone), and saving it again writes an
+ * empty but valid file. */
+static void test_trim_reload(void **state)
+{
+	struct env *e = *state;
+	struct manifest *m, *m2;
+	struct hcache *c;
+	uint64_t hits, miss, racy;
+	enum { NF = 300 };
+	static char big[300 * 1024];
+
+	for (size_t i = 0; i < sizeof(big); i++)
+		big[i] = (char)(i * 2654435761u >> 13);
+	for (int i = 0; i < NF; i++) {
+		char name[32], text[48];
+		snprintf(name, sizeof(name), "f%03d.txt", i);
+		snprintf(text, sizeof(text), "content of file %d\n", i);
+		put_file(e, name, text, strlen(text));
+		age(e, name, 10, NULL);
+	}
+	put_file(e, "big.bin", big, sizeof(big));
+	age(e, "big.bin", 10, NULL);
+	sleep(1);
+	struct manifest_scan_opts o = {.chunking = &chunk_params_default};
+	assert_int_equal(hcache_new(&chunk_params_default, &c), 0);
+	o.cache = c;
+	assert_int_equal(manifest_scan(e->dfd, &o, &m), 0);
+	hcache_counts(c, &hits, &miss, &racy);
+	assert_int_equal(hits, 0);
+	assert_int_equal(hcache_save(c, e->sfd, HCACHE_FILE), 0);
+	hcache_trim(c);
+	hcache_trim(NULL);
+	/* trimmed: nothing loaded, so a scan hashes everything again */
+	assert_int_equal(manifest_scan(e->dfd, &o, &m2), 0);
+	hcache_counts(c, &hits, &miss, &racy);
+	assert_int_equal(hits, 0);
+	assert_int_equal(miss, NF + 1);
+	manifest_free(m2);
+	/* loaded again from the file saved before the trim: every file hits,
+	 * with the same hashes and chunk lists */
+	hcache_free(c);
+	assert_int_equal(hcache_new(&chunk_params_default, &c), 0);
+	o.cache = c;
+	assert_int_equal(hcache_load(c, e->sfd, HCACHE_FILE), 0);
+	assert_int_equal(manifest_scan(e->dfd, &o, &m2), 0);
+	hcache_counts(c, &hits, &miss, &racy);
+	assert_int_equal(hits, NF + 1);
+	assert_int_equal(miss, 0);
+	assert_int_equal(m2->n, m->n);
+	for (size_t i = 0; i < m->n; i++) {
+		assert_string_equal(m2->e[i].path, m->e[i].path);
+		assert_memory_equal(m2->e[i].hash, m->e[i].hash, CHUNK_HASH_LEN);
+		assert_int_equal(m2->e[i].nchunks, m->e[i].nchunks);
+		for (size_t k = 0; k < m->e[i].nchunks; k++) {
+			assert_int_equal(m2->e[i].chunks[k].off, m->e[i].chunks[k].off);
+			assert_int_equal(m2->e[i].chunks[k].len, m->e[i].chunks[k].len);
+			assert_memory_equal(m2->e[i].chunks[k].hash, m->e[i].chunks[k].hash, CHUNK_HASH_LEN);
+		}
+	}
+	long bi = manifest_find(m, "big.bin");
+	assert_true(bi >= 0 && m->e[bi].nchunks >= 2);
+	/* an empty cache saves as a valid file of no entries */
+	hcache_trim(c);
+	assert_int_equal(hcache_save(c, e->sfd, HCACHE_FILE), 0);
+	assert_int_equal(hcache_load(c, e->sfd, HCACHE_FILE), 0);
+	manifest_free(m);
+	manifest_free(m2);
+	hcache_free(c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -223,6 +295,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_corrupt, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_racy, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_guest_edit, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_trim_reload, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
