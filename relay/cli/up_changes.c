@@ -831,10 +831,15 @@ static bool unreported_change(struct up *u, const struct manifest *base, const s
 	if (!entry_same(h, b))
 		return false;
 	/* a batch the guest applied but whose acknowledgement the dropped
-	 * connection lost: that state is the host's */
+	 * connection lost: that state is the host's. So is any state of a
+	 * path that batch changed: the agent may have died between two of its
+	 * ops (a symlink retargeted is a remove and an add), leaving the path
+	 * in neither the confirmed nor the sent state (up_e2e: a link missing
+	 * in the guest after a kill -9 mid-burst, kept as a guest delete). */
 	if (base == u->chg.base && u->chg.sending) {
 		long si = manifest_find(u->chg.sending, path);
-		if (entry_same(g, si >= 0 ? &u->chg.sending->e[si] : NULL))
+		const struct manifest_entry *sent = si >= 0 ? &u->chg.sending->e[si] : NULL;
+		if (entry_same(g, sent) || !entry_same(sent, b))
 			return false;
 	}
 	struct wire_chg_item it = {
