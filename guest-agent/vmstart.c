@@ -64,9 +64,8 @@ int vmstart_parse(const char *line, size_t len, struct vmstart *out)
 	if (len < 6 || memcmp(p, "start ", 6))
 		return -EINVAL;
 	p += 6;
-	klen = strcspn(p, " ");
-	if (p + klen > end)
-		return -EINVAL;
+	for (klen = 0; p + klen < end && p[klen] != ' '; klen++) {
+	}
 	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
 		if (klen == strlen(kinds[i]) && !memcmp(p, kinds[i], klen))
 			known = true;

@@ -7,7 +7,9 @@
       either side closes, write what the host sent to OUT.h2g and what the
       guest sent to OUT.g2h; prints "listening" once LISTEN exists.
   chan_record.py replay TARGET IN.h2g OUT   connect to TARGET, send IN's
-      bytes, read until the guest closes (or 20 s pass), write them to OUT.
+      first record (the handshake's msg1), read the guest's first record
+      (its reply), send the rest of IN, read until the guest closes (or 20 s
+      pass); write all the guest sent to OUT.
 
 Bounded: at most 16 MiB per direction, 60 s per session.
 """
@@ -57,25 +59,46 @@ def record(listen, target, out):
         f.write(g2h)
 
 
-def replay(target, inp, out):
-    with open(inp, "rb") as f:
-        data = f.read()
-    s = socket.socket(socket.AF_UNIX)
-    s.connect(target)
-    s.sendall(data)
-    got = bytearray()
-    deadline = time.monotonic() + 20
-    s.settimeout(0.5)
-    while time.monotonic() < deadline and len(got) < LIMIT:
+def record_len(data):
+    """Length of the record at the start of data (doc/PROTOCOL.md "Records")."""
+    if len(data) < 4:
+        return None
+    return 4 + (int.from_bytes(data[:4], "big") & 0xFFFFFF)
+
+
+def read_some(s, got, want, deadline):
+    """Read into got until want(got) or the peer closes or the deadline."""
+    while time.monotonic() < deadline and len(got) < LIMIT and not want(got):
         try:
             d = s.recv(65536)
         except socket.timeout:
             continue
         except OSError:
-            break
+            return False
         if not d:
-            break
+            return False
         got.extend(d)
+    return True
+
+
+def replay(target, inp, out):
+    with open(inp, "rb") as f:
+        data = f.read()
+    first = record_len(data) or len(data)
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(target)
+    s.settimeout(0.5)
+    got = bytearray()
+    deadline = time.monotonic() + 20
+    s.sendall(data[:first])
+    open_ = read_some(s, got, lambda g: record_len(g) is not None and len(g) >= record_len(g), deadline)
+    if open_:
+        try:
+            s.sendall(data[first:])
+        except OSError:
+            open_ = False
+    if open_:
+        read_some(s, got, lambda g: False, deadline)
     s.close()
     with open(out, "wb") as f:
         f.write(got)
