@@ -1053,7 +1053,7 @@ static int send_start(struct sandbox *sb, struct vm *vm, const char *kind, char 
 	clock_gettime(CLOCK_REALTIME, &ts);
 	n = snprintf(line, sizeof(line), "start %s %llu %lld %s\n", kind, (unsigned long long)start_gen(sb),
 		     (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec, hex);
-	r = n > 0 && (size_t)n < sizeof(line) && write(vm->ctl_fd, line, (size_t)n) == n ? 0 : -EIO;
+	r = n > 0 && (size_t)n < sizeof(line) && send(vm->ctl_fd, line, (size_t)n, MSG_NOSIGNAL) == n ? 0 : -EIO;
 	sodium_memzero(seed, sizeof(seed));
 	sodium_memzero(hex, sizeof(hex));
 	sodium_memzero(line, sizeof(line));
@@ -1922,7 +1922,7 @@ void sandbox_vm_stop(struct sandbox *sb)
 		int ctl = -1;
 		bool done;
 
-		if (vm && vm->ctl_fd >= 0 && write(vm->ctl_fd, "poweroff\n", 9) == 9) {
+		if (vm && vm->ctl_fd >= 0 && send(vm->ctl_fd, "poweroff\n", 9, MSG_NOSIGNAL) == 9) {
 			ctl = vm->ctl_fd;
 			vm->ctl_fd = -1;
 		} else if (vm) {
