@@ -21,7 +21,7 @@ B=$(realpath "${1:?usage: bench/vmsnap.sh BUILD [N]}")
 N=${2:-10}
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 AIRLOCK=$B/airlock
-T=$(mktemp -d /tmp/airlock-bench-vmsnap.XXXXXX)
+T=$(mktemp -d /tmp/alvs.XXXXXX) # short: the sandbox sockets live below it
 cleanup() {
 	"$AIRLOCK" down "$T/w" >/dev/null 2>&1 || true
 	sleep 1
@@ -71,6 +71,10 @@ printf '%-28s %8s ms to the first command (sandbox %s ms, %s)\n' "cold, saving t
 for i in $(seq 1 "$N"); do
 	one_start >>"$T/restored"
 done
-grep -vc ' restored$' "$T/restored" | grep -qx 0 || { echo "bench/vmsnap.sh: a start was not restored:" >&2; cat "$T/restored" >&2; exit 1; }
+if awk '$3 != "restored" { bad = 1 } END { exit !bad }' "$T/restored"; then
+	echo "bench/vmsnap.sh: a start was not restored:" >&2
+	cat "$T/restored" >&2
+	exit 1
+fi
 printf '%-28s %s to the first command; sandbox start %s\n' "restored ($N starts)" "$(pct "$T/restored" 1)" "$(pct "$T/restored" 2)"
 echo "# snapshot: $(du -sh --apparent-size "$T"/tpl/snapshots/*/ram | cut -f1) guest memory ($(du -sh "$T"/tpl/snapshots/*/ram | cut -f1) on disk), $(stat -c %s "$T"/tpl/snapshots/*/state) bytes of device state"

@@ -731,8 +731,8 @@ static int vm_files_init(const struct sandbox *sb, struct vm *vm, struct vm_file
 	    path_join(vm->console, sizeof(vm->console), sb->dir, "console.log") < 0 ||
 	    path_join(f->log, sizeof(f->log), sb->dir, "qemu.log") < 0 ||
 	    path_join(f->cfgtar, sizeof(f->cfgtar), sb->dir, "config.tar") < 0 ||
-	    path_join(f->qmp, sizeof(f->qmp), f->run, "qmp.sock") < 0 || strlen(vm->ctl) >= SUN_PATH_MAX ||
-	    strlen(f->run) + strlen("/snap-agent.sock") >= SUN_PATH_MAX) {
+	    path_join(f->qmp, sizeof(f->qmp), f->run, "qmp.sock") < 0 || strlen(f->sock) >= SUN_PATH_MAX) {
+		/* agent.sock is the longest socket name in run/ (snapshot boots: snapa.sock, snapc.sock) */
 		errmsg_set(err, errlen, "%s: path too long for the VM's sockets (at most %zu bytes)", sb->dir,
 			   SUN_PATH_MAX - 1 - strlen("/run/agent.sock"));
 		return -ENAMETOOLONG;
@@ -1589,8 +1589,8 @@ static int snap_make(struct sandbox *sb, struct vm_snap *sn, const struct vm_tem
 	if (path_join(cfg, sizeof(cfg), tmp, "config.tar") < 0 || path_join(ws, sizeof(ws), tmp, "ws.img") < 0 ||
 	    path_join(ram, sizeof(ram), tmp, "ram") < 0 ||
 	    path_join(console, sizeof(console), sb->dir, "snapshot-console.log") < 0 ||
-	    path_join(sock, sizeof(sock), f->run, "snap-agent.sock") < 0 ||
-	    path_join(svm.ctl, sizeof(svm.ctl), f->run, "snap-ctl.sock") < 0 ||
+	    path_join(sock, sizeof(sock), f->run, "snapa.sock") < 0 ||
+	    path_join(svm.ctl, sizeof(svm.ctl), f->run, "snapc.sock") < 0 ||
 	    path_join(svm.pidfile, sizeof(svm.pidfile), f->run, "qemu.pid") < 0) {
 		r = -ENAMETOOLONG;
 		goto out;
