@@ -91,7 +91,7 @@ int qmp_call(struct qmp *q, const char *cmd, json_t *args, json_t **ret, unsigne
 	len = strlen(line);
 	line[len++] = '\n'; /* json_dumps's NUL becomes the newline */
 	while (off < len) {
-		ssize_t k = write(q->fd, line + off, len - off);
+		ssize_t k = send(q->fd, line + off, len - off, MSG_NOSIGNAL); /* qemu may be gone */
 		if (k < 0 && errno == EINTR)
 			continue;
 		if (k <= 0) {
