@@ -1317,6 +1317,8 @@ static void usage(FILE *f)
 	      "  --confine: Landlock and seccomp for commands (they write only ROOT, /tmp and\n"
 	      "             --home; they cannot read the key, state or socket directories);\n"
 	      "             --file-max: the largest file they may write (RLIMIT_FSIZE)\n"
+	      "  --no-track: do not track guest changes (no watch on every directory: a start that does\n"
+	      "              not grow with the tree; commands report none)\n"
 	      "  --run-as: who runs commands when the agent is root (default: the owner of ROOT\n"
 	      "            when that is not root, else nobody, 65534:65534)\n"
 	      "  --state DIR: where the last applied sync sequence is kept (default ROOT.airlock-state;\n"
@@ -1341,6 +1343,7 @@ static int load_psk(struct agent *a, const char *path)
 struct agent_args {
 	const char *listen, *keyfile, *run_as;
 	bool confine;
+	bool no_track; /* --no-track: a fork's agent (its changes are read from its overlay upper) */
 };
 
 static int parse_allow_file(struct agent *a, const char *path)
@@ -1394,6 +1397,7 @@ static int parse_options(struct agent *a, struct agent_args *o, int argc, char *
 	    {"home", required_argument, NULL, 'H'},
 	    {"confine", no_argument, NULL, 'C'},
 	    {"file-max", required_argument, NULL, 'X'},
+	    {"no-track", no_argument, NULL, 'N'},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
@@ -1453,6 +1457,9 @@ static int parse_options(struct agent *a, struct agent_args *o, int argc, char *
 			break;
 		case 'C':
 			o->confine = true;
+			break;
+		case 'N':
+			o->no_track = true;
 			break;
 		case 'X': {
 			char *end;
@@ -1539,16 +1546,6 @@ static int setup_workspace(struct agent *a, const struct agent_args *o)
 		logmsg("--root %s: %s", a->root, strerror(errno));
 		return 1;
 	}
-	/* Guest changes: a watch on every directory of the copy. Without
-	 * inotify nothing is reported back (commands still run). */
-	char rroot[PATH_MAX];
-	err[0] = '\0';
-	if (!realpath(a->root, rroot) || (r = track_new(a->root_fd, rroot, &a->track, err, sizeof(err))) < 0) {
-		logmsg("guest changes are not tracked: %s", err[0] ? err : strerror(errno));
-		a->track = NULL;
-	} else if (err[0]) {
-		logmsg("%s", err);
-	}
 	if ((st = setup_run_as(a, o->run_as)) != 0)
 		return st;
 	if ((r = exec_sys_new(NULL, &a->xsys)) < 0) {
@@ -1579,11 +1576,6 @@ static int setup_loop(struct agent *a)
 	sigaddset(&mask, SIGTERM);
 	if (a->init)
 		sigaddset(&mask, SIGCHLD); /* orphans to reap */
-	if (a->track && loop_add_fd(a->loop, track_fd(a->track), EPOLLIN, on_track, a) < 0) {
-		logmsg("inotify: cannot watch its descriptor; guest changes are not tracked");
-		track_free(a->track);
-		a->track = NULL;
-	}
 	sigprocmask(SIG_BLOCK, &mask, NULL);
 	if ((a->sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC)) < 0 ||
 	    loop_add_fd(a->loop, a->sfd, EPOLLIN, on_signal, a) < 0) {
@@ -1591,6 +1583,31 @@ static int setup_loop(struct agent *a)
 		return 1;
 	}
 	return 0;
+}
+
+/* Guest changes: a watch on every directory of the copy. Without inotify
+ * nothing is reported back (commands still run). After the readiness line:
+ * the walk grows with the tree, and the host need not wait for it (no
+ * session is served before it ends, so no command runs unwatched). */
+static void setup_track(struct agent *a, const struct agent_args *o)
+{
+	char rroot[PATH_MAX], err[512] = "";
+	int r;
+
+	if (o->no_track)
+		return;
+	if (!realpath(a->root, rroot) || (r = track_new(a->root_fd, rroot, &a->track, err, sizeof(err))) < 0) {
+		logmsg("guest changes are not tracked: %s", err[0] ? err : strerror(errno));
+		a->track = NULL;
+		return;
+	}
+	if (err[0])
+		logmsg("%s", err);
+	if (loop_add_fd(a->loop, track_fd(a->track), EPOLLIN, on_track, a) < 0) {
+		logmsg("inotify: cannot watch its descriptor; guest changes are not tracked");
+		track_free(a->track);
+		a->track = NULL;
+	}
 }
 
 /* Listen on the transport address and print the readiness line. */
@@ -1688,6 +1705,7 @@ int main(int argc, char **argv)
 	}
 	if ((status = setup_listener(&a)) != 0)
 		goto out;
+	setup_track(&a, &o);
 	status = 1;
 	if ((r = loop_run(a.loop)) < 0) {
 		logmsg("event loop: %s", strerror(-r));

@@ -162,6 +162,7 @@ static void watch_one(struct track *t, const char *rel)
 struct walk {
 	int (*each)(const char *path, const struct stat *st, void *ud);
 	void *ud;
+	bool dirs_only; /* each() sees directories only: the others are not even stat'ed */
 	char path[MANIFEST_PATH_MAX + 2];
 };
 
@@ -183,13 +184,16 @@ static int walk_dir(struct walk *w, int dfd, size_t len, int depth)
 		size_t k = strlen(nm), nl = len;
 		if (len + (len ? 1 : 0) + k > MANIFEST_PATH_MAX)
 			continue;
+		if (w->dirs_only && de->d_type != DT_DIR && de->d_type != DT_UNKNOWN)
+			continue;
 		if (fstatat(dirfd(d), nm, &st, AT_SYMLINK_NOFOLLOW) < 0)
 			continue; /* gone meanwhile */
 		if (len)
 			w->path[nl++] = '/';
 		memcpy(w->path + nl, nm, k + 1);
 		nl += k;
-		if ((r = w->each(w->path, &st, w->ud)) >= 0 && S_ISDIR(st.st_mode)) {
+		if ((w->dirs_only && !S_ISDIR(st.st_mode)) || (r = w->each(w->path, &st, w->ud)) < 0) {
+		} else if (S_ISDIR(st.st_mode)) {
 			int cfd = openat(dirfd(d), nm, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 			if (cfd >= 0)
 				r = walk_dir(w, cfd, nl, depth + 1);
@@ -223,9 +227,10 @@ static int lstat_beneath(int rootfd, const char *path, struct stat *st)
 	return r;
 }
 
-int track_walk(int rootfd, const char *path, int (*each)(const char *path, const struct stat *st, void *ud), void *ud)
+static int walk_from(int rootfd, const char *path, int (*each)(const char *path, const struct stat *st, void *ud),
+		     void *ud, bool dirs_only)
 {
-	struct walk w = {.each = each, .ud = ud};
+	struct walk w = {.each = each, .ud = ud, .dirs_only = dirs_only};
 	size_t len = strlen(path);
 	struct stat st;
 	int r, fd;
@@ -244,6 +249,11 @@ int track_walk(int rootfd, const char *path, int (*each)(const char *path, const
 	return fd < 0 ? 0 : walk_dir(&w, fd, len, 0);
 }
 
+int track_walk(int rootfd, const char *path, int (*each)(const char *path, const struct stat *st, void *ud), void *ud)
+{
+	return walk_from(rootfd, path, each, ud, false);
+}
+
 static int watch_each(const char *path, const struct stat *st, void *ud)
 {
 	struct track *t = ud;
@@ -253,12 +263,15 @@ static int watch_each(const char *path, const struct stat *st, void *ud)
 	return t->saturated ? -ENOSPC : 0;
 }
 
-/* Watch dir and every directory beneath it. */
+/* Watch dir and every directory beneath it. Only directories are looked
+ * at (readdir's d_type): a stat of every file would cost in proportion to
+ * the files, and on an overlay (a sandbox with forks) every inode it
+ * instantiates must be evicted again when the sandbox stops. */
 static void watch_tree(struct track *t, const char *dir)
 {
 	if (!dir[0])
 		watch_one(t, "");
-	(void)track_walk(t->rootfd, dir, watch_each, t);
+	(void)walk_from(t->rootfd, dir, watch_each, t, true);
 }
 
 /* ---- life cycle ---- */

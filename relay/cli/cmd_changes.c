@@ -67,7 +67,7 @@ static char *ws_path(const char *rel, const char *p)
 }
 
 /* Send one request line, read lines until the answer with id 1. */
-static json_t *ask(int fd, json_t *rq)
+json_t *cmd_relay_ask(int fd, json_t *rq)
 {
 	char *line = json_dumps(rq, JSON_COMPACT);
 	size_t cap = 1 << 16, len = 0;
@@ -301,7 +301,7 @@ int cmd_changes(int argc, char **argv)
 	if (diff)
 		json_object_set_new(rq, "diff", json_true());
 	json_decref(paths);
-	json_t *ans = ask(fd, rq);
+	json_t *ans = cmd_relay_ask(fd, rq);
 	json_decref(rq);
 	close(fd);
 	if (!ans) {

@@ -381,6 +381,7 @@ struct run_opts {
 	int stdin_mode;	      /* 1 pass stdin, 0 /dev/null, -1 pass it unless it is a terminal */
 	bool tty;	      /* a pty in the guest; ours in raw mode when it is a terminal */
 	const char *cwd_file; /* shell --cwd-file: argv is SHELL_CWD_SCRIPT's, REL and MARK appended */
+	const char *fork;     /* exec --fork NAME: in that fork of the sandbox (doc/SANDBOX.md "Forks") */
 	char *const *argv;    /* argc strings */
 	int argc;
 };
@@ -538,6 +539,8 @@ static int exec_request(const struct run_opts *o, const struct xc *x, const char
 	if (*rel && json_object_set_new(req, "cwd", json_string(rel)) < 0)
 		goto nomem;
 	if (o->timeout > 0 && json_object_set_new(req, "timeout_seconds", json_real(o->timeout)) < 0)
+		goto nomem;
+	if (o->fork && json_object_set_new(req, "fork", json_string(o->fork)) < 0)
 		goto nomem;
 	if (o->tty) {
 		term_size(&rows, &cols);
@@ -891,11 +894,9 @@ static bool parse_timeout(const char *who, const char *arg, double *out)
 int cmd_exec(int argc, char **argv)
 {
 	static const struct option opts[] = {
-	    {"timeout", required_argument, NULL, 't'},
-	    {"stdin", no_argument, NULL, 'i'},
-	    {"no-stdin", no_argument, NULL, 'n'},
-	    {"tty", no_argument, NULL, 'T'},
-	    {NULL, 0, NULL, 0},
+	    {"timeout", required_argument, NULL, 't'}, {"stdin", no_argument, NULL, 'i'},
+	    {"no-stdin", no_argument, NULL, 'n'},      {"tty", no_argument, NULL, 'T'},
+	    {"fork", required_argument, NULL, 'F'},    {NULL, 0, NULL, 0},
 	};
 	struct run_opts o = {.who = "exec", .dir = ".", .stdin_mode = -1};
 	int c;
@@ -919,6 +920,14 @@ int cmd_exec(int argc, char **argv)
 			break;
 		case 'T':
 			o.tty = true;
+			break;
+		case 'F':
+			if (!relay_fork_name_ok(optarg)) {
+				cmd_err("exec: --fork '%.40s': not a fork's name (1 to %d of a-z, 0-9, '-' and '_')",
+					optarg, RELAY_FORK_NAME_MAX);
+				return 2;
+			}
+			o.fork = optarg;
 			break;
 		default:
 			bad_option("exec", argv);

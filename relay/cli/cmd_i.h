@@ -32,6 +32,20 @@ int cmd_changes(int argc, char **argv); /* cmd_changes.c: changes, accept, rejec
  * or above it; *rel = root's path below it, "" = the root). */
 int cmd_connect_relay(const char *path);
 void cmd_find_workspace(char *root, const char **rel);
+/* cmd_changes.c: send rq (with "id": 1) on the relay connection fd, return
+ * the first event with id 1 (new reference), NULL when the relay went away. */
+json_t *cmd_relay_ask(int fd, json_t *rq);
+/* cmd_fork.c: the same, and rq is released (NULL: NULL). */
+json_t *cmd_relay_ask_take(int fd, json_t *rq);
+/* cmd_fork.c: the relay of the workspace holding dir; *root its root. The
+ * fd, or -1 after saying why (who: the command, for the message). */
+int cmd_relay_open(const char *who, const char *dir, char root[PATH_MAX]);
+/* cmd_fork.c: the forks of the sandbox (try, fork): wait for sync, then the
+ * fork op, retried while the sandbox is busy. The answer or NULL after
+ * saying why. */
+json_t *cmd_fork_make(const char *who, int fd, json_t *names, int count, long ttl_s);
+int cmd_fork(int argc, char **argv); /* cmd_fork.c */
+int cmd_try(int argc, char **argv);  /* cmd_try.c */
 
 int cmd_logs(int argc, char **argv);   /* cmd_logs.c */
 int cmd_doctor(int argc, char **argv); /* cmd_doctor.c */

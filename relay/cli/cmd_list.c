@@ -69,6 +69,8 @@ static json_t *entry_json(const struct ws_info *w)
 					: have_sb  ? "kept"
 						   : "none"));
 	json_object_set_new(o, "sandbox_dir", have_sb ? json_string(sb) : json_null());
+	json_t *forks = st ? json_object_get(st, "forks") : NULL;
+	json_object_set_new(o, "forks", json_is_array(forks) ? json_copy(forks) : json_array());
 	json_object_set_new(o, "ttl_seconds",
 			    st && json_object_get(st, "ttl_seconds") ? json_copy(json_object_get(st, "ttl_seconds"))
 								     : json_null());
@@ -128,9 +130,13 @@ int cmd_list(int argc, char **argv)
 			snprintf(pends, sizeof(pends), "%" JSON_INTEGER_FORMAT, json_integer_value(pend));
 		if (json_is_integer(chg))
 			snprintf(chgs, sizeof(chgs), "%" JSON_INTEGER_FORMAT, json_integer_value(chg));
-		printf("%-44s %-12s %-8s %-8s %-8s %-8s %s%s\n", json_string_value(json_object_get(e, "dir")),
+		size_t nf = json_array_size(json_object_get(e, "forks"));
+		char forks[32] = "";
+		if (nf)
+			snprintf(forks, sizeof(forks), " +%zu fork%s", nf, nf == 1 ? "" : "s");
+		printf("%-44s %-12s %-8s %-8s %-8s %-8s %s%s%s\n", json_string_value(json_object_get(e, "dir")),
 		       json_string_value(json_object_get(e, "state")), json_string_value(json_object_get(e, "kind")),
-		       pids, pends, chgs, json_string_value(json_object_get(e, "sandbox_state")),
+		       pids, pends, chgs, json_string_value(json_object_get(e, "sandbox_state")), forks,
 		       json_is_true(json_object_get(e, "exists")) ? "" : "  (directory gone: airlock gc)");
 	}
 	json_decref(a);

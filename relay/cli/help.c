@@ -45,13 +45,14 @@ static const struct cmd_help help_rows[] = {
      "  -C DIR                 the workspace (default: the one holding the current directory)\n"
      "  --timeout S            give up after S seconds (default 60); exit 1\n",
      false},
-    {"exec", "exec [-C DIR] [--timeout S] [--tty] [--stdin|--no-stdin] -- CMD [ARG...]",
+    {"exec", "exec [-C DIR] [--timeout S] [--tty] [--stdin|--no-stdin] [--fork NAME] -- CMD [ARG...]",
      "run CMD in the guest, in the same directory of its copy; the exit status is CMD's",
      "  -C DIR                 run from DIR (default: the current directory)\n"
      "  --timeout S            kill CMD after S seconds (default: the policy's execution.timeout_seconds, "
      "300); exit 124\n"
      "  --tty                  give CMD a terminal in the guest\n"
      "  --stdin, --no-stdin    pass our stdin (default: when it is not a terminal)\n"
+     "  --fork NAME            run in that fork of the sandbox (airlock fork)\n"
      "  exit 125: the command could not be run at all (the reason is printed); 127: not found in the guest\n",
      true},
     {"shell",
@@ -64,6 +65,31 @@ static const struct cmd_help help_rows[] = {
      "  -c CMD                 run CMD with the guest's shell; NAME and ARGs become $0, $1, ...\n"
      "  -l, --login, -i, --norc, --noprofile   accepted (a guest shell has no host profile to read)\n"
      "  --cwd-file FILE        with -c: write the host path of the directory CMD ended in to FILE (Claude Code)\n",
+     true},
+    {"fork",
+     "fork [-C DIR] [-n N] [--name NAME]... [--ttl S] [--json]\nfork [-C DIR] --rm NAME... | --rm-all\nfork [-C DIR] "
+     "--list [--json]",
+     "copy-on-write forks of the warm local sandbox (workspace copy, node_modules, home), each its own sandbox "
+     "(doc/SANDBOX.md \"Forks\")",
+     "  -C DIR                 the workspace (default: the one holding the current directory)\n"
+     "  -n N                   how many (1 to 16; default 1); names f1, f2, ... unless --name is given\n"
+     "  --name NAME            a fork's name (repeat for several): 1 to 32 of a-z, 0-9, '-', '_'\n"
+     "  --ttl S                remove a fork after S seconds without a command (default: the policy's\n"
+     "                         workspace.ttl_seconds, else 3600); forks also end with the daemon\n"
+     "  --rm NAME..., --rm-all remove forks (their changes go with them)\n"
+     "  --list                 the forks, their state and TTL\n"
+     "  --json                 one JSON object (doc/JSON.md)\n",
+     false},
+    {"try", "try [-C DIR] --patch FILE [--patch FILE]... [--pick NAME] [--keep] [--timeout S] [--json] -- CMD [ARG...]",
+     "apply each patch in its own fork, run CMD in all of them at once, make the winner's changes the sandbox's "
+     "guest changes (review them with airlock changes)",
+     "  -C DIR                 the workspace (default: the one holding the current directory)\n"
+     "  --patch FILE           a candidate (a unified diff, -p1); variants are named A, B, C, ... in order\n"
+     "  --pick NAME            the winner is this variant (default: the first whose CMD exits 0)\n"
+     "  --keep                 keep the forks (try-a, try-b, ...) instead of removing them\n"
+     "  --timeout S            kill CMD after S seconds in each fork\n"
+     "  --json                 one JSON object (doc/schema/try.schema.json)\n"
+     "  exit 0: a winner's changes are in airlock changes; 1: no variant passed; 2: bad arguments or patches\n",
      true},
     {"audit", "audit [-C DIR] [--json]", "withheld paths (with their rule), skipped files, egress denials",
      "  -C DIR                 the workspace (default: the one holding the current directory)\n"

@@ -252,6 +252,7 @@ static int start_sandbox(struct up *u)
 		 sandbox_kind_name(u->sandbox.cfg.kind));
 	u->conn.guest = u->sandbox.guest_name;
 	u->sandbox.last_active_ms = loop_now_ms();
+	up_fork_init(u); /* an earlier daemon's forks died with it */
 	if (up_sandbox_begin(u, err, sizeof(err)) < 0) {
 		cmd_err("up: sandbox: %s", err);
 		return 1;
@@ -375,6 +376,7 @@ static void teardown(struct up *u)
 	egress_link_free(u->exec.egress); /* before the chan: its tunnels use it; writes
 				       pending denials */
 	u->exec.egress = NULL;
+	up_fork_clear(u); /* forks live as long as the daemon that made them */
 	if (u->conn.chan)
 		chan_free(u->conn.chan);
 	u->conn.chan = NULL;
@@ -433,6 +435,7 @@ static int setup(struct up *u, const struct up_args *a)
 			return 1;
 	}
 	relay_set_changes(u->exec.relay, &up_changes_ops, u);
+	relay_set_forks(u->exec.relay, &up_fork_ops, u);
 	return 0;
 }
 

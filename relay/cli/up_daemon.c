@@ -179,8 +179,8 @@ static void handle_error(struct up *u, uint32_t stream, struct buf *in)
 		up_drop_conn(u, -EPROTO, "guest reported a malformed error");
 	} else if (u->sync.engine && stream == sync_stream(u->sync.engine)) {
 		sync_on_error(u->sync.engine, m.code, m.msg);
-	} else if (stream && up_exec_refused(u, stream, m.msg)) {    /* e.g. an agent without exec */
-	} else if (stream && up_changes_refused(u, stream, m.msg)) { /* a pull: busy, or an agent without it */
+	} else if (stream && up_exec_refused(u, NULL, stream, m.msg)) { /* e.g. an agent without exec */
+	} else if (stream && up_changes_refused(u, stream, m.msg)) {	/* a pull: busy, or an agent without it */
 	} else {
 		snprintf(why, sizeof(why), "guest reported an error: %.200s (%s)", m.msg, strerror((int)m.code));
 		up_drop_conn(u, -EPROTO, why);
@@ -193,14 +193,6 @@ static frame_fn *const handlers[WIRE_TYPE_MAX + 1] = {
     [WIRE_HELLO_OK] = handle_hello_ok,
     [WIRE_ERROR] = handle_error,
 };
-
-static bool stream_is_cmd(struct up *u, uint32_t stream)
-{
-	for (struct xcmd *x = u->exec.xcmds; x; x = x->next)
-		if (x->stream == stream)
-			return true;
-	return false;
-}
 
 static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_t *data, size_t n, void *ud)
 {
@@ -215,11 +207,11 @@ static void on_frame(struct chan *c, uint8_t type, uint32_t stream, const uint8_
 			sync_on_frame(u->sync.engine, type, stream, data, n);
 		return;
 	case WIRE_GROUP_EXEC:
-		up_exec_frame(u, type, stream, data, n);
+		up_exec_frame(u, NULL, type, stream, data, n);
 		return;
 	case WIRE_GROUP_CHANGES:
-		if (type == WIRE_CHG_ITEM && stream_is_cmd(u, stream))
-			up_exec_chg_item(u, stream, data, n);
+		if (type == WIRE_CHG_ITEM && up_exec_find(u, NULL, stream))
+			up_exec_chg_item(u, NULL, stream, data, n);
 		else
 			up_changes_frame(u, type, stream, data, n);
 		return;
@@ -330,7 +322,7 @@ static void on_close(struct chan *c, int err, const char *why, void *ud)
 	 * before calling the connection lost */
 	if (!u->stopping && u->sigfd >= 0)
 		on_signal(u->loop, u->sigfd, EPOLLIN, u);
-	if (err < 0 && !u->stopping) {
+	if (err < 0 && !u->stopping && !u->sandbox.idle_stopped) { /* idle-stopped: we ended it */
 		snprintf(u->conn.last_error, sizeof(u->conn.last_error), "%s", why ? why : strerror(-err));
 		cmd_err("connection to %s lost: %s", u->conn.guest, u->conn.last_error);
 	} else if (!u->stopping && !u->sandbox.idle_stopped) {

@@ -31,6 +31,12 @@
 #include "cmd_i.h"
 #include "up_i.h"
 
+/* The channel x runs on: its fork's, or the sandbox's. */
+static struct chan *xchan(const struct up *u, const struct xcmd *x)
+{
+	return x->fork ? x->fork->chan : u->conn.chan;
+}
+
 static void xcmd_free(struct up *u, struct xcmd *x)
 {
 	for (struct xcmd **pp = &u->exec.xcmds; *pp; pp = &(*pp)->next) {
@@ -39,8 +45,8 @@ static void xcmd_free(struct up *u, struct xcmd *x)
 			break;
 		}
 	}
-	if (x->stream && u->conn.chan)
-		chan_stream_close(u->conn.chan, x->stream);
+	if (x->stream && xchan(u, x))
+		chan_stream_close(xchan(u, x), x->stream);
 	buf_clear(&x->start);
 	for (size_t i = 0; i < x->nrep; i++)
 		mem_free(x->rep[i]);
@@ -57,7 +63,7 @@ void up_exec_fail_some(struct up *u, int which, const char *code, const char *ms
 
 	while (x) {
 		struct relay_cmd *cmd = x->cmd;
-		if ((which == 1 && !x->stream) || (which == 2 && x->stream)) {
+		if (x->fork || (which == 1 && !x->stream) || (which == 2 && x->stream)) { /* forks: up_fork.c */
 			x = x->next;
 			continue;
 		}
@@ -88,22 +94,23 @@ void up_exec_kick(struct up *u)
 			pp = &w->next;
 		}
 	}
-	if (u->conn.state != UP_LIVE || !u->conn.chan)
-		return;
 	for (x = u->exec.xcmds; x; x = next) {
+		struct chan *c = xchan(u, x);
 		int r;
 		next = x->next;
-		if (x->stream || u->sync.applied_seq < x->barrier)
+		/* a fork has no sync: its commands wait only for its handshake */
+		if (x->stream ||
+		    (x->fork ? !x->fork->ready : u->conn.state != UP_LIVE || u->sync.applied_seq < x->barrier) || !c)
 			continue;
-		if (!(x->stream = chan_stream_open(u->conn.chan, 0))) {
+		if (!(x->stream = chan_stream_open(c, 0))) {
 			struct relay_cmd *cmd = x->cmd;
 			xcmd_free(u, x);
 			relay_cmd_error(cmd, "busy", "too many streams to the guest");
 			continue;
 		}
-		r = chan_send(u->conn.chan, WIRE_EXEC_START, x->stream, buf_ptr(&x->start), buf_len(&x->start));
+		r = chan_send(c, WIRE_EXEC_START, x->stream, buf_ptr(&x->start), buf_len(&x->start));
 		if (r == -EAGAIN) { /* no room now: before_sleep tries again */
-			chan_stream_close(u->conn.chan, x->stream);
+			chan_stream_close(c, x->stream);
 			x->stream = 0;
 			continue;
 		}
@@ -136,10 +143,15 @@ static int be_exec_start(void *ud, struct relay_cmd *cmd, const struct relay_exe
 {
 	struct up *u = ud;
 	struct xcmd *x;
+	struct up_fork *f = NULL;
 	uint8_t flags = (uint8_t)((req->tty ? WIRE_EXEC_F_TTY : 0) | (req->stdin_open ? WIRE_EXEC_F_STDIN : 0) |
 				  (u->exec.egress ? WIRE_EXEC_F_PROXY : 0) | (req->nforwarded ? WIRE_EXEC_F_FWD : 0));
 	int r;
 
+	if (req->fork && !(f = up_fork_for_exec(u, req->fork, cmd)))
+		return 0; /* the error was sent */
+	if (f)
+		goto queue;
 	up_touch(u);
 	/* with the embedded sandbox a command waits for a (re)connection in
 	 * progress or scheduled, e.g. after an idle stop; it fails if that
@@ -149,9 +161,11 @@ static int be_exec_start(void *ud, struct relay_cmd *cmd, const struct relay_exe
 				"the guest is not connected (see airlock status); nothing was run");
 		return 0;
 	}
+queue:
 	if (!(x = mem_calloc(1, sizeof(*x))))
 		return -ENOMEM;
 	x->u = u;
+	x->fork = f;
 	x->cmd = cmd;
 	egress_link_describe(relay_cmd_name(cmd), req->argv, req->argc, x->desc, sizeof(x->desc));
 	x->by_argv = argv_json(req->argv, req->argc);
@@ -177,7 +191,7 @@ static int be_exec_start(void *ud, struct relay_cmd *cmd, const struct relay_exe
 	};
 	if ((r = wire_exec_start_encode(&x->start, &m)) < 0) /* credentials: wiped with x->start */
 		goto fail;
-	x->barrier = journal_barrier_seq(u->journal);
+	x->barrier = f ? 0 : journal_barrier_seq(u->journal);
 	x->next = u->exec.xcmds;
 	u->exec.xcmds = x;
 	relay_cmd_set_data(cmd, x);
@@ -198,10 +212,10 @@ static int be_stdin_write(void *ud, struct relay_cmd *cmd, const void *data, siz
 	struct buf b;
 	int r = 0;
 
-	if (!x || !u->conn.chan)
+	if (!x || !xchan(u, x))
 		return -ENOTCONN;
 	if (!x->stream || x->stdin_inflight + n > WIRE_EXEC_STDIN_WINDOW ||
-	    chan_send_space(u->conn.chan, x->stream) < n + nframes)
+	    chan_send_space(xchan(u, x), x->stream) < n + nframes)
 		return -EAGAIN;
 	buf_init(&b, WIRE_PAYLOAD_MAX);
 	do {
@@ -210,7 +224,7 @@ static int be_stdin_write(void *ud, struct relay_cmd *cmd, const void *data, siz
 
 		buf_reset(&b);
 		if ((r = wire_exec_stdin_encode(&b, &m)) < 0 ||
-		    (r = chan_send(u->conn.chan, WIRE_EXEC_STDIN, x->stream, buf_ptr(&b), buf_len(&b))) < 0)
+		    (r = chan_send(xchan(u, x), WIRE_EXEC_STDIN, x->stream, buf_ptr(&b), buf_len(&b))) < 0)
 			break;
 		x->stdin_inflight += k;
 		p += k;
@@ -224,11 +238,11 @@ static int be_send_small(struct up *u, struct relay_cmd *cmd, uint8_t type, cons
 {
 	struct xcmd *x = relay_cmd_data(cmd);
 
-	if (!x || !u->conn.chan)
+	if (!x || !xchan(u, x))
 		return -ENOTCONN;
 	if (!x->stream)
 		return -EAGAIN; /* still waiting for its barrier */
-	return chan_send(u->conn.chan, type, x->stream, p, n);
+	return chan_send(xchan(u, x), type, x->stream, p, n);
 }
 
 /* Encode a small fixed-size payload with its wire_* encoder, then send it. */
@@ -281,8 +295,8 @@ static void be_pause(void *ud, struct relay_cmd *cmd, bool paused)
 	if (!x)
 		return;
 	x->paused = paused;
-	if (!paused && x->owed && x->stream && u->conn.chan) {
-		chan_consume(u->conn.chan, x->stream, x->owed);
+	if (!paused && x->owed && x->stream && xchan(u, x)) {
+		chan_consume(xchan(u, x), x->stream, x->owed);
 		x->owed = 0;
 	}
 }
@@ -310,8 +324,8 @@ static void be_release(void *ud, struct relay_cmd *cmd)
 
 	if (!x)
 		return;
-	if (x->stream && u->conn.chan)
-		chan_send(u->conn.chan, WIRE_EXEC_CANCEL, x->stream, NULL,
+	if (x->stream && xchan(u, x))
+		chan_send(xchan(u, x), WIRE_EXEC_CANCEL, x->stream, NULL,
 			  0); /* the guest also kills it when the session ends */
 	xcmd_free(u, x);
 }
@@ -332,10 +346,10 @@ const struct relay_backend_ops up_backend_ops = {
     .release = be_release,
 };
 
-static struct xcmd *xcmd_by_stream(struct up *u, uint32_t stream)
+struct xcmd *up_exec_find(struct up *u, const struct up_fork *f, uint32_t stream)
 {
 	for (struct xcmd *x = u->exec.xcmds; x; x = x->next)
-		if (x->stream && x->stream == stream)
+		if (x->stream && x->stream == stream && x->fork == f)
 			return x;
 	return NULL;
 }
@@ -343,7 +357,7 @@ static struct xcmd *xcmd_by_stream(struct up *u, uint32_t stream)
 /* egress_link: which command a proxy connection belongs to */
 static struct relay_cmd *link_find_cmd(void *ud, uint32_t exec_stream, const char **desc)
 {
-	struct xcmd *x = xcmd_by_stream(ud, exec_stream);
+	struct xcmd *x = up_exec_find(ud, NULL, exec_stream);
 
 	if (!x)
 		return NULL;
@@ -361,29 +375,31 @@ const struct egress_link_ops up_link_ops = {
     .on_change = link_changed,
 };
 
-void up_exec_chg_item(struct up *u, uint32_t stream, const uint8_t *data, size_t n)
+void up_exec_chg_item(struct up *u, struct up_fork *f, uint32_t stream, const uint8_t *data, size_t n)
 {
-	struct xcmd *x = xcmd_by_stream(u, stream);
+	struct xcmd *x = up_exec_find(u, f, stream);
+	struct chan *c = f ? f->chan : u->conn.chan;
 
-	if (u->conn.chan)
-		chan_consume(u->conn.chan, stream, n); /* every frame on the stream counts against its window */
-	if (x)
+	if (c)
+		chan_consume(c, stream, n); /* every frame on the stream counts against its window */
+	if (x && !f) /* a fork's changes stay in the fork (try takes the winner's from its upper) */
 		up_changes_item(u, x, data, n);
 }
 
-void up_exec_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t *data, size_t n)
+void up_exec_frame(struct up *u, struct up_fork *f, uint8_t type, uint32_t stream, const uint8_t *data, size_t n)
 {
-	struct xcmd *x = xcmd_by_stream(u, stream);
+	struct xcmd *x = up_exec_find(u, f, stream);
+	struct chan *c = f ? f->chan : u->conn.chan;
 	struct relay_cmd *cmd;
 	struct buf in;
 	char why[160];
 
 	if (!x) { /* released meanwhile: return the credit, forget the stream at its
 		     end */
-		if (u->conn.chan && (type == WIRE_EXEC_STDOUT || type == WIRE_EXEC_STDERR))
-			chan_consume(u->conn.chan, stream, n);
-		if (u->conn.chan && (type == WIRE_EXEC_EXIT || type == WIRE_EXEC_ERROR))
-			chan_stream_close(u->conn.chan, stream);
+		if (c && (type == WIRE_EXEC_STDOUT || type == WIRE_EXEC_STDERR))
+			chan_consume(c, stream, n);
+		if (c && (type == WIRE_EXEC_EXIT || type == WIRE_EXEC_ERROR))
+			chan_stream_close(c, stream);
 		return;
 	}
 	cmd = x->cmd;
@@ -394,7 +410,7 @@ void up_exec_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t *d
 		if (wire_exec_started_decode(&in, &m) < 0)
 			goto bad;
 		relay_cmd_started(cmd, (int64_t)m.pid);
-		chan_consume(u->conn.chan, stream, n); /* every frame on the stream counts against its window */
+		chan_consume(c, stream, n); /* every frame on the stream counts against its window */
 		return;
 	}
 	case WIRE_EXEC_STDOUT:
@@ -403,14 +419,14 @@ void up_exec_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t *d
 		if (x->paused)
 			x->owed += n;
 		else
-			chan_consume(u->conn.chan, stream, n);
+			chan_consume(c, stream, n);
 		return;
 	case WIRE_EXEC_STDIN_ACK: {
 		struct wire_exec_stdin_ack m;
 		if (wire_exec_stdin_ack_decode(&in, &m) < 0 || m.bytes > x->stdin_inflight)
 			goto bad;
 		x->stdin_inflight -= m.bytes;
-		chan_consume(u->conn.chan, stream, n);
+		chan_consume(c, stream, n);
 		return;
 	}
 	case WIRE_EXEC_EXIT: {
@@ -427,7 +443,10 @@ void up_exec_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t *d
 		 * which may then come later, when x is gone (the relay's calls
 		 * for cmd meanwhile find no x: the command has ended) */
 		relay_cmd_set_data(cmd, NULL);
-		up_changes_exit(u, x, cmd, &ex);
+		if (f)
+			relay_cmd_exit(cmd, &ex);
+		else
+			up_changes_exit(u, x, cmd, &ex);
 		xcmd_free(u, x);
 		return;
 	}
@@ -448,12 +467,15 @@ void up_exec_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t *d
 	}
 bad:
 	snprintf(why, sizeof(why), "malformed %s (%u) from the guest on stream %u", wire_type_name(type), type, stream);
-	up_drop_conn(u, -EPROTO, why);
+	if (f)
+		up_fork_drop(f, why);
+	else
+		up_drop_conn(u, -EPROTO, why);
 }
 
-bool up_exec_refused(struct up *u, uint32_t stream, const char *msg)
+bool up_exec_refused(struct up *u, struct up_fork *f, uint32_t stream, const char *msg)
 {
-	struct xcmd *x = xcmd_by_stream(u, stream);
+	struct xcmd *x = up_exec_find(u, f, stream);
 	struct relay_cmd *cmd;
 	char why[400];
 
@@ -464,6 +486,31 @@ bool up_exec_refused(struct up *u, uint32_t stream, const char *msg)
 	xcmd_free(u, x);
 	relay_cmd_error(cmd, "backend_error", why);
 	return true;
+}
+
+void up_exec_fail_fork(struct up *u, const struct up_fork *f, const char *code, const char *msg)
+{
+	struct xcmd *x = u->exec.xcmds;
+
+	while (x) {
+		struct relay_cmd *cmd = x->cmd;
+		if (x->fork != f) {
+			x = x->next;
+			continue;
+		}
+		xcmd_free(u, x);
+		if (cmd)
+			relay_cmd_error(cmd, code, msg);
+		x = u->exec.xcmds;
+	}
+}
+
+bool up_exec_parent_busy(const struct up *u)
+{
+	for (const struct xcmd *x = u->exec.xcmds; x; x = x->next)
+		if (!x->fork)
+			return true;
+	return u->exec.syncws != NULL;
 }
 
 void up_exec_clear(struct up *u)

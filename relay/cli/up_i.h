@@ -33,6 +33,7 @@
 #include "airlock/core/buf.h"
 #include "airlock/egress/egress_link.h"
 #include "airlock/sandbox/sandbox.h"
+#include "airlock/server/relay.h"
 #include "airlock/sync/sync.h"
 #include "guestopt_i.h"
 
@@ -74,9 +75,12 @@ struct pathset {
 	size_t cap, n;
 };
 
+struct up_fork;
+
 /* One command forwarded to the guest on its own stream (doc/UP.md "Exec"). */
 struct xcmd {
 	struct up *u;
+	struct up_fork *fork; /* the fork it runs in (up_fork.c); NULL: the sandbox */
 	struct relay_cmd *cmd;
 	struct xcmd *next;
 	struct buf start; /* EXEC_START payload, until sent */
@@ -215,6 +219,13 @@ struct up_sandbox {
 	char guest_name[PATH_MAX + 32]; /* what conn.guest shows for a sandbox */
 };
 
+/* The sandbox's forks (up_fork.c; doc/SANDBOX.md "Forks"). */
+struct up_forks {
+	struct up_fork *list;
+	uint64_t timer; /* the TTL sweep */
+	unsigned next;	/* for generated names: f<next> */
+};
+
 /* The supervisor (up_super.c): in the supervisor, the mount it keeps; in
  * a daemon it restarted, what it inherited and why it was restarted. */
 struct up_super {
@@ -245,6 +256,7 @@ struct up {
 	struct up_exec exec;
 	struct up_changes chg;
 	struct up_sandbox sandbox;
+	struct up_forks forks;
 	struct up_super super;
 	struct up_progress progress;
 
@@ -326,14 +338,53 @@ void up_exec_kick(struct up *u);
  * waiting to be sent (2). */
 void up_exec_fail_some(struct up *u, int which, const char *code, const char *msg);
 /* CHG_ITEM on a command's stream (up_changes_item for its command). */
-void up_exec_chg_item(struct up *u, uint32_t stream, const uint8_t *data, size_t n);
+void up_exec_chg_item(struct up *u, struct up_fork *f, uint32_t stream, const uint8_t *data, size_t n);
 /* Frames 80..111 from the guest. */
-void up_exec_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t *data, size_t n);
+void up_exec_frame(struct up *u, struct up_fork *f, uint8_t type, uint32_t stream, const uint8_t *data, size_t n);
 /* An ERROR from the guest on a command's stream (e.g. an agent without
  * exec): ends that command. false when stream is no command's. */
-bool up_exec_refused(struct up *u, uint32_t stream, const char *msg);
+bool up_exec_refused(struct up *u, struct up_fork *f, uint32_t stream, const char *msg);
+/* The command on stream of fork f's channel (NULL: the sandbox's). */
+struct xcmd *up_exec_find(struct up *u, const struct up_fork *f, uint32_t stream);
+/* End fork f's commands with an error (its channel is gone). */
+void up_exec_fail_fork(struct up *u, const struct up_fork *f, const char *code, const char *msg);
+/* A command or sync_wait of the sandbox itself (not of a fork) is pending. */
+bool up_exec_parent_busy(const struct up *u);
 /* Free what is left of the commands and waiters (after relay_free). */
 void up_exec_clear(struct up *u);
+
+/* ---- up_fork.c ---- */
+
+/* One fork of the sandbox: its own sandbox (namespaces, cgroup, agent,
+ * keys) and channel, no sync (it never sees the host's later edits). */
+struct up_fork {
+	struct up *u;
+	struct up_fork *next;
+	char name[RELAY_FORK_NAME_MAX + 1];
+	struct sandbox *sb;	    /* NULL once stopped (fork_changes, its agent died) */
+	struct chan *chan;	    /* NULL: not connected */
+	struct guest_opts g;	    /* its keys and address */
+	struct egress_link *egress; /* the sandbox's policy, this fork's streams */
+	bool ready;		    /* HELLO sent: commands may go */
+	int64_t ttl_s;
+	uint64_t created_ms, last_active_ms;
+	double start_ms; /* its sandbox's start */
+	char why[256];	 /* why it stopped, for status */
+};
+
+extern const struct relay_fork_ops up_fork_ops;
+/* Leftover forks of an earlier daemon (their agents died with it): removed
+ * before the sandbox starts. */
+void up_fork_init(struct up *u);
+/* The fork an exec asks for, started again if it was stopped; NULL after
+ * ending cmd with an error. */
+struct up_fork *up_fork_for_exec(struct up *u, const char *name, struct relay_cmd *cmd);
+/* Close f's channel after a protocol error from its agent. */
+void up_fork_drop(struct up_fork *f, const char *why);
+/* The forks for the status file (a JSON array, new reference). */
+struct json_t *up_fork_status(struct up *u);
+/* Stop and remove every fork (shutdown). */
+void up_fork_clear(struct up *u);
 
 /* ---- up_changes.c ---- */
 

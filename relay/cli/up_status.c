@@ -142,6 +142,8 @@ static json_t *status_json(struct up *u)
 						    (json_int_t)u->super.crash_ms));
 	if (o && u->sandbox.use)
 		json_object_update_new(o, sandbox_json(&u->sandbox));
+	if (o && u->sandbox.use)
+		json_object_set_new(o, "forks", up_fork_status(u));
 	if (o && u->exec.egress)
 		json_object_set_new(o, "egress", egress_json(u->exec.egress));
 	return o;
@@ -371,6 +373,15 @@ static void print_status(json_t *st, pid_t pid)
 			       (double)json_integer_value(json_object_get(st, "idle_ms")) / 1000.0);
 		else
 			printf("idle ttl    none (workspace.ttl_seconds unset)\n");
+		json_t *fk;
+		size_t fi;
+		json_array_foreach(json_object_get(st, "forks"), fi, fk) printf(
+		    "fork        %s, %s, %lld command(s), idle %lld s of %lld s (airlock exec --fork %s)\n",
+		    json_string_value(json_object_get(fk, "name")), json_string_value(json_object_get(fk, "state")),
+		    (long long)json_integer_value(json_object_get(fk, "commands")),
+		    (long long)json_integer_value(json_object_get(fk, "idle_seconds")),
+		    (long long)json_integer_value(json_object_get(fk, "ttl_seconds")),
+		    json_string_value(json_object_get(fk, "name")));
 	}
 	json_t *eg = json_object_get(st, "egress");
 	if (eg)

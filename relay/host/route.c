@@ -44,6 +44,7 @@ struct rcmd {
 	enum rc_state state;
 	/* the request, copied */
 	char **argv, **env, *cwd;
+	char *fork; /* the fork it runs in (relay_exec_req.fork), NULL: the sandbox */
 	size_t argc, nenv;
 	bool shell, tty, stdin_open, paused;
 	uint16_t rows, cols;
@@ -468,6 +469,7 @@ static void rc_free(struct rcmd *c)
 	strv_free(c->argv, c->argc);
 	strv_free(c->env, c->nenv);
 	mem_free(c->cwd);
+	mem_free(c->fork);
 	buf_clear(&c->stdin_q);
 	mem_free(c);
 }
@@ -507,7 +509,7 @@ static int rc_new(struct route *r, struct relay_cmd *cmd, const struct relay_exe
 	c->next = r->cmds;
 	r->cmds = c;
 	if ((e = strv_dup(req->argv, req->argc, &c->argv)) < 0 || (e = strv_dup(req->env, req->nenv, &c->env)) < 0 ||
-	    !(c->cwd = mem_strdup(req->cwd ? req->cwd : ""))) {
+	    !(c->cwd = mem_strdup(req->cwd ? req->cwd : "")) || (req->fork && !(c->fork = mem_strdup(req->fork)))) {
 		rc_free(c);
 		return e < 0 ? e : -ENOMEM;
 	}
@@ -529,6 +531,7 @@ static struct relay_exec_req rc_req(const struct rcmd *c)
 	    .rows = c->rows,
 	    .cols = c->cols,
 	    .stdin_open = c->stdin_open,
+	    .fork = c->fork,
 	};
 	return q;
 }
@@ -869,9 +872,13 @@ static int ro_exec_start(void *ud, struct relay_cmd *cmd, const struct relay_exe
 	struct rcmd *c;
 	int e;
 
-	if (!req->shell && route_match_local((const char *const *)r->prefixes, r->nprefixes, req->argv, req->argc))
+	/* a fork's commands run in the fork: execution.local would run them in
+	 * the host's workspace, which the fork is not; and the sandbox being
+	 * stopped (as it is after a fork) says nothing about its forks */
+	if (!req->fork && !req->shell &&
+	    route_match_local((const char *const *)r->prefixes, r->nprefixes, req->argv, req->argc))
 		return start_local(r, cmd, req);
-	if (r->guest_ready && !r->guest_ready(r->guest_ud))
+	if (!req->fork && r->guest_ready && !r->guest_ready(r->guest_ud))
 		return r->guest->exec_start(r->guest_ud, cmd, req); /* it says why not; no credential is resolved */
 	e = to_guest(r, cmd, req);
 	if (e != -EAGAIN)

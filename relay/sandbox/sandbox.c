@@ -150,7 +150,7 @@ static bool uidset_has(const struct uidset *s, uint32_t u)
 
 /* The uid in a sandbox's "uid" file; -ENOENT when it has none, -EINVAL
  * when it holds anything but a uid. */
-static int uid_file_read(const char *dir, uint32_t *out)
+int sandbox_uid_file_read(const char *dir, uint32_t *out)
 {
 	char path[PATH_MAX + 8], buf[32], *end;
 	int fd;
@@ -188,7 +188,7 @@ static int uids_of_sandboxes(const char *root, const char *self, struct uidset *
 		    (size_t)snprintf(path, sizeof(path), "%s/%s", root, de->d_name) >= sizeof(path) ||
 		    !strcmp(path, self))
 			continue;
-		if (uid_file_read(path, &u) == 0)
+		if (sandbox_uid_file_read(path, &u) == 0)
 			r = uidset_add(s, u);
 	}
 	closedir(d);
@@ -312,7 +312,7 @@ static int sandbox_uid_take(struct sandbox *sb, const struct sandbox_uid_range *
 	uidset_sort(&taken);
 	/* a kept uid's processes are this sandbox's last run, still dying:
 	 * only a new uid is checked against the running processes */
-	if (uid_file_read(sb->dir, &u) == 0 && u >= range->first && u - range->first < range->count &&
+	if (sandbox_uid_file_read(sb->dir, &u) == 0 && u >= range->first && u - range->first < range->count &&
 	    !uid_claimed(u, &taken)) {
 		sb->host_uid = u;
 		goto out;
@@ -433,6 +433,17 @@ static int state_dir_lock(struct sandbox *sb, const struct sandbox_cfg *cfg, int
 			   r == -ENOENT ? " (set HOME or XDG_DATA_HOME)" : "");
 		return r;
 	}
+	if (cfg->fork) { /* made by sandbox_fork_make, never here */
+		size_t n = strlen(sb->dir);
+		struct stat st;
+		if (!sandbox_fork_name_ok(cfg->fork) ||
+		    (size_t)snprintf(sb->dir + n, sizeof(sb->dir) - n, "/forks/%s", cfg->fork) >= sizeof(sb->dir) - n ||
+		    lstat(sb->dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
+			errmsg_set(err, errlen, "no fork named '%.40s' of the sandbox of %s", cfg->fork,
+				   cfg->workspace);
+			return -ENOENT;
+		}
+	}
 	if ((r = mkdir_p(sb->dir, 0700)) < 0) {
 		errmsg_set(err, errlen, "cannot create %s: %s", sb->dir, strerror(-r));
 		return r;
@@ -474,12 +485,28 @@ static int chown_tree(const char *path, uint32_t from, uint32_t to)
 	return r < 0 ? r : r > 0 ? -EIO : 0;
 }
 
+/* A fork runs with its parent's uid: the overlay copies a lower file up
+ * with its owner, which must be mapped in the fork's namespace (an own uid
+ * per fork would need idmapped lower layers; doc/SANDBOX.md "Forks"). */
+static int fork_uid(struct sandbox *sb, char *err, size_t errlen)
+{
+	char parent[PATH_MAX];
+	char *cut = strstr(sb->dir, "/forks/");
+	int r;
+
+	snprintf(parent, sizeof(parent), "%.*s", cut ? (int)(cut - sb->dir) : 0, sb->dir);
+	if ((r = sandbox_uid_file_read(parent, &sb->host_uid)) < 0)
+		errmsg_set(err, errlen, "the parent sandbox's uid (%s/uid): %s", parent, strerror(-r));
+	return r;
+}
+
 /* Step 2: keys/ and the four directories the sandbox writes (the layout at
  * the top of this file), each made once and kept; as root, owned by the
- * sandbox's own uid (sb->host_uid). */
-static int state_subdirs_make(struct sandbox *sb, char *err, size_t errlen)
+ * sandbox's own uid (sb->host_uid). A fork's workspace and home are its
+ * overlays' uppers, made with it. */
+static int state_subdirs_make(struct sandbox *sb, bool fork, char *err, size_t errlen)
 {
-	static const char *const subdirs[] = {"workspace", "home", "agent", "run"};
+	static const char *const subdirs[] = {"agent", "run", "workspace", "home"}; /* a fork: agent only */
 	char path[PATH_MAX + 64];
 	int r;
 
@@ -488,7 +515,7 @@ static int state_subdirs_make(struct sandbox *sb, char *err, size_t errlen)
 		errmsg_set(err, errlen, "cannot create %s: %s", path, strerror(-r));
 		return r;
 	}
-	for (size_t i = 0; i < sizeof(subdirs) / sizeof(subdirs[0]); i++) {
+	for (size_t i = 0; i < (fork ? 1 : sizeof(subdirs) / sizeof(subdirs[0])); i++) {
 		struct stat st;
 		snprintf(path, sizeof(path), "%s/%s", sb->dir, subdirs[i]);
 		if (lstat(path, &st) < 0) {
@@ -578,10 +605,22 @@ int sandbox_start(const struct sandbox_cfg *cfg, struct sandbox **out, char *err
 	sb->kind = cfg->kind;
 	if ((r = state_dir_lock(sb, cfg, &lockfd, err, errlen)) < 0 ||
 	    (cfg->kind == SANDBOX_LOCAL && (range = sandbox_uid_range()) &&
-	     (r = sandbox_uid_take(sb, range, err, errlen)) < 0) ||
-	    (r = state_subdirs_make(sb, err, errlen)) < 0 || (r = state_keys_load(sb, err, errlen)) < 0 ||
-	    (r = agent_find(sb, cfg, err, errlen)) < 0)
+	     (r = cfg->fork ? fork_uid(sb, err, errlen) : sandbox_uid_take(sb, range, err, errlen)) < 0) ||
+	    (cfg->kind == SANDBOX_LOCAL && !cfg->fork && (r = sandbox_fork_compact(sb->dir, err, errlen)) < 0 &&
+	     r != -EBUSY) ||
+	    (r = state_subdirs_make(sb, cfg->fork != NULL, err, errlen)) < 0 ||
+	    (r = state_keys_load(sb, err, errlen)) < 0 || (r = agent_find(sb, cfg, err, errlen)) < 0)
 		goto fail;
+	if (cfg->fork) {
+		char parent[PATH_MAX];
+		if ((r = sandbox_dir_of(cfg->workspace, parent, sizeof(parent))) < 0 ||
+		    (r = sandbox_fork_run_dir(parent, cfg->fork, sb->run_dir, sizeof(sb->run_dir))) < 0) {
+			errmsg_set(err, errlen, "the run directory of fork '%s': %s", cfg->fork, strerror(-r));
+			goto fail;
+		}
+	} else {
+		snprintf(sb->run_dir, sizeof(sb->run_dir), "%.*s/run", (int)(sizeof(sb->run_dir) - 5), sb->dir);
+	}
 	if ((r = be ? be->start(sb, cfg, err, errlen) : -EINVAL) < 0)
 		goto fail;
 	sb->start_ms = now_ms() - t0;

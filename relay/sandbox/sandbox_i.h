@@ -36,6 +36,7 @@ struct sandbox {
 	/* sandbox.c's own */
 	double start_ms;
 	struct sandbox_common *common; /* the state dir lock */
+	char run_dir[PATH_MAX];	       /* where agent.sock is: <dir>/run, a fork's <parent>/run.<slot> */
 };
 
 /* The local sandbox's own host uids (doc/SANDBOX.md, "State directory"):
@@ -56,6 +57,8 @@ struct sandbox_uid_range {
  * none of the ranges nor nobody); the range {65534, 1} when only nobody is
  * mapped. */
 const struct sandbox_uid_range *sandbox_uid_range(void);
+/* <dir>/uid: the sandbox's own host uid, kept there as root. 0 or -errno. */
+int sandbox_uid_file_read(const char *dir, uint32_t *out);
 
 /* ---- limits of the local sandbox (sandbox_limits.c; doc/SANDBOX.md, "Limits") ---- */
 
@@ -80,10 +83,12 @@ struct sandbox_rlimits {
 
 /* in (NULL: none) with the defaults filled in; no cgroup yet. */
 void sandbox_limits_resolve(const struct policy_sandbox_limits *in, struct sandbox_limits *out);
-/* A cgroup with lim's pids and memory limits where one can be had: under
+/* A cgroup with lim's pids and memory limits where one can be had
+ * (airlock-sandbox.<pid>, or airlock-sandbox.<pid>.<fork> for a fork: each
+ * sandbox's own, as releasing it kills what is below): under
  * our own cgroup, else (root) at the top of the hierarchy; sets
  * lim->sys/cg and what they enforce. Nothing when none can be had. */
-void sandbox_limits_cgroup(struct sandbox_limits *lim);
+void sandbox_limits_cgroup(struct sandbox_limits *lim, const char *fork);
 /* Move pid into the cgroup (before it forks anything). 0 or -errno. */
 int sandbox_limits_attach(const struct sandbox_limits *lim, pid_t pid);
 /* own_uid: the sandbox has a host uid of its own (root). */
@@ -92,6 +97,27 @@ void sandbox_limits_rlimits(const struct sandbox_limits *lim, bool own_uid, stru
 void sandbox_limits_describe(const struct sandbox_limits *lim, char *out, size_t n);
 /* Kill what is left in the cgroup and remove it. */
 void sandbox_limits_release(struct sandbox_limits *lim);
+
+/* ---- the layer stack under a local sandbox (sandbox_fork.c) ---- */
+
+#include "airlock/sandbox/sandbox_fork.h"
+
+/* What the sandbox mounts for one part ("workspace", "home") of its
+ * state: the directory itself (overlay false: upper, read-write), or an
+ * overlay of upper (with work) over lower[0..nlower) (top first). */
+struct sandbox_stack {
+	bool overlay;
+	unsigned nlower;
+	char lower[SANDBOX_FORK_LAYERS_MAX + 1][PATH_MAX];
+	char upper[PATH_MAX], work[PATH_MAX];
+};
+/* part's stack of the sandbox in dir (the parent's state directory), or
+ * of its fork named fork (NULL: the parent). -ENOENT when the fork or a
+ * layer it needs is missing. */
+int sandbox_stack_of(const char *dir, const char *fork, const char *part, struct sandbox_stack *st);
+/* The run directory of fork (its agent.sock): <dir>/run.<slot>, short, so
+ * the socket's path is hardly longer than the parent's (107 bytes at most). */
+int sandbox_fork_run_dir(const char *dir, const char *fork, char *out, size_t n);
 
 /* ---- qmp.c: the QEMU Machine Protocol, for the vm sandbox's snapshots ---- */
 

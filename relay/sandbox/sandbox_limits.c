@@ -61,12 +61,17 @@ static bool cgroup_try(struct sandbox_limits *lim, const struct exec_sys_cfg *cf
 	return exec_cgroup_limits(lim->cg) == (EXEC_CGROUP_PIDS | EXEC_CGROUP_MEMORY);
 }
 
-void sandbox_limits_cgroup(struct sandbox_limits *lim)
+void sandbox_limits_cgroup(struct sandbox_limits *lim, const char *fork)
 {
-	char name[64];
+	char name[96];
 	struct exec_sys_cfg cfg = {.cgroup = EXEC_CGROUP_AUTO, .cgroup_name = name};
 
-	snprintf(name, sizeof(name), "airlock-sandbox.%ld", (long)getpid());
+	/* one parent per sandbox: releasing it kills every leaf below, so a
+	 * fork's must not be its sandbox's */
+	if (fork)
+		snprintf(name, sizeof(name), "airlock-sandbox.%ld.%.32s", (long)getpid(), fork);
+	else
+		snprintf(name, sizeof(name), "airlock-sandbox.%ld", (long)getpid());
 	if (cgroup_try(lim, &cfg))
 		goto done;
 	/* our own cgroup holds processes (a systemd session scope or

@@ -90,6 +90,7 @@ enum mkind {
 	M_DEVPTS,
 	M_PROC,
 	M_WORKSPACE, /* M_BIND_RW, named for messages */
+	M_OVERLAY,   /* an overlay of the layers in lmounts.ovl[ovl] (sandbox_fork.h) */
 };
 
 struct mnt {
@@ -97,6 +98,21 @@ struct mnt {
 	char src[PATH_MAX];
 	char dst[PATH_MAX]; /* SB_NEWROOT + path inside */
 	int fd;		    /* bind source, opened by the child */
+	int ovl;	    /* M_OVERLAY: its layers in lmounts.ovl */
+};
+
+/* An overlay's directories: the lowers (top first), then upper, then
+ * work; the child opens each (O_PATH) before it becomes uid 1000 and names
+ * them to the overlay as /proc/self/fd/N, so the layers' parents (as root,
+ * the 0700 state directory) need not be searchable by the sandbox's uid. */
+#define SB_MAX_OVL  2
+#define SB_OVL_DIRS (SANDBOX_FORK_LAYERS_MAX + 3)
+#define SB_OVL_OPTS (SB_OVL_DIRS * 24 + 64)
+struct lovl {
+	int n, nlower;
+	char dir[SB_OVL_DIRS][PATH_MAX];
+	int fd[SB_OVL_DIRS];
+	char opts[SB_OVL_OPTS];
 };
 
 /* The child's file descriptors, opened by the parent (all CLOEXEC). */
@@ -113,6 +129,8 @@ struct lfds {
 struct lmounts {
 	struct mnt m[SB_MAX_MOUNTS];
 	int n;
+	struct lovl ovl[SB_MAX_OVL];
+	int novl;
 };
 
 /* The guest key as its file's text, and where the child writes it. */
@@ -263,7 +281,50 @@ static int c_bind(int fd, const char *dst, uint64_t attrs)
 	return 0;
 }
 
-static int c_mount_one(struct mnt *m)
+/* "lowerdir=/proc/self/fd/A:/proc/self/fd/B,upperdir=…,workdir=…,userxattr",
+ * written without stdio (the child only makes system calls). */
+static char *c_put(char *p, const char *s)
+{
+	while (*s)
+		*p++ = *s++;
+	return p;
+}
+
+static char *c_put_fd(char *p, int fd)
+{
+	char digits[12];
+	int n = 0;
+
+	p = c_put(p, "/proc/self/fd/");
+	do
+		digits[n++] = (char)('0' + fd % 10);
+	while ((fd /= 10) > 0);
+	while (n > 0)
+		*p++ = digits[--n];
+	return p;
+}
+
+static int c_overlay(struct lovl *o, const char *dst)
+{
+	char *p = o->opts;
+	int r = c_mkdir_p((char *)dst);
+
+	if (r < 0)
+		return r;
+	p = c_put(p, "lowerdir=");
+	for (int i = 0; i < o->nlower; i++) {
+		if (i)
+			*p++ = ':';
+		p = c_put_fd(p, o->fd[i]);
+	}
+	p = c_put_fd(c_put(p, ",upperdir="), o->fd[o->nlower]);
+	p = c_put_fd(c_put(p, ",workdir="), o->fd[o->nlower + 1]);
+	p = c_put(p, ",userxattr");
+	*p = '\0';
+	return mount("overlay", dst, "overlay", MS_NOSUID | MS_NODEV, o->opts) < 0 ? -errno : 0;
+}
+
+static int c_mount_one(struct lmounts *t, struct mnt *m)
 {
 	int fd;
 
@@ -303,6 +364,8 @@ static int c_mount_one(struct mnt *m)
 		if (mkdir(m->dst, 0555) < 0 && errno != EEXIST)
 			return -errno;
 		return mount("proc", m->dst, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0 ? -errno : 0;
+	case M_OVERLAY:
+		return c_overlay(&t->ovl[m->ovl], m->dst);
 	}
 	return -EINVAL;
 }
@@ -388,6 +451,13 @@ static void c_open_sources(struct lctx *c)
 {
 	for (int i = 0; i < c->mnt.n; i++) {
 		struct mnt *m = &c->mnt.m[i];
+		if (m->kind == M_OVERLAY) {
+			struct lovl *o = &c->mnt.ovl[m->ovl];
+			for (int k = 0; k < o->n; k++)
+				if ((o->fd[k] = open(o->dir[k], O_PATH | O_CLOEXEC | O_DIRECTORY | O_NOFOLLOW)) < 0)
+					c_fail(c, STAGE_OPEN, errno, o->dir[k]);
+			continue;
+		}
 		if (m->kind != M_BIND_RO && m->kind != M_BIND_RW && m->kind != M_BIND_DEV && m->kind != M_WORKSPACE)
 			continue;
 		if ((m->fd = open(m->src, O_PATH | O_CLOEXEC | (m->kind == M_BIND_DEV ? 0 : O_DIRECTORY))) < 0)
@@ -416,11 +486,14 @@ static void c_build_root(struct lctx *c)
 	if (mount("tmpfs", SB_NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=16m") < 0)
 		c_fail(c, STAGE_ROOTFS, errno, SB_NEWROOT);
 	for (int i = 0; i < c->mnt.n; i++)
-		if ((r = c_mount_one(&c->mnt.m[i])) < 0)
+		if ((r = c_mount_one(&c->mnt, &c->mnt.m[i])) < 0)
 			c_fail(c, STAGE_MOUNT, -r, c->mnt.m[i].dst);
 	for (int i = 0; i < c->mnt.n; i++)
 		if (c->mnt.m[i].fd >= 0)
 			close(c->mnt.m[i].fd);
+	for (int i = 0; i < c->mnt.novl; i++)
+		for (int k = 0; k < c->mnt.ovl[i].n; k++)
+			close(c->mnt.ovl[i].fd[k]);
 	if ((r = c_etc(c)) < 0)
 		c_fail(c, STAGE_ETC, -r, NULL);
 }
@@ -776,6 +849,44 @@ static int table_add_dev_proc_tmp(struct lmounts *t, uint64_t tmp_size)
 	return 0;
 }
 
+/* part of the state ("workspace", "home") at inside: a bind of the
+ * directory, or the overlay of its layer stack (a fork, or a parent that
+ * has forks: sandbox_fork.h). */
+static int add_part(struct lmounts *t, const struct sandbox_cfg *cfg, enum mkind plain, const char *part,
+		    const char *inside)
+{
+	char dir[PATH_MAX];
+	struct sandbox_stack *st;
+	struct lovl *o;
+	int r;
+
+	if ((r = sandbox_dir_of(cfg->workspace, dir, sizeof(dir))) < 0)
+		return r;
+	if (!(st = mem_calloc(1, sizeof(*st))))
+		return -ENOMEM;
+	if ((r = sandbox_stack_of(dir, cfg->fork, part, st)) < 0 || !st->overlay) {
+		if (r == 0)
+			r = add_mnt(t, plain, st->upper, inside);
+		mem_free(st);
+		return r;
+	}
+	if (t->novl >= SB_MAX_OVL || (r = add_mnt(t, M_OVERLAY, NULL, inside)) < 0) {
+		mem_free(st);
+		return r < 0 ? r : -E2BIG;
+	}
+	t->m[t->n - 1].ovl = t->novl;
+	o = &t->ovl[t->novl++];
+	o->nlower = (int)st->nlower;
+	for (unsigned i = 0; i < st->nlower; i++)
+		snprintf(o->dir[o->n++], PATH_MAX, "%s", st->lower[i]);
+	snprintf(o->dir[o->n++], PATH_MAX, "%s", st->upper);
+	snprintf(o->dir[o->n++], PATH_MAX, "%s", st->work);
+	for (int i = 0; i < o->n; i++)
+		o->fd[i] = -1;
+	mem_free(st);
+	return 0;
+}
+
 /* The state directory's parts, and the workspace last: its mount point
  * may be below /tmp or /home, made just before. */
 static int table_add_state(struct lmounts *t, const struct sandbox *sb, const struct sandbox_cfg *cfg)
@@ -783,18 +894,16 @@ static int table_add_state(struct lmounts *t, const struct sandbox *sb, const st
 	char path[PATH_MAX + 64];
 	int r;
 
-	snprintf(path, sizeof(path), "%s/home", sb->dir);
-	if ((r = add_mnt(t, M_BIND_RW, path, SB_HOME)) < 0 ||
+	if ((r = add_part(t, cfg, M_BIND_RW, "home", SB_HOME)) < 0 ||
 	    (r = add_mnt(t, M_TMPFS, "mode=0700,size=64k", SB_KEYS)) < 0)
 		return r;
 	snprintf(path, sizeof(path), "%s/agent", sb->dir);
 	if ((r = add_mnt(t, M_BIND_RW, path, SB_STATE)) < 0)
 		return r;
-	snprintf(path, sizeof(path), "%s/run", sb->dir);
+	snprintf(path, sizeof(path), "%s", sb->run_dir);
 	if ((r = add_mnt(t, M_BIND_RW, path, SB_RUN)) < 0)
 		return r;
-	snprintf(path, sizeof(path), "%s/workspace", sb->dir);
-	return add_mnt(t, M_WORKSPACE, path, cfg->workspace);
+	return add_part(t, cfg, M_WORKSPACE, "workspace", cfg->workspace);
 }
 
 /* The mount table, in order (doc/SANDBOX.md, "Start", step 4). */
@@ -852,6 +961,8 @@ static void agent_cmdline_build(struct lexec *x, const struct lkey *k, const str
 	ARG("--confine");
 	ARG("--file-max");
 	ARG("%llu", (unsigned long long)lim->file);
+	if (cfg->fork) /* its changes are read from its upper: no watch on every directory, a start in O(1) */
+		ARG("--no-track");
 	if (cfg->verbose)
 		ARG("-v");
 #undef ARG
@@ -895,7 +1006,7 @@ static int channel_socket_prepare(struct sandbox *sb, char *err, size_t errlen)
 	char path[PATH_MAX + 64];
 
 	/* a socket left by an agent that was killed would make bind fail */
-	snprintf(path, sizeof(path), "%s/run/agent.sock", sb->dir);
+	snprintf(path, sizeof(path), "%s/agent.sock", sb->run_dir);
 	if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
 		errmsg_set(err, errlen,
 			   "the sandbox's socket path %s is longer than a Unix socket path may be (%zu bytes): set "
@@ -1090,7 +1201,7 @@ int sandbox_local_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char 
 	/* the limits first: the child's rlimits depend on what the cgroup
 	 * enforces, and the child gets a copy of our memory at clone */
 	sandbox_limits_resolve(cfg->limits, &s.l->lim);
-	sandbox_limits_cgroup(&s.l->lim);
+	sandbox_limits_cgroup(&s.l->lim, cfg->fork);
 	sandbox_limits_rlimits(&s.l->lim, sb->host_uid != 0, &s.c->rl);
 	if ((r = mount_table_build(&s.c->mnt, sb, cfg, &s.l->lim, err, errlen)) < 0 ||
 	    (r = agent_key_prepare(&s.c->key, sb, err, errlen)) < 0)

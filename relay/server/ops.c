@@ -159,8 +159,8 @@ static void backend_failed(struct client *c, json_t *id, const char *what, int r
 /* ------------------------------------------------------------------ */
 /* ops */
 
-static const char *const exec_fields[] = {"argv", "shell", "cwd",  "env",      "timeout_seconds",
-					  "tty",  "stdin", "tail", "encoding", NULL};
+static const char *const exec_fields[] = {"argv", "shell",    "cwd",  "env", "timeout_seconds", "tty", "stdin",
+					  "tail", "encoding", "fork", NULL};
 
 /* "encoding": "text" (default: data when valid UTF-8, else data_b64) or
  * "base64" (always data_b64). 1 for base64, 0 for text, -1 after an error
@@ -437,11 +437,44 @@ static bool exec_parse_tail(struct client *c, json_t *rq, json_t *id, struct exe
 
 /* Every field of an exec request, in the order their errors are
  * reported. */
+bool relay_fork_name_ok(const char *s)
+{
+	size_t n = strlen(s);
+
+	if (n == 0 || n > RELAY_FORK_NAME_MAX || s[0] == '-' || s[0] == '_')
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-' || s[i] == '_'))
+			return false;
+	return true;
+}
+
+/* "fork": the name of a fork of the sandbox to run in. */
+static bool exec_parse_fork(struct client *c, json_t *rq, json_t *id, struct exec_args *a)
+{
+	json_t *v = json_object_get(rq, "fork");
+
+	a->req.fork = NULL;
+	if (!v || json_is_null(v))
+		return true;
+	if (!plain_string(v) || !relay_fork_name_ok(json_string_value(v))) {
+		relay_send_error(
+		    c, id, "bad_field",
+		    "field 'fork' must be a fork's name: 1 to %d of a-z, 0-9, '-' and '_', starting with a "
+		    "letter or digit",
+		    RELAY_FORK_NAME_MAX);
+		return false;
+	}
+	a->req.fork = json_string_value(v);
+	return true;
+}
+
 static bool exec_parse(struct client *c, json_t *rq, json_t *id, struct exec_args *a)
 {
 	return exec_parse_argv(c, rq, id, a) && exec_parse_cwd(c, rq, id, a) && exec_parse_env(c, rq, id, a) &&
 	       exec_parse_timeout(c, rq, id, a) && exec_parse_tty(c, rq, id, a) &&
-	       get_bool(c, rq, id, "stdin", false, &a->req.stdin_open) && exec_parse_tail(c, rq, id, a);
+	       get_bool(c, rq, id, "stdin", false, &a->req.stdin_open) && exec_parse_tail(c, rq, id, a) &&
+	       exec_parse_fork(c, rq, id, a);
 }
 
 /* The command and its requester's subscription; takes *key on success.
@@ -785,6 +818,31 @@ static void op_sync_wait(struct client *c, json_t *rq, json_t *id)
 	}
 }
 
+/* A request answered later through relay_changes_done; NULL after the
+ * error was sent. */
+static struct pending_sync *pending_new(struct client *c, json_t *id)
+{
+	struct relay *r = c->r;
+	struct pending_sync *ps;
+
+	if (c->nsync >= SYNC_PER_CLIENT) {
+		relay_send_error(c, id, "busy", "%d requests already pending on this connection", SYNC_PER_CLIENT);
+		return NULL;
+	}
+	if (!(ps = mem_calloc(1, sizeof(*ps)))) {
+		relay_send_error(c, id, "busy", "relay out of memory");
+		return NULL;
+	}
+	ps->token = ++r->next_token;
+	ps->c = c;
+	ps->id = id ? json_incref(id) : NULL;
+	ps->changes = true;
+	ps->next = r->syncs;
+	r->syncs = ps;
+	c->nsync++;
+	return ps;
+}
+
 /* "changes", "accept", "reject": {"paths": [...]} (none: every change),
  * "all": true (accept/reject), "diff": true (changes). */
 static const char *const changes_fields[] = {"paths", "all", "diff", NULL};
@@ -821,7 +879,7 @@ static void op_changes(struct client *c, json_t *rq, json_t *id)
 		relay_send_error(c, id, "bad_field", "give 'paths' or \"all\": true, not both");
 		return;
 	}
-	if (c->nsync >= SYNC_PER_CLIENT) {
+	if (c->nsync >= SYNC_PER_CLIENT) { /* before the paths are copied; pending_new checks again */
 		relay_send_error(c, id, "busy", "%d requests already pending on this connection", SYNC_PER_CLIENT);
 		return;
 	}
@@ -841,18 +899,10 @@ static void op_changes(struct client *c, json_t *rq, json_t *id)
 	}
 	q.paths = pv;
 	q.npaths = paths ? json_array_size(paths) : 0;
-	if (!(ps = mem_calloc(1, sizeof(*ps)))) {
+	if (!(ps = pending_new(c, id))) {
 		mem_free(pv);
-		relay_send_error(c, id, "busy", "relay out of memory");
 		return;
 	}
-	ps->token = ++r->next_token;
-	ps->c = c;
-	ps->id = id ? json_incref(id) : NULL;
-	ps->changes = true;
-	ps->next = r->syncs;
-	r->syncs = ps;
-	c->nsync++;
 	rc = r->chg_ops->request(r->chg_ud, ps->token, &q);
 	mem_free(pv);
 	if (rc < 0)
@@ -863,6 +913,90 @@ void relay_set_changes(struct relay *r, const struct relay_changes_ops *ops, voi
 {
 	r->chg_ops = ops;
 	r->chg_ud = ud;
+}
+
+/* "fork": {"count": N} or {"names": [...]}, "ttl_seconds"; "fork_rm":
+ * {"names": [...]} or {"all": true}; "forks"; "fork_changes": {"names": [one]}. */
+static const char *const fork_fields[] = {"names", "count", "ttl_seconds", "all", NULL};
+
+static bool fork_parse_names(struct client *c, json_t *rq, json_t *id, const char **pv, size_t *n)
+{
+	json_t *names = json_object_get(rq, "names"), *e;
+	size_t i;
+
+	*n = 0;
+	if (!names)
+		return true;
+	if (!json_is_array(names) || json_array_size(names) > RELAY_FORKS_MAX) {
+		relay_send_error(c, id, "bad_field", "field 'names' must be an array of at most %d fork names",
+				 RELAY_FORKS_MAX);
+		return false;
+	}
+	json_array_foreach(names, i, e)
+	{
+		if (!plain_string(e) || !relay_fork_name_ok(json_string_value(e))) {
+			relay_send_error(c, id, "bad_field",
+					 "names[%zu] must be a fork name: 1 to %d of a-z, 0-9, '-' and '_', starting "
+					 "with a letter or digit",
+					 i, RELAY_FORK_NAME_MAX);
+			return false;
+		}
+		for (size_t k = 0; k < i; k++)
+			if (!strcmp(pv[k], json_string_value(e))) {
+				relay_send_error(c, id, "bad_field", "names[%zu]: '%s' is given twice", i, pv[k]);
+				return false;
+			}
+		pv[i] = json_string_value(e);
+	}
+	*n = json_array_size(names);
+	return true;
+}
+
+static void op_fork(struct client *c, json_t *rq, json_t *id)
+{
+	struct relay *r = c->r;
+	const char *op = json_string_value(json_object_get(rq, "op"));
+	const char *pv[RELAY_FORKS_MAX + 1] = {0};
+	struct relay_fork_req q = {.op = op, .names = pv};
+	json_int_t count = 0, ttl = 0;
+	bool has_count = false;
+	struct pending_sync *ps;
+	int rc;
+
+	if (!r->fork_ops) {
+		relay_send_error(c, id, "unavailable", "this relay has no sandbox to fork (not an airlock up daemon)");
+		return;
+	}
+	if (!fork_parse_names(c, rq, id, pv, &q.nnames) || !get_bool(c, rq, id, "all", false, &q.all) ||
+	    !get_int(c, rq, id, "count", "count", 1, RELAY_FORKS_MAX, false, &count, &has_count) ||
+	    !get_int(c, rq, id, "ttl_seconds", "ttl_seconds", 0, 7 * 86400, false, &ttl, NULL))
+		return;
+	if (!strcmp(op, "fork") && has_count && q.nnames && (size_t)count != q.nnames) {
+		relay_send_error(c, id, "bad_field", "'count' is %lld but %zu names are given", (long long)count,
+				 q.nnames);
+		return;
+	}
+	if (!strcmp(op, "fork_rm") && q.all == (q.nnames > 0)) {
+		relay_send_error(c, id, "missing_field", "fork_rm needs 'names' or \"all\": true (one of them)");
+		return;
+	}
+	if (!strcmp(op, "fork_changes") && q.nnames != 1) {
+		relay_send_error(c, id, "missing_field", "fork_changes needs 'names' with exactly one fork");
+		return;
+	}
+	q.count = q.nnames ? (unsigned)q.nnames : has_count ? (unsigned)count : 1;
+	q.ttl_s = ttl;
+	if (!(ps = pending_new(c, id)))
+		return;
+	rc = r->fork_ops->request(r->fork_ud, ps->token, &q);
+	if (rc < 0)
+		relay_changes_done(r, ps->token, NULL, NULL, rc == -EAGAIN ? "busy" : "backend_error", strerror(-rc));
+}
+
+void relay_set_forks(struct relay *r, const struct relay_fork_ops *ops, void *ud)
+{
+	r->fork_ops = ops;
+	r->fork_ud = ud;
 }
 
 static struct pending_sync *take_pending(struct relay *r, uint64_t token, bool changes)
@@ -935,7 +1069,9 @@ static const struct op ops_table[] = {
     {"cancel", op_cancel, true, no_fields},	    {"attach", op_attach, true, attach_fields},
     {"status", op_status, false, no_fields},	    {"sync_wait", op_sync_wait, false, no_fields},
     {"changes", op_changes, false, changes_fields}, {"accept", op_changes, false, changes_fields},
-    {"reject", op_changes, false, changes_fields},
+    {"reject", op_changes, false, changes_fields},  {"fork", op_fork, false, fork_fields},
+    {"fork_rm", op_fork, false, fork_fields},	    {"forks", op_fork, false, fork_fields},
+    {"fork_changes", op_fork, false, fork_fields},
 };
 
 void relay_handle_line(struct client *c, const char *p, size_t n)
@@ -987,7 +1123,7 @@ void relay_handle_line(struct client *c, const char *p, size_t n)
 	}
 	relay_send_error(c, id, "unknown_op",
 			 "unknown op '%.64s' (exec, stdin, signal, resize, cancel, attach, status, sync_wait, changes, "
-			 "accept, reject)",
+			 "accept, reject, fork, fork_rm, forks, fork_changes)",
 			 json_string_value(op));
 out:
 	json_decref(rq);

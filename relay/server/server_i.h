@@ -119,6 +119,8 @@ struct relay {
 	struct pending_sync *syncs;
 	const struct relay_changes_ops *chg_ops;
 	void *chg_ud;
+	const struct relay_fork_ops *fork_ops;
+	void *fork_ud;
 	uint64_t next_token;
 	uint64_t hk_timer;
 	uint8_t scratch[OUT_CHUNK];

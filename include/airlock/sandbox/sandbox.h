@@ -61,6 +61,10 @@ struct sandbox_cfg {
 	/* local only: the policy's sandbox.limits (borrowed for the call);
 	 * NULL or 0 fields: the defaults (doc/SANDBOX.md, "Limits") */
 	const struct policy_sandbox_limits *limits;
+	/* local only: start the fork of this name (sandbox_fork.h) instead of
+	 * the workspace's sandbox: state in <dir>/forks/<fork>, the workspace
+	 * copy and home an overlay over the frozen layers, the parent's uid */
+	const char *fork;
 };
 
 struct sandbox;

@@ -79,6 +79,9 @@ struct relay_exec_req {
 	 * never log it, wipe copies. */
 	const char *const *forwarded;
 	size_t nforwarded;
+	/* "fork": run in the sandbox's fork of this name (1..RELAY_FORK_NAME_MAX
+	 * of a-z, 0-9, '-', '_'; checked syntactically only); NULL: the sandbox */
+	const char *fork;
 };
 
 struct relay_exit {
@@ -212,6 +215,31 @@ void relay_set_changes(struct relay *r, const struct relay_changes_ops *ops, voi
  * with code and message. Unknown tokens (the client left) are ignored. */
 void relay_changes_done(struct relay *r, uint64_t token, const char *event, const char *body, const char *code,
 			const char *message);
+
+/* ---- forks of the sandbox: the fork, fork_rm, forks and fork_changes ops (doc/RELAY.md "Forks") ---- */
+
+#define RELAY_FORK_NAME_MAX 32
+#define RELAY_FORKS_MAX	    16 /* names in one request, forks made by one request */
+
+struct relay_fork_req {
+	const char *op;		  /* "fork", "fork_rm", "forks" or "fork_changes" */
+	const char *const *names; /* nnames valid fork names (fork: optional; fork_changes: one) */
+	size_t nnames;
+	unsigned count; /* fork: how many (1..RELAY_FORKS_MAX; with names, their number) */
+	int64_t ttl_s;	/* fork: idle seconds before a fork is removed; 0: the default */
+	bool all;	/* fork_rm: every fork */
+};
+
+struct relay_fork_ops {
+	/* Answer later, exactly once, with relay_changes_done(token) (the same
+	 * one-answer mechanism as the changes ops). 0 or -errno. */
+	int (*request)(void *ud, uint64_t token, const struct relay_fork_req *req);
+};
+
+/* Serve the fork ops through ops (without: they answer unavailable). */
+void relay_set_forks(struct relay *r, const struct relay_fork_ops *ops, void *ud);
+/* [a-z0-9][a-z0-9_-]{0,RELAY_FORK_NAME_MAX-1} */
+bool relay_fork_name_ok(const char *s);
 
 /* A slot for the backend's own per-command state. */
 void relay_cmd_set_data(struct relay_cmd *cmd, void *data);

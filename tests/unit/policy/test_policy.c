@@ -197,8 +197,8 @@ static void test_trust_limits(void **state)
 	assert_int_equal(policy_workspace(p)->writeback_max_mib, POLICY_WRITEBACK_MAX_MIB);
 	assert_false(policy_writeback_auto(p, "src/a.c", 0));
 	policy_free(p);
-	unlink(path);
-	rmdir(dir);
+	tu_rm_rf(dir);
+	tu_rm_rf(cfg);
 	unsetenv("XDG_CONFIG_HOME");
 }
 
@@ -382,11 +382,8 @@ static void test_trust(void **state)
 	unlink(path);
 	unlink(other);
 	unlink(outside);
-	rmdir(tdir);
-	snprintf(tdir, sizeof(tdir), "%s/airlock", cfg);
-	rmdir(tdir);
-	rmdir(cfg);
-	rmdir(dir);
+	tu_rm_rf(cfg);
+	tu_rm_rf(dir);
 	setenv("XDG_CONFIG_HOME", NO_STORE, 1);
 }
 

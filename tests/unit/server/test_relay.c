@@ -73,6 +73,7 @@ struct tb {
 	bool sync_fail;
 	uint64_t flood_total;
 	size_t last_argv_bytes;
+	char last_fork[40]; /* the exec request's "fork" ("" for none) */
 };
 
 static uint8_t pattern(unsigned seed, size_t i)
@@ -165,6 +166,7 @@ static int tb_exec(void *ud, struct relay_cmd *cmd, const struct relay_exec_req 
 	if (!strcmp(req->argv[0], "refuse"))
 		return -ENOENT;
 	tb->last_argv_bytes = 0;
+	snprintf(tb->last_fork, sizeof(tb->last_fork), "%s", req->fork ? req->fork : "");
 	for (size_t i = 0; i < req->argc; i++)
 		tb->last_argv_bytes += strlen(req->argv[i]);
 	t = calloc(1, sizeof(*t));
@@ -1263,6 +1265,78 @@ static void test_changes_ops(void **state)
 	tc_close(c);
 }
 
+/* A fork backend that answers at once, echoing what it was asked. */
+static int fork_request(void *ud, uint64_t token, const struct relay_fork_req *q)
+{
+	char body[256];
+	(void)ud;
+	snprintf(body, sizeof(body), "{\"n\":%zu,\"count\":%u,\"first\":\"%s\",\"all\":%s,\"ttl\":%lld}", q->nnames,
+		 q->count, q->nnames ? q->names[0] : "", q->all ? "true" : "false", (long long)q->ttl_s);
+	relay_changes_done(chg_relay, token, q->op, body, NULL, NULL);
+	return 0;
+}
+static const struct relay_fork_ops fork_ops = {.request = fork_request};
+
+static void test_fork_ops(void **state)
+{
+	(void)state;
+	struct tc *c = tc_connect();
+	json_t *j;
+
+	tc_send(c, "{\"op\":\"fork\",\"id\":1}");
+	tc_expect_error(c, "unavailable", "no sandbox to fork");
+	chg_relay = F->r;
+	relay_set_forks(F->r, &fork_ops, NULL);
+	tc_send(c, "{\"op\":\"fork\",\"id\":2,\"count\":3,\"ttl_seconds\":60}");
+	j = tc_expect(c, "fork");
+	assert_int_equal(json_integer_value(json_object_get(j, "count")), 3);
+	assert_int_equal(json_integer_value(json_object_get(j, "ttl")), 60);
+	json_decref(j);
+	tc_send(c, "{\"op\":\"fork\",\"id\":3,\"names\":[\"try-a\",\"b_2\"]}");
+	j = tc_expect(c, "fork");
+	assert_int_equal(json_integer_value(json_object_get(j, "count")), 2);
+	assert_string_equal(json_string_value(json_object_get(j, "first")), "try-a");
+	json_decref(j);
+	tc_send(c, "{\"op\":\"fork_rm\",\"all\":true}");
+	j = tc_expect(c, "fork_rm");
+	assert_true(json_is_true(json_object_get(j, "all")));
+	json_decref(j);
+	static const char *const bad[][3] = {
+	    {"{\"op\":\"fork\",\"id\":4,\"count\":1000}", "bad_field", "'count' must be an integer from 1 to 16"},
+	    {"{\"op\":\"fork\",\"id\":5,\"count\":0}", "bad_field", "'count'"},
+	    {"{\"op\":\"fork\",\"id\":6,\"names\":[\"../x\"]}", "bad_field", "names[0]"},
+	    {"{\"op\":\"fork\",\"id\":7,\"names\":[\"A\"]}", "bad_field", "names[0]"},
+	    {"{\"op\":\"fork\",\"id\":8,\"names\":[\"a\",\"a\"]}", "bad_field", "twice"},
+	    {"{\"op\":\"fork\",\"id\":9,\"names\":[\"a\"],\"count\":2}", "bad_field", "'count' is 2"},
+	    {"{\"op\":\"fork\",\"id\":10,\"names\":\"a\"}", "bad_field", "'names'"},
+	    {"{\"op\":\"fork\",\"id\":11,\"ttl_seconds\":-1}", "bad_field", "ttl_seconds"},
+	    {"{\"op\":\"fork_rm\",\"id\":12}", "missing_field", "fork_rm needs"},
+	    {"{\"op\":\"fork_rm\",\"id\":13,\"all\":true,\"names\":[\"a\"]}", "missing_field", "one of them"},
+	    {"{\"op\":\"fork_changes\",\"id\":14,\"names\":[\"a\",\"b\"]}", "missing_field", "exactly one"},
+	    {"{\"op\":\"forks\",\"id\":15,\"frob\":1}", "bad_field", "frob"},
+	    {"{\"op\":\"exec\",\"id\":16,\"argv\":[\"true\"],\"fork\":\"a/b\"}", "bad_field", "'fork'"},
+	    {"{\"op\":\"exec\",\"id\":17,\"argv\":[\"true\"],\"fork\":7}", "bad_field", "'fork'"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		tc_send(c, bad[i][0]);
+		tc_expect_error(c, bad[i][1], bad[i][2]);
+	}
+	/* a valid "fork" reaches the backend's exec request */
+	tc_send(c, "{\"op\":\"exec\",\"id\":18,\"argv\":[\"echo\",\"x\"],\"fork\":\"try-a\"}");
+	json_decref(tc_expect(c, "started"));
+	json_decref(tc_expect(c, "stdout"));
+	json_decref(tc_expect(c, "exit"));
+	assert_string_equal(F->tb.last_fork, "try-a");
+	tc_send(c, "{\"op\":\"exec\",\"id\":19,\"argv\":[\"echo\",\"x\"]}");
+	json_decref(tc_expect(c, "started"));
+	json_decref(tc_expect(c, "stdout"));
+	json_decref(tc_expect(c, "exit"));
+	assert_string_equal(F->tb.last_fork, "");
+	relay_set_forks(F->r, NULL, NULL);
+	tc_alive(c);
+	tc_close(c);
+}
+
 static void test_client_cap(void **state)
 {
 	(void)state;
@@ -1625,6 +1699,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_status_history, fx_setup_small_history, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_sync_wait, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_changes_ops, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_fork_ops, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_client_cap, fx_setup_small_history, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_peer_uid, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_paths_and_modes, fx_setup, fx_teardown),
