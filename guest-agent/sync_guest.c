@@ -41,6 +41,9 @@ struct syncg {
 	bool durable;		     /* fsync the sequence file (any --fsync but none) */
 	struct syncg_session *owner; /* session holding the sync lock */
 	struct chunk_params params;  /* of the last SYNC_BEGIN */
+	/* the ops of the last batch that failed on their own, as the ACK's
+	 * failure list (only fail_flags, nfail, fail are used) */
+	struct wire_sync_ack fails;
 };
 
 struct syncg_session {
@@ -188,6 +191,7 @@ void syncg_free(struct syncg *g)
 	if (!g)
 		return;
 	apply_free(g->apply);
+	wire_sync_ack_clear(&g->fails);
 	hcache_free(g->cache);
 	if (g->state_fd >= 0)
 		close(g->state_fd);
@@ -209,6 +213,41 @@ const struct chunk_params *syncg_params(const struct syncg *g)
 	return &g->params;
 }
 
+/* The batch's ops that failed on their own into g->fails, with their
+ * paths (the batch is freed next). Without memory for a path the entry is
+ * left out and MORE set: the host then reconciles. */
+static void keep_failures(struct syncg *g, const struct delta_batch *b)
+{
+	uint64_t total;
+	size_t n;
+	const struct apply_failure *f = apply_failures(g->apply, &n, &total);
+
+	if (total == 0)
+		return;
+	_Static_assert(APPLY_FAIL_MAX <= WIRE_SYNC_FAIL_MAX, "every kept failure fits the ACK");
+	_Static_assert(APPLY_FAIL_MSG_MAX <= WIRE_SYNC_FAIL_MSG_MAX, "and its message");
+	g->fails.fail_flags = total > n ? WIRE_SYNC_FAIL_F_MORE : 0;
+	if (n && !(g->fails.fail = mem_calloc(n, sizeof(*g->fails.fail)))) {
+		g->fails.fail_flags = WIRE_SYNC_FAIL_F_MORE;
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		struct wire_sync_fail *w = &g->fails.fail[g->fails.nfail];
+		w->op = f[i].op;
+		w->code = f[i].err > 0 && f[i].err < 4096 ? (uint32_t)f[i].err : EIO;
+		w->path = mem_strdup(delta_batch_op(b, f[i].op)->path);
+		w->msg = mem_strdup(f[i].msg);
+		if (!w->path || !w->msg) {
+			mem_free(w->path);
+			mem_free(w->msg);
+			w->path = w->msg = NULL;
+			g->fails.fail_flags = WIRE_SYNC_FAIL_F_MORE;
+			continue;
+		}
+		g->fails.nfail++;
+	}
+}
+
 int syncg_apply_batch(struct syncg *g, const uint8_t *bytes, size_t n, const uint8_t host_sign_pk[32],
 		      struct apply_stats *st, char *err, size_t errlen)
 {
@@ -228,6 +267,7 @@ int syncg_apply_batch(struct syncg *g, const uint8_t *bytes, size_t n, const uin
 		errmsg_set(err, errlen, "batch refused: %s", verr[0] ? verr : strerror(-r));
 		return r;
 	}
+	wire_sync_ack_clear(&g->fails);
 	if ((r = apply_batch(g->apply, b, st)) < 0) {
 		errmsg_set(err, errlen, "batch %" PRIu64 " failed to apply: %s", delta_batch_seq(b),
 			   apply_error(g->apply));
@@ -235,6 +275,7 @@ int syncg_apply_batch(struct syncg *g, const uint8_t *bytes, size_t n, const uin
 		return r;
 	}
 	uint64_t seq = delta_batch_seq(b);
+	keep_failures(g, b);
 	delta_batch_free(b);
 	if ((r = save_seq(g, seq)) < 0) {
 		errmsg_set(err, errlen, "batch %" PRIu64 " applied, but %s/%s could not be written: %s", seq,
@@ -454,9 +495,16 @@ static int on_batch(struct syncg_session *ss, struct buf *in, char *err, size_t 
 					  .files = st.files,
 					  .bytes = st.bytes,
 					  .deleted = st.deleted,
-					  .kept_dirs = st.kept_dirs};
+					  .kept_dirs = st.kept_dirs,
+					  .fail_flags = g->fails.fail_flags,
+					  .nfail = g->fails.nfail,
+					  .fail = g->fails.fail};
 		if ((r = wire_sync_ack_encode(&out, &m)) == 0)
 			r = reply(ss, WIRE_SYNC_ACK, &out);
+		if (r == 0 && st.failed)
+			errmsg_set(err, errlen,
+				   "batch %" PRIu64 ": %" PRIu64 " ops failed, reported to the host; first: %s: %s",
+				   seq, st.failed, m.nfail ? m.fail[0].path : "?", m.nfail ? m.fail[0].msg : "?");
 	} else {
 		struct wire_sync_nack m = {.seq = seq, .code = (uint32_t)-ar, .partial = st.partial, .msg = why};
 		if ((r = wire_sync_nack_encode(&out, &m)) == 0)

@@ -41,6 +41,11 @@ struct apply {
 	bool fchmodat2_ok;
 	uint64_t last_seq;
 	char err[512];
+	char why[APPLY_FAIL_MSG_MAX + 1]; /* the last op failure, without its path */
+	/* ops of the last batch that failed on their own (apply_failures) */
+	struct apply_failure *fails;
+	size_t nfails, capfails;
+	uint64_t fails_total;
 };
 
 enum where {
@@ -51,6 +56,7 @@ enum where {
 
 struct step {
 	uint8_t where;
+	bool failed; /* failed on its own (apply_failures); not committed */
 	char tmp[TMPNAME_LEN];
 };
 
@@ -75,9 +81,11 @@ struct run {
 	struct dirmode {
 		const char *path;
 		uint32_t mode;
+		uint32_t op; /* the MKDIR or CHMOD it is for */
 	} * dirmodes;
 	size_t ndirmodes;
 	char path[MANIFEST_PATH_MAX + 1]; /* working copy for prefixes */
+	bool whole;			  /* apply_batch_whole: any failure is the batch's */
 };
 
 #if defined(__GNUC__)
@@ -114,6 +122,7 @@ static int op_fail(struct run *rn, size_t i, int r, const char *what)
 {
 	const struct delta_op *op = delta_batch_op(rn->b, i);
 	fail_msg(rn->a, "op %zu (%s %s): %s: %s", i, op_word(op->type), op->path, what, strerror(-r));
+	snprintf(rn->a->why, sizeof(rn->a->why), "%s: %s: %s", op_word(op->type), what, strerror(-r));
 	return r;
 }
 
@@ -355,6 +364,86 @@ static int dir_fsync(int pathfd)
 	return r;
 }
 
+/* ---- modes the way rsync applies them ----
+ * The agent is not root in the guest, but it owns what it applied. A
+ * directory without u+w or u+x (a read-only directory of the host's) is
+ * made u+wx for the one change in it that needs it, and its mode is
+ * restored right after; a file without u+r (mode 000 or 0200) is made
+ * readable for the open of its old content (an edit in place reads the
+ * unchanged chunks from it), and restored. Only after EACCES, only for an
+ * inode we own; anything else stays the op's failure. */
+
+/* chmod of the inode open at fd (an O_PATH fd too) through procfs; for a
+ * directory without procfs, through a fresh fd of it. */
+static int fd_chmod(int fd, mode_t mode)
+{
+	char proc[64];
+
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	if (fchmodat(AT_FDCWD, proc, mode, 0) == 0)
+		return 0;
+	if (errno != ENOENT)
+		return -errno;
+	int dfd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return -errno;
+	int r = fchmod(dfd, mode) < 0 ? -errno : 0;
+	close(dfd);
+	return r;
+}
+
+/* Directory dfd made u+wx: 1 (its old mode in *saved), 0 when that cannot
+ * be why a change in it was refused (not ours, already u+wx), -errno. */
+static int dir_unlock(int dfd, mode_t *saved)
+{
+	struct stat st;
+
+	if (fstat(dfd, &st) < 0)
+		return -errno;
+	if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 0300) == 0300)
+		return 0;
+	*saved = st.st_mode & 07777;
+	int r = fd_chmod(dfd, *saved | 0300);
+	return r < 0 ? r : 1;
+}
+
+enum dirop { DIROP_MKDIR, DIROP_UNLINK, DIROP_RMDIR, DIROP_RENAME };
+
+static int dirop_do(enum dirop k, int dfd, const char *name, int from, const char *fromname)
+{
+	int r = 0;
+
+	switch (k) {
+	case DIROP_MKDIR:
+		r = mkdirat(dfd, name, 0700);
+		break;
+	case DIROP_UNLINK:
+		r = unlinkat(dfd, name, 0);
+		break;
+	case DIROP_RMDIR:
+		r = unlinkat(dfd, name, AT_REMOVEDIR);
+		break;
+	case DIROP_RENAME:
+		r = renameat(from, fromname, dfd, name);
+		break;
+	}
+	return r < 0 ? -errno : 0;
+}
+
+/* One change of directory dfd's entries (mkdir, unlink, rmdir, a rename
+ * into it), with dfd made writable for it when that is what refused it. */
+static int in_dir(enum dirop k, int dfd, const char *name, int from, const char *fromname)
+{
+	mode_t saved = 0;
+	int r = dirop_do(k, dfd, name, from, fromname);
+
+	if (r != -EACCES || dir_unlock(dfd, &saved) != 1)
+		return r;
+	r = dirop_do(k, dfd, name, from, fromname);
+	int rr = fd_chmod(dfd, saved);
+	return r < 0 ? r : rr;
+}
+
 /* Remove `name` in dfd and everything beneath it, never following a
  * symlink; one fd per level. */
 static int rmtree(int dfd, const char *name, unsigned depth)
@@ -365,7 +454,7 @@ static int rmtree(int dfd, const char *name, unsigned depth)
 	if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
 		return errno == ENOENT ? 0 : -errno;
 	if (!S_ISDIR(st.st_mode))
-		return unlinkat(dfd, name, 0) < 0 && errno != ENOENT ? -errno : 0;
+		return (r = in_dir(DIROP_UNLINK, dfd, name, -1, NULL)) == -ENOENT ? 0 : r;
 	if (depth >= RMTREE_DEPTH_MAX)
 		return -ELOOP;
 	int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -417,8 +506,8 @@ static int rmtree(int dfd, const char *name, unsigned depth)
 			break; /* empty now (or failed); big dirs take several rounds */
 	}
 	close(fd);
-	if (r == 0 && unlinkat(dfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT)
-		r = -errno;
+	if (r == 0 && (r = in_dir(DIROP_RMDIR, dfd, name, -1, NULL)) == -ENOENT)
+		r = 0;
 	return r;
 }
 
@@ -672,6 +761,39 @@ static int fill_clone(struct run *rn, size_t i, const struct delta_op *op, int f
 	return 0;
 }
 
+/* Open the file a PUT's references read from; a file of ours without
+ * u+r (mode 000, 0200) is made readable for the open and restored. */
+static int open_base(struct apply *a, const char *path)
+{
+	char parent[MANIFEST_PATH_MAX + 1];
+	const char *name;
+	struct stat st;
+	int fd = manifest_open_beneath(a->rootfd, path, O_RDONLY | O_NONBLOCK | O_NOCTTY, walk_only(a));
+
+	if (fd != -EACCES)
+		return fd;
+	int pfd = open_parent(a, path, parent, &name);
+	if (pfd < 0)
+		return -EACCES;
+	if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+	    (st.st_mode & 0400)) {
+		close(pfd);
+		return -EACCES;
+	}
+	int r = chmod_nofollow(a, pfd, name, (st.st_mode & 07777) | 0400);
+	if (r == 0) {
+		fd = openat(pfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+		r = fd < 0 ? -errno : 0;
+		int rr = chmod_nofollow(a, pfd, name, st.st_mode & 07777);
+		if (r == 0 && rr < 0) {
+			close(fd);
+			r = rr;
+		}
+	}
+	close(pfd);
+	return r < 0 ? r : fd;
+}
+
 /* Write one PUT's content into fd, verifying every chunk against its hash
  * (the file hash is a function of those hashes, checked by delta_parse). */
 static int fill_file(struct run *rn, size_t i, const struct delta_op *op, int fd)
@@ -682,8 +804,7 @@ static int fill_file(struct run *rn, size_t i, const struct delta_op *op, int fd
 	int base = -1, r = 0;
 
 	if (op->has_refs) {
-		base =
-		    manifest_open_beneath(rn->a->rootfd, op->base, O_RDONLY | O_NONBLOCK | O_NOCTTY, walk_only(rn->a));
+		base = open_base(rn->a, op->base);
 		if (base < 0)
 			return op_fail(rn, i, base, "cannot open the file its references read from");
 		struct stat st;
@@ -747,7 +868,14 @@ static int stage_put(struct run *rn, size_t i, const struct delta_op *op, int di
 	bool named;
 	int fd, r;
 
-	if ((fd = temp_open(rn->a, dirfd, s->tmp, &named)) < 0)
+	if ((fd = temp_open(rn->a, dirfd, s->tmp, &named)) == -EACCES && dirfd != rn->stagefd) {
+		/* a directory we may not write now (read-only on the host):
+		 * stage apart, the commit opens it for the rename */
+		if ((dirfd = stage_dir(rn)) < 0)
+			return op_fail(rn, i, dirfd, "creating the staging directory");
+		fd = temp_open(rn->a, dirfd, s->tmp, &named);
+	}
+	if (fd < 0)
 		return op_fail(rn, i, fd, "creating a temporary file");
 	if (named)
 		s->where = dirfd == rn->stagefd ? STAGE_DIR : STAGE_TARGET;
@@ -771,6 +899,11 @@ static int stage_symlink(struct run *rn, size_t i, const struct delta_op *op, in
 		if (symlinkat(op->target, dirfd, s->tmp) == 0) {
 			s->where = dirfd == rn->stagefd ? STAGE_DIR : STAGE_TARGET;
 			return 0;
+		}
+		if (errno == EACCES && dirfd != rn->stagefd) { /* as stage_put */
+			if ((dirfd = stage_dir(rn)) < 0)
+				return op_fail(rn, i, dirfd, "creating the staging directory");
+			continue;
 		}
 		if (errno != EEXIST)
 			return op_fail(rn, i, -errno, "creating the link");
@@ -895,22 +1028,23 @@ static int commit_op(struct run *rn, size_t i)
 	}
 	switch (op->type) {
 	case DELTA_MKDIR:
-		if (mkdirat(pfd, name, 0700) == 0) {
+		if ((r = in_dir(DIROP_MKDIR, pfd, name, -1, NULL)) == 0) {
 			rn->st->dirs++;
-		} else if (errno != EEXIST) {
-			r = op_fail(rn, i, -errno, "mkdir");
+		} else if (r != -EEXIST) {
+			op_fail(rn, i, r, "mkdir");
 			break;
 		} else if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode)) {
 			r = op_fail(rn, i, -EEXIST, "something other than a directory appeared there");
 			break;
 		}
-		rn->dirmodes[rn->ndirmodes++] = (struct dirmode){op->path, op->mode};
+		r = 0;
+		rn->dirmodes[rn->ndirmodes++] = (struct dirmode){op->path, op->mode, (uint32_t)i};
 		break;
 	case DELTA_PUT:
 	case DELTA_SYMLINK: {
 		int from = s->where == STAGE_DIR ? rn->stagefd : pfd;
-		if (renameat(from, s->tmp, pfd, name) < 0) {
-			r = op_fail(rn, i, -errno, "renaming into place");
+		if ((r = in_dir(DIROP_RENAME, pfd, name, from, s->tmp)) < 0) {
+			op_fail(rn, i, r, "renaming into place");
 			break;
 		}
 		s->where = STAGE_NONE;
@@ -924,7 +1058,7 @@ static int commit_op(struct run *rn, size_t i)
 	}
 	case DELTA_CHMOD:
 		if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
-			rn->dirmodes[rn->ndirmodes++] = (struct dirmode){op->path, op->mode};
+			rn->dirmodes[rn->ndirmodes++] = (struct dirmode){op->path, op->mode, (uint32_t)i};
 		} else if ((r = chmod_nofollow(rn->a, pfd, name, op->mode)) < 0) {
 			op_fail(rn, i, r, "chmod");
 			break;
@@ -938,26 +1072,68 @@ static int commit_op(struct run *rn, size_t i)
 			break;
 		}
 		if (!S_ISDIR(st.st_mode)) {
-			if (unlinkat(pfd, name, 0) < 0 && errno != ENOENT)
-				r = op_fail(rn, i, -errno, "unlink");
+			if ((r = in_dir(DIROP_UNLINK, pfd, name, -1, NULL)) < 0 && r != -ENOENT)
+				op_fail(rn, i, r, "unlink");
 			else
-				rn->st->deleted++;
+				r = 0, rn->st->deleted++;
 		} else if (op->flags & DELTA_DELETE_TREE) {
 			if ((r = rmtree(pfd, name, 0)) < 0)
 				op_fail(rn, i, r, "removing the tree");
 			else
 				rn->st->deleted++;
-		} else if (unlinkat(pfd, name, AT_REMOVEDIR) == 0) {
+		} else if ((r = in_dir(DIROP_RMDIR, pfd, name, -1, NULL)) == 0) {
 			rn->st->deleted++;
-		} else if (errno == ENOTEMPTY || errno == EEXIST) {
+		} else if (r == -ENOTEMPTY || r == -EEXIST) {
+			r = 0;
 			rn->st->kept_dirs++; /* holds files the host does not manage */
-		} else if (errno != ENOENT) {
-			r = op_fail(rn, i, -errno, "rmdir");
+		} else if (r == -ENOENT) {
+			r = 0;
+		} else {
+			op_fail(rn, i, r, "rmdir");
 		}
 		break;
 	}
 	close(pfd);
 	return r;
+}
+
+/* ---- per-op failures ---- */
+
+/* Only running out of memory stops a batch; every other failure is the
+ * op's own (a directory we may not write, a full disk, a name the
+ * filesystem refuses, a guest process in the way) and the rest goes on. */
+static bool op_isolated(const struct run *rn, int r)
+{
+	return !rn->whole && r != -ENOMEM;
+}
+
+static int fail_cmp(const void *x, const void *y)
+{
+	const struct apply_failure *p = x, *q = y;
+	return p->op < q->op ? -1 : p->op > q->op;
+}
+
+/* Record op i's failure r (its message is in a->why); without memory for
+ * the record it is only counted (apply_failures: total > n). */
+static void note_failed(struct run *rn, size_t i, int r)
+{
+	struct apply *a = rn->a;
+
+	rn->steps[i].failed = true;
+	rn->st->failed++;
+	a->fails_total++;
+	if (a->nfails == a->capfails) {
+		size_t nc = a->capfails ? a->capfails * 2 : 16;
+		struct apply_failure *nv = nc <= APPLY_FAIL_MAX ? mem_realloc(a->fails, nc * sizeof(*nv)) : NULL;
+		if (!nv)
+			return;
+		a->fails = nv;
+		a->capfails = nc;
+	}
+	struct apply_failure *f = &a->fails[a->nfails++];
+	f->op = (uint32_t)i;
+	f->err = -r;
+	snprintf(f->msg, sizeof(f->msg), "%s", a->why[0] ? a->why : strerror(-r));
 }
 
 /* ---- phase 3 ---- */
@@ -972,8 +1148,10 @@ static int finish_dirs(struct run *rn)
 		if (pfd >= 0)
 			close(pfd);
 		if (r < 0) {
-			fail_msg(rn->a, "setting the mode of directory %s: %s", rn->dirmodes[k].path, strerror(-r));
-			return r;
+			op_fail(rn, rn->dirmodes[k].op, r, "setting the mode of the directory");
+			if (!op_isolated(rn, r))
+				return r;
+			note_failed(rn, rn->dirmodes[k].op, r);
 		}
 	}
 	return 0;
@@ -1000,10 +1178,48 @@ static void drop_stage_dir(struct run *rn)
 	rmtree(rn->a->rootfd, rn->stagename, 0);
 }
 
-int apply_batch(struct apply *a, struct delta_batch *b, struct apply_stats *st)
+/* Phase 1: check everything and stage all new content; an op that fails
+ * here is left out of the commit. */
+static int stage_all(struct run *rn)
+{
+	int r = 0;
+
+	for (size_t i = 0; i < rn->nops; i++) {
+		if ((r = prepare_op(rn, i)) == 0)
+			continue;
+		if (!op_isolated(rn, r))
+			return r;
+		note_failed(rn, i, r);
+	}
+	return sync_root(rn);
+}
+
+/* Phase 2: make it visible, in batch order. A failed op changed nothing
+ * of its own (a rename, mkdir or chmod either happens or not), except a
+ * tree removal that got halfway; its temporary goes in unstage. */
+static int commit_all(struct run *rn, size_t *done)
+{
+	int r;
+
+	for (*done = 0; *done < rn->nops; (*done)++) {
+		size_t i = *done;
+		if (rn->steps[i].failed)
+			continue;
+		if ((r = commit_op(rn, i)) < 0) {
+			if (!op_isolated(rn, r))
+				return r;
+			note_failed(rn, i, r);
+			continue;
+		}
+		rn->st->ops++;
+	}
+	return 0;
+}
+
+static int batch_run(struct apply *a, struct delta_batch *b, struct apply_stats *st, bool whole)
 {
 	struct apply_stats dummy;
-	struct run rn = {.a = a, .b = b, .stagefd = -1};
+	struct run rn = {.a = a, .b = b, .stagefd = -1, .whole = whole};
 	size_t i;
 	int r = 0;
 
@@ -1011,7 +1227,9 @@ int apply_batch(struct apply *a, struct delta_batch *b, struct apply_stats *st)
 		st = &dummy;
 	memset(st, 0, sizeof(*st));
 	rn.st = st;
-	a->err[0] = '\0';
+	a->err[0] = a->why[0] = '\0';
+	a->nfails = 0;
+	a->fails_total = 0;
 	if (delta_batch_seq(b) <= a->last_seq) {
 		fail_msg(a, "batch %llu is not newer than the last applied %llu",
 			 (unsigned long long)delta_batch_seq(b), (unsigned long long)a->last_seq);
@@ -1033,28 +1251,19 @@ int apply_batch(struct apply *a, struct delta_batch *b, struct apply_stats *st)
 	}
 	qsort(rn.index, rn.nops, sizeof(*rn.index), pref_cmp);
 
-	/* Phase 1: check everything and stage all new content. */
-	for (i = 0; i < rn.nops; i++)
-		if ((r = prepare_op(&rn, i)) < 0)
-			break;
-	if (r == 0)
-		r = sync_root(&rn);
-	if (r < 0) {
+	if ((r = stage_all(&rn)) < 0) {
 		unstage(&rn);
 		drop_stage_dir(&rn);
+		a->nfails = 0;
+		a->fails_total = 0;
+		st->failed = 0;
 		goto out;
 	}
-	/* Phase 2: make it visible, in batch order. */
-	for (i = 0; i < rn.nops; i++) {
-		if ((r = commit_op(&rn, i)) < 0)
-			break;
-		st->ops++;
-	}
+	r = commit_all(&rn, &i);
+	unstage(&rn); /* temporaries of failed ops (or of the ops not reached) */
 	if (r < 0) {
-		/* a failed rename, mkdir or chmod changed nothing; a tree
-		 * removal may have got halfway */
+		/* nothing is rolled back after the first visible change */
 		st->partial = i > 0 || delta_batch_op(b, i)->type == DELTA_DELETE;
-		unstage(&rn); /* temporaries of the ops not reached */
 		drop_stage_dir(&rn);
 		size_t len = strlen(a->err);
 		snprintf(a->err + len, sizeof(a->err) - len, " (after %zu of %zu ops were applied: reconcile)", i,
@@ -1070,6 +1279,8 @@ int apply_batch(struct apply *a, struct delta_batch *b, struct apply_stats *st)
 		st->partial = true;
 		goto out;
 	}
+	if (a->nfails > 1)
+		qsort(a->fails, a->nfails, sizeof(*a->fails), fail_cmp);
 	a->last_seq = delta_batch_seq(b);
 out:
 	mem_free(rn.steps);
@@ -1077,6 +1288,24 @@ out:
 	mem_free(rn.dirmodes);
 	mem_free(rn.scratch);
 	return r;
+}
+
+int apply_batch(struct apply *a, struct delta_batch *b, struct apply_stats *st)
+{
+	return batch_run(a, b, st, false);
+}
+
+int apply_batch_whole(struct apply *a, struct delta_batch *b, struct apply_stats *st)
+{
+	return batch_run(a, b, st, true);
+}
+
+const struct apply_failure *apply_failures(const struct apply *a, size_t *n, uint64_t *total)
+{
+	*n = a->nfails;
+	if (total)
+		*total = a->fails_total;
+	return a->fails;
 }
 
 /* ---- handle ---- */
@@ -1150,6 +1379,7 @@ void apply_free(struct apply *a)
 	if (!a)
 		return;
 	close(a->rootfd);
+	mem_free(a->fails);
 	mem_free(a);
 }
 

@@ -686,10 +686,24 @@ static int p_ex_timeout(struct loader *L, json_t *v)
 	return get_int(L, v, 1, &L->p->ex.timeout_seconds);
 }
 
+static int p_ex_barrier(struct loader *L, json_t *v)
+{
+	const char *w = json_is_string(v) ? json_string_value(v) : NULL;
+
+	if (w && !strcmp(w, "run"))
+		L->p->ex.barrier = POLICY_BARRIER_RUN;
+	else if (w && !strcmp(w, "fail"))
+		L->p->ex.barrier = POLICY_BARRIER_FAIL;
+	else
+		return fail(L, -EINVAL, "expected \"run\" or \"fail\", got %s", w ? w : type_name(v));
+	return 0;
+}
+
 static const struct field execution_fields[] = {
     {"local", p_ex_local},
     {"remote", p_ex_remote},
     {"timeout_seconds", p_ex_timeout},
+    {"barrier", p_ex_barrier},
 };
 
 /* credentials.inject[i]: parsed into the slot L->p->cr.inject[n_inject - 1] */

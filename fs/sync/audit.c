@@ -98,12 +98,14 @@ int audit_write_json(const char *dir, const char *name, void *json, char *err, s
 		errmsg_set(err, errlen, "%s: %s", tmp, strerror(-r));
 		return r;
 	}
+	/* the stream's errno names the cause (ENOSPC, EROFS, EDQUOT) */
+	errno = 0;
 	r = json_dumpf((json_t *)json, f, JSON_INDENT(1)) < 0 || fputc('\n', f) == EOF || fflush(f) != 0 ||
 		    fsync(fileno(f)) < 0
-		? -EIO
+		? -(errno ? errno : EIO)
 		: 0;
 	if (fclose(f) != 0 && r == 0)
-		r = -EIO;
+		r = -(errno ? errno : EIO);
 	if (r == 0 && rename(tmp, path) < 0)
 		r = -errno;
 	if (r < 0) {

@@ -17,6 +17,7 @@
 #include <strings.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <sodium.h>
@@ -188,6 +189,16 @@ struct gentry {
 struct inflight {
 	uint64_t seq;
 	uint64_t files, bytes;
+	uint32_t *cidx; /* the change each op of the batch came from (owned) */
+	uint32_t nops;
+};
+
+/* Paths the guest could not apply (sync_failures), kept across operations
+ * until an operation covering the path applies it. */
+struct failures {
+	struct sync_failure *v;
+	size_t n, cap;
+	uint64_t total;
 };
 
 enum phase {
@@ -196,6 +207,18 @@ enum phase {
 	PH_LEVELS,  /* asking directory levels */
 	PH_ENTRIES, /* asking chunk lists of changed large files */
 	PH_SEND,    /* batches */
+};
+
+/* A generated config of a git directory (the top level's .git, a nested
+ * repository's, a submodule's under .git/modules): its path, bytes, hash. */
+struct gitcfg {
+	char *path;
+	struct buf bytes;
+	uint8_t hash[CHUNK_HASH_LEN];
+};
+struct gitcfgs {
+	struct gitcfg *v;
+	size_t n;
 };
 
 struct sync {
@@ -208,6 +231,7 @@ struct sync {
 	struct syncmsg_outbox out;
 	enum phase phase;
 	bool busy;
+	bool send_failed; /* the op failed while sending: the guest may hold part of it (sync_sending) */
 	struct sync_stats st;
 	struct sync_progress prog;
 	struct records withheld, skipped;
@@ -215,9 +239,10 @@ struct sync {
 	struct withhold *wh;  /* content, copies, disk-shaped names (withhold.h) */
 	struct hcache *cache; /* NULL without cfg.state_dir */
 	int state_fd;	      /* cfg.state_dir, or -1 */
-	struct buf gitcfg;    /* generated .git/config bytes */
-	uint8_t gitcfg_hash[CHUNK_HASH_LEN];
-	bool have_gitcfg;
+	/* the generated config files of this operation's git directories, and
+	 * the host config git_configs failed on */
+	struct gitcfgs gitcfg;
+	char gitcfg_bad[MANIFEST_PATH_MAX + 1];
 	/* manifests */
 	struct manifest *hm;	/* host, this run */
 	struct manifest *known; /* what the guest confirmed last (host view) */
@@ -245,6 +270,16 @@ struct sync {
 	uint64_t next_seq;
 	struct inflight fl[SYNC_BATCHES_IN_FLIGHT];
 	size_t nfl;
+	uint32_t *bops; /* the batch being built: its ops' changes (-> inflight.cidx) */
+	size_t nbops, capbops;
+	/* per-path failures: those of the operations before (failed), those
+	 * the guest reports in this one (fnew), and what this one covers
+	 * (scope: anchors, sorted, none beneath another; scope_all: the whole
+	 * tree); merged when it finishes (failures_commit) */
+	struct failures failed, fnew;
+	char **fscope;
+	size_t nfscope;
+	bool fscope_all;
 	uint64_t pump_timer; /* the next pump, after yielding to the loop */
 	/* changes skipped because the file changed or vanished while sent:
 	 * the guest still has their old side (fixed up in maybe_done) */
@@ -350,6 +385,7 @@ static void fail(struct sync *s, int err, const char *fmt, ...)
 
 	if (!s->busy)
 		return;
+	s->send_failed = s->phase == PH_SEND;
 	scan_stop(s);
 	va_start(ap, fmt);
 	vsnprintf(why, sizeof(why), fmt, ap);
@@ -447,8 +483,299 @@ static void records_drop_under(struct records *r, char *const *anchors, size_t n
 	r->n = k;
 }
 
+/* ---- per-path failures ---- */
+
+static void failure_clear(struct sync_failure *f)
+{
+	mem_free(f->path);
+	mem_free(f->msg);
+}
+
+static void failures_clear(struct failures *fs)
+{
+	for (size_t i = 0; i < fs->n; i++)
+		failure_clear(&fs->v[i]);
+	mem_free(fs->v);
+	memset(fs, 0, sizeof(*fs));
+}
+
+/* The guest's copy differs from what the host thinks it is: a push would
+ * send the same op again, a reconcile learns what is there. */
+static bool failure_wants_reconcile(int err)
+{
+	return err == EBADMSG || err == EEXIST || err == EISDIR || err == ENOTDIR || err == ELOOP || err == EXDEV ||
+	       err == ESTALE;
+}
+
+static int failure_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct sync_failure *)a)->path, ((const struct sync_failure *)b)->path);
+}
+
+/* In fs sorted by path (failures_sort). */
+static long failures_find(const struct failures *fs, const char *path)
+{
+	struct sync_failure key = {.path = (char *)path};
+	const struct sync_failure *f = fs->n ? bsearch(&key, fs->v, fs->n, sizeof(*fs->v), failure_cmp) : NULL;
+	return f ? f - fs->v : -1;
+}
+
+/* Sort by path, each path once (a path can fail twice in one operation:
+ * the REMOVE and the ADD of a type change). */
+static void failures_sort(struct failures *fs)
+{
+	size_t k = 0;
+
+	if (fs->n > 1)
+		qsort(fs->v, fs->n, sizeof(*fs->v), failure_cmp);
+	for (size_t i = 0; i < fs->n; i++) {
+		if (k && !strcmp(fs->v[k - 1].path, fs->v[i].path)) {
+			failure_clear(&fs->v[i]);
+			fs->total--;
+			continue;
+		}
+		fs->v[k++] = fs->v[i];
+	}
+	fs->n = k;
+}
+
+/* One more path the guest reported; past SYNC_FAILURES_MAX only counted.
+ * 0 or -ENOMEM. */
+static int failures_add(struct failures *fs, const char *path, int err, const char *msg)
+{
+	fs->total++;
+	if (fs->n >= SYNC_FAILURES_MAX)
+		return 0;
+	if (fs->n == fs->cap) {
+		size_t nc = fs->cap ? fs->cap * 2 : 16;
+		void *nv = mem_realloc(fs->v, nc * sizeof(*fs->v));
+		if (!nv)
+			return -ENOMEM;
+		fs->v = nv;
+		fs->cap = nc;
+	}
+	struct sync_failure *f = &fs->v[fs->n];
+	*f = (struct sync_failure){.err = err, .attempts = 1, .reconcile = failure_wants_reconcile(err)};
+	if (!(f->path = mem_strdup(path)) || !(f->msg = mem_strdup(msg))) {
+		failure_clear(f);
+		return -ENOMEM;
+	}
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	f->since_ms = f->last_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+	fs->n++;
+	return 0;
+}
+
+static void scope_clear(struct sync *s)
+{
+	for (size_t i = 0; i < s->nfscope; i++)
+		mem_free(s->fscope[i]);
+	mem_free(s->fscope);
+	s->fscope = NULL;
+	s->nfscope = 0;
+	s->fscope_all = false;
+}
+
+/* An operation starts: what it covers (anchors: sorted, none beneath
+ * another, copied; NULL with all). Without memory for the copy it covers
+ * nothing: old failures stay until a later operation. */
+static void failures_begin(struct sync *s, char *const *anchors, size_t n, bool all)
+{
+	failures_clear(&s->fnew);
+	scope_clear(s);
+	s->fscope_all = all;
+	if (all || !n || !(s->fscope = mem_calloc(n, sizeof(*s->fscope))))
+		return;
+	for (size_t i = 0; i < n; i++) {
+		if (!(s->fscope[i] = mem_strdup(anchors[i]))) {
+			scope_clear(s);
+			return;
+		}
+		s->nfscope++;
+	}
+}
+
+/* The operation finished: a failure it reported again counts one more
+ * attempt (since kept), one it covered and did not report is gone (it
+ * applied, or the host no longer has anything there to send), the rest
+ * stay; then what is new. */
+static void failures_commit(struct sync *s)
+{
+	struct failures *old = &s->failed, *nw = &s->fnew;
+	size_t k = 0;
+
+	failures_sort(nw);
+	for (size_t i = 0; i < old->n; i++) {
+		struct sync_failure *f = &old->v[i];
+		long j = failures_find(nw, f->path);
+		if (j >= 0) {
+			nw->v[j].attempts = f->attempts + 1;
+			nw->v[j].since_ms = f->since_ms;
+		}
+		if (j >= 0 || s->fscope_all || anchor_holding(s->fscope, s->nfscope, f->path) >= 0) {
+			failure_clear(f);
+			old->total--;
+			continue;
+		}
+		old->v[k++] = *f;
+	}
+	old->n = k;
+	for (size_t j = 0; j < nw->n; j++) {
+		if (old->n == old->cap) {
+			size_t nc = old->cap ? old->cap * 2 : 16;
+			void *nv = mem_realloc(old->v, nc * sizeof(*old->v));
+			if (!nv) { /* counted, not listed */
+				failure_clear(&nw->v[j]);
+				old->total++;
+				continue;
+			}
+			old->v = nv;
+			old->cap = nc;
+		}
+		old->v[old->n++] = nw->v[j];
+		old->total++;
+	}
+	old->total += nw->total - nw->n; /* reported beyond SYNC_FAILURES_MAX */
+	mem_free(nw->v);
+	memset(nw, 0, sizeof(*nw));
+	scope_clear(s);
+}
+
+const struct sync_failure *sync_failures(const struct sync *s, size_t *n, uint64_t *total)
+{
+	*n = s->failed.n;
+	if (total)
+		*total = s->failed.total;
+	return s->failed.v;
+}
+
+static void inflight_clear(struct sync *s)
+{
+	for (size_t i = 0; i < s->nfl; i++)
+		mem_free(s->fl[i].cidx);
+	s->nfl = 0;
+	mem_free(s->bops);
+	s->bops = NULL;
+	s->nbops = s->capbops = 0;
+}
+
+/* The change behind the op just added to the batch being built. */
+static int bops_add(struct sync *s, size_t ci)
+{
+	if (s->nbops == s->capbops) {
+		size_t nc = s->capbops ? s->capbops * 2 : 256;
+		uint32_t *nv = mem_realloc(s->bops, nc * sizeof(*nv));
+		if (!nv)
+			return -ENOMEM;
+		s->bops = nv;
+		s->capbops = nc;
+	}
+	s->bops[s->nbops++] = (uint32_t)ci;
+	return 0;
+}
+
+/* ---- generated git configs ---- */
+
+static void gitcfgs_clear(struct gitcfgs *g)
+{
+	for (size_t i = 0; i < g->n; i++) {
+		mem_free(g->v[i].path);
+		buf_clear(&g->v[i].bytes);
+	}
+	mem_free(g->v);
+	g->v = NULL;
+	g->n = 0;
+}
+
+static void gitcfg_why(const struct sync *s, int r, char *why, size_t whylen)
+{
+	snprintf(why, whylen, "%.300s: %s (the guest gets a generated one; fix or shrink the host's)", s->gitcfg_bad,
+		 strerror(-r));
+}
+
+static const struct gitcfg *gitcfg_find(const struct sync *s, const char *path)
+{
+	for (size_t i = 0; i < s->gitcfg.n; i++)
+		if (!strcmp(s->gitcfg.v[i].path, path))
+			return &s->gitcfg.v[i];
+	return NULL;
+}
+
+/* Is directory d of m a git directory whose config the guest gets
+ * generated: a work tree's .git (top level or nested), or a submodule's
+ * under .git/modules (it has a HEAD). A .git *file* (gitdir: elsewhere) is
+ * synced as it is and never followed: a target inside the workspace is a
+ * directory of m like any other, one outside is not ours to read. A bare
+ * repository keeps its config withheld without a replacement (bare = false
+ * would be wrong for it). */
+static bool git_dir(const struct manifest *m, const char *d)
+{
+	char head[MANIFEST_PATH_MAX + 8];
+	const char *base = strrchr(d, '/');
+
+	if (!strcmp(base ? base + 1 : d, ".git"))
+		return true;
+	if (strncmp(d, ".git/modules/", 13) && !strstr(d, "/.git/modules/"))
+		return false;
+	snprintf(head, sizeof(head), "%s/HEAD", d);
+	long i = manifest_find(m, head);
+	return i >= 0 && m->e[i].type == MANIFEST_FILE;
+}
+
+/* Add to m (sealed; resealed) the generated config of every git directory
+ * whose config path is at or beneath one of the anchors (all of them
+ * without anchors), made from the host's config there by sync_git_config
+ * (read beneath the workspace, no symlink followed). The table becomes
+ * these, for add_change. 0 or -errno (gitcfg_bad names the file). */
+static int git_configs(struct sync *s, struct manifest *m, char *const *anchors, size_t na)
+{
+	char p[MANIFEST_PATH_MAX + 1];
+	int r = 0;
+
+	gitcfgs_clear(&s->gitcfg);
+	s->gitcfg_bad[0] = '\0';
+	/* decided on the sealed m first (manifest_find), added after */
+	for (size_t i = 0; i < m->n && r == 0; i++) {
+		const struct manifest_entry *d = &m->e[i];
+		if (d->type != MANIFEST_DIR || (size_t)snprintf(p, sizeof(p), "%s/config", d->path) >= sizeof(p) ||
+		    (anchors && anchor_holding(anchors, na, p) < 0) || !git_dir(m, d->path) || manifest_find(m, p) >= 0)
+			continue;
+		struct gitcfg *nv = mem_realloc(s->gitcfg.v, (s->gitcfg.n + 1) * sizeof(*nv));
+		if (!nv) {
+			r = -ENOMEM;
+			break;
+		}
+		s->gitcfg.v = nv;
+		struct gitcfg *g = &nv[s->gitcfg.n];
+		buf_init(&g->bytes, SYNC_GIT_CONFIG_MAX);
+		if (!(g->path = mem_strdup(p))) {
+			r = -ENOMEM;
+			break;
+		}
+		s->gitcfg.n++;
+		if ((r = sync_git_config(s->cfg.dirfd, p, &g->bytes)) < 0)
+			snprintf(s->gitcfg_bad, sizeof(s->gitcfg_bad), "%s", p);
+		else
+			chunk_hash(buf_ptr(&g->bytes), buf_len(&g->bytes), g->hash);
+	}
+	for (size_t i = 0; i < s->gitcfg.n && r == 0; i++) {
+		const struct gitcfg *g = &s->gitcfg.v[i];
+		struct manifest_entry e = {
+		    .path = g->path, .type = MANIFEST_FILE, .mode = 0644, .size = buf_len(&g->bytes)};
+		memcpy(e.hash, g->hash, CHUNK_HASH_LEN);
+		r = manifest_add(m, &e);
+	}
+	if (r == 0 && s->gitcfg.n)
+		r = manifest_seal(m);
+	if (r < 0 && !s->gitcfg_bad[0])
+		snprintf(s->gitcfg_bad, sizeof(s->gitcfg_bad), "%s", "generating git configs");
+	return r;
+}
+
 static void reconcile_clear(struct sync *s)
 {
+	inflight_clear(s);
 	for (size_t i = 0; i < s->nge; i++)
 		mem_free(s->ge[i].e.path);
 	mem_free(s->ge);
@@ -476,6 +803,7 @@ static void reconcile_clear(struct sync *s)
 	s->pold = NULL;
 	manifest_free(s->sending);
 	s->sending = NULL;
+	s->send_failed = false;
 	for (size_t i = 0; i < s->npan; i++)
 		mem_free(s->pan[i]);
 	mem_free(s->pan);
@@ -514,7 +842,6 @@ int sync_new(struct chan *c, const struct sync_cfg *cfg, struct sync **out)
 	syncmsg_scope(cfg->guest_pub, cfg->sign_pk, s->scope);
 	syncmsg_inbox_init(&s->in);
 	syncmsg_outbox_init(&s->out);
-	buf_init(&s->gitcfg, SYNC_GIT_CONFIG_MAX);
 	struct delta_caps caps = syncmsg_delta_caps;
 	if (cfg->max_batch && cfg->max_batch < caps.max_batch)
 		caps.max_batch = cfg->max_batch;
@@ -542,9 +869,12 @@ void sync_free(struct sync *s)
 	reconcile_clear(s);
 	syncmsg_inbox_clear(&s->in);
 	syncmsg_outbox_clear(&s->out);
-	buf_clear(&s->gitcfg);
+	gitcfgs_clear(&s->gitcfg);
 	records_clear(&s->withheld);
 	records_clear(&s->skipped);
+	failures_clear(&s->failed);
+	failures_clear(&s->fnew);
+	scope_clear(s);
 	policy_ctx_free(s->pctx);
 	withhold_free(s->wh);
 	hcache_free(s->cache);
@@ -570,7 +900,9 @@ static int known_swap_in_to(struct sync *s, struct manifest *into);
 
 const struct manifest *sync_sending(struct sync *s)
 {
-	if (!s->busy || s->phase != PH_SEND)
+	/* also after a failure while sending (a write to a guest that died,
+	 * its ERROR): batches sent before it may be applied, unacknowledged */
+	if (!(s->busy && s->phase == PH_SEND) && !s->send_failed)
 		return NULL;
 	if (!s->pold || s->sending)
 		return s->pold ? s->sending : s->hm;
@@ -723,7 +1055,7 @@ static int withhold_contents(struct sync *s, bool defer)
 
 	for (size_t i = 0; i < s->hm->n; i++) {
 		const struct manifest_entry *e = &s->hm->e[i];
-		if (e->type != MANIFEST_FILE || !strcmp(e->path, SYNC_GIT_CONFIG) || allowed_by_name(s, e->path))
+		if (e->type != MANIFEST_FILE || gitcfg_find(s, e->path) || allowed_by_name(s, e->path))
 			continue; /* the generated one: the host's is a secret */
 		if ((r = withhold_content(s->wh, e, defer, rule, sizeof(rule))) == 0)
 			continue;
@@ -820,25 +1152,9 @@ static int host_scan(struct sync *s, char *why, size_t whylen)
 	s->st.withheld = s->withheld.total;
 	s->st.withheld_changes = s->withheld.changes;
 	s->st.skipped = s->skipped.total;
-	s->have_gitcfg = false;
-	long gi = manifest_find(s->hm, ".git");
-	if (gi >= 0 && s->hm->e[gi].type == MANIFEST_DIR) {
-		buf_reset(&s->gitcfg);
-		if ((r = sync_git_config(s->cfg.dirfd, SYNC_GIT_CONFIG, &s->gitcfg)) < 0) {
-			snprintf(why, whylen,
-				 ".git/config: %s (the guest gets a generated one; fix or shrink the host's)",
-				 strerror(-r));
-			return r;
-		}
-		struct manifest_entry e = {
-		    .path = (char *)SYNC_GIT_CONFIG, .type = MANIFEST_FILE, .mode = 0644, .size = buf_len(&s->gitcfg)};
-		chunk_hash(buf_ptr(&s->gitcfg), buf_len(&s->gitcfg), e.hash);
-		memcpy(s->gitcfg_hash, e.hash, CHUNK_HASH_LEN);
-		if ((r = manifest_add(s->hm, &e)) < 0 || (r = manifest_seal(s->hm)) < 0) {
-			snprintf(why, whylen, "adding the generated .git/config: %s", strerror(-r));
-			return r;
-		}
-		s->have_gitcfg = true;
+	if ((r = git_configs(s, s->hm, NULL, 0)) < 0) {
+		gitcfg_why(s, r, why, whylen);
+		return r;
 	}
 	s->st.host_entries = s->hm->n;
 	return 0;
@@ -1017,13 +1333,13 @@ static int add_change(struct sync *s, const struct manifest_change *c)
 	const struct manifest_entry *n = c->new;
 	int r;
 
-	if (n && n->type == MANIFEST_FILE && s->have_gitcfg && !strcmp(n->path, SYNC_GIT_CONFIG) &&
-	    (c->kind == MANIFEST_ADD || c->kind == MANIFEST_MODIFY)) {
+	const struct gitcfg *g = n && n->type == MANIFEST_FILE ? gitcfg_find(s, n->path) : NULL;
+	if (g && (c->kind == MANIFEST_ADD || c->kind == MANIFEST_MODIFY)) {
 		/* Never the real file: the generated bytes, signed like the rest. */
 		if ((r = delta_put_begin(s->b, n->path, n->mode, NULL)) < 0)
 			return r;
-		if ((r = delta_put_inline(s->b, buf_ptr(&s->gitcfg), buf_len(&s->gitcfg))) < 0 ||
-		    (r = delta_put_end(s->b, s->gitcfg_hash)) < 0)
+		if ((r = delta_put_inline(s->b, buf_ptr(&g->bytes), buf_len(&g->bytes))) < 0 ||
+		    (r = delta_put_end(s->b, g->hash)) < 0)
 			return r;
 		return 0;
 	}
@@ -1088,6 +1404,11 @@ static void count_change(struct sync *s, const struct manifest_change *c, struct
 
 static void maybe_done(struct sync *s);
 
+static const char *change_path(const struct manifest_change *c)
+{
+	return c->old ? c->old->path : c->new->path;
+}
+
 static int note_vanished(struct sync *s, size_t ci)
 {
 	if (s->nvan == s->capvan) {
@@ -1104,15 +1425,104 @@ static int note_vanished(struct sync *s, size_t ci)
 	return 0;
 }
 
-/* What the guest holds after a run in which some changes were skipped
- * (the file changed or vanished while being read): s->hm, except that a
- * skipped MODIFY leaves the guest's old file and a skipped ADD leaves
- * nothing. The change that made the file differ is journaled again, and
- * the next push compares against this. */
+/* What the guest holds after a run in which some changes were not applied:
+ * skipped (the file changed or vanished while being read) or failed in
+ * the guest (ack_failures). s->hm, except that such a change leaves the
+ * guest's old side: a MODIFY, MODE or REMOVE keeps the old entry (and the
+ * directories that hold it, which the run may have emptied of everything
+ * else), an ADD leaves nothing. The change that made the file differ is
+ * journaled again, a failure is retried, and the next push compares
+ * against this. */
+static bool keeps_old(const struct manifest_change *c)
+{
+	return c->old && c->kind != MANIFEST_ADD;
+}
+
+static int entry_ptr_cmp(const void *a, const void *b)
+{
+	const struct manifest_entry *const *x = a, *const *y = b;
+	return manifest_path_cmp((*x)->path, (*y)->path);
+}
+
+static bool in_sorted(const char **v, size_t n, const char *p)
+{
+	size_t lo = 0, hi = n;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		int c = manifest_path_cmp(v[mid], p);
+		if (c == 0)
+			return true;
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return false;
+}
+
+/* The old entries the not-applied changes leave, and the directories
+ * holding them that s->hm (minus vp) lacks, sorted, each once. */
+static int kept_entries(struct sync *s, const char **vp, const struct manifest_entry ***out, size_t *nout)
+{
+	const struct manifest *old = s->gm ? s->gm : s->pold ? s->pold : s->known;
+	const struct manifest_entry **v = NULL;
+	size_t n = 0, cap = 0;
+	char p[MANIFEST_PATH_MAX + 1];
+	int r = 0;
+
+	for (size_t i = 0; i < s->nvan && r == 0; i++) {
+		const struct manifest_change *c = &s->changes[s->van[i]];
+		if (!keeps_old(c))
+			continue;
+		const struct manifest_entry *e = c->old;
+		for (;;) {
+			if (n == cap) {
+				size_t nc = cap ? cap * 2 : 16;
+				void *nv = mem_realloc(v, nc * sizeof(*v));
+				if (!nv) {
+					r = -ENOMEM;
+					break;
+				}
+				v = nv;
+				cap = nc;
+			}
+			v[n++] = e;
+			/* up to the first directory the new state holds anyway */
+			snprintf(p, sizeof(p), "%s", e->path);
+			char *sl = strrchr(p, '/');
+			if (!sl)
+				break;
+			*sl = '\0';
+			if (manifest_find(s->hm, p) >= 0 && !in_sorted(vp, s->nvan, p))
+				break;
+			long oi = old ? manifest_find(old, p) : -1;
+			if (oi < 0)
+				break; /* not parent-closed: the seal says so */
+			e = &old->e[oi];
+		}
+	}
+	if (r == 0 && n > 1) {
+		qsort(v, n, sizeof(*v), entry_ptr_cmp);
+		size_t k = 1;
+		for (size_t i = 1; i < n; i++)
+			if (manifest_path_cmp(v[i]->path, v[k - 1]->path) != 0)
+				v[k++] = v[i];
+		n = k;
+	}
+	if (r < 0) {
+		mem_free(v);
+		return r;
+	}
+	*out = v;
+	*nout = n;
+	return 0;
+}
+
 static int known_without_vanished(struct sync *s, struct manifest **out)
 {
 	struct manifest *m = NULL;
-	size_t k = 0;
+	const struct manifest_entry **kept = NULL;
+	size_t k = 0, nkept = 0;
 	int r;
 
 	*out = NULL;
@@ -1121,9 +1531,9 @@ static int known_without_vanished(struct sync *s, struct manifest **out)
 	if (!vp)
 		return -ENOMEM;
 	for (size_t i = 0; i < s->nvan; i++)
-		vp[i] = s->changes[s->van[i]].new->path;
+		vp[i] = change_path(&s->changes[s->van[i]]);
 	qsort(vp, s->nvan, sizeof(*vp), str_tree_cmp);
-	if ((r = manifest_new(&s->params, &m)) < 0)
+	if ((r = kept_entries(s, vp, &kept, &nkept)) < 0 || (r = manifest_new(&s->params, &m)) < 0)
 		goto out;
 	for (size_t i = 0; i < s->hm->n; i++) {
 		const struct manifest_entry *e = &s->hm->e[i];
@@ -1134,9 +1544,11 @@ static int known_without_vanished(struct sync *s, struct manifest **out)
 		if ((r = manifest_add(m, e)) < 0)
 			goto out;
 	}
-	for (size_t i = 0; i < s->nvan; i++) {
-		const struct manifest_change *c = &s->changes[s->van[i]];
-		if (c->kind == MANIFEST_MODIFY && c->old && (r = manifest_add(m, c->old)) < 0)
+	for (size_t i = 0; i < nkept; i++) {
+		long hi = manifest_find(s->hm, kept[i]->path);
+		if (hi >= 0 && !in_sorted(vp, s->nvan, kept[i]->path))
+			continue; /* an ancestor the new state holds itself */
+		if ((r = manifest_add(m, kept[i])) < 0)
 			goto out;
 	}
 	if ((r = manifest_seal(m)) < 0)
@@ -1145,6 +1557,7 @@ static int known_without_vanished(struct sync *s, struct manifest **out)
 	m = NULL;
 out:
 	manifest_free(m);
+	mem_free(kept);
 	mem_free(vp);
 	return r;
 }
@@ -1186,6 +1599,7 @@ static void pump(struct sync *s)
 		struct inflight f = {.seq = s->next_seq};
 		size_t ops = 0;
 		delta_builder_reset(s->b, s->next_seq);
+		s->nbops = 0;
 		s->batch_first = s->ci;
 		while (s->ci < s->nchanges) {
 			const struct manifest_change *c = &s->changes[s->ci];
@@ -1237,6 +1651,10 @@ static void pump(struct sync *s)
 				return;
 			}
 			count_change(s, c, &f);
+			if (bops_add(s, s->ci) < 0) {
+				fail(s, -ENOMEM, "out of memory");
+				return;
+			}
 			s->ci++;
 			if (delta_builder_size(s->b) >= s->cfg.batch_target)
 				break;
@@ -1254,6 +1672,10 @@ static void pump(struct sync *s)
 		s->st.batch_bytes += n;
 		s->st.batches++;
 		s->next_seq++;
+		f.cidx = s->bops; /* the guest's failure list names ops by index */
+		f.nops = (uint32_t)s->nbops;
+		s->bops = NULL;
+		s->nbops = s->capbops = 0;
 		s->fl[s->nfl++] = f;
 		built++;
 		if ((r = syncmsg_outbox_push(&s->out, WIRE_SYNC_BATCH, bytes, n)) < 0 ||
@@ -1327,6 +1749,7 @@ static void maybe_done(struct sync *s)
 		s->hm = NULL;
 	}
 	reconcile_clear(s);
+	failures_commit(s);
 	progress(s, "done");
 	finish_op(s, 0, NULL);
 }
@@ -1421,8 +1844,8 @@ static int guest_managed(struct sync *s, const char *path, uint8_t type)
 {
 	struct policy_verdict v;
 
-	if (!strcmp(path, SYNC_GIT_CONFIG))
-		return s->have_gitcfg ? 1 : 0;
+	if (gitcfg_find(s, path))
+		return 1;
 	if (policy_check(s->cfg.policy, s->pctx, path, type == MANIFEST_DIR, &v) < 0)
 		return 0;
 	if (v.reason == POLICY_SYNCED)
@@ -1744,6 +2167,45 @@ out:
 	return r;
 }
 
+/* The ops of batch f the guest could not apply: each must be an op the
+ * batch had, at that index, with that path (else the guest lies: a
+ * protocol error). Their changes are left out of what the guest is
+ * confirmed to hold (note_vanished: it keeps what it had there) and
+ * reported (fnew). With MORE, which other ops failed is unknown: every
+ * op of the batch is taken as failed, and the failure that says so asks
+ * for a reconcile. */
+static int ack_failures(struct sync *s, const struct inflight *f, const struct wire_sync_ack *m)
+{
+	int r;
+
+	for (uint32_t i = 0; i < m->nfail; i++) {
+		const struct wire_sync_fail *w = &m->fail[i];
+		if (w->op >= f->nops)
+			return -EPROTO;
+		const struct manifest_change *c = &s->changes[f->cidx[w->op]];
+		if (strcmp(change_path(c), w->path) != 0)
+			return -EPROTO;
+		if (m->fail_flags & WIRE_SYNC_FAIL_F_MORE)
+			continue;
+		if ((r = note_vanished(s, f->cidx[w->op])) < 0 ||
+		    (r = failures_add(&s->fnew, w->path, (int)w->code, w->msg)) < 0)
+			return r;
+	}
+	if (!(m->fail_flags & WIRE_SYNC_FAIL_F_MORE))
+		return 0;
+	uint32_t i = 0; /* m->fail is in op order */
+	for (uint32_t op = 0; op < f->nops; op++) {
+		const struct manifest_change *c = &s->changes[f->cidx[op]];
+		long k = i < m->nfail && m->fail[i].op == op ? (long)i++ : -1;
+		if ((r = note_vanished(s, f->cidx[op])) < 0 ||
+		    (r = failures_add(&s->fnew, change_path(c), k >= 0 ? (int)m->fail[k].code : ESTALE,
+				      k >= 0 ? m->fail[k].msg : "more ops of its batch failed than the guest listed")) <
+			0)
+			return r;
+	}
+	return 0;
+}
+
 static int on_ack(struct sync *s, struct buf *in)
 {
 	struct wire_sync_ack m;
@@ -1753,12 +2215,16 @@ static int on_ack(struct sync *s, struct buf *in)
 		return -EPROTO;
 	if ((r = wire_sync_ack_decode(in, &m)) < 0)
 		return r;
-	if (m.seq != s->fl[0].seq)
-		return -EPROTO;
+	if (m.seq != s->fl[0].seq || (r = ack_failures(s, &s->fl[0], &m)) < 0) {
+		wire_sync_ack_clear(&m);
+		return r < 0 ? r : -EPROTO;
+	}
 	s->st.guest_seq = m.seq;
 	s->st.kept_dirs += m.kept_dirs;
 	s->prog.files_done += s->fl[0].files;
 	s->prog.bytes_done += s->fl[0].bytes;
+	wire_sync_ack_clear(&m);
+	mem_free(s->fl[0].cidx);
 	memmove(&s->fl[0], &s->fl[1], (s->nfl - 1) * sizeof(s->fl[0]));
 	s->nfl--;
 	progress(s, "send");
@@ -1832,10 +2298,10 @@ int sync_reconcile(struct sync *s)
 		return -EBUSY;
 	reconcile_clear(s);
 	unranged_clear(s); /* a full comparison: every file is decided from its content */
+	failures_begin(s, NULL, 0, true);
 	s->busy = true;
 	s->have_state = false;
 	s->phase = PH_BEGIN;
-	s->nfl = 0;
 	memset(&s->prog, 0, sizeof(s->prog));
 	/* BEGIN first, so the guest scans its copy while we scan ours */
 	struct wire_sync_begin m = {
@@ -2203,29 +2669,6 @@ static int push_scan_anchor(struct sync *s, struct scan_ctx *x, const char *path
 	return r;
 }
 
-/* Add the generated .git/config when the new state has a .git directory
- * (m sealed; resealed). */
-static int push_git_config(struct sync *s, struct manifest *m)
-{
-	int r;
-	long gi = manifest_find(m, ".git");
-
-	s->have_gitcfg = false;
-	if (gi < 0 || m->e[gi].type != MANIFEST_DIR || manifest_find(m, SYNC_GIT_CONFIG) >= 0)
-		return 0;
-	buf_reset(&s->gitcfg);
-	if ((r = sync_git_config(s->cfg.dirfd, SYNC_GIT_CONFIG, &s->gitcfg)) < 0)
-		return r;
-	struct manifest_entry e = {
-	    .path = (char *)SYNC_GIT_CONFIG, .type = MANIFEST_FILE, .mode = 0644, .size = buf_len(&s->gitcfg)};
-	chunk_hash(buf_ptr(&s->gitcfg), buf_len(&s->gitcfg), e.hash);
-	memcpy(s->gitcfg_hash, e.hash, CHUNK_HASH_LEN);
-	if ((r = manifest_add(m, &e)) < 0 || (r = manifest_seal(m)) < 0)
-		return r;
-	s->have_gitcfg = true;
-	return 0;
-}
-
 /* A directory the policy keeps only for what is beneath it (DESCEND) must
  * go when the anchors took the last of that. Returns how many were found;
  * their paths are appended to *drop. */
@@ -2268,7 +2711,6 @@ static int push_build(struct sync *s, char **anchors, size_t na, char *why, size
 	struct manifest *m = NULL;
 	char **drop = NULL;
 	size_t ndrop = 0;
-	bool git = false;
 	int r;
 
 	records_drop_under(&s->withheld, anchors, na);
@@ -2287,8 +2729,6 @@ static int push_build(struct sync *s, char **anchors, size_t na, char *why, size
 				goto out;
 		}
 		for (size_t a = 0; a < na; a++) {
-			if (round == 0 && path_under(SYNC_GIT_CONFIG, anchors[a]))
-				git = true;
 			if (ndrop && anchor_holding(drop, ndrop, anchors[a]) >= 0)
 				continue;
 			if (round == 0)
@@ -2336,9 +2776,8 @@ static int push_build(struct sync *s, char **anchors, size_t na, char *why, size
 	}
 	if ((r = withhold_contents(s, false)) < 0) /* few files: decided before the diff */
 		goto out;
-	if (git && (r = push_git_config(s, s->hm)) < 0) {
-		snprintf(why, whylen, ".git/config: %s (the guest gets a generated one; fix or shrink the host's)",
-			 strerror(-r));
+	if ((r = git_configs(s, s->hm, anchors, na)) < 0) {
+		gitcfg_why(s, r, why, whylen);
 		goto out;
 	}
 	s->st.withheld = s->withheld.total;
@@ -2428,9 +2867,6 @@ static int push_build_small(struct sync *s, char **anchors, size_t na, char *why
 	struct manifest *nm = NULL, *om = NULL;
 	int r;
 
-	for (size_t a = 0; a < na; a++)
-		if (path_under(SYNC_GIT_CONFIG, anchors[a]))
-			return PUSH_SLOW;
 	records_drop_under(&s->withheld, anchors, na);
 	records_drop_under(&s->skipped, anchors, na);
 	if ((r = manifest_new(&s->params, &nm)) < 0 || (r = manifest_new(&s->params, &om)) < 0)
@@ -2479,6 +2915,10 @@ static int push_build_small(struct sync *s, char **anchors, size_t na, char *why
 	nm = NULL;
 	if ((r = withhold_contents(s, false)) < 0)
 		goto out;
+	if ((r = git_configs(s, s->hm, anchors, na)) < 0) {
+		gitcfg_why(s, r, why, whylen);
+		goto out;
+	}
 	s->pold = om;
 	om = NULL;
 	s->st.withheld = s->withheld.total;
@@ -2511,8 +2951,8 @@ static int push_start(struct sync *s, const char *const *paths, size_t n)
 	full = full || r > 0; /* other files are included now: decide them all again */
 	r = 0;
 	reconcile_clear(s);
+	failures_begin(s, NULL, 0, false);
 	s->busy = true;
-	s->nfl = 0;
 	memset(&s->prog, 0, sizeof(s->prog));
 	memset(&s->push, 0, sizeof(s->push));
 	s->push.paths = n;
@@ -2545,6 +2985,7 @@ static int push_start(struct sync *s, const char *const *paths, size_t n)
 		}
 		na = k;
 		s->push.anchors = na;
+		failures_begin(s, anchors, na, false);
 		r = push_build_small(s, anchors, na, why, sizeof(why));
 		if (r == 0) {
 			s->pan = anchors; /* swapped into known on the acknowledgement */
@@ -2572,6 +3013,7 @@ static int push_start(struct sync *s, const char *const *paths, size_t n)
 		/* a full scan against what the guest confirmed, no round trip;
 		 * start_send follows it (scan_then) */
 		s->push.full = true;
+		failures_begin(s, NULL, 0, true);
 		scan_start(s, true);
 		goto out;
 	}

@@ -291,10 +291,10 @@ int wb_store_save(struct wb_store *s)
 	size_t len = strlen(text);
 	if (fd < 0)
 		r = -errno;
-	else if (write(fd, text, len) != (ssize_t)len || fsync(fd) < 0)
-		r = -EIO;
-	if (fd >= 0)
-		close(fd);
+	else if ((errno = 0, write(fd, text, len) != (ssize_t)len || fsync(fd) < 0))
+		r = errno ? -errno : -ENOSPC; /* a short write: the disk is full */
+	if (fd >= 0 && close(fd) < 0 && r == 0)
+		r = -errno;
 	free(text);
 	if (r == 0 && renameat(s->dirfd, tmp, s->dirfd, WB_STORE_FILE) < 0)
 		r = -errno;
@@ -928,7 +928,7 @@ static int flush_batch(struct delta_builder *b, struct apply *a, const uint8_t s
 	if ((r = delta_batch_verify(bytes, n, pk, scope, apply_last_seq(a), &delta_caps_default, &batch, verr,
 				    sizeof(verr))) < 0)
 		errmsg_set(err, errlen, "write-back refused: %s", verr[0] ? verr : strerror(-r));
-	else if ((r = apply_batch(a, batch, &st)) < 0)
+	else if ((r = apply_batch_whole(a, batch, &st)) < 0)
 		errmsg_set(err, errlen, "writing to the workspace: %s%s", apply_error(a),
 			   st.partial ? " (some paths were written)" : " (nothing was written)");
 	delta_batch_free(batch);

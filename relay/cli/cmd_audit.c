@@ -3,7 +3,8 @@
  * airlock audit [-C DIR] [--json]: what the workspace's last sync withheld
  * (path and the policy rule that withheld it), what it skipped, and the
  * egress proxy's denials (audit.h AUDIT_EGRESS_FILE, written by
- * egress_link.h in the airlock up daemon).
+ * egress_link.h in the airlock up daemon), and the paths the guest could
+ * not apply (AUDIT_FAILED_FILE, written by airlock up).
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -92,7 +93,7 @@ int cmd_audit(int argc, char **argv)
 	const char *dir = ".";
 	bool json = false;
 	char err[1024], real[PATH_MAX];
-	void *w = NULL, *eg = NULL;
+	void *w = NULL, *eg = NULL, *fl = NULL;
 	int c, status = 1;
 
 	optind = 1;
@@ -117,7 +118,8 @@ int cmd_audit(int argc, char **argv)
 	}
 	dir = real;
 	if (audit_read_json(dir, AUDIT_WITHHELD_FILE, &w, err, sizeof(err)) < 0 ||
-	    audit_read_json(dir, AUDIT_EGRESS_FILE, &eg, err, sizeof(err)) < 0) {
+	    audit_read_json(dir, AUDIT_EGRESS_FILE, &eg, err, sizeof(err)) < 0 ||
+	    audit_read_json(dir, AUDIT_FAILED_FILE, &fl, err, sizeof(err)) < 0) {
 		cmd_err("audit: %s", err);
 		goto out;
 	}
@@ -132,9 +134,13 @@ int cmd_audit(int argc, char **argv)
 		if (!eg)
 			eg = json_pack("{s:i, s:[], s:i, s:i}", "version", 1, "denials", "denials_total", 0,
 				       "denials_omitted", 0);
-		if (!w || !eg ||
-		    cmd_print_json(json_pack("{s:i, s:s, s:O, s:s, s:O}", "version", 1, "workspace", dir, "sync",
-					     (json_t *)w, "policy_ignored", note, "egress", (json_t *)eg)) < 0) {
+		if (!fl)
+			fl = json_pack("{s:i, s:s, s:n, s:[], s:i, s:i}", "version", 1, "workspace", dir, "time",
+				       "not_in_guest", "not_in_guest_total", 0, "not_in_guest_omitted", 0);
+		if (!w || !eg || !fl ||
+		    cmd_print_json(json_pack("{s:i, s:s, s:O, s:s, s:O, s:O}", "version", 1, "workspace", dir, "sync",
+					     (json_t *)w, "policy_ignored", note, "egress", (json_t *)eg,
+					     "not_in_guest", (json_t *)fl)) < 0) {
 			cmd_err("out of memory");
 			goto out;
 		}
@@ -154,6 +160,9 @@ int cmd_audit(int argc, char **argv)
 			print_list(w, "withheld", "rule", "withheld", "withheld_total", "withheld_omitted");
 			print_list(w, "skipped", "reason", "skipped", "skipped_total", "skipped_omitted");
 		}
+		if (fl)
+			print_list(fl, "not_in_guest", "message", "not in guest", "not_in_guest_total",
+				   "not_in_guest_omitted");
 		if (eg)
 			print_denials(eg);
 		else
@@ -163,5 +172,6 @@ int cmd_audit(int argc, char **argv)
 out:
 	json_decref(w);
 	json_decref(eg);
+	json_decref(fl);
 	return status;
 }

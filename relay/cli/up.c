@@ -323,8 +323,13 @@ static int start_relay(struct up *u)
 		cmd_err("up: command routing (execution.local, credentials) for %s: %s", u->dir, strerror(-r));
 		return -1;
 	}
-	if ((r = relay_default_path(u->dir, u->exec.sock, sizeof(u->exec.sock))) < 0 ||
-	    (r = relay_new(u->loop, &rc, &route_backend_ops, u->exec.route, &u->exec.relay)) < 0) {
+	unsigned swept = 0;
+	/* the default directory only: AIRLOCK_SOCKET may name one that is not ours alone */
+	if ((r = relay_default_path(u->dir, u->exec.sock, sizeof(u->exec.sock))) == 0 && !getenv("AIRLOCK_SOCKET") &&
+	    relay_sweep_stale(u->exec.sock, &swept) == 0 && swept)
+		fprintf(stderr, "airlock: removed %u stale relay socket%s of airlock up daemons that are gone\n", swept,
+			swept == 1 ? "" : "s");
+	if (r < 0 || (r = relay_new(u->loop, &rc, &route_backend_ops, u->exec.route, &u->exec.relay)) < 0) {
 		cmd_err("up: relay socket %s: %s%s", u->exec.sock[0] ? u->exec.sock : "(for this workspace)",
 			strerror(-r),
 			r == -EADDRINUSE ? " (another airlock serves it; set "

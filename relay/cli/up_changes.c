@@ -38,10 +38,10 @@
 #define SHOW_FILE_MAX  (1u << 20)  /* changes --diff: guest bytes per file */
 #define SHOW_MAX       (32u << 20) /* ... and in all */
 #define ADOPTED_MAX    (1u << 20)
-#define CONFIRMED_FILE "confirmed.manifest" /* the confirmed state, saved for the next reconcile */
-#define SENDING_FILE   "sending.manifest"   /* what was in flight when the connection dropped */
-#define CONFIRMED_MS   2000u		    /* saved at most this often while live */
-#define PULL_GROUP     512u		    /* paths per CHG_PULL: each staged file holds an fd until written */
+#define CONFIRMED_FILE UP_CONFIRMED_FILE
+#define SENDING_FILE   "sending.manifest" /* what was in flight when the connection dropped */
+#define CONFIRMED_MS   2000u		  /* saved at most this often while live */
+#define PULL_GROUP     512u		  /* paths per CHG_PULL: each staged file holds an fd until written */
 
 enum pull_kind { PULL_AUTO, PULL_ACCEPT, PULL_SHOW, PULL_STASH };
 
@@ -139,9 +139,7 @@ void up_changes_clear(struct up *u)
 
 static void save_store(struct up *u)
 {
-	int r = wb_store_save(u->chg.store);
-	if (r < 0)
-		cmd_err("up: guest changes: writing %s/%s: %s", u->state_dir, WB_STORE_FILE, strerror(-r));
+	up_state_wrote(u, WB_STORE_FILE, wb_store_save(u->chg.store));
 }
 
 /* ---- CHG_ITEM: a command's changes ---- */
@@ -340,11 +338,14 @@ static void stash_group_done(struct upull *p, size_t n)
 		if (out >= 0)
 			close(out);
 		if (!ok || renameat(u->chg.state_fd, tmp, u->chg.state_fd, name) < 0) {
+			int e = errno ? errno : EIO;
 			unlinkat(u->chg.state_fd, tmp, 0);
 			cmd_err("up: conflict on %s: could not keep the guest's version (%s); the guest keeps it",
-				c->path, strerror(errno ? errno : EIO));
+				c->path, strerror(e));
+			up_state_wrote(u, UP_STASH_FILES, -e);
 			continue;
 		}
+		up_state_wrote(u, UP_STASH_FILES, 0);
 		const struct wb_change *w = wb_store_find(u->chg.store, c->path);
 		if (w && (w->size != c->size || memcmp(w->hash, c->hash, CHUNK_HASH_LEN))) {
 			/* the guest changed it again: what was kept is what it holds */
@@ -878,27 +879,40 @@ bool up_changes_keep(void *ud, const struct manifest_change *c)
 /* The confirmed state to CONFIRMED_FILE (temporary name, rename; no
  * fsync: a stale or lost one only turns an unreported guest change into
  * a conflict, or leaves it to the old behaviour, never loses a reported one). */
-static void save_manifest(struct up *u, const struct manifest *m, const char *name)
+static int save_bytes(struct up *u, const char *name, const void *p, size_t n)
+{
+	char tmp[64];
+	int r = 0;
+
+	snprintf(tmp, sizeof(tmp), "%s.tmp", name);
+	int fd = openat(u->chg.state_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	errno = 0;
+	if (write(fd, p, n) != (ssize_t)n)
+		r = errno ? -errno : -ENOSPC;
+	if (close(fd) < 0 && r == 0)
+		r = -errno;
+	if (r == 0 && renameat(u->chg.state_fd, tmp, u->chg.state_fd, name) < 0)
+		r = -errno;
+	if (r < 0)
+		unlinkat(u->chg.state_fd, tmp, 0);
+	return r;
+}
+
+/* 0 or -errno (m NULL: the file is removed). */
+static int save_manifest(struct up *u, const struct manifest *m, const char *name)
 {
 	struct buf b;
-	char tmp[64];
+	int r;
 
-	if (!m) {
-		unlinkat(u->chg.state_fd, name, 0);
-		return;
-	}
+	if (!m)
+		return unlinkat(u->chg.state_fd, name, 0) < 0 && errno != ENOENT ? -errno : 0;
 	buf_init(&b, (size_t)1 << 31);
-	snprintf(tmp, sizeof(tmp), "%s.tmp", name);
-	if (manifest_encode(m, &b) == 0) {
-		int fd = openat(u->chg.state_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-		if (fd >= 0) {
-			bool ok = write(fd, buf_ptr(&b), buf_len(&b)) == (ssize_t)buf_len(&b);
-			close(fd);
-			if (!ok || renameat(u->chg.state_fd, tmp, u->chg.state_fd, name) < 0)
-				unlinkat(u->chg.state_fd, tmp, 0);
-		}
-	}
+	if ((r = manifest_encode(m, &b)) == 0)
+		r = save_bytes(u, name, buf_ptr(&b), buf_len(&b));
 	buf_clear(&b);
+	return r;
 }
 
 /* exact: saved when the session ended (down, a lost connection); a copy
@@ -910,24 +924,35 @@ static void save_confirmed(struct up *u, struct sync *engine, bool exact)
 {
 	const struct manifest *k = engine ? sync_known(engine) : NULL;
 
-	if (!k)
+	if (!k) {
+		/* An engine that never confirmed anything (the connection died
+		 * in its first reconcile): the guest may now hold part of that
+		 * reconcile beyond the saved state, which no longer describes
+		 * it. Its keep() has already taken what the saved state showed
+		 * as guest changes into the store. */
+		if (engine) /* also a restarted daemon's: the disk may say exact */
+			up_state_wrote(
+			    u, CONFIRMED_FILE,
+			    unlinkat(u->chg.state_fd, CONFIRMED_FILE ".meta", 0) < 0 && errno != ENOENT ? -errno : 0);
+		u->chg.exact_on_disk = false;
 		return;
-	save_manifest(u, k, CONFIRMED_FILE);
-	save_manifest(u, sync_sending(engine), SENDING_FILE);
-	u->chg.base_saved_ms = loop_now_ms();
-	u->chg.exact_on_disk = exact;
-	/* whose and when: the guest's key and its sequence (CONFIRMED_FILE.meta) */
-	char meta[160], hex[65];
-	sodium_bin2hex(hex, sizeof(hex), u->conn.g.guest_pub, 32);
-	int n = snprintf(meta, sizeof(meta), "%s %llu %s\n", hex, (unsigned long long)sync_get_stats(engine)->guest_seq,
-			 exact ? "exact" : "lagging");
-	int fd = openat(u->chg.state_fd, CONFIRMED_FILE ".meta", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
-			0600);
-	if (fd >= 0) {
-		if (write(fd, meta, (size_t)n) != n)
-			ftruncate(fd, 0);
-		close(fd);
 	}
+	/* the meta goes first and last: a copy whose manifests could not be
+	 * written must never be taken for an exact one */
+	int r = unlinkat(u->chg.state_fd, CONFIRMED_FILE ".meta", 0) < 0 && errno != ENOENT ? -errno : 0;
+	if (r == 0 && (r = save_manifest(u, k, CONFIRMED_FILE)) == 0)
+		r = save_manifest(u, sync_sending(engine), SENDING_FILE);
+	u->chg.base_saved_ms = loop_now_ms();
+	u->chg.exact_on_disk = exact && r == 0;
+	if (r == 0) {
+		/* whose and when: the guest's key and its sequence (CONFIRMED_FILE.meta) */
+		char meta[160], hex[65];
+		sodium_bin2hex(hex, sizeof(hex), u->conn.g.guest_pub, 32);
+		int n = snprintf(meta, sizeof(meta), "%s %llu %s\n", hex,
+				 (unsigned long long)sync_get_stats(engine)->guest_seq, exact ? "exact" : "lagging");
+		r = save_bytes(u, CONFIRMED_FILE ".meta", meta, (size_t)n);
+	}
+	up_state_wrote(u, CONFIRMED_FILE, r);
 }
 
 /* A saved manifest, or NULL (missing or damaged: the reconcile goes without). */
@@ -973,6 +998,15 @@ void up_changes_reconcile_begin(struct up *u)
 	u->chg.base_seq = seq;
 	u->chg.base = load_manifest(u, CONFIRMED_FILE);
 	u->chg.sending = load_manifest(u, SENDING_FILE);
+}
+
+void up_changes_save_state(struct up *u)
+{
+	if (!u->chg.store)
+		return;
+	save_store(u);
+	if (u->sync.engine)
+		save_confirmed(u, u->sync.engine, false);
 }
 
 void up_changes_synced(struct up *u, bool full)

@@ -84,9 +84,11 @@ void up_exec_kick(struct up *u)
 {
 	struct xcmd *x, *next;
 
+	/* live: a reconnect's (or a restarted daemon's) reconcile is done,
+	 * which the barrier alone does not say */
 	for (struct syncw **pp = &u->exec.syncws; *pp;) {
 		struct syncw *w = *pp;
-		if (u->sync.applied_seq >= w->barrier) {
+		if (u->conn.state == UP_LIVE && u->sync.applied_seq >= w->barrier) {
 			*pp = w->next;
 			relay_sync_done(u->exec.relay, w->token);
 			mem_free(w);
@@ -102,6 +104,14 @@ void up_exec_kick(struct up *u)
 		if (x->stream ||
 		    (x->fork ? !x->fork->ready : u->conn.state != UP_LIVE || u->sync.applied_seq < x->barrier) || !c)
 			continue;
+		/* a fork has no sync, so no paths it could be missing */
+		char refusal[1200];
+		if (!x->fork && !x->gated && !(x->gated = true, up_paths_gate(u, x->cmd, refusal, sizeof(refusal)))) {
+			struct relay_cmd *cmd = x->cmd;
+			xcmd_free(u, x);
+			relay_cmd_error(cmd, "not_in_guest", refusal);
+			continue;
+		}
 		if (!(x->stream = chan_stream_open(c, 0))) {
 			struct relay_cmd *cmd = x->cmd;
 			xcmd_free(u, x);
@@ -448,6 +458,7 @@ void up_exec_frame(struct up *u, struct up_fork *f, uint8_t type, uint32_t strea
 		else
 			up_changes_exit(u, x, cmd, &ex);
 		xcmd_free(u, x);
+		up_paths_kick(u);
 		return;
 	}
 	case WIRE_EXEC_ERROR: {

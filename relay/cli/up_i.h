@@ -14,6 +14,8 @@
  *                applied barrier, the latency window, the audit record
  *   up_exec.c    the relay backend: commands to the guest on exec streams
  *                (struct xcmd), sync_wait waiters, egress lookups
+ *   up_paths.c   paths the guest could not apply: their retry, status
+ *                and audit record, each command's line (or refusal)
  *   up_status.c  the status file; `airlock status` and `sync-wait`
  *   up_state.c   the state directory, pid file and lock; `airlock down`
  *
@@ -53,6 +55,10 @@
 #define RESTART_WAIT_MS 3000u /* status/sync-wait wait this long for a restarted daemon */
 #define POLICY_NOTE	"policy is read once at start: edits to it apply after restart"
 
+/* state files of up_changes.c that up_status.c names in state_error */
+#define UP_CONFIRMED_FILE "confirmed.manifest" /* the confirmed state, for the next reconcile */
+#define UP_STASH_FILES	  "conflict-*"	       /* the guest's versions of conflicts */
+
 struct loop;
 struct journal;
 struct mount;
@@ -87,6 +93,7 @@ struct xcmd {
 	uint64_t barrier; /* journal seq the guest must have applied first */
 	uint32_t stream;  /* 0 until EXEC_START went out */
 	bool paused;	  /* the relay holds output back: credit is owed, not returned */
+	bool gated;	  /* up_paths_gate was asked (once per command) */
 	size_t owed;
 	size_t stdin_inflight;		 /* stdin bytes sent, not yet acknowledged
 					    (WIRE_EXEC_STDIN_WINDOW) */
@@ -146,11 +153,21 @@ struct up_progress {
 	uint64_t t0_ms, last_ms;
 };
 
-/* The status file's throttle (up_status.c). */
+/* A file of the state directory whose last write failed (up_state_wrote). */
+struct up_werr {
+	char file[32];
+	int err; /* -errno */
+};
+#define UP_WERR_MAX 8
+
+/* The status file's throttle, and the state directory's failed writes
+ * (up_status.c): the status's state_error until each is written again. */
 struct up_status {
 	uint64_t last_ms, timer;
 	bool dirty;
-	int save_err; /* the last status write's -errno (said once on stderr per change) */
+	struct up_werr werr[UP_WERR_MAX];
+	size_t nwerr;
+	uint64_t retry_ms; /* when the failed files were last written again */
 };
 
 /* The policy, read once at start, and where its file is to notice edits. */
@@ -238,6 +255,13 @@ struct up_super {
 	pid_t daemon_pid;
 };
 
+/* Paths the guest could not apply: their retry (up_paths.c). */
+struct up_paths {
+	uint64_t timer;	      /* the next retry, 0: none */
+	uint64_t retry_at_ms; /* loop_now_ms of it */
+	uint64_t retries;     /* retries started */
+	uint64_t sig;	      /* of the set last recorded (audit, the daemon's log) */
+};
 struct up {
 	struct loop *loop;
 	struct journal *journal;
@@ -259,6 +283,7 @@ struct up {
 	struct up_forks forks;
 	struct up_super super;
 	struct up_progress progress;
+	struct up_paths paths;
 
 	_Atomic uint64_t first_notify_ns; /* set by FUSE threads, taken by the loop */
 	atomic_bool mount_gone;
@@ -322,8 +347,29 @@ void up_sync_pump(struct up *u);
 bool up_sync_settled(struct up *u);
 /* Journaled changes not yet on the guest (approximate: what status shows). */
 size_t up_sync_pending(struct up *u);
+/* Write the audit record (withheld.json) again: a retry after a failed write. */
+void up_sync_save_audit(struct up *u);
 /* Free the engines and the pending set. */
 void up_sync_clear(struct up *u);
+/* Push these paths again (with no content hint), or reconcile (full),
+ * now or after the operation running. */
+void up_sync_retry(struct up *u, const char *const *paths, size_t n, bool full);
+/* ---- up_paths.c: paths the guest could not apply ---- */
+/* An operation finished: record the set (audit, log) and arm the retry
+ * (1 s doubling to 60 s after the freshest failure), or stop it. */
+void up_paths_synced(struct up *u);
+/* A command ended: retry now (it may have freed space in the guest). */
+void up_paths_kick(struct up *u);
+/* The connection is gone: no retry until the next one. */
+void up_paths_clear(struct up *u);
+/* A command passed its barrier: with paths missing in the guest, one
+ * line on its stderr (true: send it), or with execution.barrier "fail"
+ * false and that line in refusal (the caller ends the command with it). */
+bool up_paths_gate(struct up *u, struct relay_cmd *cmd, char *refusal, size_t len);
+/* The status file's "not_in_guest" object (a json_t *; NULL without
+ * memory), and its lines in `airlock status` from a status document. */
+void *up_paths_json(struct up *u);
+void up_paths_print(void *status);
 
 /* ---- up_exec.c ---- */
 
@@ -405,6 +451,8 @@ bool up_changes_keep(void *ud, const struct manifest_change *c);
 void up_changes_reconcile_begin(struct up *u);
 /* A sync operation finished (full: a reconcile). */
 void up_changes_synced(struct up *u, bool full);
+/* Write the store and the confirmed state again: a retry after a failed write. */
+void up_changes_save_state(struct up *u);
 /* An ERROR from the guest on a pull's stream (too many pulls, an agent
  * without them): that pull fails. false when stream is no pull's. */
 bool up_changes_refused(struct up *u, uint32_t stream, const char *msg);
@@ -419,6 +467,11 @@ void up_status_write(struct up *u);
 /* Write it if it changed: at once when settled (sync-wait and status wait
  * for that), else at most every STATUS_MIN_MS. */
 void up_status_flush(struct up *u, bool settled);
+/* The result of a write of file in the state directory: r < 0 (-errno:
+ * ENOSPC, EROFS...) is said once on stderr and is the status's state_error
+ * (airlock status fails with it) until a write of that file works again,
+ * which is said too. */
+void up_state_wrote(struct up *u, const char *file, int r);
 
 /* ---- up_log.c: the daemon's log ---- */
 
@@ -432,6 +485,9 @@ int up_log_term_fd(void);
 void up_log_detach(void);
 /* Restore stdout and stderr, close the log. */
 void up_log_stop(void);
+/* 0, or the -errno of the last failed write to up.log (a full or
+ * read-only state directory; the log cannot say it itself). */
+int up_log_error(void);
 
 /* ---- up_traps.c: refusals and warnings before anything starts ---- */
 

@@ -25,6 +25,7 @@ static struct {
 	FILE *orig_err, *orig_out, *f;
 	int term; /* the original stderr; -1 after up_log_detach */
 	int log;
+	int err; /* -errno of the last failed write to the log, 0 after one that worked */
 	bool line_start;
 	char path[PATH_MAX + 32], old[PATH_MAX + 32];
 	off_t size;
@@ -35,20 +36,24 @@ static void log_open(void)
 	struct stat st;
 
 	lg.log = open(lg.path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+	lg.err = lg.log < 0 ? -errno : 0;
 	lg.size = lg.log >= 0 && fstat(lg.log, &st) == 0 ? st.st_size : 0;
 }
 
-static void write_all(int fd, const char *p, size_t n)
+/* 0, or -errno (a full or read-only disk: the log's writes are checked,
+ * the terminal's are not). */
+static int write_all(int fd, const char *p, size_t n)
 {
 	while (fd >= 0 && n > 0) {
 		ssize_t w = write(fd, p, n);
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w <= 0)
-			return;
+			return w < 0 ? -errno : -ENOSPC;
 		p += w;
 		n -= (size_t)w;
 	}
+	return 0;
 }
 
 /* "YYYY-MM-DDTHH:MM:SS.mmmZ " of now, computed here (no libc time zone
@@ -86,12 +91,16 @@ static ssize_t log_write(void *cookie, const char *buf, size_t n)
 					close(lg.log);
 				rename(lg.path, lg.old);
 				log_open();
+			} else if (lg.log < 0) {
+				log_open(); /* a rotation failed: try again */
 			}
 			size_t k = stamp(ts, sizeof(ts));
-			write_all(lg.log, ts, k);
+			if (lg.log >= 0)
+				lg.err = write_all(lg.log, ts, k);
 			lg.size += (off_t)k;
 		}
-		write_all(lg.log, buf + done, len);
+		if (lg.log >= 0 && lg.err == 0)
+			lg.err = write_all(lg.log, buf + done, len);
 		lg.size += (off_t)len;
 		lg.line_start = nl != NULL;
 		done += len;
@@ -125,6 +134,11 @@ int up_log_start(const char *state_dir)
 	lg.orig_out = stdout;
 	stderr = lg.f;
 	return 0;
+}
+
+int up_log_error(void)
+{
+	return lg.err;
 }
 
 int up_log_term_fd(void)

@@ -23,10 +23,14 @@
 #include "airlock/mount/journal.h"
 #include "airlock/policy/policy.h"
 #include "airlock/sandbox/sandbox.h"
+#include "airlock/sync/audit.h"
+#include "airlock/sync/writeback.h"
 #include "cmd_i.h"
 #include "up_i.h"
 
 static const char *const state_names[] = {"disconnected", "connecting", "reconciling", "live"};
+
+#define STATE_RETRY_MS 1000u /* failed state files written again at most this often */
 
 static void on_status_timer(struct loop *l, void *ud)
 {
@@ -108,6 +112,64 @@ static json_t *ignored_json(const struct policy *p)
 	return json_pack("{s:o?, s:s}", "keys", keys, "note", note);
 }
 
+/* What a failed write of each state file costs, for its stderr line. */
+static const char *werr_cost(const char *file)
+{
+	static const struct {
+		const char *file, *cost;
+	} costs[] = {
+	    {UP_STATUS_FILE, "airlock status and sync-wait see stale state"},
+	    {AUDIT_WITHHELD_FILE, "airlock audit shows an older record"},
+	    {WB_STORE_FILE, "the guest changes waiting for review are kept in memory only (a crash of the daemon "
+			    "forgets them; the guest still holds them)"},
+	    {UP_CONFIRMED_FILE, "a reconcile after a crash cannot tell guest changes no report named"},
+	    {UP_STASH_FILES, "the guest's version of a conflict stays in the guest only"},
+	};
+	for (size_t i = 0; i < sizeof(costs) / sizeof(costs[0]); i++)
+		if (!strcmp(costs[i].file, file))
+			return costs[i].cost;
+	return "what it records is stale";
+}
+
+void up_state_wrote(struct up *u, const char *file, int r)
+{
+	struct up_status *st = &u->status;
+	size_t i = 0;
+
+	while (i < st->nwerr && strcmp(st->werr[i].file, file))
+		i++;
+	int was = i < st->nwerr ? st->werr[i].err : 0;
+	if (r < 0 && r != was)
+		cmd_err("up: cannot write %s/%s: %s; %s until the state directory is writable again", u->state_dir,
+			file, strerror(-r), werr_cost(file));
+	else if (r == 0 && was)
+		cmd_err("up: %s/%s is written again", u->state_dir, file);
+	if (r < 0 && i == st->nwerr && i < UP_WERR_MAX) {
+		snprintf(st->werr[i].file, sizeof(st->werr[i].file), "%s", file);
+		st->nwerr++;
+	}
+	if (r < 0 && i < st->nwerr)
+		st->werr[i].err = r;
+	else if (r == 0 && i < st->nwerr)
+		st->werr[i] = st->werr[--st->nwerr];
+	if (r != was)
+		up_mark_dirty(u);
+}
+
+/* "" or "cannot write STATE/FILE: ERROR" of the first failed state write
+ * (the log's included: it cannot report on itself). */
+static void state_error(const struct up *u, char *out, size_t n)
+{
+	int lerr = up_log_error();
+
+	out[0] = '\0';
+	if (u->status.nwerr)
+		snprintf(out, n, "cannot write %s/%s: %s%s", u->state_dir, u->status.werr[0].file,
+			 strerror(-u->status.werr[0].err), u->status.nwerr > 1 ? " (and other files there)" : "");
+	else if (lerr < 0)
+		snprintf(out, n, "cannot write %s/%s: %s", u->state_dir, UP_LOG_FILE, strerror(-lerr));
+}
+
 /* The status as of now (doc/UP.md lists the fields); NULL without memory. */
 static json_t *status_json(struct up *u)
 {
@@ -136,6 +198,10 @@ static json_t *status_json(struct up *u)
 	    (json_int_t)((uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec), "socket", u->exec.sock);
 	if (o)
 		json_object_set_new(o, "policy_ignored", ignored_json(u->pol.policy));
+	char serr[PATH_MAX + 160];
+	state_error(u, serr, sizeof(serr));
+	if (o)
+		json_object_set_new(o, "state_error", json_string(serr));
 	if (o)
 		json_object_update_new(o, json_pack("{s:I, s:s, s:I}", "restarts", (json_int_t)u->super.restarts,
 						    "last_crash", u->super.last_crash, "crash_ms",
@@ -146,6 +212,8 @@ static json_t *status_json(struct up *u)
 		json_object_set_new(o, "forks", up_fork_status(u));
 	if (o && u->exec.egress)
 		json_object_set_new(o, "egress", egress_json(u->exec.egress));
+	if (o)
+		json_object_set_new(o, "not_in_guest", up_paths_json(u));
 	return o;
 }
 
@@ -182,10 +250,34 @@ static int status_save(const char *state_dir, json_t *o)
 	return -e;
 }
 
+/* Failed state files are written again at most once a second while the
+ * status is (the stash's copies cannot be: their failure was said, the
+ * guest keeps those versions), so a freed directory clears state_error. */
+static void state_retry(struct up *u)
+{
+	uint64_t now = loop_now_ms();
+
+	if (!u->status.nwerr || now - u->status.retry_ms < STATE_RETRY_MS)
+		return;
+	u->status.retry_ms = now;
+	bool store = false, audit = false;
+	for (size_t i = 0; i < u->status.nwerr; i++) {
+		store |= !strcmp(u->status.werr[i].file, WB_STORE_FILE) ||
+			 !strcmp(u->status.werr[i].file, UP_CONFIRMED_FILE);
+		audit |= !strcmp(u->status.werr[i].file, AUDIT_WITHHELD_FILE);
+	}
+	up_state_wrote(u, UP_STASH_FILES, 0);
+	if (store)
+		up_changes_save_state(u);
+	if (audit)
+		up_sync_save_audit(u);
+}
+
 void up_status_write(struct up *u)
 {
 	json_t *o;
 
+	state_retry(u);
 	u->status.dirty = false;
 	u->status.last_ms = loop_now_ms();
 	if (u->status.timer) {
@@ -196,13 +288,7 @@ void up_status_write(struct up *u)
 		return;
 	int r = status_save(u->state_dir, o);
 	json_decref(o);
-	if (r < 0 && r != u->status.save_err)
-		cmd_err("up: cannot write %s/%s: %s; airlock status and sync-wait see stale state until "
-			"the state directory is writable again",
-			u->state_dir, UP_STATUS_FILE, strerror(-r));
-	else if (r == 0 && u->status.save_err)
-		cmd_err("up: %s/%s is written again", u->state_dir, UP_STATUS_FILE);
-	u->status.save_err = r;
+	up_state_wrote(u, UP_STATUS_FILE, r);
 }
 
 void up_status_flush(struct up *u, bool settled)
@@ -390,6 +476,7 @@ static void print_status(json_t *st, pid_t pid)
 		       json_integer_value(json_object_get(eg, "streams")),
 		       json_integer_value(json_object_get(eg, "opened")),
 		       json_integer_value(json_object_get(eg, "denials")));
+	up_paths_print(st);
 	if (lerr && *lerr)
 		printf("last error  %s\n", lerr);
 	const char *crash = json_string_value(json_object_get(st, "last_crash"));
@@ -447,6 +534,18 @@ int cmd_status(int argc, char **argv)
 			 "no airlock up runs for %.*s or a directory above it (start one: airlock up DIR -d)",
 			 PATH_MAX - 128, real);
 		return status_fail(json, real, sdir);
+	}
+	const char *serr = json_string_value(json_object_get(st, "state_error"));
+	if (serr && *serr) {
+		/* it writes its status, but another of its files failed */
+		char msg[3 * PATH_MAX + 256];
+		snprintf(msg, sizeof(msg),
+			 "airlock up (pid %d) runs for %.*s but %.*s; free space there, or make it writable", (int)pid,
+			 PATH_MAX - 1, real, 2 * PATH_MAX, serr);
+		if (!json)
+			print_status(st, pid); /* the rest of the status is fresh */
+		json_decref(st);
+		return status_fail(json, real, msg);
 	}
 	json_object_set_new(st, "running", json_true());
 	if (json) {
@@ -526,13 +625,25 @@ int cmd_sync_wait(int argc, char **argv)
 			uint64_t upd = (uint64_t)json_integer_value(json_object_get(st, "updated_ns"));
 			uint64_t applied = (uint64_t)json_integer_value(json_object_get(st, "applied_seq"));
 			uint64_t pending = (uint64_t)json_integer_value(json_object_get(st, "pending"));
+			/* live: the connection's first reconcile is done. Before it
+			 * (a restarted daemon, a reconnect) the guest may lack what
+			 * a restarted daemon's empty journal never counted. */
+			const char *state = json_string_value(json_object_get(st, "state"));
+			bool live = state && !strcmp(state, "live");
 			if (!have_barrier && upd >= t0_real && json_integer_value(json_object_get(st, "pid")) == pid) {
 				barrier = (uint64_t)json_integer_value(json_object_get(st, "journal_seq"));
 				have_barrier = true;
 			}
+			json_int_t missing =
+			    json_integer_value(json_object_get(json_object_get(st, "not_in_guest"), "total"));
 			json_decref(st);
-			if (have_barrier && applied >= barrier && pending == 0)
+			if (have_barrier && live && applied >= barrier && pending == 0) {
+				if (missing > 0) /* applied as far as the guest could: say what it could not */
+					cmd_err(
+					    "sync-wait: %lld path%s not in the guest, retrying (airlock status -C %s)",
+					    (long long)missing, missing == 1 ? " is" : "s are", dir);
 				return 0;
+			}
 		}
 		if (t - t0_ms > 0 && (t - t0_ms) % 1000 < 5 && up_daemon_pid(sdir) != pid) {
 			pid_t again = up_wait_daemon(sdir, RESTART_WAIT_MS);

@@ -122,6 +122,14 @@ static void lat_add(struct up_latency *lat, uint64_t ns)
 		lat->n++;
 }
 
+static void save_withheld(struct up *u);
+
+void up_sync_save_audit(struct up *u)
+{
+	if (u->sync.engine)
+		save_withheld(u);
+}
+
 static void save_withheld(struct up *u)
 {
 	size_t nw, ns;
@@ -130,8 +138,8 @@ static void save_withheld(struct up *u)
 	const struct sync_record *w = sync_withheld(u->sync.engine, &nw, &tw),
 				 *s = sync_skipped(u->sync.engine, &ns, &ts);
 
-	if (audit_save_withheld(u->dir, policy_source(u->pol.policy), w, nw, tw, s, ns, ts, err, sizeof(err)) < 0)
-		cmd_err("audit record: %s", err);
+	int r = audit_save_withheld(u->dir, policy_source(u->pol.policy), w, nw, tw, s, ns, ts, err, sizeof(err));
+	up_state_wrote(u, AUDIT_WITHHELD_FILE, r); /* said once, in status until it works again */
 	u->sync.withheld_saved = sync_get_stats(u->sync.engine)->withheld_changes;
 }
 
@@ -159,6 +167,7 @@ static void on_sync_done(int err, const char *why, void *ud)
 	up_changes_synced(u, u->sync.op_full);
 	if (u->conn.state == UP_RECONCILING)
 		up_conn_live(u);
+	up_paths_synced(u);
 }
 
 #define PROGRESS_TTY_MS	 250u  /* a terminal's line is redrawn this often */
@@ -391,8 +400,26 @@ size_t up_sync_pending(struct up *u)
 	       (u->sync.busy ? u->sync.op_npaths + 1 : 0);
 }
 
+void up_sync_retry(struct up *u, const char *const *paths, size_t n, bool full)
+{
+	for (size_t i = 0; i < n && !full; i++) {
+		struct sync_hint *h = pathset_add(&u->sync.pending, paths[i]);
+		if (!h)
+			full = true;
+		else
+			h->valid = false; /* hash it whole */
+	}
+	if (full) {
+		pathset_clear(&u->sync.pending);
+		u->sync.pending_full = true;
+	}
+	up_mark_dirty(u);
+	up_sync_pump(u);
+}
+
 void up_sync_clear(struct up *u)
 {
+	up_paths_clear(u);
 	sync_free(u->sync.engine);
 	sync_free(u->sync.dead);
 	u->sync.engine = u->sync.dead = NULL;

@@ -510,6 +510,20 @@ void wire_chg_item_clear(struct wire_chg_item *m)
 	memset(m, 0, sizeof(*m));
 }
 
+/* The failure list on its own: consistent with itself (see wire.h). */
+static int sync_fail_check(const struct wire_sync_ack *m)
+{
+	if ((m->fail_flags & ~WIRE_SYNC_FAIL_F_MORE) || m->nfail > WIRE_SYNC_FAIL_MAX ||
+	    (m->nfail == 0 && !m->fail_flags))
+		return -EBADMSG;
+	for (uint32_t i = 0; i < m->nfail; i++) {
+		const struct wire_sync_fail *f = &m->fail[i];
+		if ((i && f->op <= m->fail[i - 1].op) || f->code == 0 || f->code >= 4096)
+			return -EBADMSG;
+	}
+	return 0;
+}
+
 int wire_sync_ack_encode(struct buf *b, const struct wire_sync_ack *m)
 {
 	int r;
@@ -518,18 +532,75 @@ int wire_sync_ack_encode(struct buf *b, const struct wire_sync_ack *m)
 	    (r = buf_put_u64(b, m->files)) < 0 || (r = buf_put_u64(b, m->bytes)) < 0 ||
 	    (r = buf_put_u64(b, m->deleted)) < 0 || (r = buf_put_u64(b, m->kept_dirs)) < 0)
 		return r;
+	if (!m->nfail && !m->fail_flags)
+		return 0;
+	if (sync_fail_check(m) < 0)
+		return -EINVAL;
+	for (uint32_t i = 0; i < m->nfail; i++)
+		if (strlen(m->fail[i].path) > WIRE_PATH_MAX || strlen(m->fail[i].msg) > WIRE_SYNC_FAIL_MSG_MAX)
+			return -EINVAL;
+	if ((r = buf_put_u8(b, WIRE_SYNC_FAILV)) < 0 || (r = buf_put_u8(b, m->fail_flags)) < 0 ||
+	    (r = buf_put_u32(b, m->nfail)) < 0)
+		return r;
+	for (uint32_t i = 0; i < m->nfail; i++) {
+		const struct wire_sync_fail *f = &m->fail[i];
+		if ((r = buf_put_u32(b, f->op)) < 0 || (r = buf_put_u32(b, f->code)) < 0 ||
+		    (r = buf_put_str(b, f->path)) < 0 || (r = buf_put_str(b, f->msg)) < 0)
+			return r;
+	}
 	return 0;
+}
+
+static int sync_fail_decode(struct buf *in, struct wire_sync_ack *m)
+{
+	uint8_t version;
+	int r;
+
+	if ((r = buf_get_u8(in, &version)) < 0)
+		return r;
+	if (version != WIRE_SYNC_FAILV) /* 0 was never a version: a stray byte */
+		return version == 0 ? -EBADMSG : -EPROTO;
+	if ((r = buf_get_u8(in, &m->fail_flags)) < 0 || (r = buf_get_u32(in, &m->nfail)) < 0)
+		return r;
+	/* every entry takes at least 16 bytes: a count the payload cannot
+	 * hold is refused before the allocation */
+	if (m->nfail > WIRE_SYNC_FAIL_MAX || (uint64_t)m->nfail * 16 > buf_len(in))
+		return -EBADMSG;
+	if (m->nfail && !(m->fail = mem_calloc(m->nfail, sizeof(*m->fail))))
+		return -ENOMEM;
+	for (uint32_t i = 0; i < m->nfail; i++) {
+		struct wire_sync_fail *f = &m->fail[i];
+		if ((r = buf_get_u32(in, &f->op)) < 0 || (r = buf_get_u32(in, &f->code)) < 0 ||
+		    (r = buf_get_str(in, &f->path, WIRE_PATH_MAX)) < 0 ||
+		    (r = buf_get_str(in, &f->msg, WIRE_SYNC_FAIL_MSG_MAX)) < 0)
+			return r;
+	}
+	return sync_fail_check(m);
 }
 
 int wire_sync_ack_decode(struct buf *in, struct wire_sync_ack *m)
 {
 	int r;
 
+	memset(m, 0, sizeof(*m));
 	if ((r = buf_get_u64(in, &m->seq)) < 0 || (r = buf_get_u64(in, &m->ops)) < 0 ||
 	    (r = buf_get_u64(in, &m->files)) < 0 || (r = buf_get_u64(in, &m->bytes)) < 0 ||
-	    (r = buf_get_u64(in, &m->deleted)) < 0 || (r = buf_get_u64(in, &m->kept_dirs)) < 0 || (r = done(in)) < 0)
+	    (r = buf_get_u64(in, &m->deleted)) < 0 || (r = buf_get_u64(in, &m->kept_dirs)) < 0 ||
+	    (buf_len(in) && (r = sync_fail_decode(in, m)) < 0) || (r = done(in)) < 0) {
+		wire_sync_ack_clear(m);
 		return r;
+	}
 	return 0;
+}
+
+void wire_sync_ack_clear(struct wire_sync_ack *m)
+{
+	for (uint32_t i = 0; m->fail && i < m->nfail; i++) {
+		mem_free(m->fail[i].path);
+		mem_free(m->fail[i].msg);
+	}
+	mem_free(m->fail);
+	memset(m, 0, sizeof(*m));
 }
 
 int wire_sync_nack_encode(struct buf *b, const struct wire_sync_nack *m)

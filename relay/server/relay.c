@@ -29,7 +29,9 @@
  */
 #include "airlock/server/relay.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +39,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <sodium.h>
@@ -155,6 +158,21 @@ static void accept_cb(struct loop *l, int fd, uint32_t events, void *ud)
 /* ------------------------------------------------------------------ */
 /* socket */
 
+/* Does anything accept on the socket at sa? 0 no (refused, gone),
+ * -EADDRINUSE yes, else -errno. */
+static int probe_socket(const struct sockaddr_un *sa)
+{
+	int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (probe < 0)
+		return -errno;
+	int r = connect(probe, (const struct sockaddr *)sa, sizeof(*sa));
+	int e = errno;
+	close(probe);
+	if (r == 0 || e == EAGAIN)
+		return -EADDRINUSE;
+	return e == ECONNREFUSED || e == ENOENT ? 0 : -e;
+}
+
 static int listen_socket(const char *path, int *out)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -168,16 +186,8 @@ static int listen_socket(const char *path, int *out)
 		if (!S_ISSOCK(st.st_mode))
 			return -EEXIST;
 		/* Replace it only if nothing accepts on it. */
-		int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-		if (probe < 0)
-			return -errno;
-		r = connect(probe, (struct sockaddr *)&sa, sizeof(sa));
-		int e = errno;
-		close(probe);
-		if (r == 0 || e == EAGAIN)
-			return -EADDRINUSE;
-		if (e != ECONNREFUSED && e != ENOENT)
-			return -e;
+		if ((r = probe_socket(&sa)) < 0)
+			return r;
 		if (unlink(path) < 0 && errno != ENOENT)
 			return -errno;
 	} else if (errno != ENOENT) {
@@ -311,6 +321,41 @@ static int private_dir(const char *dir)
 		return -errno;
 	if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH)))
 		return -EPERM;
+	return 0;
+}
+
+int relay_sweep_stale(const char *sock_path, unsigned *removed)
+{
+	char dir[PATH_MAX];
+	const char *slash = strrchr(sock_path, '/');
+	struct dirent *d;
+	DIR *dp;
+
+	*removed = 0;
+	if (!slash || (size_t)(slash - sock_path) >= sizeof(dir))
+		return -EINVAL;
+	memcpy(dir, sock_path, (size_t)(slash - sock_path));
+	dir[slash - sock_path] = '\0';
+	if (!dir[0] || private_dir(dir) < 0) /* only our own 0700 directory */
+		return -EPERM;
+	if (!(dp = opendir(dir)))
+		return -errno;
+	while ((d = readdir(dp))) {
+		struct sockaddr_un sa = {.sun_family = AF_UNIX};
+		struct stat st;
+		size_t len = strlen(d->d_name);
+		if (len < 6 || strcmp(d->d_name + len - 5, ".sock") ||
+		    (size_t)snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/%s", dir, d->d_name) >= sizeof(sa.sun_path))
+			continue;
+		/* a socket of ours (never a symlink), on which nothing accepts;
+		 * not one made in the last seconds (bound, not yet listening) */
+		if (fstatat(dirfd(dp), d->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISSOCK(st.st_mode) ||
+		    st.st_uid != geteuid() || st.st_ctime > time(NULL) - 2 || probe_socket(&sa) != 0)
+			continue;
+		if (unlinkat(dirfd(dp), d->d_name, 0) == 0)
+			(*removed)++;
+	}
+	closedir(dp);
 	return 0;
 }
 

@@ -52,7 +52,7 @@ static const struct codec codecs[] = {
     OWNING(WIRE_SYNC_LEVEL, sync_level),
     OWNING(WIRE_SYNC_ENTRIES_REQ, sync_req),
     OWNING(WIRE_SYNC_ENTRY, sync_entry),
-    PLAIN(WIRE_SYNC_ACK, sync_ack),
+    OWNING(WIRE_SYNC_ACK, sync_ack),
     OWNING(WIRE_SYNC_NACK, sync_nack),
     OWNING(WIRE_EXEC_START, exec_start),
     PLAIN(WIRE_EXEC_STARTED, exec_started),
@@ -224,9 +224,25 @@ static int seed_msg(unsigned i, union wire_msg *m, uint8_t *type)
 		m->sync_entry =
 		    (struct wire_sync_entry){.path = "src/a.c", .found = 1, .entry = bytes, .entry_len = sizeof(bytes)};
 		break;
-	case WIRE_SYNC_ACK:
-		m->sync_ack = (struct wire_sync_ack){8, 3, 2, 4096, 1, 0};
+	case WIRE_SYNC_ACK: {
+		/* with a failure list: a refused delete and a full disk */
+		static struct wire_sync_fail fails[] = {
+		    {.op = 1, .code = EACCES, .path = "ro/f", .msg = "DELETE: unlink: Permission denied"},
+		    {.op = 4,
+		     .code = ENOSPC,
+		     .path = "big",
+		     .msg = "PUT: writing the new content: No space left on device"},
+		};
+		m->sync_ack = (struct wire_sync_ack){.seq = 8,
+						     .ops = 3,
+						     .files = 2,
+						     .bytes = 4096,
+						     .deleted = 1,
+						     .fail_flags = WIRE_SYNC_FAIL_F_MORE,
+						     .nfail = 2,
+						     .fail = fails};
 		break;
+	}
 	case WIRE_CHG_ITEM:
 	case WIRE_CHG_FILE:
 		m->chg_item = (struct wire_chg_item){.path = "src/l",

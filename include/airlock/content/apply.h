@@ -23,11 +23,22 @@
  *    order, mkdir, rename the staged files and links into place, chmod,
  *    delete. (3) Directory modes (deferred so a read-only directory can
  *    still be filled), fsync per policy, remove the staging directory.
- *  - A failure in (2) (ENOSPC creating a directory, a guest process
- *    racing us) stops at that op: earlier ops are applied, later ones are
- *    not, each file is either wholly old or wholly new, no temporary is
- *    left. The error says so; the host must reconcile. Deletions cannot be
- *    undone, so nothing is rolled back after the first visible change.
+ *  - Per-op failures: an op that fails in (1), (2) or (3) for a reason of
+ *    its own (a directory it may not write, a full disk or quota, a file
+ *    too large, a name the filesystem refuses, a guest process in the
+ *    way) is left out: its temporary is removed, its path keeps what it
+ *    had (a file is wholly old or wholly new; only a tree removal can get
+ *    halfway), and every other op goes on. The batch succeeds with those
+ *    ops listed by apply_failures(). Only running out of memory stops a
+ *    batch: in (1) nothing is applied; in (2) earlier ops are applied and
+ *    later ones are not (st->partial; the host must reconcile).
+ *  - Modes the way rsync applies them: the agent is not root in the
+ *    guest but owns what it applied, so a directory without u+w or u+x
+ *    (read-only on the host) is made u+wx for the one change in it that
+ *    needed it and restored right after, content for it is staged in the
+ *    staging directory, and a file without u+r (mode 000, 0200) is made
+ *    readable for the open of its old content and restored. Only after
+ *    EACCES, only for inodes the agent owns.
  *  - Nothing creates special files; mode bits are <= 0777 (delta.h).
  *
  * An apply handle is used from one thread at a time.
@@ -68,7 +79,19 @@ struct apply_stats {
 	uint64_t chmods;
 	uint64_t deleted;   /* paths removed (a tree counts once) */
 	uint64_t kept_dirs; /* directory DELETEs skipped: still hold files the host does not manage */
+	uint64_t failed;    /* ops that failed on their own (apply_failures) */
 	bool partial;	    /* failed during commit: some ops applied (see above) */
+};
+
+/* Failure records kept per batch (more are counted only). */
+#define APPLY_FAIL_MAX	   1024u
+#define APPLY_FAIL_MSG_MAX 255u
+
+/* One op of the last batch that failed on its own. */
+struct apply_failure {
+	uint32_t op;			  /* index in the batch */
+	int err;			  /* errno */
+	char msg[APPLY_FAIL_MSG_MAX + 1]; /* what failed, e.g. "DELETE: unlink: Permission denied" */
 };
 
 struct apply;
@@ -80,9 +103,21 @@ int apply_open(const char *root, const struct apply_opts *opts, struct apply **o
 void apply_free(struct apply *a);
 
 /* Apply a batch that delta_batch_verify accepted. Refuses (-ESTALE) a
- * sequence number not above apply_last_seq(); on success the last sequence
- * becomes the batch's. st (may be NULL) is filled either way. */
+ * sequence number not above apply_last_seq(); on success (which may
+ * leave ops failed on their own: st->failed, apply_failures) the last
+ * sequence becomes the batch's. st (may be NULL) is filled either way. */
 int apply_batch(struct apply *a, struct delta_batch *b, struct apply_stats *st);
+
+/* apply_batch where any op's failure is the batch's, as before per-op
+ * failures: one in (1) leaves the tree exactly as it was, one in (2) or
+ * (3) stops there (st->partial). For the write-back to the host, which
+ * writes a guest change whole or not at all (doc/WRITEBACK.md). */
+int apply_batch_whole(struct apply *a, struct delta_batch *b, struct apply_stats *st);
+
+/* The ops of the last apply_batch that failed on their own, in op order:
+ * *n records (at most APPLY_FAIL_MAX), *total (may be NULL) all of them.
+ * Owned by a, valid until the next apply_batch. */
+const struct apply_failure *apply_failures(const struct apply *a, size_t *n, uint64_t *total);
 
 /* Message about the last failure ("" if none). Owned by a. */
 const char *apply_error(const struct apply *a);

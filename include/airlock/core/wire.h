@@ -167,7 +167,9 @@ enum wire_type {
 	WIRE_SYNC_ENTRIES_REQ = 52, /* h->g: u32 n (<= WIRE_SYNC_REQ_MAX), n x str path */
 	WIRE_SYNC_ENTRY = 53,	    /* g->h, one per asked path: str path, u8 found, [manifest_entry_encode] */
 	WIRE_SYNC_BATCH = 54,	    /* h->g: one signed delta batch (delta.h) */
-	WIRE_SYNC_ACK = 55,	    /* g->h: u64 seq, u64 ops, u64 files, u64 bytes, u64 deleted, u64 kept_dirs */
+	WIRE_SYNC_ACK = 55,	    /* g->h: u64 seq, u64 ops, u64 files, u64 bytes, u64 deleted, u64 kept_dirs,
+				     * [failure list: u8 version 1, u8 flags, u32 n, n x (u32 op, u32 errno,
+				     * str path, str message)] */
 	WIRE_SYNC_NACK = 56,	    /* g->h: u64 seq, u32 errno, u8 partial, str message */
 
 	/* exec (80..111; doc/PROTOCOL.md "Exec"). One host-opened stream per
@@ -428,12 +430,33 @@ int wire_chg_item_encode(struct buf *b, const struct wire_chg_item *m);
 int wire_chg_item_decode(struct buf *in, struct wire_chg_item *m);
 void wire_chg_item_clear(struct wire_chg_item *m);
 
-/* SYNC_ACK: the batch applied, and what it did. */
+/* SYNC_ACK: the batch applied, and what it did; with the ops that failed
+ * on their own (apply.h "Per-op failures") as a trailing failure list.
+ * An ACK without the list (an agent before it, or no failure) is the six
+ * u64 alone; the list is sent only when something failed, and its own
+ * version byte says its layout (another version: -EPROTO). Entries in
+ * strictly increasing op order, errno 1..4095, n <= WIRE_SYNC_FAIL_MAX (checked
+ * before anything is allocated), n > 0 unless MORE is set. Whether each
+ * op index and path is one the batch had is the host engine's check. */
+#define WIRE_SYNC_FAILV	       1u    /* version of the failure list */
+#define WIRE_SYNC_FAIL_MAX     1024u /* entries (= APPLY_FAIL_MAX) */
+#define WIRE_SYNC_FAIL_MSG_MAX 255u  /* an entry's message (= APPLY_FAIL_MSG_MAX) */
+#define WIRE_SYNC_FAIL_F_MORE  0x1u  /* more ops failed than are listed */
+struct wire_sync_fail {
+	uint32_t op;   /* index in the batch */
+	uint32_t code; /* errno */
+	char *path;    /* the op's path (<= WIRE_PATH_MAX) */
+	char *msg;     /* <= WIRE_SYNC_FAIL_MSG_MAX */
+};
 struct wire_sync_ack {
 	uint64_t seq, ops, files, bytes, deleted, kept_dirs;
+	uint8_t fail_flags; /* WIRE_SYNC_FAIL_F_* */
+	uint32_t nfail;
+	struct wire_sync_fail *fail; /* nfail entries; decode: owned, freed by _clear */
 };
 int wire_sync_ack_encode(struct buf *b, const struct wire_sync_ack *m);
 int wire_sync_ack_decode(struct buf *in, struct wire_sync_ack *m);
+void wire_sync_ack_clear(struct wire_sync_ack *m);
 
 /* SYNC_NACK: u64 seq, u32 errno, u8 partial, str message (<= WIRE_NACK_MSG_MAX). */
 struct wire_sync_nack {

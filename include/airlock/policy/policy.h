@@ -14,7 +14,7 @@
  *                      "sync": { "include": [glob], "exclude": [glob],
  *                                "allow_secrets": [exact relative path],
  *                                "gitignore": bool (default true) } },
- *     "execution":   { "local": [command prefix], "remote": [str],
+ *     "execution":   { "local": [command prefix], "remote": [str], "barrier": "run"|"fail",
  *                      "timeout_seconds": int > 0 },
  *     "credentials": { "forward_env": [env var name],
  *                      "inject": [ { "name": env var name (required),
@@ -94,10 +94,19 @@ struct policy_workspace {
 };
 #define POLICY_WRITEBACK_MAX_MIB 1024 /* default cap on the bytes one write-back brings to the host */
 
+/* execution.barrier: what a command does when paths edited before it
+ * could not be applied in the guest (doc/POLICY.md). Neither value is
+ * looser than the default: "fail" only refuses more. */
+enum policy_barrier {
+	POLICY_BARRIER_RUN = 0, /* default: run, with one stderr line naming them */
+	POLICY_BARRIER_FAIL,	/* fail at once, naming them; nothing runs */
+};
+
 struct policy_execution {
-	struct policy_list local;  /* command prefixes run on the host, as written */
-	struct policy_list remote; /* as written */
-	int64_t timeout_seconds;   /* 0 when unset */
+	struct policy_list local;    /* command prefixes run on the host, as written */
+	struct policy_list remote;   /* as written */
+	int64_t timeout_seconds;     /* 0 when unset */
+	enum policy_barrier barrier; /* execution.barrier */
 };
 
 struct policy_inject {

@@ -163,6 +163,14 @@ const char *relay_path(const struct relay *r);
  */
 int relay_default_path(const char *workspace_realpath, char *out, size_t n);
 
+/* Remove the relay sockets of daemons that died without removing theirs
+ * (kill -9, a crash) from sock_path's directory: every "*.sock" socket we
+ * own there on which nothing accepts (connect refused), never a symlink or
+ * another file, none made in the last 2 s (bound, not yet listening),
+ * only in a private directory as relay_default_path makes it. *removed
+ * counts them. 0 or -errno. */
+int relay_sweep_stale(const char *sock_path, unsigned *removed);
+
 /* Memory and state figures, for tests and `airlock status`. */
 struct relay_stats {
 	size_t clients;

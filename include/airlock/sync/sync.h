@@ -103,6 +103,25 @@ struct sync_stats {
 	uint64_t guest_seq; /* last sequence the guest confirmed */
 };
 
+/* A path the guest could not apply (doc/SYNC.md "Per-path failures"):
+ * the op failed in the guest on its own (a directory it may not write, a
+ * full disk or quota, a file too large, a name its filesystem refuses),
+ * the rest of the batch applied. The guest keeps what it had at the path;
+ * the confirmed state says so, so pushing the path again (a retry, or
+ * the next edit of it) sends the op again. */
+struct sync_failure {
+	char *path;	   /* owned */
+	int err;	   /* errno, as the guest reported it */
+	char *msg;	   /* owned: the guest's words, e.g. "DELETE: unlink: Permission denied" */
+	uint32_t attempts; /* operations in a row that reported it */
+	uint64_t since_ms; /* CLOCK_REALTIME ms of the first of them */
+	uint64_t last_ms;  /* and of the last */
+	bool reconcile;	   /* the guest's copy is not what the host thinks (EBADMSG, EEXIST,
+			    * EISDIR, ENOTDIR, ELOOP...): a reconcile retries it, not a push */
+};
+/* Most per-path failures listed; the rest are only counted. */
+#define SYNC_FAILURES_MAX 10000u
+
 /* A withheld or skipped path, for the audit record. */
 struct sync_record {
 	char *path; /* owned */
@@ -227,10 +246,17 @@ const struct sync_stats *sync_get_stats(const struct sync *s);
 const struct manifest *sync_known(const struct sync *s);
 /* The host state the operation in progress is sending (NULL when none is,
  * or without memory): what the guest may already hold beyond sync_known
- * when the connection drops before the acknowledgements arrive. The whole
- * tree: for a targeted push (which holds only the changed part) it is built
- * when asked, O(entries). Valid until the operation ends. */
+ * when the connection drops before the acknowledgements arrive; also
+ * after the operation failed while sending (a write to a dead guest, its
+ * ERROR: batches before may be applied). The whole tree: for a targeted
+ * push (which holds only the changed part) it is built when asked,
+ * O(entries). Valid until the next operation starts. */
 const struct manifest *sync_sending(struct sync *s);
+/* The paths the guest could not apply (struct sync_failure), *total
+ * counts all. A failure stays until an operation covering its path
+ * (a reconcile, a full scan, a push of it or of a directory above it)
+ * no longer gets it reported. Valid until the next operation finishes. */
+const struct sync_failure *sync_failures(const struct sync *s, size_t *n, uint64_t *total);
 /* Withheld paths (policy) and skipped entries (special files, errors) of
  * the last scan, each capped at SYNC_RECORDS_MAX; *total counts all. */
 const struct sync_record *sync_withheld(const struct sync *s, size_t *n, uint64_t *total);

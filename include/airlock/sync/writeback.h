@@ -86,7 +86,8 @@ struct wb_store;
  * of what waits). */
 int wb_store_open(int dirfd, struct wb_store **out, char *err, size_t errlen);
 void wb_store_free(struct wb_store *s); /* NULL is a no-op */
-/* Write it back (temporary name, fsync, rename). */
+/* Write it back (temporary name, fsync, rename). 0 or -errno: ENOSPC, EROFS,
+ * EDQUOT... (the caller reports it; the store in memory stays as it is). */
 int wb_store_save(struct wb_store *s);
 size_t wb_store_count(const struct wb_store *s);
 /* Entries in tree order; valid until the next change to the store. */

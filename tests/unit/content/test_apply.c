@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -13,7 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -389,8 +392,16 @@ static void test_inplace_edit_cloned(void **state)
 			assert_true(fd >= 0);
 			assert_int_equal(pwrite(fd, "guest", 5, 100000), 5);
 			close(fd);
-			assert_int_equal(deliver(e, bytes, n, &st), -EBADMSG);
+			uint64_t seq0 = apply_last_seq(e->a);
+			assert_int_equal(deliver(e, bytes, n, &st), 0);
+			size_t nf;
+			const struct apply_failure *f = apply_failures(e->a, &nf, NULL);
+			assert_int_equal(nf, 1);
+			assert_int_equal(f[0].op, 0);
+			assert_int_equal(f[0].err, EBADMSG);
+			assert_non_null(strstr(f[0].msg, "referenced chunk differs"));
 			assert_non_null(strstr(apply_error(e->a), "referenced chunk differs"));
+			apply_set_last_seq(e->a, seq0); /* the round below resends it */
 			uint8_t back[5];
 			fd = openat(e->gfd, "db.bin", O_RDONLY);
 			assert_int_equal(pread(fd, back, 5, 100000), 5);
@@ -806,6 +817,20 @@ static const struct crafted {
     {"CHMOD of a fifo", c_chmod_special, 1, -1, -EPERM},
 };
 
+/* the guest of the crafted batches: a few files, a directory, links
+ * pointing outside */
+static void crafted_fixture(struct env *e)
+{
+	tu_put_file(e->gfd, "keep.txt", "keep", 4, 0644);
+	assert_int_equal(mkdirat(e->gfd, "dir", 0755), 0);
+	tu_put_file(e->gfd, "dir/f", "f", 1, 0644);
+	char target[200];
+	snprintf(target, sizeof(target), "%s", e->outside);
+	assert_int_equal(symlinkat(target, e->gfd, "link"), 0);
+	assert_int_equal(symlinkat("../../outside", e->gfd, "dir/link2"), 0);
+	assert_int_equal(mkfifoat(e->gfd, "fifo", 0644), 0);
+}
+
 static void test_crafted_refused(void **state)
 {
 	struct env *e = *state;
@@ -815,15 +840,7 @@ static void test_crafted_refused(void **state)
 		longpath[i] = i % 64 == 63 ? '/' : 'p';
 	longpath[4097] = '\0';
 
-	/* the guest: a few files, a directory, links pointing outside */
-	tu_put_file(e->gfd, "keep.txt", "keep", 4, 0644);
-	assert_int_equal(mkdirat(e->gfd, "dir", 0755), 0);
-	tu_put_file(e->gfd, "dir/f", "f", 1, 0644);
-	char target[200];
-	snprintf(target, sizeof(target), "%s", e->outside);
-	assert_int_equal(symlinkat(target, e->gfd, "link"), 0);
-	assert_int_equal(symlinkat("../../outside", e->gfd, "dir/link2"), 0);
-	assert_int_equal(mkfifoat(e->gfd, "fifo", 0644), 0);
+	crafted_fixture(e);
 	apply_set_last_seq(e->a, 100);
 
 	struct buf g0, o0;
@@ -837,8 +854,22 @@ static void test_crafted_refused(void **state)
 		raw_finish(&r, c->flip_bit == -2 ? (int)(buf_len(&r.b) - 30) * 8 : c->flip_bit);
 		struct apply_stats st;
 		int got = deliver(e, buf_ptr(&r.b), buf_len(&r.b), &st);
-		if (got != c->want)
+		if (got == 0) {
+			/* refused as an op of its own: listed with its errno, the
+			 * rest of the batch applied (undone below) */
+			size_t nf;
+			const struct apply_failure *f = apply_failures(e->a, &nf, NULL);
+			if (!nf || f[nf - 1].err != -c->want || st.failed != nf)
+				fail_msg("%s: want op failure %d, got %zu failures (%s)", c->name, c->want, nf,
+					 nf ? strerror(f[nf - 1].err) : "-");
+			char cmd[256];
+			snprintf(cmd, sizeof(cmd), "rm -rf '%s'/* '%s'/.[!.]*", e->guest, e->guest);
+			assert_int_equal(system(cmd), 0);
+			crafted_fixture(e);
+			apply_set_last_seq(e->a, 100);
+		} else if (got != c->want) {
 			fail_msg("%s: want %d got %d (%s)", c->name, c->want, got, apply_error(e->a));
+		}
 		assert_false(st.partial);
 		buf_clear(&r.b);
 		/* nothing changed, inside or outside, and no temporaries */
@@ -961,6 +992,155 @@ static void test_apply_alloc_failures(void **state)
 	buf_clear(&g0);
 }
 
+/* ---- modes the way rsync applies them, as an ordinary uid ----
+ * Run in a child that is not root (the agent is not root in the guest):
+ * root's CAP_DAC_OVERRIDE would hide every EACCES. */
+#define MODES_UID 65533u
+#define CK(c)                                                                                                          \
+	do {                                                                                                           \
+		if (!(c)) {                                                                                            \
+			fprintf(stderr, "rsync modes, line %d: %s\n", __LINE__, #c);                                   \
+			_exit(1);                                                                                      \
+		}                                                                                                      \
+	} while (0)
+
+static unsigned mode_at(int dfd, const char *p)
+{
+	struct stat st;
+	return fstatat(dfd, p, &st, AT_SYMLINK_NOFOLLOW) == 0 ? st.st_mode & 07777 : 010000;
+}
+
+static bool text_at(int dfd, const char *p, const char *want)
+{
+	char b[64] = "";
+	int fd = openat(dfd, p, O_RDONLY);
+	ssize_t n = fd >= 0 ? read(fd, b, sizeof(b) - 1) : -1;
+	if (fd >= 0)
+		close(fd);
+	return n >= 0 && (size_t)n == strlen(want) && !memcmp(b, want, (size_t)n);
+}
+
+static void modes_child(const char *root, const struct apply_opts *opts)
+{
+	struct env ce = {0};
+	struct apply_stats st;
+	struct raw r;
+	size_t nf;
+	int g = open(root, O_RDONLY | O_DIRECTORY);
+
+	CK(setresgid(MODES_UID, MODES_UID, MODES_UID) == 0 && setresuid(MODES_UID, MODES_UID, MODES_UID) == 0);
+	CK(g >= 0 && mkdirat(g, "ro", 0755) == 0);
+	tu_put_file(g, "ro/f", "in ro", 5, 0644);
+	CK(fchmodat(g, "ro", 0555, 0) == 0);
+	tu_put_file(g, "keep.txt", "keep", 4, 0000);
+	CK(apply_open(root, opts, &ce.a) == 0);
+
+	/* chmod 555 ro; mv ro ro2 (a rename is a delete and a put) */
+	raw_begin(&r, 1);
+	raw_path(&r, DELTA_MKDIR, "ro2", 3);
+	raw_u32(&r, 0555);
+	raw_put(&r, "ro2/f", 5, 0644, "in ro", 0);
+	raw_path(&r, DELTA_DELETE, "ro/f", 4);
+	raw_u8(&r, 0);
+	raw_path(&r, DELTA_DELETE, "ro", 2);
+	raw_u8(&r, 0);
+	raw_finish(&r, -1);
+	CK(deliver(&ce, buf_ptr(&r.b), buf_len(&r.b), &st) == 0 && st.failed == 0);
+	buf_clear(&r.b);
+	CK(mode_at(g, "ro") == 010000 && mode_at(g, "ro2") == 0555 && text_at(g, "ro2/f", "in ro"));
+	/* a file created inside the 0555 directory: staged apart, renamed in, mode kept */
+	raw_begin(&r, 2);
+	raw_put(&r, "ro2/new", 7, 0644, "new", 0);
+	raw_path(&r, DELTA_SYMLINK, "ro2/ln", 6);
+	raw_str(&r, "new");
+	raw_finish(&r, -1);
+	CK(deliver(&ce, buf_ptr(&r.b), buf_len(&r.b), &st) == 0 && st.failed == 0);
+	buf_clear(&r.b);
+	CK(text_at(g, "ro2/new", "new") && mode_at(g, "ro2") == 0555);
+	/* an in-place edit of a mode 000 file reads its old content */
+	raw_begin(&r, 3);
+	raw_put_ref(&r, "keep.txt", 0, "keep");
+	raw_finish(&r, -1);
+	CK(deliver(&ce, buf_ptr(&r.b), buf_len(&r.b), &st) == 0 && st.failed == 0);
+	buf_clear(&r.b);
+	CK(mode_at(g, "keep.txt") == 0644 && text_at(g, "keep.txt", "keep"));
+	/* a 0200 file whose reference does not match: that op fails, its mode is restored */
+	CK(fchmodat(g, "keep.txt", 0200, 0) == 0);
+	raw_begin(&r, 4);
+	raw_put_ref(&r, "keep.txt", 0, "KEEP");
+	raw_finish(&r, -1);
+	CK(deliver(&ce, buf_ptr(&r.b), buf_len(&r.b), &st) == 0 && st.failed == 1);
+	buf_clear(&r.b);
+	const struct apply_failure *f = apply_failures(ce.a, &nf, NULL);
+	CK(nf == 1 && f[0].op == 0 && f[0].err == EBADMSG && mode_at(g, "keep.txt") == 0200);
+	/* a directory the agent does not own: those ops fail on their own, in op order */
+	raw_begin(&r, 5);
+	raw_put(&r, "rootdir/x", 9, 0644, "x", 0);
+	raw_put(&r, "ok.txt", 6, 0644, "ok", 0);
+	raw_path(&r, DELTA_MKDIR, "rootdir/d", 9);
+	raw_u32(&r, 0755);
+	raw_path(&r, DELTA_DELETE, "rootdir/f", 9);
+	raw_u8(&r, 0);
+	raw_finish(&r, -1);
+	CK(deliver(&ce, buf_ptr(&r.b), buf_len(&r.b), &st) == 0);
+	buf_clear(&r.b);
+	f = apply_failures(ce.a, &nf, NULL);
+	CK(st.failed == 3 && nf == 3 && f[0].op == 0 && f[1].op == 2 && f[2].op == 3);
+	CK(f[0].err == EACCES && f[1].err == EACCES && f[2].err == EACCES && strstr(f[0].msg, "Permission denied"));
+	CK(text_at(g, "ok.txt", "ok") && text_at(g, "rootdir/f", "root's") && apply_last_seq(ce.a) == 5);
+	/* rm -rf of the read-only directory */
+	raw_begin(&r, 6);
+	raw_path(&r, DELTA_DELETE, "ro2", 3);
+	raw_u8(&r, DELTA_DELETE_TREE);
+	raw_finish(&r, -1);
+	CK(deliver(&ce, buf_ptr(&r.b), buf_len(&r.b), &st) == 0 && st.failed == 0);
+	buf_clear(&r.b);
+	CK(mode_at(g, "ro2") == 010000);
+	/* a file too large for the guest (EFBIG: its file size limit) fails alone */
+	static char large[8193];
+	memset(large, 'L', sizeof(large) - 1);
+	struct rlimit fs = {.rlim_cur = 4096, .rlim_max = 4096};
+	CK(signal(SIGXFSZ, SIG_IGN) != SIG_ERR && setrlimit(RLIMIT_FSIZE, &fs) == 0);
+	raw_begin(&r, 7);
+	raw_put(&r, "large", 5, 0644, large, 0);
+	raw_put(&r, "fits", 4, 0644, "fits", 0);
+	raw_finish(&r, -1);
+	CK(deliver(&ce, buf_ptr(&r.b), buf_len(&r.b), &st) == 0 && st.failed == 1);
+	buf_clear(&r.b);
+	f = apply_failures(ce.a, &nf, NULL);
+	CK(nf == 1 && f[0].op == 0 && f[0].err == EFBIG && mode_at(g, "large") == 010000 && text_at(g, "fits", "fits"));
+	apply_free(ce.a);
+	_exit(0);
+}
+
+static void test_rsync_modes(void **state)
+{
+	struct env *e = *state;
+	char root[128];
+	int status;
+
+	if (geteuid() != 0) {
+		print_message("skipped: needs root to run the apply as another uid\n");
+		skip();
+	}
+	snprintf(root, sizeof(root), "%s/nr", e->base);
+	assert_int_equal(mkdir(root, 0755), 0);
+	assert_int_equal(chown(e->base, MODES_UID, MODES_UID), 0);
+	assert_int_equal(chown(root, MODES_UID, MODES_UID), 0);
+	int rfd = open(root, O_RDONLY | O_DIRECTORY);
+	assert_int_equal(mkdirat(rfd, "rootdir", 0755), 0); /* root's: the agent cannot change it */
+	tu_put_file(rfd, "rootdir/f", "root's", 6, 0644);
+	close(rfd);
+	fflush(NULL);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0)
+		modes_child(root, e->opts);
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 #define BOTH(t)                                                                                                        \
 	cmocka_unit_test_prestate_setup_teardown(t, setup, teardown, (void *)&mode_default),                           \
 	    cmocka_unit_test_prestate_setup_teardown(t, setup, teardown, (void *)&mode_fallback)
@@ -980,6 +1160,7 @@ int main(void)
 	    BOTH(test_tree_delete_never_follows),
 	    BOTH(test_crafted_refused),
 	    BOTH(test_staging_dir),
+	    BOTH(test_rsync_modes),
 	    BOTH(test_apply_alloc_failures),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

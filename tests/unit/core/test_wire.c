@@ -83,6 +83,20 @@ static bool eq_sync_nack(const union wire_msg *a, const union wire_msg *b)
 	return a->sync_nack.seq == b->sync_nack.seq && a->sync_nack.code == b->sync_nack.code &&
 	       a->sync_nack.partial == b->sync_nack.partial && str_eq(a->sync_nack.msg, b->sync_nack.msg);
 }
+static bool eq_sync_ack(const union wire_msg *a, const union wire_msg *b)
+{
+	const struct wire_sync_ack *x = &a->sync_ack, *y = &b->sync_ack;
+	if (x->seq != y->seq || x->ops != y->ops || x->files != y->files || x->bytes != y->bytes ||
+	    x->deleted != y->deleted || x->kept_dirs != y->kept_dirs || x->fail_flags != y->fail_flags ||
+	    x->nfail != y->nfail)
+		return false;
+	for (uint32_t i = 0; i < x->nfail; i++)
+		if (x->fail[i].op != y->fail[i].op || x->fail[i].code != y->fail[i].code ||
+		    !str_eq(x->fail[i].path, y->fail[i].path) || !str_eq(x->fail[i].msg, y->fail[i].msg))
+			return false;
+	return true;
+}
+static struct wire_sync_fail fails2[] = {{.op = 2, .code = 13, .path = "a", .msg = "m"}};
 static bool eq_exec_start(const union wire_msg *a, const union wire_msg *b)
 {
 	const struct wire_exec_start *x = &a->exec_start, *y = &b->exec_start;
@@ -149,9 +163,14 @@ static const struct row rows[] = {
     ROW(chg_item, clr_chg_item, eq_chg_item, false, {.path = "p", .st_mode = 0100644, .by = 3, .target = ""})
 	B(0, 0, 0, 1, 'p', 0, 0, 129, 164, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
 	  0, 0, 0, 0, 0, 0, 0) END,
-    ROW(sync_ack, NULL, NULL, false, {1, 2, 3, 4, 5, 6})
+    ROW(sync_ack, clr_sync_ack, eq_sync_ack, false, {1, 2, 3, 4, 5, 6, 0, 0, NULL})
 	B(0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0,
 	  0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 6) END,
+    /* the failure list is optional, so the ACK before it is a valid prefix */
+    ROW(sync_ack, clr_sync_ack, eq_sync_ack, true, {1, 2, 3, 4, 5, 6, 0, 1, fails2})
+	B(0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0,
+	  0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 6, 1, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 13, 0, 0, 0, 1, 'a', 0, 0, 0, 1, 'm')
+	    END,
     ROW(sync_nack, clr_sync_nack, eq_sync_nack, false, {.seq = 1, .code = 5, .partial = 1, .msg = "x"})
 	B(0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 5, 1, 0, 0, 0, 1, 'x') END,
     ROW(exec_start, clr_exec_start, eq_exec_start, false,
@@ -401,6 +420,72 @@ static void lim_nack_msg(struct buf *b)
 	assert_int_equal(buf_put_u8(b, 0), 0);
 	put_long_str(b, WIRE_NACK_MSG_MAX + 1);
 }
+/* an ACK's six counters, then a failure list head */
+static void ack_head(struct buf *b, uint8_t version, uint8_t flags, uint32_t n)
+{
+	for (int i = 0; i < 6; i++)
+		assert_int_equal(buf_put_u64(b, 1), 0);
+	assert_int_equal(buf_put_u8(b, version), 0);
+	assert_int_equal(buf_put_u8(b, flags), 0);
+	assert_int_equal(buf_put_u32(b, n), 0);
+}
+static void ack_fail(struct buf *b, uint32_t op, uint32_t code, const char *path)
+{
+	assert_int_equal(buf_put_u32(b, op), 0);
+	assert_int_equal(buf_put_u32(b, code), 0);
+	assert_int_equal(buf_put_str(b, path), 0);
+	assert_int_equal(buf_put_str(b, "m"), 0);
+}
+static void lim_ack_version(struct buf *b)
+{
+	ack_head(b, WIRE_SYNC_FAILV + 1, 0, 1);
+	ack_fail(b, 0, 13, "a");
+}
+static void lim_ack_nfail_max(struct buf *b)
+{
+	ack_head(b, WIRE_SYNC_FAILV, 0, WIRE_SYNC_FAIL_MAX + 1);
+	for (uint32_t i = 0; i <= WIRE_SYNC_FAIL_MAX; i++)
+		ack_fail(b, i, 13, "a");
+}
+static void lim_ack_nfail_ok_max(struct buf *b)
+{
+	ack_head(b, WIRE_SYNC_FAILV, 0, WIRE_SYNC_FAIL_MAX);
+	for (uint32_t i = 0; i < WIRE_SYNC_FAIL_MAX; i++)
+		ack_fail(b, i, 13, "a");
+}
+static void lim_ack_millions(struct buf *b)
+{
+	ack_head(b, WIRE_SYNC_FAILV, 0, 4000000); /* and one entry's bytes */
+	ack_fail(b, 0, 13, "a");
+}
+static void lim_ack_order(struct buf *b)
+{
+	ack_head(b, WIRE_SYNC_FAILV, 0, 2);
+	ack_fail(b, 3, 13, "a");
+	ack_fail(b, 3, 13, "b");
+}
+static void lim_ack_code0(struct buf *b)
+{
+	ack_head(b, WIRE_SYNC_FAILV, 0, 1);
+	ack_fail(b, 0, 0, "a");
+}
+static void lim_ack_empty(struct buf *b)
+{
+	ack_head(b, WIRE_SYNC_FAILV, 0, 0);
+}
+static void lim_ack_flags(struct buf *b)
+{
+	ack_head(b, WIRE_SYNC_FAILV, 0x2, 1);
+	ack_fail(b, 0, 13, "a");
+}
+static void lim_ack_msg(struct buf *b)
+{
+	ack_head(b, WIRE_SYNC_FAILV, 0, 1);
+	assert_int_equal(buf_put_u32(b, 0), 0);
+	assert_int_equal(buf_put_u32(b, 13), 0);
+	assert_int_equal(buf_put_str(b, "a"), 0);
+	put_long_str(b, WIRE_SYNC_FAIL_MSG_MAX + 1);
+}
 static void lim_signal0(struct buf *b)
 {
 	assert_int_equal(buf_put_u32(b, 0), 0);
@@ -487,6 +572,22 @@ static const struct limit {
      sizeof(struct wire_sync_entry)},
     {"SYNC_NACK message over WIRE_NACK_MSG_MAX", dec_sync_nack, clr_sync_nack, lim_nack_msg, -EBADMSG,
      sizeof(struct wire_sync_nack)},
+    {"SYNC_ACK failure list of another version", dec_sync_ack, clr_sync_ack, lim_ack_version, -EPROTO,
+     sizeof(struct wire_sync_ack)},
+    {"SYNC_ACK failures over WIRE_SYNC_FAIL_MAX", dec_sync_ack, clr_sync_ack, lim_ack_nfail_max, -EBADMSG,
+     sizeof(struct wire_sync_ack)},
+    {"SYNC_ACK failures at WIRE_SYNC_FAIL_MAX", dec_sync_ack, clr_sync_ack, lim_ack_nfail_ok_max, 0,
+     sizeof(struct wire_sync_ack)},
+    {"SYNC_ACK millions of failures", dec_sync_ack, clr_sync_ack, lim_ack_millions, -EBADMSG,
+     sizeof(struct wire_sync_ack)},
+    {"SYNC_ACK failures out of op order", dec_sync_ack, clr_sync_ack, lim_ack_order, -EBADMSG,
+     sizeof(struct wire_sync_ack)},
+    {"SYNC_ACK failure errno 0", dec_sync_ack, clr_sync_ack, lim_ack_code0, -EBADMSG, sizeof(struct wire_sync_ack)},
+    {"SYNC_ACK empty failure list", dec_sync_ack, clr_sync_ack, lim_ack_empty, -EBADMSG, sizeof(struct wire_sync_ack)},
+    {"SYNC_ACK unknown failure flag", dec_sync_ack, clr_sync_ack, lim_ack_flags, -EBADMSG,
+     sizeof(struct wire_sync_ack)},
+    {"SYNC_ACK failure message over WIRE_SYNC_FAIL_MSG_MAX", dec_sync_ack, clr_sync_ack, lim_ack_msg, -EBADMSG,
+     sizeof(struct wire_sync_ack)},
     {"HELLO another version", dec_hello, clr_hello, lim_hello_version, -EPROTO, sizeof(struct wire_hello)},
     {"HELLO 31-byte key", dec_hello, clr_hello, lim_hello_short_key, -EPROTO, sizeof(struct wire_hello)},
     {"HELLO 33-byte key", dec_hello, clr_hello, lim_hello_long_key, -EBADMSG, sizeof(struct wire_hello)},

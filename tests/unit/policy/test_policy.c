@@ -80,6 +80,7 @@ static void test_seed_example_loads(void **state)
 	assert_int_equal(ex->remote.n, 1);
 	assert_string_equal(ex->remote.v[0], "*");
 	assert_int_equal(ex->timeout_seconds, 300);
+	assert_int_equal(ex->barrier, POLICY_BARRIER_FAIL);
 	assert_int_equal(cr->forward_env.n, 0);
 	assert_int_equal(cr->n_inject, 2);
 	assert_string_equal(cr->inject[0].name, "GIT_CLONE_TOKEN");
@@ -499,6 +500,7 @@ static const struct bad_case bad_cases[] = {
     {"bad-glob-dotdot.json", -EINVAL, {": workspace.sync.include[0]: bad glob", "'..' component"}},
     {"bad-ttl-negative.json", -EINVAL, {": workspace.ttl_seconds: must be 0 or more, got -5"}},
     {"bad-timeout-zero.json", -EINVAL, {": execution.timeout_seconds: must be greater than 0, got 0"}},
+    {"bad-barrier.json", -EINVAL, {": execution.barrier: expected \"run\" or \"fail\", got later"}},
     {"bad-inject-ttl.json", -EINVAL, {": credentials.inject[0].ttl_seconds: must be greater than 0, got -1"}},
     {"bad-duplicate.json", -EINVAL, {":5:", ": workspace.sync.include: key appears twice"}},
     {"bad-egress-default-allow.json", -EINVAL, {": egress.default: \"allow\" is not supported", "egress.allow"}},

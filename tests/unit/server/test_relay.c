@@ -1678,6 +1678,60 @@ static void test_free_while_running(void **state)
 	/* teardown frees the relay with the command running: release() is called */
 }
 
+/* relay_sweep_stale: only sockets of ours nothing accepts on, older than
+ * 2 s, in a private directory; never a live socket, a file, a symlink. */
+static int bind_at(const char *path, bool do_listen)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	strcpy(sa.sun_path, path);
+	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	if (do_listen)
+		assert_int_equal(listen(fd, 4), 0);
+	return fd;
+}
+static void test_sweep_stale(void **state)
+{
+	(void)state;
+	char dir[64], p[256], q[256];
+	struct stat st;
+	unsigned n = 99;
+
+	strcpy(dir, "/tmp/relay-sweep-XXXXXX");
+	assert_non_null(mkdtemp(dir));
+	snprintf(p, sizeof(p), "%s/gone.sock", dir);
+	close(bind_at(p, false));
+	snprintf(p, sizeof(p), "%s/live.sock", dir);
+	int live = bind_at(p, true);
+	snprintf(p, sizeof(p), "%s/file.sock", dir);
+	close(open(p, O_CREAT | O_WRONLY, 0600));
+	snprintf(q, sizeof(q), "%s/gone.sock", dir);
+	snprintf(p, sizeof(p), "%s/link.sock", dir);
+	assert_int_equal(symlink(q, p), 0);
+	snprintf(p, sizeof(p), "%s/self.sock", dir);
+	/* too young: a socket bound but maybe not yet listening */
+	assert_int_equal(relay_sweep_stale(p, &n), 0);
+	assert_int_equal(n, 0);
+	sleep(3);
+	snprintf(p, sizeof(p), "%s/new.sock", dir);
+	close(bind_at(p, false)); /* young again */
+	assert_int_equal(relay_sweep_stale(p, &n), 0);
+	assert_int_equal(n, 1);
+	assert_int_equal(lstat(q, &st), -1);
+	static const char *const kept[] = {"live.sock", "file.sock", "link.sock", "new.sock"};
+	for (size_t i = 0; i < 4; i++) {
+		snprintf(p, sizeof(p), "%s/%s", dir, kept[i]);
+		assert_int_equal(lstat(p, &st), 0);
+		unlink(p);
+	}
+	close(live);
+	/* a directory others may write is never swept */
+	assert_int_equal(chmod(dir, 0777), 0);
+	snprintf(p, sizeof(p), "%s/x.sock", dir);
+	assert_int_equal(relay_sweep_stale(p, &n), -EPERM);
+	assert_int_equal(rmdir(dir), 0);
+}
+
 int main(void)
 {
 	if (sodium_init() < 0)
@@ -1703,6 +1757,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_client_cap, fx_setup_small_history, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_peer_uid, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_paths_and_modes, fx_setup, fx_teardown),
+	    cmocka_unit_test(test_sweep_stale),
 	    cmocka_unit_test_setup_teardown(test_slow_client, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_slow_reader_resumes, fx_setup_small_queue, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_concurrent, fx_setup, fx_teardown),
