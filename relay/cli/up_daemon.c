@@ -429,8 +429,9 @@ int up_sandbox_begin(struct up *u, char *err, size_t errlen)
 	}
 	snprintf(u->sandbox.describe, sizeof(u->sandbox.describe), "%s", sandbox_describe(u->sandbox.sb));
 	snprintf(u->sandbox.dir, sizeof(u->sandbox.dir), "%s", sandbox_dir(u->sandbox.sb));
-	fprintf(stderr, "airlock: sandbox started in %.1f ms (%s); state in %s\n", sandbox_start_ms(u->sandbox.sb),
-		sandbox_describe(u->sandbox.sb), sandbox_dir(u->sandbox.sb));
+	snprintf(u->sandbox.boot, sizeof(u->sandbox.boot), "%s", sandbox_boot(u->sandbox.sb));
+	fprintf(stderr, "airlock: sandbox started in %.1f ms, %s (%s); state in %s\n", sandbox_start_ms(u->sandbox.sb),
+		u->sandbox.boot, sandbox_describe(u->sandbox.sb), sandbox_dir(u->sandbox.sb));
 	return 0;
 }
 

@@ -241,6 +241,7 @@ struct up_sandbox {
 	uint64_t last_active_ms; /* last relay request or sync activity */
 	uint64_t idle_timer;
 	char describe[256];		/* kept while idle-stopped, for status */
+	char boot[16];			/* sandbox_boot of the last start, for status */
 	char dir[PATH_MAX];		/* its state directory, likewise */
 	char guest_name[PATH_MAX + 32]; /* what conn.guest shows for a sandbox */
 };

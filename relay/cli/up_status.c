@@ -79,14 +79,14 @@ static void lat_percentiles(const struct up_latency *lat, double *p50, double *p
 /* The sandbox's part of the status (with the embedded sandbox only). */
 static json_t *sandbox_json(const struct up_sandbox *sb)
 {
-	return json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:f}", "sandbox", sandbox_kind_name(sb->cfg.kind),
+	return json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:f, s:s}", "sandbox", sandbox_kind_name(sb->cfg.kind),
 			 "sandbox_describe", sb->describe, "sandbox_dir", sb->dir, "sandbox_state",
 			 sb->sb		    ? "running"
 			 : sb->idle_stopped ? "idle-stopped"
 					    : "stopped",
 			 "ttl_seconds", (json_int_t)sb->ttl_s, "idle_ms",
 			 (json_int_t)(loop_now_ms() - sb->last_active_ms), "sandbox_start_ms",
-			 sb->sb ? sandbox_start_ms(sb->sb) : 0.0);
+			 sb->sb ? sandbox_start_ms(sb->sb) : 0.0, "sandbox_boot", sb->boot[0] ? sb->boot : "cold");
 }
 
 static json_t *egress_json(struct egress_link *egress)
@@ -451,6 +451,9 @@ static void print_status(json_t *st, pid_t pid)
 		printf("sandbox     %s, %s (%s)\n", json_string_value(json_object_get(st, "sandbox")),
 		       json_string_value(json_object_get(st, "sandbox_state")),
 		       json_string_value(json_object_get(st, "sandbox_describe")));
+		if (json_string_value(json_object_get(st, "sandbox_boot")))
+			printf("started     %s in %.1f ms\n", json_string_value(json_object_get(st, "sandbox_boot")),
+			       json_number_value(json_object_get(st, "sandbox_start_ms")));
 		if (ttl > 0)
 			printf("idle ttl    %lld s (idle for %.1f s)\n", ttl,
 			       (double)json_integer_value(json_object_get(st, "idle_ms")) / 1000.0);

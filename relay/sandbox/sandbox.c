@@ -675,6 +675,11 @@ double sandbox_start_ms(const struct sandbox *sb)
 	return sb->start_ms;
 }
 
+const char *sandbox_boot(const struct sandbox *sb)
+{
+	return sb->boot ? sb->boot : "cold";
+}
+
 pid_t sandbox_pid(const struct sandbox *sb)
 {
 	return sb->pid;

@@ -32,6 +32,7 @@ struct sandbox {
 	uint32_t host_uid;	  /* local, as root: the sandbox's own uid outside (= gid); 0: the invoking user's */
 	pid_t pid;		  /* what the host waits for; 0 when none */
 	void *impl;		  /* backend state */
+	const char *boot;	  /* how it started: "cold", "restored" (a vm snapshot); static string */
 	/* sandbox.c's own */
 	double start_ms;
 	struct sandbox_common *common; /* the state dir lock */
@@ -117,6 +118,25 @@ int sandbox_stack_of(const char *dir, const char *fork, const char *part, struct
 /* The run directory of fork (its agent.sock): <dir>/run.<slot>, short, so
  * the socket's path is hardly longer than the parent's (107 bytes at most). */
 int sandbox_fork_run_dir(const char *dir, const char *fork, char *out, size_t n);
+
+/* ---- qmp.c: the QEMU Machine Protocol, for the vm sandbox's snapshots ---- */
+
+struct json_t;
+struct qmp {
+	int fd;
+	size_t len;
+	char buf[16384];
+};
+
+/* Connect to qemu's QMP socket at path (retrying while qemu has not made
+ * it yet), read the greeting, negotiate. 0, or -errno with err set. */
+int qmp_open(struct qmp *q, const char *path, unsigned timeout_ms, char *err, size_t errlen);
+/* Run cmd with args (borrowed; NULL: none); *ret (NULL: not wanted) gets
+ * its "return" value, the caller's to json_decref. qemu's error is -EIO
+ * with its description in err. */
+int qmp_call(struct qmp *q, const char *cmd, struct json_t *args, struct json_t **ret, unsigned timeout_ms, char *err,
+	     size_t errlen);
+void qmp_close(struct qmp *q);
 
 /* Backends: fill sb->addr, sb->describe, sb->pid, sb->impl; the common
  * code has created sb->dir, the keys and sb->agent_path, and measures

@@ -23,6 +23,7 @@
  * Ready: the console shows the agent's "ready serial:" line. Stop: poweroff
  * on the control port, TERM after SANDBOX_STOP_MS, KILL a second later.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -34,6 +35,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -42,7 +44,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
 #include <sodium.h>
+#include <xxhash.h>
 
 #include "airlock/core/errmsg.h"
 #include "airlock/core/keys.h"
@@ -51,6 +55,7 @@
 
 #define VM_DISK_SIZE_DEFAULT "8G"
 #define VM_MEM_MB_DEFAULT    1024
+#define VM_CONFIG_SIZE	     10240 /* bytes of config.tar: a whole tar record */
 #define VM_READY_LINE	     "ready serial:"
 #define VM_FATAL_LINE	     "airlock-init: FATAL"
 #define VM_KVM_GRACE_MS	     20000 /* a KVM guest that shows no init line by then is not running */
@@ -59,6 +64,7 @@ struct vm {
 	char console[PATH_MAX];
 	char ctl[PATH_MAX];
 	char pidfile[PATH_MAX];
+	int ctl_fd; /* the control port, connected since the start line; -1 */
 };
 
 static int64_t now_ms(void)
@@ -390,8 +396,8 @@ static int tar_member(FILE *f, const char *name, unsigned mode, const void *data
 }
 
 /* <dir>/config.tar: guest.key (0600), allow (the host's public key),
- * agent.conf. Padded to a whole number of 10 KiB records (a disk image
- * must be a multiple of 512 bytes; tar readers expect records). */
+ * agent.conf. Padded to VM_CONFIG_SIZE, one 10 KiB tar record (a disk
+ * image must be a multiple of 512 bytes; tar readers expect records). */
 static int write_config(struct sandbox *sb, const struct sandbox_cfg *cfg, char *err, size_t errlen)
 {
 	char path[PATH_MAX], tmp[PATH_MAX + 8], pub[KEYS_B64_LEN + 1], conf[128];
@@ -434,9 +440,15 @@ static int write_config(struct sandbox *sb, const struct sandbox_cfg *cfg, char 
 		goto werr;
 	if (fwrite(zero, 1, sizeof(zero), f) != sizeof(zero)) /* end of archive */
 		goto werr;
+	/* always the same size: a snapshot's guest knows the drive's size
+	 * from before the snapshot, when a blank one of that size was there */
 	pos = ftell(f);
-	while (pos >= 0 && pos % 10240) {
-		size_t pad = (size_t)(10240 - pos % 10240);
+	if (pos < 0 || pos > VM_CONFIG_SIZE) {
+		r = -EFBIG;
+		goto werr;
+	}
+	while (pos < VM_CONFIG_SIZE) {
+		size_t pad = (size_t)(VM_CONFIG_SIZE - pos);
 		if (pad > sizeof(zero))
 			pad = sizeof(zero);
 		if (fwrite(zero, 1, pad, f) != pad)
@@ -546,9 +558,10 @@ static pid_t stale_qemu(const char *pidfile, const char *dir)
 	return strstr(cmd, "qemu") && strstr(cmd, dir) ? (pid_t)pid : 0;
 }
 
-/* Scan the console for the agent's ready line (0), init's fatal line or
- * nothing yet (-EAGAIN). *fatal gets the fatal line. */
-static int console_state(const char *console, char *fatal, size_t n)
+/* Scan the console for a line starting with want (0: the agent's ready
+ * line, the init's snapshot point), init's fatal line or nothing yet
+ * (-EAGAIN). *fatal gets the fatal line. */
+static int console_state(const char *console, const char *want, char *fatal, size_t n)
 {
 	char line[512];
 	int r = -EAGAIN;
@@ -558,7 +571,7 @@ static int console_state(const char *console, char *fatal, size_t n)
 		return -EAGAIN;
 	while (fgets(line, sizeof(line), f)) {
 		char *p = strstr(line, VM_FATAL_LINE);
-		if (!strncmp(line, VM_READY_LINE, strlen(VM_READY_LINE))) {
+		if (!strncmp(line, want, strlen(want))) {
 			r = 0;
 			break;
 		}
@@ -625,6 +638,22 @@ struct vm_files {
 	char log[PATH_MAX];    /* qemu.log */
 	char cfgtar[PATH_MAX]; /* config.tar: the config drive */
 	char img[PATH_MAX];    /* workspace.img: the workspace disk */
+	char qmp[PATH_MAX];    /* run/qmp.sock: qemu's monitor (snapshots only) */
+};
+
+/* What one qemu command line attaches: the same devices every time (a
+ * snapshot restores only onto the machine it was saved from), different
+ * files behind them. */
+struct vm_media {
+	const char *cfg, *ws;	/* the config drive and the workspace disk */
+	const char *console;	/* the serial console's log */
+	const char *sock, *ctl; /* the channel's and the control port's sockets */
+	const char *qmp;	/* qemu's monitor socket; NULL: none */
+	const char *ram;	/* a file behind the guest's memory; NULL: anonymous memory */
+	bool ram_shared;	/* share=on (a boot to be saved) or off (copy on write: a restore) */
+	bool incoming;		/* -incoming defer: a restore */
+	const char *append;	/* the kernel command line */
+	unsigned mem_mb;
 };
 
 /* One qemu command line: argv and the strings it points into. */
@@ -632,8 +661,9 @@ struct qemu_cmd {
 	char prog[PATH_MAX];
 	const char *machine; /* "microvm" or "q35" */
 	bool microvm;
-	char append[512], mem[16];
+	char append[512], mem[16], m_opt[64];
 	char o_con[PATH_MAX + 64], o_cfg[PATH_MAX + 96], o_ws[PATH_MAX + 96], o_ch[PATH_MAX + 96], o_ctl[PATH_MAX + 96];
+	char o_mem[PATH_MAX + 128], o_qmp[PATH_MAX + 64];
 	char *argv[ARGV_MAX];
 };
 
@@ -641,8 +671,9 @@ struct qemu_cmd {
 struct vm_launch {
 	bool kvm;	 /* this attempt runs under KVM */
 	bool kvm_failed; /* an attempt under KVM could not run the guest */
-	int log_fd;	 /* qemu.log, until qemu has it; -1 after */
+	int log_fd;	 /* qemu.log (qemu's output and ours), until the start is over */
 	int64_t launched, deadline;
+	char log_path[PATH_MAX];
 };
 
 /* The template directory and its kernel and initramfs, (re)built first in
@@ -699,7 +730,9 @@ static int vm_files_init(const struct sandbox *sb, struct vm *vm, struct vm_file
 	    path_join(vm->pidfile, sizeof(vm->pidfile), f->run, "qemu.pid") < 0 ||
 	    path_join(vm->console, sizeof(vm->console), sb->dir, "console.log") < 0 ||
 	    path_join(f->log, sizeof(f->log), sb->dir, "qemu.log") < 0 ||
-	    path_join(f->cfgtar, sizeof(f->cfgtar), sb->dir, "config.tar") < 0 || strlen(vm->ctl) >= SUN_PATH_MAX) {
+	    path_join(f->cfgtar, sizeof(f->cfgtar), sb->dir, "config.tar") < 0 ||
+	    path_join(f->qmp, sizeof(f->qmp), f->run, "qmp.sock") < 0 || strlen(f->sock) >= SUN_PATH_MAX) {
+		/* agent.sock is the longest socket name in run/ (snapshot boots: snapa.sock, snapc.sock) */
 		errmsg_set(err, errlen, "%s: path too long for the VM's sockets (at most %zu bytes)", sb->dir,
 			   SUN_PATH_MAX - 1 - strlen("/run/agent.sock"));
 		return -ENAMETOOLONG;
@@ -727,6 +760,7 @@ static int vm_state_prepare(const struct sandbox *sb, const struct vm *vm, const
 	}
 	unlink(f->sock);
 	unlink(vm->ctl);
+	unlink(f->qmp);
 	if ((*log_fd = open(f->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0) {
 		r = -errno;
 		errmsg_set(err, errlen, "%s: %s", f->log, strerror(errno));
@@ -757,34 +791,37 @@ static void kernel_append(char *out, size_t n, const char *tdir, bool kvm)
 		snprintf(out, n, "console=ttyS0 quiet panic=-1 rdinit=/init");
 }
 
-/* The machine, the kernel command line and the option strings of q. */
-static void qemu_options(struct qemu_cmd *q, const struct vm_template *t, const struct vm_files *f, const struct vm *vm,
-			 bool kvm)
+/* The option strings of q for media m (q->machine and q->microvm set). */
+static void qemu_options(struct qemu_cmd *q, const struct vm_media *m)
 {
-	const char *m = getenv("AIRLOCK_VM_MACHINE");
-
-	q->microvm = m && *m ? strcmp(m, "q35") != 0 : qemu_has_microvm(q->prog);
-	q->machine = q->microvm ? "microvm" : "q35";
-	kernel_append(q->append, sizeof(q->append), t->dir, kvm);
-	snprintf(q->mem, sizeof(q->mem), "%d", VM_MEM_MB_DEFAULT);
-	snprintf(q->o_con, sizeof(q->o_con), "file,id=con,path=%s", vm->console);
-	snprintf(q->o_cfg, sizeof(q->o_cfg), "id=cfg,file=%s,format=raw,if=none,readonly=on", f->cfgtar);
-	snprintf(q->o_ws, sizeof(q->o_ws), "id=ws,file=%s,format=raw,if=none,discard=unmap", f->img);
-	snprintf(q->o_ch, sizeof(q->o_ch), "socket,id=ch,path=%s,server=on,wait=off", f->sock);
-	snprintf(q->o_ctl, sizeof(q->o_ctl), "socket,id=ctl,path=%s,server=on,wait=off", vm->ctl);
+	snprintf(q->append, sizeof(q->append), "%s", m->append);
+	snprintf(q->mem, sizeof(q->mem), "%u", m->mem_mb);
+	snprintf(q->o_con, sizeof(q->o_con), "file,id=con,path=%s", m->console);
+	snprintf(q->o_cfg, sizeof(q->o_cfg), "id=cfg,file=%s,format=raw,if=none,readonly=on", m->cfg);
+	snprintf(q->o_ws, sizeof(q->o_ws), "id=ws,file=%s,format=raw,if=none,discard=unmap", m->ws);
+	snprintf(q->o_ch, sizeof(q->o_ch), "socket,id=ch,path=%s,server=on,wait=off", m->sock);
+	snprintf(q->o_ctl, sizeof(q->o_ctl), "socket,id=ctl,path=%s,server=on,wait=off", m->ctl);
+	if (m->ram) {
+		snprintf(q->m_opt, sizeof(q->m_opt), "%s,memory-backend=mem", q->machine);
+		snprintf(q->o_mem, sizeof(q->o_mem), "memory-backend-file,id=mem,size=%uM,mem-path=%s,share=%s",
+			 m->mem_mb, m->ram, m->ram_shared ? "on" : "off");
+	} else {
+		snprintf(q->m_opt, sizeof(q->m_opt), "%s", q->machine);
+	}
+	if (m->qmp)
+		snprintf(q->o_qmp, sizeof(q->o_qmp), "unix:%s,server=on,wait=off", m->qmp);
 }
 
 /* The qemu command line (doc/VM.md, "Launching"). */
-static void qemu_cmd_build(struct qemu_cmd *q, const struct vm_template *t, const struct vm_files *f,
-			   const struct vm *vm, bool kvm)
+static void qemu_cmd_build(struct qemu_cmd *q, const struct vm_template *t, const struct vm_media *m, bool kvm)
 {
 	int argc = 0;
 
-	qemu_options(q, t, f, vm, kvm);
+	qemu_options(q, m);
 #define ARG(x) (q->argv[argc++] = (char *)(x))
 	ARG(q->prog);
 	ARG("-M");
-	ARG(q->machine);
+	ARG(q->m_opt);
 	if (kvm) {
 		ARG("-enable-kvm");
 		ARG("-cpu");
@@ -795,6 +832,10 @@ static void qemu_cmd_build(struct qemu_cmd *q, const struct vm_template *t, cons
 	}
 	ARG("-m");
 	ARG(q->mem);
+	if (m->ram) {
+		ARG("-object");
+		ARG(q->o_mem);
+	}
 	ARG("-smp");
 	ARG("1");
 	ARG("-nodefaults");
@@ -834,9 +875,17 @@ static void qemu_cmd_build(struct qemu_cmd *q, const struct vm_template *t, cons
 	ARG("virtserialport,chardev=ctl,name=airlock.ctl");
 	ARG("-monitor");
 	ARG("none");
+	if (m->qmp) {
+		ARG("-qmp");
+		ARG(q->o_qmp);
+	}
+	if (m->incoming) {
+		ARG("-incoming");
+		ARG("defer");
+	}
 	ARG(NULL);
 #undef ARG
-	_Static_assert(ARGV_MAX >= 48, "argv room");
+	_Static_assert(ARGV_MAX >= 56, "argv room");
 }
 
 /* Fork and exec qemu, its output to log_fd; the pid in *pid and in the
@@ -880,23 +929,25 @@ static int qemu_spawn(const struct qemu_cmd *q, int log_fd, const char *pidfile,
 /* KVM that passed the probe but cannot run this guest (nested
  * virtualisation missing a feature): qemu reports an internal error and
  * stops, or the kernel never gets to init. */
+static bool vm_wait(pid_t pid, unsigned ms);
+
 static bool kvm_cannot_run(const struct vm *vm, const char *log, const struct vm_launch *l)
 {
 	return l->kvm && (file_has(log, "KVM internal error") ||
 			  (now_ms() - l->launched > VM_KVM_GRACE_MS && !file_has(vm->console, "airlock-init:")));
 }
 
-/* Until the console shows the agent's ready line (0). VM_TRY_TCG when KVM
- * cannot run the guest (qemu killed and reaped, sb->pid 0); else -errno
- * and the message in err (sb->pid 0 when qemu exited by itself). */
-static int vm_wait_ready(struct sandbox *sb, const struct vm *vm, const char *log, const struct vm_launch *l, char *err,
-			 size_t errlen)
+/* Until the console shows a line starting with want (0). VM_TRY_TCG when
+ * KVM cannot run the guest (qemu killed and reaped, sb->pid 0); else
+ * -errno and the message in err (sb->pid 0 when qemu exited by itself). */
+static int vm_wait_ready(struct sandbox *sb, const struct vm *vm, const char *log, const struct vm_launch *l,
+			 const char *want, char *err, size_t errlen)
 {
 	char fatal[512] = "";
 	int wst, r;
 
 	for (;;) {
-		if ((r = console_state(vm->console, fatal, sizeof(fatal))) == 0)
+		if ((r = console_state(vm->console, want, fatal, sizeof(fatal))) == 0)
 			return 0;
 		if (r == -EIO) {
 			errmsg_set(err, errlen, "the VM did not start: %s (console: %s)", fatal, vm->console);
@@ -919,47 +970,831 @@ static int vm_wait_ready(struct sandbox *sb, const struct vm *vm, const char *lo
 		}
 		if (now_ms() > l->deadline) {
 			errmsg_set(err, errlen, "the VM's agent was not ready within %u s (console: %s)",
-				   SANDBOX_VM_START_MS / 1000, vm->console);
+				   (unsigned)((l->deadline - l->launched + 999) / 1000), vm->console);
 			return -ETIMEDOUT;
 		}
-		usleep(20000);
+		usleep(5000);
 	}
 }
 
-/* Boot qemu until the agent is ready, under KVM when it works here, and
- * once more under software emulation when KVM cannot run the guest. From
- * the first spawn on, sb->impl is vm (NULL again while none runs). */
+/* ------------------------------------------------------------ start line */
+
+/* Connect to the control port's socket (qemu makes it early in its start)
+ * and keep the connection in vm->ctl_fd. */
+static int ctl_connect(struct vm *vm, unsigned timeout_ms, char *err, size_t errlen)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int64_t deadline = now_ms() + timeout_ms;
+	int r;
+
+	if (strlen(vm->ctl) >= sizeof(sa.sun_path)) {
+		errmsg_set(err, errlen, "%s: path too long for a socket", vm->ctl); /* checked in vm_files_init */
+		return -ENAMETOOLONG;
+	}
+	memcpy(sa.sun_path, vm->ctl, strlen(vm->ctl) + 1);
+	for (;;) {
+		int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0) {
+			r = -errno;
+			errmsg_set(err, errlen, "socket: %s", strerror(errno));
+			return r;
+		}
+		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+			vm->ctl_fd = fd;
+			return 0;
+		}
+		r = -errno;
+		close(fd);
+		if ((r != -ENOENT && r != -ECONNREFUSED) || now_ms() > deadline) {
+			errmsg_set(err, errlen, "the VM's control port %s: %s", vm->ctl, strerror(-r));
+			return r;
+		}
+		usleep(2000);
+	}
+}
+
+/* The start counter of this sandbox (<dir>/vm-starts), incremented. */
+static uint64_t start_gen(const struct sandbox *sb)
+{
+	char p[PATH_MAX], buf[32] = "";
+	unsigned long long g = 0;
+	FILE *f;
+
+	if (path_join(p, sizeof(p), sb->dir, "vm-starts") < 0)
+		return 0;
+	if ((f = fopen(p, "re"))) {
+		if (fgets(buf, sizeof(buf), f))
+			g = strtoull(buf, NULL, 10);
+		fclose(f);
+	}
+	g++;
+	if ((f = fopen(p, "we"))) {
+		fprintf(f, "%llu\n", g);
+		fclose(f);
+	}
+	return (uint64_t)g;
+}
+
+/* The start line (include/airlock/guest/vmstart.h) on the control port:
+ * how this VM came to be, the host's clock, 32 fresh random bytes. The
+ * connection stays open (vm->ctl_fd): the init's poweroff reader blocks
+ * on it instead of polling. */
+static int send_start(struct sandbox *sb, struct vm *vm, const char *kind, char *err, size_t errlen)
+{
+	uint8_t seed[32];
+	char hex[2 * sizeof(seed) + 1], line[256];
+	struct timespec ts;
+	int n, r;
+
+	if (vm->ctl_fd < 0 && (r = ctl_connect(vm, 10000, err, errlen)) < 0)
+		return r;
+	randombytes_buf(seed, sizeof(seed));
+	sodium_bin2hex(hex, sizeof(hex), seed, sizeof(seed));
+	clock_gettime(CLOCK_REALTIME, &ts);
+	n = snprintf(line, sizeof(line), "start %s %llu %lld %s\n", kind, (unsigned long long)start_gen(sb),
+		     (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec, hex);
+	r = n > 0 && (size_t)n < sizeof(line) && send(vm->ctl_fd, line, (size_t)n, MSG_NOSIGNAL) == n ? 0 : -EIO;
+	sodium_memzero(seed, sizeof(seed));
+	sodium_memzero(hex, sizeof(hex));
+	sodium_memzero(line, sizeof(line));
+	if (r < 0)
+		errmsg_set(err, errlen, "the VM's control port %s: cannot write the start line", vm->ctl);
+	return r;
+}
+
+/* ------------------------------------------------------------------ boot */
+
+/* Boot qemu until the console shows want, under KVM when it works here,
+ * and once more under software emulation when KVM cannot run the guest.
+ * start: the start line's kind to send once qemu runs (NULL: none, the
+ * boot that makes a snapshot stops at the snapshot point). From the first
+ * spawn on, sb->impl is vm (NULL again while none runs). */
 static int vm_boot(struct sandbox *sb, struct vm *vm, struct qemu_cmd *q, const struct vm_template *t,
-		   const struct vm_files *f, struct vm_launch *l, char *err, size_t errlen)
+		   const struct vm_media *m, struct vm_launch *l, const char *want, const char *start, char *err,
+		   size_t errlen)
 {
 	int r;
 
-	l->kvm = kvm_works();
 	for (;;) {
-		qemu_cmd_build(q, t, f, vm, l->kvm);
+		qemu_cmd_build(q, t, m, l->kvm);
 		unlink(vm->console);
 		if ((r = qemu_spawn(q, l->log_fd, vm->pidfile, &sb->pid, err, errlen)) < 0) {
 			sb->pid = 0;
 			return r;
 		}
-		close(l->log_fd);
-		l->log_fd = -1;
 		sb->impl = vm;
 		l->launched = now_ms();
 		if (!l->deadline)
 			l->deadline = l->launched + SANDBOX_VM_START_MS;
-		if ((r = vm_wait_ready(sb, vm, f->log, l, err, errlen)) != VM_TRY_TCG)
+		if (start && (r = send_start(sb, vm, start, err, errlen)) < 0)
+			return r;
+		if ((r = vm_wait_ready(sb, vm, l->log_path, l, want, err, errlen)) != VM_TRY_TCG)
 			return r;
 		sb->impl = NULL;
+		if (vm->ctl_fd >= 0)
+			close(vm->ctl_fd);
+		vm->ctl_fd = -1;
 		l->kvm = false;
 		l->kvm_failed = true;
-		if ((l->log_fd = open(f->log, O_WRONLY | O_APPEND | O_CLOEXEC)) < 0) {
-			r = -errno;
-			errmsg_set(err, errlen, "%s: %s", f->log, strerror(errno));
-			return r;
-		}
 		dprintf(l->log_fd, "airlock: KVM cannot run this guest here; software emulation (TCG) instead\n");
 	}
+}
+
+/* Stop a qemu that is not the sandbox's yet (the boot that made a
+ * snapshot, a restore that failed): KILL and reap. */
+static void qemu_kill(struct sandbox *sb)
+{
+	int st;
+
+	if (sb->pid <= 0)
+		return;
+	kill(sb->pid, SIGKILL);
+	while (waitpid(sb->pid, &st, 0) < 0 && errno == EINTR) {
+	}
+	sb->pid = 0;
+}
+
+/* ------------------------------------------------------------- snapshots */
+
+/* A snapshot of the base template (doc/VM.md, "Snapshots"): the VM saved at
+ * its init's snapshot point, before anything of a sandbox was read, with
+ * blank disks of the same sizes attached. One serves every sandbox on this
+ * host with the same template, qemu and VM settings: the key names them.
+ *   <template>/snapshots/<key>/ram    the guest's memory (restored copy on write)
+ *   <template>/snapshots/<key>/state  qemu's device state (x-ignore-shared: no memory)
+ *   <template>/snapshots/<key>/meta   the kernel command line it booted with, the key's inputs
+ * 0700 / 0600: the memory holds the guest kernel's random state from before
+ * the snapshot (which each restore reseeds), and whoever writes it runs
+ * code in every VM restored from it. */
+#define SNAP_KEEP 3 /* snapshots kept per template directory (other keys: oldest removed) */
+
+struct vm_snap {
+	char dir[PATH_MAX];   /* <template>/snapshots */
+	char key[33];	      /* hex of the key's first 16 bytes */
+	char path[PATH_MAX];  /* dir/key */
+	char ram[PATH_MAX];   /* path/ram */
+	char state[PATH_MAX]; /* path/state */
+	char meta[PATH_MAX];  /* path/meta */
+	char append[512];     /* from meta: the kernel command line of the saved boot */
+	char inputs[2048];    /* the key's inputs, as text */
+	unsigned mem_mb;
+};
+
+/* The guest's memory in MiB: $AIRLOCK_VM_MEMORY (64..65536), else 1024. */
+static int vm_mem_mb(unsigned *out, char *err, size_t errlen)
+{
+	const char *e = getenv("AIRLOCK_VM_MEMORY");
+	char *end;
+	unsigned long v;
+
+	*out = VM_MEM_MB_DEFAULT;
+	if (!e || !*e)
+		return 0;
+	errno = 0;
+	v = strtoul(e, &end, 10);
+	if (errno || *end || v < 64 || v > 65536) {
+		errmsg_set(err, errlen, "AIRLOCK_VM_MEMORY=%s: not a size in MiB between 64 and 65536", e);
+		return -EINVAL;
+	}
+	*out = (unsigned)v;
+	return 0;
+}
+
+/* XXH3-128 of a file's content, in hex. */
+static int file_hash_read(const char *path, char out[33])
+{
+	struct stat st;
+	void *p = MAP_FAILED;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	XXH128_hash_t h;
+
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, &st) < 0 ||
+	    (st.st_size > 0 && (p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0)) == MAP_FAILED)) {
+		int r = -errno;
+		close(fd);
+		return r;
+	}
+	h = XXH3_128bits(p == MAP_FAILED ? "" : p, (size_t)st.st_size);
+	if (p != MAP_FAILED)
+		munmap(p, (size_t)st.st_size);
+	close(fd);
+	snprintf(out, 33, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
+	return 0;
+}
+
+static void file_identity(const char *path, char *out, size_t n);
+
+/* The content hash of a template file, remembered in snapdir/hashes by the
+ * file's identity (inode, size, mtime, ctime: any write changes the ctime),
+ * so a start does not read the 70 MB kernel and initramfs again. */
+static int file_hash(const char *snapdir, const char *path, char out[33])
+{
+	char id[160], p[PATH_MAX], line[PATH_MAX + 256], want[PATH_MAX + 200];
+	FILE *f;
+	int r;
+
+	file_identity(path, id, sizeof(id));
+	if ((size_t)snprintf(want, sizeof(want), "%s %s ", path, id) >= sizeof(want) ||
+	    path_join(p, sizeof(p), snapdir, "hashes") < 0)
+		return file_hash_read(path, out);
+	if ((f = fopen(p, "re"))) {
+		size_t wl = strlen(want);
+		while (fgets(line, sizeof(line), f))
+			if (!strncmp(line, want, wl) && strlen(line + wl) == 33 && line[wl + 32] == '\n') {
+				memcpy(out, line + wl, 32);
+				out[32] = 0;
+				fclose(f);
+				return 0;
+			}
+		fclose(f);
+	}
+	if ((r = file_hash_read(path, out)) < 0)
+		return r;
+	struct stat st;
+	if (stat(p, &st) == 0 && st.st_size > 65536) /* old templates' lines */
+		unlink(p);
+	if ((f = fopen(p, "ae"))) {
+		fchmod(fileno(f), 0600);
+		fprintf(f, "%s%s\n", want, out);
+		fclose(f);
+	}
+	return 0;
+}
+
+/* What identifies a file without reading it: inode, size, mtime and ctime
+ * (any write or replacement changes the ctime). For the qemu binary, whose
+ * version would cost a process to ask. */
+static void file_identity(const char *path, char *out, size_t n)
+{
+	struct stat st;
+
+	if (stat(path, &st) < 0) {
+		snprintf(out, n, "missing");
+		return;
+	}
+	snprintf(out, n, "%llu:%llu:%lld.%09ld:%lld.%09ld", (unsigned long long)st.st_ino,
+		 (unsigned long long)st.st_size, (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
+		 (long long)st.st_ctim.tv_sec, st.st_ctim.tv_nsec);
+}
+
+/* The host CPU's model name (the guest's TSC under TCG is the host's). */
+static void cpu_model(char *out, size_t n)
+{
+	char line[512];
+	FILE *f = fopen("/proc/cpuinfo", "re");
+
+	snprintf(out, n, "unknown");
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, "model name", 10)) {
+			line[strcspn(line, "\n")] = 0;
+			snprintf(out, n, "%s", line + strcspn(line, ":") + (line[strcspn(line, ":")] ? 2 : 0));
+			break;
+		}
+	fclose(f);
+}
+
+/* -M microvm when this qemu has it, cached per qemu binary in
+ * <template>/snapshots/machines (asking qemu costs a process); snapdir
+ * NULL: no cache. */
+static bool machine_microvm(const char *qemu, const char *snapdir)
+{
+	const char *m = getenv("AIRLOCK_VM_MACHINE");
+	char id[160], p[PATH_MAX], line[256];
+	bool microvm;
+	FILE *f;
+
+	if (m && *m)
+		return strcmp(m, "q35") != 0;
+	if (!snapdir)
+		return qemu_has_microvm(qemu);
+	file_identity(qemu, id, sizeof(id));
+	if (path_join(p, sizeof(p), snapdir, "machines") < 0)
+		return qemu_has_microvm(qemu);
+	if ((f = fopen(p, "re"))) {
+		int found = -1;
+		size_t idl = strlen(id);
+		if (fgets(line, sizeof(line), f) && !strncmp(line, id, idl) && line[idl] == ' ')
+			found = !strncmp(line + idl + 1, "microvm", 7);
+		fclose(f);
+		if (found >= 0)
+			return found;
+	}
+	microvm = qemu_has_microvm(qemu);
+	if ((f = fopen(p, "we"))) {
+		fprintf(f, "%s %s\n", id, microvm ? "microvm" : "q35");
+		fclose(f);
+	}
+	return microvm;
+}
+
+/* The snapshot's key: everything the saved state depends on. */
+static int snap_key(struct vm_snap *sn, const struct vm_template *t, const struct qemu_cmd *q, bool kvm,
+		    const char *img)
+{
+	char hk[33], hi[33], qid[160], stamp[64] = "", cpu[256], p[PATH_MAX];
+	uint8_t h[crypto_generichash_BYTES];
+	struct stat st;
+	FILE *f;
+	int r, n;
+
+	if ((r = file_hash(sn->dir, t->kernel, hk)) < 0 || (r = file_hash(sn->dir, t->initrd, hi)) < 0)
+		return r;
+	if (stat(img, &st) < 0)
+		return -errno;
+	file_identity(q->prog, qid, sizeof(qid));
+	cpu_model(cpu, sizeof(cpu));
+	if (path_join(p, sizeof(p), t->dir, "stamp") == 0 && (f = fopen(p, "re"))) {
+		if (!fgets(stamp, sizeof(stamp), f))
+			stamp[0] = 0;
+		stamp[strcspn(stamp, "\n")] = 0;
+		fclose(f);
+	}
+	n = snprintf(sn->inputs, sizeof(sn->inputs),
+		     "format 1\nkernel %s\ninitramfs %s\ntemplate-stamp %s\nqemu %s %s\nmachine %s\naccel %s\n"
+		     "cpu-model %s\nmemory %uM\nsmp 1\ndevices config %d workspace %lld serial airlock airlock.ctl\n"
+		     "host-cpu %s\n",
+		     hk, hi, stamp, q->prog, qid, q->machine, kvm ? "kvm host" : "tcg max", kvm ? "host" : "max",
+		     sn->mem_mb, VM_CONFIG_SIZE, (long long)st.st_size, cpu);
+	if (n < 0 || (size_t)n >= sizeof(sn->inputs))
+		return -ENAMETOOLONG;
+	crypto_generichash(h, sizeof(h), (const uint8_t *)sn->inputs, (size_t)n, NULL, 0);
+	sodium_bin2hex(sn->key, sizeof(sn->key), h, 16);
+	if (path_join(sn->path, sizeof(sn->path), sn->dir, sn->key) < 0 ||
+	    path_join(sn->ram, sizeof(sn->ram), sn->path, "ram") < 0 ||
+	    path_join(sn->state, sizeof(sn->state), sn->path, "state") < 0 ||
+	    path_join(sn->meta, sizeof(sn->meta), sn->path, "meta") < 0)
+		return -ENAMETOOLONG;
+	return 0;
+}
+
+/* Ours and writable by nobody else (a snapshot someone else can write
+ * would run their code in our VMs). */
+static bool private_file(const char *path, mode_t type)
+{
+	struct stat st;
+
+	return lstat(path, &st) == 0 && (st.st_mode & S_IFMT) == type && st.st_uid == geteuid() && !(st.st_mode & 022);
+}
+
+/* A usable snapshot at sn->path: the files there, private, and its kernel
+ * command line read into sn->append. */
+static bool snap_valid(struct vm_snap *sn)
+{
+	char line[sizeof(sn->append) + 16];
+	bool ok = false;
+	FILE *f;
+
+	if (!private_file(sn->path, S_IFDIR) || !private_file(sn->ram, S_IFREG) || !private_file(sn->state, S_IFREG) ||
+	    !private_file(sn->meta, S_IFREG) || !(f = fopen(sn->meta, "re")))
+		return false;
+	while (!ok && fgets(line, sizeof(line), f))
+		if (!strncmp(line, "append ", 7)) {
+			line[strcspn(line, "\n")] = 0;
+			ok = (size_t)snprintf(sn->append, sizeof(sn->append), "%.*s", (int)sizeof(sn->append) - 1,
+					      line + 7) < sizeof(sn->append);
+		}
+	fclose(f);
+	return ok;
+}
+
+/* Remove a snapshot directory (its three files, then itself). */
+static void snap_remove(const char *path)
+{
+	static const char *const names[] = {"ram", "state", "meta", "config.tar", "ws.img"};
+	char p[PATH_MAX];
+
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (path_join(p, sizeof(p), path, names[i]) == 0)
+			unlink(p);
+	rmdir(path);
+}
+
+/* Keep the SNAP_KEEP newest snapshots of dir (by their state file), and
+ * remove unfinished ones left by a start that died. */
+static void snap_prune(const char *dir, const char *keep)
+{
+	struct {
+		char name[64];
+		time_t t;
+	} e[32];
+	size_t n = 0;
+	struct dirent *d;
+	DIR *dd = opendir(dir);
+
+	if (!dd)
+		return;
+	while ((d = readdir(dd)) && n < sizeof(e) / sizeof(e[0])) {
+		char p[PATH_MAX], st_path[PATH_MAX];
+		struct stat st;
+		if (d->d_name[0] == '.' && strncmp(d->d_name, ".new-", 5))
+			continue;
+		if (strlen(d->d_name) >= sizeof(e[0].name) || path_join(p, sizeof(p), dir, d->d_name) < 0 ||
+		    lstat(p, &st) < 0 || !S_ISDIR(st.st_mode))
+			continue;
+		if (!strncmp(d->d_name, ".new-", 5)) {
+			if (time(NULL) - st.st_mtime > 600) /* a start that died while saving */
+				snap_remove(p);
+			continue;
+		}
+		if (!strcmp(d->d_name, keep) || path_join(st_path, sizeof(st_path), p, "state") < 0)
+			continue;
+		snprintf(e[n].name, sizeof(e[n].name), "%s", d->d_name);
+		e[n++].t = stat(st_path, &st) == 0 ? st.st_mtime : 0;
+	}
+	closedir(dd);
+	while (n + 1 > SNAP_KEEP && n > 0) { /* the kept one counts */
+		size_t old = 0;
+		char p[PATH_MAX];
+		for (size_t i = 1; i < n; i++)
+			if (e[i].t < e[old].t)
+				old = i;
+		if (path_join(p, sizeof(p), dir, e[old].name) == 0)
+			snap_remove(p);
+		e[old] = e[--n];
+	}
+}
+
+/* An empty file of size bytes (sparse), mode 0600. */
+static int blank_file(const char *path, off_t size)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600), r = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, size) < 0)
+		r = -errno;
+	close(fd);
+	return r;
+}
+
+/* Single quotes for /bin/sh (qemu's exec: migration runs its argument
+ * with sh -c). */
+static int sh_quote(char *out, size_t n, const char *s)
+{
+	size_t k = 0;
+
+	if (n < 3)
+		return -ENAMETOOLONG;
+	out[k++] = '\'';
+	for (; *s; s++) {
+		const char *piece = *s == '\'' ? "'\\''" : NULL;
+		size_t len = piece ? 4 : 1;
+		if (k + len + 2 > n)
+			return -ENAMETOOLONG;
+		if (piece)
+			memcpy(out + k, piece, len);
+		else
+			out[k] = *s;
+		k += len;
+	}
+	out[k++] = '\'';
+	out[k] = 0;
+	return 0;
+}
+
+/* Until qemu's migration reached a final state: 0 when completed. */
+static int migrate_wait(struct qmp *qm, const char *what, char *err, size_t errlen)
+{
+	int64_t deadline = now_ms() + 60000;
+
+	for (;;) {
+		json_t *ret = NULL;
+		const char *st;
+		int r = qmp_call(qm, "query-migrate", NULL, &ret, 10000, err, errlen);
+		if (r < 0)
+			return r;
+		st = json_string_value(json_object_get(ret, "status"));
+		if (st && !strcmp(st, "completed")) {
+			json_decref(ret);
+			return 0;
+		}
+		if (st && (!strcmp(st, "failed") || !strcmp(st, "cancelled"))) {
+			const char *why = json_string_value(json_object_get(ret, "error-desc"));
+			errmsg_set(err, errlen, "%s: qemu's migration %s: %s", what, st, why ? why : "no reason given");
+			json_decref(ret);
+			return -EIO;
+		}
+		json_decref(ret);
+		if (now_ms() > deadline) {
+			errmsg_set(err, errlen, "%s: qemu's migration did not finish within 60 s", what);
+			return -ETIMEDOUT;
+		}
+		usleep(3000);
+	}
+}
+
+static int set_ignore_shared(struct qmp *qm, char *err, size_t errlen)
+{
+	json_t *caps = json_pack("{s:[{s:s, s:b}]}", "capabilities", "capability", "x-ignore-shared", "state", 1);
+	int r = caps ? qmp_call(qm, "migrate-set-capabilities", caps, NULL, 10000, err, errlen) : -ENOMEM;
+
+	json_decref(caps);
+	return r;
+}
+
+/* Save the VM at its snapshot point into tmp: stop it, write the device
+ * state (its memory is already in tmp/ram, shared), quit. */
+static int snap_save(struct sandbox *sb, const char *qmp_path, const char *tmp, char *err, size_t errlen)
+{
+	char state[PATH_MAX], quoted[2 * PATH_MAX], uri[2 * PATH_MAX + 32];
+	json_t *args = NULL;
+	struct qmp qm;
+	int r;
+
+	if (path_join(state, sizeof(state), tmp, "state") < 0 || sh_quote(quoted, sizeof(quoted), state) < 0)
+		return -ENAMETOOLONG;
+	snprintf(uri, sizeof(uri), "exec:umask 077 && cat > %s", quoted);
+	if ((r = qmp_open(&qm, qmp_path, 10000, err, errlen)) < 0)
+		return r;
+	if ((r = qmp_call(&qm, "stop", NULL, NULL, 10000, err, errlen)) < 0 ||
+	    (r = set_ignore_shared(&qm, err, errlen)) < 0 || !(args = json_pack("{s:s}", "uri", uri)) ||
+	    (r = qmp_call(&qm, "migrate", args, NULL, 10000, err, errlen)) < 0 ||
+	    (r = migrate_wait(&qm, "saving the snapshot", err, errlen)) < 0)
+		goto out;
+	qmp_call(&qm, "quit", NULL, NULL, 5000, err, errlen); /* it may close before answering */
+	if (!vm_wait(sb->pid, 10000))
+		qemu_kill(sb);
+	sb->pid = 0;
+out:
+	json_decref(args);
+	qmp_close(&qm);
+	return r;
+}
+
+/* Write meta and make every file durable before the directory is renamed
+ * into place (a torn snapshot would be restored into a guest that hangs). */
+static int snap_finish(const struct vm_snap *sn, const char *tmp, const char *append)
+{
+	static const char *const names[] = {"ram", "state", "meta"};
+	char p[PATH_MAX];
+	FILE *f;
+	int r = 0;
+
+	if (path_join(p, sizeof(p), tmp, "meta") < 0 || !(f = fopen(p, "wxe")))
+		return -EIO;
+	fchmod(fileno(f), 0600);
+	fprintf(f, "append %s\n%s", append, sn->inputs);
+	if (fflush(f) != 0)
+		r = -EIO;
+	fclose(f);
+	for (size_t i = 0; r == 0 && i < sizeof(names) / sizeof(names[0]); i++) {
+		int fd;
+		if (path_join(p, sizeof(p), tmp, names[i]) < 0 || (fd = open(p, O_RDONLY | O_CLOEXEC)) < 0) {
+			r = -EIO;
+			break;
+		}
+		if (fsync(fd) < 0 || fchmod(fd, 0600) < 0)
+			r = -errno;
+		close(fd);
+	}
+	if (r == 0 && rename(tmp, sn->path) < 0)
+		r = -errno;
+	return r;
+}
+
+/* Boot the template with blank disks (nothing of this sandbox in it) up to
+ * the snapshot point and save it as sn (doc/VM.md, "Snapshots"). -EBUSY
+ * when another start is saving one now (the caller boots without). */
+static int snap_make(struct sandbox *sb, struct vm_snap *sn, const struct vm_template *t, struct qemu_cmd *q,
+		     const struct vm_files *f, struct vm_launch *l, char *err, size_t errlen)
+{
+	char tmp[PATH_MAX], cfg[PATH_MAX], ws[PATH_MAX], ram[PATH_MAX], lockp[PATH_MAX];
+	char console[PATH_MAX], sock[PATH_MAX], append[512];
+	struct vm svm = {.ctl_fd = -1};
+	struct vm_media m;
+	struct vm_launch sl = *l;
+	struct stat st;
+	int lockfd, r;
+
+	if (path_join(lockp, sizeof(lockp), sn->dir, ".lock") < 0)
+		return -ENAMETOOLONG;
+	if ((lockfd = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)) < 0)
+		return -errno;
+	if (flock(lockfd, LOCK_EX | LOCK_NB) < 0) {
+		close(lockfd);
+		return -EBUSY;
+	}
+	if (snap_valid(sn)) { /* another start saved it meanwhile */
+		close(lockfd);
+		return 0;
+	}
+	if ((size_t)snprintf(tmp, sizeof(tmp), "%s/.new-XXXXXX", sn->dir) >= sizeof(tmp) || !mkdtemp(tmp)) {
+		r = -errno;
+		goto out_lock;
+	}
+	if (path_join(cfg, sizeof(cfg), tmp, "config.tar") < 0 || path_join(ws, sizeof(ws), tmp, "ws.img") < 0 ||
+	    path_join(ram, sizeof(ram), tmp, "ram") < 0 ||
+	    path_join(console, sizeof(console), sb->dir, "snapshot-console.log") < 0 ||
+	    path_join(sock, sizeof(sock), f->run, "snapa.sock") < 0 ||
+	    path_join(svm.ctl, sizeof(svm.ctl), f->run, "snapc.sock") < 0 ||
+	    path_join(svm.pidfile, sizeof(svm.pidfile), f->run, "qemu.pid") < 0) {
+		r = -ENAMETOOLONG;
+		goto out;
+	}
+	snprintf(svm.console, sizeof(svm.console), "%s", console);
+	if (stat(f->img, &st) < 0) {
+		r = -errno;
+		goto out;
+	}
+	if ((r = blank_file(cfg, VM_CONFIG_SIZE)) < 0 || (r = blank_file(ws, st.st_size)) < 0 ||
+	    (r = blank_file(ram, (off_t)sn->mem_mb << 20)) < 0)
+		goto out;
+	kernel_append(append, sizeof(append), t->dir, l->kvm);
+	m = (struct vm_media){.cfg = cfg,
+			      .ws = ws,
+			      .console = console,
+			      .sock = sock,
+			      .ctl = svm.ctl,
+			      .qmp = f->qmp,
+			      .ram = ram,
+			      .ram_shared = true,
+			      .append = append,
+			      .mem_mb = sn->mem_mb};
+	unlink(sock);
+	unlink(svm.ctl);
+	unlink(f->qmp);
+	sl.deadline = 0;
+	r = vm_boot(sb, &svm, q, t, &m, &sl, "airlock-init: snapshot point", NULL, err, errlen);
+	sb->impl = NULL; /* svm is this function's */
+	if (r == 0 && sl.kvm_failed) {
+		errmsg_set(err, errlen, "KVM could not run the guest: no snapshot this time");
+		r = -ENOTSUP;
+	}
+	if (r == 0)
+		r = snap_save(sb, f->qmp, tmp, err, errlen);
+	qemu_kill(sb);
+	unlink(sock);
+	unlink(svm.ctl);
+	unlink(f->qmp);
+	unlink(cfg); /* the blank disks are not needed any more */
+	unlink(ws);
+	if (r == 0 && (r = snap_finish(sn, tmp, append)) < 0)
+		errmsg_set(err, errlen, "%s: %s", sn->path, strerror(-r));
+	if (r == 0) {
+		snap_prune(sn->dir, sn->key);
+		r = snap_valid(sn) ? 0 : -EIO;
+	}
+out:
+	if (r < 0)
+		snap_remove(tmp);
+out_lock:
+	close(lockfd);
+	return r;
+}
+
+/* Restore sn with this sandbox's disks attached: qemu waits for the
+ * migration stream (-incoming defer), reads the device state, maps the
+ * saved memory copy on write; then the start line and `cont`. */
+static int snap_restore(struct sandbox *sb, struct vm *vm, const struct vm_snap *sn, const struct vm_template *t,
+			struct qemu_cmd *q, const struct vm_files *f, struct vm_launch *l, const char *kind, char *err,
+			size_t errlen)
+{
+	char quoted[2 * PATH_MAX], uri[2 * PATH_MAX + 32];
+	struct vm_media m = {.cfg = f->cfgtar,
+			     .ws = f->img,
+			     .console = vm->console,
+			     .sock = f->sock,
+			     .ctl = vm->ctl,
+			     .qmp = f->qmp,
+			     .ram = sn->ram,
+			     .ram_shared = false,
+			     .incoming = true,
+			     .append = sn->append,
+			     .mem_mb = sn->mem_mb};
+	json_t *args = NULL, *st = NULL;
+	struct qmp qm = {.fd = -1};
+	int64_t deadline, t_loading = 0, t_cont = 0;
+	int r;
+
+	if ((r = sh_quote(quoted, sizeof(quoted), sn->state)) < 0)
+		return r;
+	snprintf(uri, sizeof(uri), "exec:cat %s", quoted);
+	unlink(vm->console);
+	unlink(f->qmp);
+	qemu_cmd_build(q, t, &m, l->kvm);
+	if ((r = qemu_spawn(q, l->log_fd, vm->pidfile, &sb->pid, err, errlen)) < 0) {
+		sb->pid = 0;
+		return r;
+	}
+	l->launched = now_ms();
+	l->deadline = l->launched + SANDBOX_VM_START_MS / 4;
+	if ((r = qmp_open(&qm, f->qmp, 30000, err, errlen)) < 0 || (r = set_ignore_shared(&qm, err, errlen)) < 0 ||
+	    !(args = json_pack("{s:s}", "uri", uri)) ||
+	    (r = qmp_call(&qm, "migrate-incoming", args, NULL, 10000, err, errlen)) < 0)
+		goto out;
+	t_loading = now_ms();
+	/* loaded when the VM is paused (the snapshot was saved stopped) */
+	deadline = now_ms() + 30000;
+	for (;;) {
+		const char *status;
+		if ((r = qmp_call(&qm, "query-status", NULL, &st, 10000, err, errlen)) < 0)
+			goto out;
+		status = json_string_value(json_object_get(st, "status"));
+		if (status && !strcmp(status, "paused"))
+			break;
+		if (status && strcmp(status, "inmigrate")) {
+			errmsg_set(err, errlen, "restoring the snapshot %s: the VM is %s", sn->path, status);
+			r = -EIO;
+			goto out;
+		}
+		json_decref(st);
+		st = NULL;
+		if (now_ms() > deadline) {
+			errmsg_set(err, errlen, "restoring the snapshot %s took over 30 s", sn->path);
+			r = -ETIMEDOUT;
+			goto out;
+		}
+		usleep(2000);
+	}
+	/* the start line waits in the socket until the guest reads it */
+	if ((r = send_start(sb, vm, kind, err, errlen)) < 0 ||
+	    (r = qmp_call(&qm, "cont", NULL, NULL, 10000, err, errlen)) < 0)
+		goto out;
+	sb->impl = vm;
+	t_cont = now_ms();
+	r = vm_wait_ready(sb, vm, l->log_path, l, VM_READY_LINE, err, errlen);
+	if (r == 0)
+		dprintf(
+		    l->log_fd,
+		    "airlock: restored %s: qemu up in %lld ms, state loaded in %lld ms, agent ready %lld ms later\n",
+		    sn->path, (long long)(t_loading - l->launched), (long long)(t_cont - t_loading),
+		    (long long)(now_ms() - t_cont));
+	if (r == VM_TRY_TCG)
+		r = -EIO;
+out:
+	json_decref(st);
+	json_decref(args);
+	qmp_close(&qm);
+	unlink(f->qmp);
+	if (r < 0) {
+		sb->impl = NULL;
+		if (vm->ctl_fd >= 0)
+			close(vm->ctl_fd);
+		vm->ctl_fd = -1;
+		qemu_kill(sb);
+	}
+	return r;
+}
+
+/* Snapshots are used unless AIRLOCK_VM_SNAPSHOT=0, and where the template
+ * directory can hold them. */
+static bool snap_dir(const struct vm_template *t, struct vm_snap *sn)
+{
+	const char *e = getenv("AIRLOCK_VM_SNAPSHOT");
+
+	if (e && !strcmp(e, "0"))
+		return false;
+	if (path_join(sn->dir, sizeof(sn->dir), t->dir, "snapshots") < 0)
+		return false;
+	if (mkdir(sn->dir, 0700) < 0 && errno != EEXIST)
+		return false;
+	return private_file(sn->dir, S_IFDIR);
+}
+
+/* ------------------------------------------------------------------ start */
+
+/* Start from the template's snapshot: restore it, or (none yet) boot the
+ * template to its snapshot point, save it, restore it. 0 with sb->boot
+ * set; -errno when the caller should boot without a snapshot (the reason
+ * in the log). */
+static int start_from_snapshot(struct sandbox *sb, struct vm *vm, const struct vm_template *t, struct qemu_cmd *q,
+			       const struct vm_files *f, struct vm_launch *l, struct vm_snap *sn, const char **note)
+{
+	char err[1024] = "";
+	int r;
+
+	*note = ", no snapshot (see qemu.log)";
+	if ((r = snap_key(sn, t, q, l->kvm, f->img)) < 0) {
+		dprintf(l->log_fd, "airlock: no snapshot: its key: %s\n", strerror(-r));
+		return r;
+	}
+	if (snap_valid(sn)) {
+		if ((r = snap_restore(sb, vm, sn, t, q, f, l, "restored", err, sizeof(err))) == 0) {
+			sb->boot = "restored";
+			*note = ", restored from a snapshot";
+			return 0;
+		}
+		dprintf(l->log_fd, "airlock: the snapshot %s did not restore (%s); removed, booting\n", sn->path, err);
+		snap_remove(sn->path);
+	}
+	if ((r = snap_make(sb, sn, t, q, f, l, err, sizeof(err))) < 0) {
+		dprintf(l->log_fd, "airlock: no snapshot saved: %s\n",
+			r == -EBUSY ? "another start is saving it" : err);
+		return r;
+	}
+	if ((r = snap_restore(sb, vm, sn, t, q, f, l, "cold", err, sizeof(err))) < 0) {
+		dprintf(l->log_fd, "airlock: the new snapshot %s did not restore (%s); removed, booting\n", sn->path,
+			err);
+		snap_remove(sn->path);
+		return r;
+	}
+	sb->boot = "cold";
+	*note = ", snapshot saved";
+	return 0;
 }
 
 int sandbox_vm_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *err, size_t errlen)
@@ -968,11 +1803,15 @@ int sandbox_vm_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *er
 	struct vm_files f;
 	struct qemu_cmd q;
 	struct vm_launch l = {.log_fd = -1};
+	struct vm_snap sn = {0};
 	struct vm *vm = NULL;
+	char append[512];
+	const char *note = ", no snapshot";
+	bool snap;
 	int r;
 
 	if ((r = template_find(sb, cfg, &t, err, errlen)) < 0 ||
-	    (r = qemu_find(q.prog, sizeof(q.prog), err, errlen)) < 0)
+	    (r = qemu_find(q.prog, sizeof(q.prog), err, errlen)) < 0 || (r = vm_mem_mb(&sn.mem_mb, err, errlen)) < 0)
 		return r;
 	if (strchr(sb->dir, ',')) {
 		/* qemu's -drive and -chardev options are comma separated */
@@ -983,16 +1822,38 @@ int sandbox_vm_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *er
 		errmsg_set(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
+	vm->ctl_fd = -1;
 	if ((r = vm_files_init(sb, vm, &f, err, errlen)) < 0 ||
 	    (r = vm_state_prepare(sb, vm, &f, &l.log_fd, err, errlen)) < 0 ||
 	    (r = ensure_disk(sb, l.log_fd, f.img, sizeof(f.img), err, errlen)) < 0 ||
-	    (r = write_config(sb, cfg, err, errlen)) < 0 || (r = vm_boot(sb, vm, &q, &t, &f, &l, err, errlen)) < 0)
+	    (r = write_config(sb, cfg, err, errlen)) < 0)
 		goto fail;
+	snprintf(l.log_path, sizeof(l.log_path), "%s", f.log);
+	snap = snap_dir(&t, &sn) && !strchr(t.dir, ',');
+	q.microvm = machine_microvm(q.prog, snap ? sn.dir : NULL);
+	q.machine = q.microvm ? "microvm" : "q35";
+	l.kvm = kvm_works();
+	if (!snap || start_from_snapshot(sb, vm, &t, &q, &f, &l, &sn, &note) < 0) {
+		struct vm_media m = {.cfg = f.cfgtar,
+				     .ws = f.img,
+				     .console = vm->console,
+				     .sock = f.sock,
+				     .ctl = vm->ctl,
+				     .append = append,
+				     .mem_mb = sn.mem_mb};
+		kernel_append(append, sizeof(append), t.dir, l.kvm);
+		l.deadline = 0;
+		if ((r = vm_boot(sb, vm, &q, &t, &m, &l, VM_READY_LINE, "cold", err, errlen)) < 0)
+			goto fail;
+		sb->boot = "cold";
+	}
+	close(l.log_fd);
+	l.log_fd = -1;
 	snprintf(sb->addr, sizeof(sb->addr), "unix:%s", f.sock);
 	if ((size_t)snprintf(sb->describe, sizeof(sb->describe),
-			     "vm: qemu -M %s, %s%s, no network device (the channel is the only way out)", q.machine,
+			     "vm: qemu -M %s, %s%s, no network device (the channel is the only way out)%s", q.machine,
 			     l.kvm ? "kvm" : "software emulation (TCG)",
-			     l.kvm_failed ? " (KVM could not run the guest)" : "") >= sizeof(sb->describe))
+			     l.kvm_failed ? " (KVM could not run the guest)" : "", note) >= sizeof(sb->describe))
 		sb->describe[sizeof(sb->describe) - 1] = 0;
 	return 0;
 
@@ -1001,8 +1862,11 @@ fail:
 		close(l.log_fd);
 	if (sb->impl == vm)
 		sandbox_vm_stop(sb); /* stops qemu, frees vm */
-	else
+	else {
+		if (vm->ctl_fd >= 0)
+			close(vm->ctl_fd);
 		mem_free(vm);
+	}
 	sb->impl = NULL;
 	return r;
 }
@@ -1055,9 +1919,16 @@ void sandbox_vm_stop(struct sandbox *sb)
 		return;
 	vm = sb->impl;
 	if (sb->pid > 0) {
-		int ctl = vm ? vm_ask_poweroff(vm) : -1;
-		bool done = vm_wait(sb->pid, SANDBOX_STOP_MS);
+		int ctl = -1;
+		bool done;
 
+		if (vm && vm->ctl_fd >= 0 && send(vm->ctl_fd, "poweroff\n", 9, MSG_NOSIGNAL) == 9) {
+			ctl = vm->ctl_fd;
+			vm->ctl_fd = -1;
+		} else if (vm) {
+			ctl = vm_ask_poweroff(vm);
+		}
+		done = vm_wait(sb->pid, SANDBOX_STOP_MS);
 		if (ctl >= 0)
 			close(ctl);
 		if (!done) {
@@ -1070,6 +1941,8 @@ void sandbox_vm_stop(struct sandbox *sb)
 		sb->pid = 0;
 	}
 	if (vm) {
+		if (vm->ctl_fd >= 0)
+			close(vm->ctl_fd);
 		unlink(vm->pidfile);
 		mem_free(vm);
 	}

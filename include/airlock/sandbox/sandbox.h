@@ -88,6 +88,10 @@ const char *sandbox_dir(const struct sandbox *sb);
 const char *sandbox_describe(const struct sandbox *sb);
 /* Time from sandbox_start's call to the agent listening, in ms. */
 double sandbox_start_ms(const struct sandbox *sb);
+/* How the last start went: "cold" (a local sandbox, a VM booted), or
+ * "restored" (a VM restored from its template's snapshot: doc/VM.md,
+ * "Snapshots"). A static string. */
+const char *sandbox_boot(const struct sandbox *sb);
 /* pid of the process the host waits for (the namespace init / qemu). */
 pid_t sandbox_pid(const struct sandbox *sb);
 /* true while that process runs (reaps it when it exited). */

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# VM start from the template's snapshot against a cold boot, in one run
+# (doc/VM.md "Snapshots"), through the user's CLI: `airlock up DIR
+# --sandbox vm`, then the first `airlock exec -- true` answered, then
+# `airlock down`. Rows:
+#   cold, no snapshot     AIRLOCK_VM_SNAPSHOT=0: the template booted as before
+#   cold, saving          no snapshot yet: boot to the snapshot point, save,
+#                         restore (what the first start of a template costs)
+#   restored (N starts)   p50 / p99 / max of up -> first command answered, and of
+#                         the sandbox's own start (qemu start -> agent ready,
+#                         the "sandbox started in X ms" of `up`)
+# The template is a private copy (fresh snapshots), used as installed
+# (AIRLOCK_VM_NO_BUILD=1: no builder run per start).
+#
+# usage: bench/vmsnap.sh BUILD [N]     (root + /dev/fuse + qemu)
+#   BUILD  a meson build dir with airlock and airlock-agent-static
+#   N      restored starts (default 10)
+set -euo pipefail
+
+B=$(realpath "${1:?usage: bench/vmsnap.sh BUILD [N]}")
+N=${2:-10}
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+AIRLOCK=$B/airlock
+T=$(mktemp -d /tmp/alvs.XXXXXX) # short: the sandbox sockets live below it
+cleanup() {
+	"$AIRLOCK" down "$T/w" >/dev/null 2>&1 || true
+	sleep 1
+	mountpoint -q "$T/w" 2>/dev/null && umount -l "$T/w"
+	rm -rf "$T"
+}
+trap cleanup EXIT
+export XDG_STATE_HOME=$T/state XDG_DATA_HOME=$T/data AIRLOCK_VM_TEMPLATE=$T/tpl AIRLOCK_VM_NO_BUILD=1
+
+sh "$SRC/guest-agent/template/build.sh" "$B/vm-template" "$B/airlock-agent-static" >/dev/null
+mkdir -p "$T/tpl"
+cp "$B/vm-template/vmlinux" "$B/vm-template/initramfs.cpio" "$B/vm-template/kernel.hz" "$B/vm-template/stamp" "$T/tpl/"
+mkdir -p "$T/w/src"
+for i in $(seq 1 50); do echo "file $i" >"$T/w/src/f$i.txt"; done
+
+ms() { date +%s%N | awk '{ printf "%.1f", $1 / 1e6 }'; }
+# one_start ENV...: up, first exec, down; prints "TOTAL_MS SANDBOX_MS KIND"
+one_start() {
+	local t0 t1 rc=0
+	t0=$(ms)
+	env "$@" "$AIRLOCK" up "$T/w" --sandbox vm >"$T/up.out" 2>"$T/up.err" &
+	local pid=$!
+	for _ in $(seq 3000); do
+		grep -q "in sync with sandbox vm" "$T/up.out" 2>/dev/null && break
+		kill -0 "$pid" 2>/dev/null || { cat "$T/up.err" >&2; return 1; }
+		sleep 0.01
+	done
+	"$AIRLOCK" exec -C "$T/w" -- true </dev/null || rc=$?
+	t1=$(ms)
+	[ "$rc" = 0 ] || { echo "bench/vmsnap.sh: exec failed ($rc)" >&2; return 1; }
+	"$AIRLOCK" down "$T/w" >/dev/null
+	wait "$pid" || true
+	echo "$(echo "$t1 - $t0" | bc) $(sed -n 's/^airlock: sandbox started in \([0-9.]*\) ms, \([a-z]*\).*/\1 \2/p' "$T/up.err")"
+}
+pct() { # pct FILE COLUMN: "p50 / p99 / max"
+	awk -v c="$2" '{ print $c }' "$1" | sort -n |
+		awk '{ a[NR] = $1 } END { printf "%.0f / %.0f / %.0f ms", a[int(NR*0.5+0.5)], a[int(NR*0.99+0.5)], a[NR] }'
+}
+
+echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# $(qemu-system-x86_64 --version | head -n 1); accel: $([ -w /dev/kvm ] && grep -qE ' (vmx|svm)' /proc/cpuinfo && echo kvm || echo 'tcg (no vmx/svm)')"
+read -r nos_total nos_sb nos_kind < <(one_start AIRLOCK_VM_SNAPSHOT=0)
+printf '%-28s %8s ms to the first command (sandbox %s ms, %s)\n' "cold, no snapshot" "$nos_total" "$nos_sb" "$nos_kind"
+read -r cold_total cold_sb cold_kind < <(one_start)
+printf '%-28s %8s ms to the first command (sandbox %s ms, %s)\n' "cold, saving the snapshot" "$cold_total" "$cold_sb" "$cold_kind"
+: >"$T/restored"
+for i in $(seq 1 "$N"); do
+	one_start >>"$T/restored"
+done
+if awk '$3 != "restored" { bad = 1 } END { exit !bad }' "$T/restored"; then
+	echo "bench/vmsnap.sh: a start was not restored:" >&2
+	cat "$T/restored" >&2
+	exit 1
+fi
+printf '%-28s %s to the first command; sandbox start %s\n' "restored ($N starts)" "$(pct "$T/restored" 1)" "$(pct "$T/restored" 2)"
+echo "# snapshot: $(du -sh --apparent-size "$T"/tpl/snapshots/*/ram | cut -f1) guest memory ($(du -sh "$T"/tpl/snapshots/*/ram | cut -f1) on disk), $(stat -c %s "$T"/tpl/snapshots/*/state) bytes of device state"
