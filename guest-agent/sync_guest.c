@@ -456,7 +456,7 @@ static int full_scan(struct syncg *g, struct syncg_session *ss)
 	if ((r = apply_manifest(g->apply, &o, &ss->m)) == 0) {
 		if (o.cache) {
 			(void)hcache_save(g->cache, g->state_fd, HCACHE_FILE); /* best effort */
-			hcache_trim(g->cache); /* loaded again before the next scan */
+			hcache_trim(g->cache);				       /* loaded again before the next scan */
 		}
 		state_keys(g, &ss->params, key, fp);
 		if (st)
