@@ -481,7 +481,8 @@ int manifest_swap_subtree(struct manifest *m, const char *anchor, struct manifes
 		r = -ENOMEM;
 		goto out;
 	}
-	memcpy(old, m->e + lo, nold * sizeof(*old));
+	if (nold) /* m->e is NULL in an empty manifest */
+		memcpy(old, m->e + lo, nold * sizeof(*old));
 	if (k != nold) {
 		memmove(m->e + lo + k, m->e + hi, (m->n - hi) * sizeof(*m->e));
 		memmove(m->end + lo + k, m->end + hi, (m->n - hi) * sizeof(size_t));

@@ -1048,6 +1048,28 @@ static void test_swap_subtree_random(void **state)
 	manifest_free(m);
 }
 
+/* An empty manifest (a new, empty workspace) with nothing to swap in: the
+ * swap is a no-op that keeps the root, and copies nothing from a NULL entry
+ * array (UBSan: "null pointer passed as argument 2" in the relay_e2e
+ * daemon's first targeted push). */
+static void test_swap_subtree_empty(void **state)
+{
+	(void)state;
+	struct manifest *m, *sub;
+	uint8_t root[CHUNK_HASH_LEN];
+
+	assert_int_equal(manifest_new(&small, &m), 0);
+	assert_int_equal(manifest_seal(m), 0);
+	memcpy(root, m->root, sizeof(root));
+	assert_int_equal(manifest_new(&small, &sub), 0);
+	assert_int_equal(manifest_swap_subtree(m, "f", sub), 0);
+	assert_int_equal(m->n, 0);
+	assert_int_equal(sub->n, 0);
+	assert_memory_equal(m->root, root, sizeof(root));
+	manifest_free(sub);
+	manifest_free(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1057,7 +1079,7 @@ int main(void)
 	    cmocka_unit_test(test_scan_filter),		 cmocka_unit_test(test_diff),
 	    cmocka_unit_test(test_level_reader),	 cmocka_unit_test(test_tree_reconcile),
 	    cmocka_unit_test(test_recon_rejects),	 cmocka_unit_test(test_alloc_failures),
-	    cmocka_unit_test(test_swap_subtree_random),
+	    cmocka_unit_test(test_swap_subtree_random),	 cmocka_unit_test(test_swap_subtree_empty),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
