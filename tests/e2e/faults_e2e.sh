@@ -110,6 +110,9 @@ cleanup_state() {
 }
 trap 'cleanup_state; cleanup' EXIT
 
+# relay sockets in a directory of this test alone: another up on the machine sweeps the shared one
+export XDG_RUNTIME_DIR=$T/run
+mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
 start_agent
 mkdir -p "$W/sub"
 printf 'before\n' >"$W/sub/f"
