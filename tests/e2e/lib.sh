@@ -28,9 +28,11 @@ skip() { SKIP=$((SKIP + 1)); echo "skip - $*"; }
 
 # check NAME CMD...: run a check function, count the result.
 check() {
-	local name=$1
+	local name=$1 t0=$EPOCHREALTIME
 	shift
 	if "$@"; then ok "$name"; else not_ok "$name"; fi
+	# each check's wall time, for finding where the suite's minutes go
+	awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "# %.2f s\n", b - a }'
 }
 
 finish() {
