@@ -47,9 +47,10 @@ static const struct sandbox_backend {
 	const char *name;
 	int (*start)(struct sandbox *sb, const struct sandbox_cfg *cfg, char *err, size_t errlen);
 	void (*stop)(struct sandbox *sb);
+	int (*halt)(struct sandbox *sb); /* NULL: none (sandbox_halt is -ENOTSUP) */
 } backends[] = {
-    [SANDBOX_LOCAL] = {"local", sandbox_local_start, sandbox_local_stop},
-    [SANDBOX_VM] = {"vm", sandbox_vm_start, sandbox_vm_stop},
+    [SANDBOX_LOCAL] = {"local", sandbox_local_start, sandbox_local_stop, sandbox_local_halt},
+    [SANDBOX_VM] = {"vm", sandbox_vm_start, sandbox_vm_stop, NULL},
 };
 
 static const struct sandbox_backend *backend_of(enum sandbox_kind k)
@@ -696,6 +697,13 @@ bool sandbox_alive(struct sandbox *sb)
 		return false;
 	}
 	return true;
+}
+
+int sandbox_halt(struct sandbox *sb)
+{
+	const struct sandbox_backend *be = sb ? backend_of(sb->kind) : NULL;
+
+	return be && be->halt && sb->pid > 0 ? be->halt(sb) : -ENOTSUP;
 }
 
 void sandbox_stop(struct sandbox *sb)

@@ -101,6 +101,17 @@ bool sandbox_alive(struct sandbox *sb);
  * state, free sb. NULL is a no-op. */
 void sandbox_stop(struct sandbox *sb);
 
+/* Stop the guest without waiting for its teardown (a fork's freeze,
+ * doc/SANDBOX.md "Forks"): once this returns 0 nothing in the guest runs
+ * or writes any more (local: its cgroup frozen, then every process in it
+ * killed), and what the kernel still has to undo (the sandbox's mounts,
+ * the inodes they cached) goes on without us. sb stays allocated:
+ * sandbox_alive() is false once the guest is gone, sandbox_stop() frees it
+ * (waiting, at most SANDBOX_STOP_MS, for what is left). -ENOTSUP when this
+ * sandbox cannot be halted so (no cgroup v2 freezer, or a kind without
+ * it): call sandbox_stop. */
+int sandbox_halt(struct sandbox *sb);
+
 /* State directory of the sandbox for workspace (realpath), without
  * creating anything. */
 int sandbox_dir_of(const char *workspace, char *out, size_t outlen);
