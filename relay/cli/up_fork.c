@@ -255,7 +255,7 @@ static int fork_remove(struct up *u, struct up_fork *f, char *err, size_t errlen
 	int r;
 
 	fork_stop(f);
-	r = sandbox_fork_remove(u->sandbox.dir, f->name, err, errlen);
+	r = sandbox_forks_remove(u->sandbox.cfg.kind, u->sandbox.dir, f->name, err, errlen);
 	for (struct up_fork **pp = &u->forks.list; *pp; pp = &(*pp)->next)
 		if (*pp == f) {
 			*pp = f->next;
@@ -386,9 +386,9 @@ int up_fork_make(struct up *u, const struct relay_fork_req *q, up_fork_seed_fn *
 	json_t *arr;
 	int r;
 
-	if (!u->sandbox.use || u->sandbox.cfg.kind != SANDBOX_LOCAL) {
+	if (!u->sandbox.use || !sandbox_kind_forks(u->sandbox.cfg.kind)) {
 		errmsg_set(err, errlen, "forks are made of the local sandbox (airlock up --sandbox local); %s",
-			   u->sandbox.use ? "a vm's forks are not made here" : "this daemon talks to a --guest");
+			   u->sandbox.use ? "this sandbox's kind has none here" : "this daemon talks to a --guest");
 		return -ENOTSUP;
 	}
 	if (forks_count(u) + q->count > SANDBOX_FORK_MAX) {
@@ -424,16 +424,17 @@ int up_fork_make(struct up *u, const struct relay_fork_req *q, up_fork_seed_fn *
 		parent_halt(u);
 	t_stop = loop_now_ns() / 1e6 - t_stop;
 	t_freeze = loop_now_ns() / 1e6;
-	r = sandbox_fork_freeze(u->sandbox.dir, &depth, err, errlen);
+	r = sandbox_forks_freeze(u->sandbox.cfg.kind, u->sandbox.dir, &depth, err, errlen);
 	t_freeze = loop_now_ns() / 1e6 - t_freeze;
 	if (r < 0)
 		return r;
 	for (n = 0; n < q->count; n++) {
-		if ((r = sandbox_fork_make(u->sandbox.dir, names[n], depth, ttl, err, errlen)) < 0)
+		if ((r = sandbox_forks_make(u->sandbox.cfg.kind, u->sandbox.dir, names[n], depth, ttl, err, errlen)) <
+		    0)
 			goto undo;
 		if (!(made[n] = fork_new(u, names[n], ttl, err, errlen))) {
 			char e2[256];
-			(void)sandbox_fork_remove(u->sandbox.dir, names[n], e2, sizeof(e2));
+			(void)sandbox_forks_remove(u->sandbox.cfg.kind, u->sandbox.dir, names[n], e2, sizeof(e2));
 			r = -ENOMEM;
 			goto undo;
 		}
