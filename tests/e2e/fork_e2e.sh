@@ -165,6 +165,20 @@ t_egress() {
 }
 check "a fork's egress goes through the parent's proxy and allow-list (other.test denied and audited, allowed.test not)" t_egress
 
+t_audit_shared() { # the sandbox's link and each fork's write one egress.json: none overwrites another's denials
+	X -- sh -c 'curl -sS --max-time 10 http://parent-one.test/' >/dev/null 2>&1
+	X --fork f2 -- sh -c 'curl -sS --max-time 10 http://fork-two.test/' >/dev/null 2>&1
+	X -- sh -c 'curl -sS --max-time 10 http://parent-three.test/' >/dev/null 2>&1
+	sleep 0.3 # a link writes at most every 100 ms
+	$TO 10 "$AIRLOCK" audit -C "$W" --json >"$T/aud.json" &&
+		grep -q 'parent-one.test' "$T/aud.json" && grep -q 'fork-two.test' "$T/aud.json" &&
+		grep -q 'parent-three.test' "$T/aud.json" && grep -q 'other.test' "$T/aud.json" || {
+		cat "$T/aud.json" >&2
+		return 1
+	}
+}
+check "the sandbox's and a fork's egress denials are all audited (one egress.json, merged, never overwritten)" t_audit_shared
+
 t_egress_policy_own() { # the fork's copy of airlock.json is the fork's file, never the policy
 	X --fork f2 -- sh -c 'printf "{\"egress\": {\"default\": \"allow\", \"allow\": [\"other.test\"]}}\n" >airlock.json' &&
 		X --fork f2 -- sh -c 'curl -sS --max-time 10 http://other.test/y; echo "rc=$?"' >"$T/eg2.o" 2>&1
