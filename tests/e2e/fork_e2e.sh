@@ -76,6 +76,17 @@ agents() {
 	echo "$st" | grep -q '"sandbox_state":"running"' && n=$((n - 1))
 	echo "$n"
 }
+# agents N: true once agents says N, within 15 s (a sandbox halted for a fork is torn down and reaped
+# in the background: its agent is the daemon's child until then)
+agents_are() {
+	local i
+	for i in $(seq 1 150); do
+		[ "$(agents)" = "$1" ] && return 0
+		sleep 0.1
+	done
+	echo "agents: $(agents), not $1" >&2
+	return 1
+}
 state_dir() { ls -d "$XDG_DATA_HOME"/airlock/sandboxes/*/ | head -1; }
 
 up
@@ -84,7 +95,7 @@ SD=$(state_dir)
 
 t_fork() {
 	F -n 2 >"$T/fork.out" 2>&1 && grep -q '^fork f1 ready' "$T/fork.out" && grep -q '^fork f2 ready' "$T/fork.out" &&
-		[ "$(agents)" = 2 ] || { cat "$T/fork.out" >&2; return 1; }
+		agents_are 2 || { cat "$T/fork.out" >&2; return 1; }
 }
 check "fork -n 2: two forks, each its own agent" t_fork
 
@@ -193,7 +204,7 @@ check "a fork cannot change the policy: its own airlock.json is a file of its co
 t_rm() {
 	F --rm f1 >/dev/null || { echo "rm failed" >&2; return 1; }
 	[ ! -e "$SD/forks/f1" ] || { echo "state left: $(ls "$SD/forks")" >&2; return 1; }
-	local n; n=$(agents); [ "$n" = 1 ] || { echo "agents: $n then $(agents); $(ps -o pid,stat,comm --ppid "$(daemon_pid)")" >&2; return 1; }
+	agents_are 1 || { ps -o pid,stat,comm --ppid "$(daemon_pid)" >&2; return 1; }
 	! X --fork f1 -- true 2>"$T/rm.e" && grep -q "no fork named 'f1'" "$T/rm.e" || { cat "$T/rm.e" >&2; return 1; }
 }
 check "fork --rm: its agent and state are gone, exec --fork says there is no such fork" t_rm
@@ -220,7 +231,7 @@ t_ttl() {
 		[ ! -e "$SD/forks/short" ] && break
 		sleep 0.1
 	done
-	[ ! -e "$SD/forks/short" ] && ! F --list | grep -q '^short ' && [ "$(agents)" = 1 ]
+	[ ! -e "$SD/forks/short" ] && ! F --list | grep -q '^short ' && agents_are 1
 }
 check "a fork idle past its TTL is removed (agent and state)" t_ttl
 
@@ -259,7 +270,7 @@ PY
 	grep -q '^\[B\] ok$' "$T/try.err" && grep -q '^\[A\] bad$' "$T/try.err" && grep -q '^\[C\] bad$' "$T/try.err" &&
 		[ "$(cat "$W/src/m.py")" = "def f():
     return 1" ] && [ ! -e "$W/result.txt" ] && [ "$(X -- cat src/m.py)" = "def f():
-    return 2" ] && ! ls -d "$SD/forks"/try* >/dev/null 2>&1 && [ "$(agents)" = 0 ]
+    return 2" ] && ! ls -d "$SD/forks"/try* >/dev/null 2>&1 && agents_are 0
 }
 check "try: three patches, one passes; its changes and only those are the parent's guest changes; the forks are gone" t_try
 
@@ -273,7 +284,7 @@ t_try_none() {
 	local rc=0
 	$TO 120 "$AIRLOCK" try -C "$W" --patch "$T/p1.diff" --patch "$T/p3.diff" -- sh -c 'grep -q "return 9" src/m.py' \
 		>/dev/null 2>"$T/none.err" || rc=$?
-	[ "$rc" = 1 ] && grep -q 'no variant passed' "$T/none.err" && [ "$(agents)" = 0 ]
+	[ "$rc" = 1 ] && grep -q 'no variant passed' "$T/none.err" && agents_are 0
 }
 check "try: no variant passes: exit 1, nothing applied, forks removed" t_try_none
 
@@ -324,7 +335,7 @@ PY
 	kept=$(tail -n 1 "$T/op.out")
 	[ "$(X -- sh -c 'cat op-b.txt src/new_b.py; test ! -e op-a.txt && test -e a.txt && echo none')" = "b
 B = 1
-none" ] && [ "$(X --fork "$kept" -- cat op-a.txt)" = a ] && F --rm "$kept" >/dev/null && [ "$(agents)" = 0 ] &&
+none" ] && [ "$(X --fork "$kept" -- cat op-a.txt)" = a ] && F --rm "$kept" >/dev/null && agents_are 0 &&
 		$TO 10 "$AIRLOCK" changes -C "$W" --json | grep -q '"op-b.txt"'
 }
 check "try over the relay socket: per-variant commands, output tagged per variant and phase, exit and changes per variant, the winner replayed in the sandbox, a loser kept by name" t_try_op
@@ -360,7 +371,7 @@ e = ask({"id": 3, "op": "exec", "argv": ["true"], "fork": "nope"}); assert e["ev
 e = ask({"id": 4, "op": "fork_rm", "names": ["nope"]}); assert e["code"] == "no_fork", e
 e = ask({"id": 5, "op": "fork_changes"}); assert e["code"] == "missing_field", e
 PY
-	[ "$(agents)" = 0 ] && ! ls "$SD/forks"/* >/dev/null 2>&1
+	agents_are 0 && ! ls "$SD/forks"/* >/dev/null 2>&1
 }
 check "hostile input: a patch with ../, a secret or an absolute path, a bad name, -n 1000, bad relay requests: clear errors, nothing made" t_bad
 
