@@ -17,7 +17,7 @@ B=$(realpath "${1:?usage: bench/fork.sh BUILD [RUNS] [FILES] [NM]}")
 N=${2:-20}
 FILES=${3:-100000}
 NM=${4:-20000}
-T=$(mktemp -d /tmp/airlock-bench-fork.XXXXXX)
+T=$(mktemp -d "${FORK_BENCH_TMP:-/tmp/fork-bench}.XXXXXX")
 export XDG_DATA_HOME=$T/data XDG_STATE_HOME=$T/state XDG_CONFIG_HOME=$T/config AIRLOCK_SOCKET=$T/relay.sock
 W=$T/work
 A=$B/airlock
@@ -104,11 +104,34 @@ t0=$(now_ms)
 "$A" exec -C "$W" --fork f1 -- "${SUITE[@]}" 2>/dev/null
 t1=$(now_ms)
 one=$(echo "$t1 - $t0" | bc)
+DPID=$("$A" status -C "$W" --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["pid"])')
+cpu() { awk '{ print $14 + $15 }' "/proc/$DPID/stat"; } # the daemon's user + system ticks
+c0=$(cpu)
 t0=$(now_ms)
 for f in f1 f2 f3; do "$A" exec -C "$W" --fork "$f" -- "${SUITE[@]}" 2>/dev/null & done
 wait
 t1=$(now_ms)
+c1=$(cpu)
 three=$(echo "$t1 - $t0" | bc)
+# the same suite on the host, no sandbox: what two cores give three copies of it
+N0=$T/native
+mkdir -p "$N0" && cp -r "$W/tests" "$N0/" && (cd "$N0" && python3 -c "
+import os
+for i in range($NM):
+    d = 'node_modules/pkg%03d/lib' % (i // 100)
+    if i % 100 == 0: os.makedirs(d, exist_ok=True)
+    open('%s/m%05d.js' % (d, i), 'w').write('exports.v = %d;\n' % i)
+")
+(cd "$N0" && "${SUITE[@]}" 2>/dev/null) # warm
+t0=$(now_ms)
+(cd "$N0" && "${SUITE[@]}" 2>/dev/null)
+t1=$(now_ms)
+none=$(echo "$t1 - $t0" | bc)
+t0=$(now_ms)
+for _ in 1 2 3; do (cd "$N0" && "${SUITE[@]}" 2>/dev/null) & done
+wait
+t1=$(now_ms)
+nthree=$(echo "$t1 - $t0" | bc)
 "$A" fork -C "$W" --rm-all >/dev/null
 for v in 1 2 3; do
 	printf -- '--- a/tests/test_s0.py\n+++ b/tests/test_s0.py\n@@ -1 +1,2 @@\n import os, unittest, hashlib\n+V = %d\n' "$v" >"$T/p$v.diff"
@@ -117,5 +140,7 @@ t0=$(now_ms)
 "$A" try -C "$W" --json --patch "$T/p1.diff" --patch "$T/p2.diff" --patch "$T/p3.diff" -- "${SUITE[@]}" >"$T/try.json" 2>/dev/null || true
 t1=$(now_ms)
 try=$(echo "$t1 - $t0" | bc)
-printf 'one fork: %.0f ms; three forks at once: %.0f ms; ratio %.2f (2 cores)\n' "$one" "$three" "$(echo "$three / $one" | bc -l)"
+printf 'one fork: %.0f ms; three forks at once: %.0f ms; ratio %.2f (2 cores); the daemon used %d ticks of CPU (%s Hz) meanwhile\n' \
+	"$one" "$three" "$(echo "$three / $one" | bc -l)" "$((c1 - c0))" "$(getconf CLK_TCK)"
+printf 'on the host, no sandbox: one %.0f ms; three at once %.0f ms; ratio %.2f\n' "$none" "$nthree" "$(echo "$nthree / $none" | bc -l)"
 printf 'airlock try, three patches, the suite in each (forks, patches, run, changes, replay in the parent): %.0f ms\n' "$try"

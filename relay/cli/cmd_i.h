@@ -40,7 +40,7 @@ json_t *cmd_relay_ask_take(int fd, json_t *rq);
 /* cmd_fork.c: the relay of the workspace holding dir; *root its root. The
  * fd, or -1 after saying why (who: the command, for the message). */
 int cmd_relay_open(const char *who, const char *dir, char root[PATH_MAX]);
-/* cmd_fork.c: the forks of the sandbox (try, fork): wait for sync, then the
+/* cmd_fork.c: the forks of the sandbox (airlock fork): wait for sync, then the
  * fork op, retried while the sandbox is busy. The answer or NULL after
  * saying why. */
 json_t *cmd_fork_make(const char *who, int fd, json_t *names, int count, long ttl_s);

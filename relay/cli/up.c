@@ -374,6 +374,7 @@ static void teardown(struct up *u)
 	if (u->super.sock >= 0) /* after mount_stop: its keeper thread sends on it */
 		close(u->super.sock);
 	u->super.sock = -1;
+	up_try_clear(u);	   /* before relay_free: its commands are unwatched first */
 	relay_free(u->exec.relay); /* releases running commands while the chan still exists */
 	u->exec.relay = NULL;
 	route_free(u->exec.route); /* after relay_free: kills local commands, wipes credentials */

@@ -412,6 +412,7 @@ int up_sandbox_begin(struct up *u, char *err, size_t errlen)
 {
 	int r;
 
+	up_fork_reap(u, true); /* a fork's halt of the last one: its cgroup and lock */
 	if ((r = sandbox_start(&u->sandbox.cfg, &u->sandbox.sb, err, errlen)) < 0)
 		return r;
 	if ((r = transport_parse(sandbox_address(u->sandbox.sb), &u->conn.g.addr, err, errlen)) < 0) {

@@ -255,7 +255,7 @@ static int fork_remove(struct up *u, struct up_fork *f, char *err, size_t errlen
 	int r;
 
 	fork_stop(f);
-	r = sandbox_fork_remove(u->sandbox.dir, f->name, err, errlen);
+	r = sandbox_forks_remove(u->sandbox.cfg.kind, u->sandbox.dir, f->name, err, errlen);
 	for (struct up_fork **pp = &u->forks.list; *pp; pp = &(*pp)->next)
 		if (*pp == f) {
 			*pp = f->next;
@@ -314,10 +314,68 @@ static void on_sweep(struct loop *l, void *ud)
 	}
 }
 
+/* ---- the parent's halt ---- */
+
+#define REAP_POLL_MS 20
+
+void up_fork_reap(struct up *u, bool wait)
+{
+	struct sandbox *sb = u->forks.halted;
+
+	if (!sb || (!wait && sandbox_alive(sb)))
+		return;
+	if (wait && sandbox_alive(sb))
+		fprintf(stderr, "airlock: waiting for the sandbox's last stop to end\n");
+	sandbox_stop(sb);
+	fprintf(stderr, "airlock: the sandbox's teardown after the fork took %.0f ms (off the fork's path)\n",
+		(double)(loop_now_ms() - u->forks.halted_ms));
+	u->forks.halted = NULL;
+	if (u->forks.reap_timer)
+		loop_del_timer(u->loop, u->forks.reap_timer);
+	u->forks.reap_timer = 0;
+}
+
+static void on_reap(struct loop *l, void *ud)
+{
+	struct up *u = ud;
+
+	u->forks.reap_timer = 0;
+	up_fork_reap(u, false);
+	if (u->forks.halted)
+		u->forks.reap_timer = loop_add_timer(l, REAP_POLL_MS, on_reap, u);
+}
+
+/* The parent's sandbox stopped for the freeze, as by the idle TTL: its
+ * next activity of its own starts it again on the new layers. Halted
+ * (frozen, then killed) rather than stopped where it can be: nothing of
+ * it writes the upper about to become a layer once sandbox_halt returns,
+ * and the kernel's teardown of its overlay (the eviction of every inode
+ * its reconcile looked at: seconds for 100k files) goes on while the forks
+ * start, reaped later (doc/SANDBOX.md "Forks"). */
+static void parent_halt(struct up *u)
+{
+	struct sandbox *sb = u->sandbox.sb;
+
+	u->sandbox.idle_stopped = true;
+	u->sandbox.sb = NULL;
+	up_fork_reap(u, true); /* an earlier halt's: one at a time */
+	if (sandbox_halt(sb) == 0) {
+		u->forks.halted = sb;
+		u->forks.halted_ms = loop_now_ms();
+		u->forks.reap_timer = loop_add_timer(u->loop, REAP_POLL_MS, on_reap, u);
+	} else {
+		sandbox_stop(sb);
+	}
+	if (u->conn.chan)
+		chan_close(u->conn.chan); /* on_close: no retry while idle-stopped */
+}
+
 /* ---- the ops ---- */
 
-/* fork: stop the parent, freeze, make and start each fork. */
-static int op_fork(struct up *u, const struct relay_fork_req *q, json_t *out, char *err, size_t errlen)
+/* fork: stop the parent, freeze, make and start each fork (seed, when
+ * given, puts files into each fork's state before it starts). */
+int up_fork_make(struct up *u, const struct relay_fork_req *q, up_fork_seed_fn *seed, void *seed_ud, json_t *out,
+		 char *err, size_t errlen)
 {
 	const struct policy_workspace *pw = policy_workspace(u->pol.policy);
 	int64_t ttl = q->ttl_s ? q->ttl_s : pw && pw->ttl_seconds > 0 ? pw->ttl_seconds : FORK_TTL_DEFAULT_S;
@@ -328,9 +386,9 @@ static int op_fork(struct up *u, const struct relay_fork_req *q, json_t *out, ch
 	json_t *arr;
 	int r;
 
-	if (!u->sandbox.use || u->sandbox.cfg.kind != SANDBOX_LOCAL) {
+	if (!u->sandbox.use || !sandbox_kind_forks(u->sandbox.cfg.kind)) {
 		errmsg_set(err, errlen, "forks are made of the local sandbox (airlock up --sandbox local); %s",
-			   u->sandbox.use ? "a vm's forks are not made here" : "this daemon talks to a --guest");
+			   u->sandbox.use ? "this sandbox's kind has none here" : "this daemon talks to a --guest");
 		return -ENOTSUP;
 	}
 	if (forks_count(u) + q->count > SANDBOX_FORK_MAX) {
@@ -362,30 +420,30 @@ static int op_fork(struct up *u, const struct relay_fork_req *q, json_t *out, ch
 	/* stopped as by the idle TTL: the next activity of its own (a command,
 	 * an edit) starts it again, on the new layers; until then its start,
 	 * reconnect and reconcile do not hold up the forks' first commands */
-	if (u->sandbox.sb) {
-		u->sandbox.idle_stopped = true;
-		sandbox_stop(u->sandbox.sb);
-		u->sandbox.sb = NULL;
-		if (u->conn.chan)
-			chan_close(u->conn.chan); /* on_close: no retry while idle-stopped */
-	}
+	if (u->sandbox.sb)
+		parent_halt(u);
 	t_stop = loop_now_ns() / 1e6 - t_stop;
 	t_freeze = loop_now_ns() / 1e6;
-	r = sandbox_fork_freeze(u->sandbox.dir, &depth, err, errlen);
+	r = sandbox_forks_freeze(u->sandbox.cfg.kind, u->sandbox.dir, &depth, err, errlen);
 	t_freeze = loop_now_ns() / 1e6 - t_freeze;
 	if (r < 0)
 		return r;
 	for (n = 0; n < q->count; n++) {
-		if ((r = sandbox_fork_make(u->sandbox.dir, names[n], depth, ttl, err, errlen)) < 0)
+		if ((r = sandbox_forks_make(u->sandbox.cfg.kind, u->sandbox.dir, names[n], depth, ttl, err, errlen)) <
+		    0)
 			goto undo;
 		if (!(made[n] = fork_new(u, names[n], ttl, err, errlen))) {
 			char e2[256];
-			(void)sandbox_fork_remove(u->sandbox.dir, names[n], e2, sizeof(e2));
+			(void)sandbox_forks_remove(u->sandbox.cfg.kind, u->sandbox.dir, names[n], e2, sizeof(e2));
 			r = -ENOMEM;
 			goto undo;
 		}
 		made[n]->next = u->forks.list;
 		u->forks.list = made[n];
+		if (seed && (r = seed(seed_ud, n, u->sandbox.dir, names[n], err, errlen)) < 0) {
+			n++;
+			goto undo;
+		}
 		if ((r = fork_start(made[n], err, errlen)) < 0) {
 			n++;
 			goto undo;
@@ -411,6 +469,33 @@ undo : {
 		(void)fork_remove(u, made[i], e2, sizeof(e2));
 	return r;
 }
+}
+
+int up_fork_rm(struct up *u, const char *name, char *err, size_t errlen)
+{
+	struct up_fork *f = fork_find(u, name);
+
+	if (!f) {
+		errmsg_set(err, errlen, "no fork named '%s'", name);
+		return -ENOENT;
+	}
+	return fork_remove(u, f, err, errlen);
+}
+
+/* The parent's sandbox stopped (halted) and reaped, for a write into its
+ * state while nothing has it mounted: -EAGAIN when it runs commands or
+ * the workspace is still syncing. */
+int up_fork_parent_quiesce(struct up *u, char *err, size_t errlen)
+{
+	if (u->sandbox.sb && (up_exec_parent_busy(u) || !up_sync_settled(u))) {
+		errmsg_set(err, errlen, "the sandbox is busy (%s)",
+			   up_exec_parent_busy(u) ? "commands are running" : "the workspace is still syncing");
+		return -EAGAIN;
+	}
+	if (u->sandbox.sb)
+		parent_halt(u);
+	up_fork_reap(u, true);
+	return 0;
 }
 
 static int op_fork_rm(struct up *u, const struct relay_fork_req *q, json_t *out, char *err, size_t errlen)
@@ -442,13 +527,18 @@ static int change_add(const char *path, bool deleted, void *ud)
  * what it changed. */
 static int op_fork_changes(struct up *u, const struct relay_fork_req *q, json_t *out, char *err, size_t errlen)
 {
-	struct up_fork *f = fork_find(u, q->names[0]);
+	return up_fork_changes(u, q->names[0], out, err, errlen);
+}
+
+int up_fork_changes(struct up *u, const char *name, json_t *out, char *err, size_t errlen)
+{
+	struct up_fork *f = fork_find(u, name);
 	char dir[PATH_MAX + 64];
 	json_t *arr;
 	int r;
 
 	if (!f) {
-		errmsg_set(err, errlen, "no fork named '%s'", q->names[0]);
+		errmsg_set(err, errlen, "no fork named '%s'", name);
 		return -ENOENT;
 	}
 	fork_stop(f);
@@ -498,7 +588,7 @@ static int fork_request(void *ud, uint64_t token, const struct relay_fork_req *q
 	if (!out)
 		return -ENOMEM;
 	if (!strcmp(q->op, "fork"))
-		r = op_fork(u, q, out, err, sizeof(err));
+		r = up_fork_make(u, q, NULL, NULL, out, err, sizeof(err));
 	else if (!strcmp(q->op, "fork_rm"))
 		r = op_fork_rm(u, q, out, err, sizeof(err));
 	else if (!strcmp(q->op, "fork_changes"))
@@ -523,7 +613,7 @@ static int fork_request(void *ud, uint64_t token, const struct relay_fork_req *q
 	return 0;
 }
 
-const struct relay_fork_ops up_fork_ops = {.request = fork_request};
+const struct relay_fork_ops up_fork_ops = {.request = fork_request, .try_start = up_try_start};
 
 struct up_fork *up_fork_for_exec(struct up *u, const char *name, struct relay_cmd *cmd)
 {
@@ -568,6 +658,7 @@ void up_fork_clear(struct up *u)
 	if (u->forks.timer && u->loop)
 		loop_del_timer(u->loop, u->forks.timer);
 	u->forks.timer = 0;
+	up_fork_reap(u, true);
 	while (u->forks.list)
 		if (fork_remove(u, u->forks.list, err, sizeof(err)) < 0)
 			cmd_err("fork: %s", err);

@@ -251,6 +251,12 @@ struct up_forks {
 	struct up_fork *list;
 	uint64_t timer; /* the TTL sweep */
 	unsigned next;	/* for generated names: f<next> */
+	/* the parent's sandbox halted for a freeze (sandbox_halt), its
+	 * teardown still under way; reaped by reap_timer, or before the
+	 * parent starts again (up_fork_reap) */
+	struct sandbox *halted;
+	uint64_t reap_timer, halted_ms;
+	struct up_try *tries; /* try ops under way (up_try.c) */
 };
 
 /* The supervisor (up_super.c): in the supervisor, the mount it keeps; in
@@ -443,6 +449,34 @@ struct up_fork *up_fork_for_exec(struct up *u, const char *name, struct relay_cm
 void up_fork_drop(struct up_fork *f, const char *why);
 /* The forks for the status file (a JSON array, new reference). */
 struct json_t *up_fork_status(struct up *u);
+/* Put what a fork needs into its state (forks/<name>/) before its sandbox
+ * starts: i is its index in the request. 0 or -errno with err set. */
+typedef int up_fork_seed_fn(void *ud, unsigned i, const char *dir, const char *name, char *err, size_t errlen);
+/* The fork op: the parent stopped for the freeze, q->count forks made and
+ * started; their figures into out. -EAGAIN when the sandbox is busy. */
+int up_fork_make(struct up *u, const struct relay_fork_req *q, up_fork_seed_fn *seed, void *seed_ud, struct json_t *out,
+		 char *err, size_t errlen);
+/* The fork named name stopped and its changes listed into out ("changes",
+ * "upper"). */
+int up_fork_changes(struct up *u, const char *name, struct json_t *out, char *err, size_t errlen);
+/* Remove one fork (-ENOENT: none of that name). */
+int up_fork_rm(struct up *u, const char *name, char *err, size_t errlen);
+/* The parent's sandbox stopped and reaped (its state is nobody's mount
+ * now; its next activity starts it again). -EAGAIN when busy. */
+int up_fork_parent_quiesce(struct up *u, char *err, size_t errlen);
+
+/* ---- up_try.c: the try op (doc/RELAY.md "try") ---- */
+
+struct relay_try_req;
+int up_try_start(void *ud, uint64_t token, const struct relay_try_req *q);
+/* Forget every try (shutdown, before relay_free): their commands are
+ * unwatched, nothing is answered. */
+void up_try_clear(struct up *u);
+
+/* The parent's halted sandbox (a fork's freeze) reaped: waited for (at
+ * most SANDBOX_STOP_MS) when wait, else only if it is gone. Before the
+ * parent's sandbox starts again: its cgroup and lock are the new one's. */
+void up_fork_reap(struct up *u, bool wait);
 /* Stop and remove every fork (shutdown). */
 void up_fork_clear(struct up *u);
 

@@ -46,8 +46,8 @@ struct egress_link {
 	struct ltun *tuns;
 	size_t ntun;
 
-	json_t *denials; /* newest last, at most EGRESS_LINK_KEEP */
-	uint64_t total;	 /* every denial recorded, earlier runs included */
+	json_t *denials; /* not yet written: newest last, at most EGRESS_LINK_KEEP */
+	uint64_t total;	 /* how many denials that is, those beyond the array included */
 	bool dirty;
 	uint64_t last_write_ms, write_timer;
 	struct egress_link_stats st;
@@ -61,18 +61,43 @@ static void changed(struct egress_link *k)
 
 /* ---- audit ---- */
 
+/* The record on disk and this link's denials since its last write, merged:
+ * the daemon's sandbox and each of its forks have a link of their own over
+ * one workspace's egress.json (all on the loop's thread), and none may
+ * overwrite what another recorded. */
 static void write_audit(struct egress_link *k)
 {
 	char err[512];
-	size_t kept = json_array_size(k->denials);
-	json_t *o;
+	json_t *o = NULL, *all, *prev;
+	void *oldv = NULL; /* a json_t * (audit.h) */
+	json_t *old;
+	json_int_t total = 0;
 
 	k->dirty = false;
 	k->last_write_ms = loop_now_ms();
-	o = json_pack("{s:i, s:O, s:I, s:I}", "version", 1, "denials", k->denials, "denials_total",
-		      (json_int_t)k->total, "denials_omitted", (json_int_t)(k->total - kept));
+	if (audit_read_json(k->workspace, AUDIT_EGRESS_FILE, &oldv, err, sizeof(err)) < 0)
+		oldv = NULL; /* unreadable: this link's denials start it again */
+	old = oldv;
+	prev = old ? json_object_get(old, "denials") : NULL;
+	total = old ? json_integer_value(json_object_get(old, "denials_total")) : 0;
+	all = json_is_array(prev) ? json_deep_copy(prev) : json_array();
+	json_decref(old);
+	if (all && json_array_extend(all, k->denials) == 0) {
+		total = (total > 0 ? total : 0) + (json_int_t)k->total;
+		while (json_array_size(all) > EGRESS_LINK_KEEP)
+			json_array_remove(all, 0);
+		if (total < (json_int_t)json_array_size(all))
+			total = (json_int_t)json_array_size(all);
+		o = json_pack("{s:i, s:O, s:I, s:I}", "version", 1, "denials", all, "denials_total", total,
+			      "denials_omitted", total - (json_int_t)json_array_size(all));
+	}
+	json_decref(all);
 	if (!o || audit_write_json(k->workspace, AUDIT_EGRESS_FILE, o, err, sizeof(err)) < 0)
 		fprintf(stderr, "airlock: egress audit record: %s\n", o ? err : "out of memory");
+	else {
+		json_array_clear(k->denials); /* on disk now */
+		k->total = 0;
+	}
 	json_decref(o);
 }
 
@@ -328,7 +353,6 @@ int egress_link_new(struct loop *l, const struct egress_link_cfg *cfg, const str
 	static const struct egress_ops eops = {.on_denial = on_denial};
 	const struct policy_egress *pe = policy_egress(cfg->policy);
 	struct egress_link *k;
-	void *old = NULL;
 	int r;
 
 	*out = NULL;
@@ -346,23 +370,7 @@ int egress_link_new(struct loop *l, const struct egress_link_cfg *cfg, const str
 	k->policy = cfg->policy;
 	k->ops = ops;
 	k->ud = ud;
-	/* earlier runs' denials stay in the record */
-	if (audit_read_json(cfg->workspace, AUDIT_EGRESS_FILE, &old, err, errlen) == 0 && old) {
-		json_t *a = json_object_get(old, "denials");
-		json_int_t tot = json_integer_value(json_object_get(old, "denials_total"));
-		size_t i;
-		json_t *e;
-		if (json_is_array(a)) {
-			json_array_foreach(a, i, e)
-			{
-				if (json_array_size(a) - i <= EGRESS_LINK_KEEP)
-					json_array_append(k->denials, e);
-			}
-		}
-		k->total = tot > 0 && (uint64_t)tot >= json_array_size(k->denials) ? (uint64_t)tot
-										   : json_array_size(k->denials);
-		json_decref(old);
-	}
+	/* earlier runs' denials stay in the record: each write merges with it */
 	struct egress_cfg ec = {.allow = pe ? pe->allow : NULL, .n_allow = pe ? pe->n_allow : 0};
 	if ((r = egress_new(l, &ec, &eops, k, &k->eg, err, errlen)) < 0)
 		goto fail;

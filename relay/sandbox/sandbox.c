@@ -47,9 +47,15 @@ static const struct sandbox_backend {
 	const char *name;
 	int (*start)(struct sandbox *sb, const struct sandbox_cfg *cfg, char *err, size_t errlen);
 	void (*stop)(struct sandbox *sb);
+	int (*halt)(struct sandbox *sb); /* NULL: none (sandbox_halt is -ENOTSUP) */
+	/* forks (NULL: the kind has none; sandbox_forks_*) */
+	int (*forks_freeze)(const char *dir, unsigned *gen, char *err, size_t errlen);
+	int (*forks_make)(const char *dir, const char *name, unsigned gen, int64_t ttl_s, char *err, size_t errlen);
+	int (*forks_remove)(const char *dir, const char *name, char *err, size_t errlen);
 } backends[] = {
-    [SANDBOX_LOCAL] = {"local", sandbox_local_start, sandbox_local_stop},
-    [SANDBOX_VM] = {"vm", sandbox_vm_start, sandbox_vm_stop},
+    [SANDBOX_LOCAL] = {"local", sandbox_local_start, sandbox_local_stop, sandbox_local_halt, sandbox_fork_freeze,
+		       sandbox_fork_make, sandbox_fork_remove},
+    [SANDBOX_VM] = {"vm", sandbox_vm_start, sandbox_vm_stop, NULL, NULL, NULL, NULL},
 };
 
 static const struct sandbox_backend *backend_of(enum sandbox_kind k)
@@ -696,6 +702,54 @@ bool sandbox_alive(struct sandbox *sb)
 		return false;
 	}
 	return true;
+}
+
+bool sandbox_kind_forks(enum sandbox_kind kind)
+{
+	const struct sandbox_backend *be = backend_of(kind);
+
+	return be && be->forks_freeze && be->forks_make && be->forks_remove;
+}
+
+/* kind's backend when it has forks, else NULL after saying so. */
+static const struct sandbox_backend *forks_backend(enum sandbox_kind kind, char *err, size_t errlen)
+{
+	const struct sandbox_backend *be = backend_of(kind);
+
+	if (!be || !be->forks_freeze || !be->forks_make || !be->forks_remove) {
+		errmsg_set(err, errlen, "a %s sandbox has no forks", be ? be->name : "(unknown)");
+		return NULL;
+	}
+	return be;
+}
+
+int sandbox_forks_freeze(enum sandbox_kind kind, const char *dir, unsigned *gen, char *err, size_t errlen)
+{
+	const struct sandbox_backend *be = forks_backend(kind, err, errlen);
+
+	return be ? be->forks_freeze(dir, gen, err, errlen) : -ENOTSUP;
+}
+
+int sandbox_forks_make(enum sandbox_kind kind, const char *dir, const char *name, unsigned gen, int64_t ttl_s,
+		       char *err, size_t errlen)
+{
+	const struct sandbox_backend *be = forks_backend(kind, err, errlen);
+
+	return be ? be->forks_make(dir, name, gen, ttl_s, err, errlen) : -ENOTSUP;
+}
+
+int sandbox_forks_remove(enum sandbox_kind kind, const char *dir, const char *name, char *err, size_t errlen)
+{
+	const struct sandbox_backend *be = forks_backend(kind, err, errlen);
+
+	return be ? be->forks_remove(dir, name, err, errlen) : -ENOTSUP;
+}
+
+int sandbox_halt(struct sandbox *sb)
+{
+	const struct sandbox_backend *be = sb ? backend_of(sb->kind) : NULL;
+
+	return be && be->halt && sb->pid > 0 ? be->halt(sb) : -ENOTSUP;
 }
 
 void sandbox_stop(struct sandbox *sb)

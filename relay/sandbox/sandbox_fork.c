@@ -720,6 +720,17 @@ int sandbox_stack_of(const char *dir, const char *fork, const char *part, struct
 	return 0;
 }
 
+int sandbox_stack_work_reset(const struct sandbox_stack *st, uint32_t uid)
+{
+	int r;
+
+	if (!st->overlay)
+		return 0;
+	if ((r = remove_path(st->work)) < 0)
+		return r;
+	return mkdir_owned(st->work, uid);
+}
+
 /* ---- what a fork changed ---- */
 
 struct walk {
@@ -853,5 +864,150 @@ int sandbox_fork_changes(const char *dir, const char *name, sandbox_fork_change_
 	close(fd);
 out:
 	mem_free(w);
+	return r;
+}
+
+/* ---- files for a fork before it starts, and a fork's changes staged for its parent ---- */
+
+static bool component_ok(const char *s)
+{
+	return s[0] && s[0] != '.' && !strchr(s, '/') && strlen(s) < 128;
+}
+
+int sandbox_fork_seed(const char *dir, const char *name, const char *file, const void *data, size_t n, char *err,
+		      size_t errlen)
+{
+	char path[PATH_MAX];
+	uint32_t uid = 0;
+	int fd, r = 0;
+
+	if (!sandbox_fork_name_ok(name) || !component_ok(file + (file[0] == '.')) || strchr(file, '/')) {
+		errmsg_set(err, errlen, "bad seed '%.40s' for fork '%.40s'", file, name);
+		return -EINVAL;
+	}
+	(void)sandbox_uid_file_read(dir, &uid);
+	pathf(path, sizeof(path), "%s/forks/%s/upper/home/%s", dir, name, file);
+	if ((fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0) {
+		r = -errno;
+		errmsg_set(err, errlen, "%s: %s", path, strerror(errno));
+		return r;
+	}
+	for (const char *p = data; r == 0 && n > 0;) {
+		ssize_t k = write(fd, p, n);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			r = k < 0 ? -errno : -EIO;
+		else {
+			p += k;
+			n -= (size_t)k;
+		}
+	}
+	if (r == 0 && uid && fchown(fd, uid, uid) < 0)
+		r = -errno;
+	if (close(fd) < 0 && r == 0)
+		r = -errno;
+	if (r < 0) {
+		errmsg_set(err, errlen, "writing %s: %s", path, strerror(-r));
+		(void)unlink(path);
+	}
+	return r;
+}
+
+struct stage {
+	const char *upper; /* the fork's workspace upper */
+	char root[PATH_MAX], files[PATH_MAX + 8];
+	int deleted_fd;
+	uint32_t uid;
+	size_t nfiles, ndeleted;
+};
+
+/* root/rel's parent directories, made (owned by uid) as needed. */
+static int parents_make(const char *root, const char *rel, uint32_t uid)
+{
+	char path[PATH_MAX];
+	int r;
+
+	for (const char *s = strchr(rel, '/'); s; s = strchr(s + 1, '/')) {
+		pathf(path, sizeof(path), "%s/%.*s", root, (int)(s - rel), rel);
+		if (!path[0])
+			return -ENAMETOOLONG;
+		if ((r = mkdir_owned(path, uid)) < 0)
+			return r;
+	}
+	return 0;
+}
+
+static int stage_one(const char *path, bool deleted, void *ud)
+{
+	struct stage *g = ud;
+	char src[PATH_MAX], dst[PATH_MAX];
+	int r;
+
+	if (deleted) {
+		size_t n = strlen(path) + 1;
+		g->ndeleted++;
+		return write(g->deleted_fd, path, n) == (ssize_t)n ? 0 : -EIO;
+	}
+	pathf(src, sizeof(src), "%s/%s", g->upper, path);
+	pathf(dst, sizeof(dst), "%s/%s", g->files, path);
+	if (!src[0] || !dst[0])
+		return -ENAMETOOLONG;
+	if ((r = parents_make(g->files, path, g->uid)) < 0)
+		return r;
+	g->nfiles++;
+	return linkat(AT_FDCWD, src, AT_FDCWD, dst, 0) < 0 ? -errno : 0; /* a symlink is linked, never followed */
+}
+
+int sandbox_fork_stage(const char *dir, const char *name, const char *stage, size_t *nfiles, size_t *ndeleted,
+		       char *err, size_t errlen)
+{
+	struct sandbox_stack *home = mem_calloc(1, sizeof(*home)), *ws = mem_calloc(1, sizeof(*ws));
+	struct stage *g = mem_calloc(1, sizeof(*g));
+	char path[PATH_MAX + 16];
+	int r;
+
+	if (!home || !ws || !g) {
+		r = -ENOMEM;
+		goto out;
+	}
+	g->deleted_fd = -1;
+	if (!sandbox_fork_name_ok(name) || !component_ok(stage)) {
+		r = -EINVAL;
+		goto out;
+	}
+	(void)sandbox_uid_file_read(dir, &g->uid);
+	if ((r = sandbox_stack_of(dir, NULL, "home", home)) < 0 ||
+	    (r = sandbox_stack_of(dir, name, "workspace", ws)) < 0)
+		goto out;
+	g->upper = ws->upper;
+	pathf(g->root, sizeof(g->root), "%s/.airlock-try", home->upper);
+	if ((r = mkdir_owned(g->root, g->uid)) < 0)
+		goto out;
+	pathf(g->root, sizeof(g->root), "%s/.airlock-try/%s", home->upper, stage);
+	(void)remove_path(g->root); /* a stage an interrupted replay left */
+	pathf(g->files, sizeof(g->files), "%s/files", g->root);
+	if ((r = mkdir_owned(g->root, g->uid)) < 0 || (r = mkdir_owned(g->files, g->uid)) < 0)
+		goto out;
+	pathf(path, sizeof(path), "%s/deleted", g->root);
+	if ((g->deleted_fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0 ||
+	    (g->uid && fchown(g->deleted_fd, g->uid, g->uid) < 0)) {
+		r = -errno;
+		goto out;
+	}
+	r = sandbox_fork_changes(dir, name, stage_one, g);
+	*nfiles = g->nfiles;
+	*ndeleted = g->ndeleted;
+out:
+	if (r < 0) {
+		errmsg_set(err, errlen, "staging the changes of fork '%.40s' for the sandbox: %s", name, strerror(-r));
+		if (g && g->root[0])
+			(void)remove_path(g->root);
+	}
+	if (g && g->deleted_fd >= 0)
+		close(g->deleted_fd);
+	mem_free(home);
+	mem_free(ws);
+	mem_free(g);
 	return r;
 }

@@ -115,6 +115,10 @@ struct sandbox_stack {
  * of its fork named fork (NULL: the parent). -ENOENT when the fork or a
  * layer it needs is missing. */
 int sandbox_stack_of(const char *dir, const char *fork, const char *part, struct sandbox_stack *st);
+/* st's overlay work directory emptied (made again, owned by uid; 0: the
+ * caller's), before a mount: a volatile overlay leaves work/incompat/volatile
+ * there, and the next mount with it refuses. Nothing may have it mounted. */
+int sandbox_stack_work_reset(const struct sandbox_stack *st, uint32_t uid);
 /* The run directory of fork (its agent.sock): <dir>/run.<slot>, short, so
  * the socket's path is hardly longer than the parent's (107 bytes at most). */
 int sandbox_fork_run_dir(const char *dir, const char *fork, char *out, size_t n);
@@ -143,6 +147,7 @@ void qmp_close(struct qmp *q);
  * start_ms around the call. */
 int sandbox_local_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *err, size_t errlen);
 void sandbox_local_stop(struct sandbox *sb);
+int sandbox_local_halt(struct sandbox *sb);
 int sandbox_vm_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *err, size_t errlen);
 void sandbox_vm_stop(struct sandbox *sb);
 

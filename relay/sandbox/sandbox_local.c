@@ -319,7 +319,10 @@ static int c_overlay(struct lovl *o, const char *dst)
 	}
 	p = c_put_fd(c_put(p, ",upperdir="), o->fd[o->nlower]);
 	p = c_put_fd(c_put(p, ",workdir="), o->fd[o->nlower + 1]);
-	p = c_put(p, ",userxattr");
+	/* volatile: no sync of the upper's whole filesystem at every umount
+	 * (ovl_sync_fs: seconds on a busy disk, and new mounts stalled behind
+	 * it); the work directory is made afresh before each mount */
+	p = c_put(p, ",userxattr,volatile");
 	*p = '\0';
 	return mount("overlay", dst, "overlay", MS_NOSUID | MS_NODEV, o->opts) < 0 ? -errno : 0;
 }
@@ -858,6 +861,7 @@ static int add_part(struct lmounts *t, const struct sandbox_cfg *cfg, enum mkind
 	char dir[PATH_MAX];
 	struct sandbox_stack *st;
 	struct lovl *o;
+	uint32_t uid = 0;
 	int r;
 
 	if ((r = sandbox_dir_of(cfg->workspace, dir, sizeof(dir))) < 0)
@@ -867,6 +871,10 @@ static int add_part(struct lmounts *t, const struct sandbox_cfg *cfg, enum mkind
 	if ((r = sandbox_stack_of(dir, cfg->fork, part, st)) < 0 || !st->overlay) {
 		if (r == 0)
 			r = add_mnt(t, plain, st->upper, inside);
+		mem_free(st);
+		return r;
+	}
+	if ((r = sandbox_stack_work_reset(st, sandbox_uid_file_read(dir, &uid) == 0 ? uid : 0)) < 0) {
 		mem_free(st);
 		return r;
 	}
@@ -1230,6 +1238,62 @@ int sandbox_local_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char 
 out:
 	lstart_clear(&s);
 	return r;
+}
+
+#define HALT_FREEZE_MS 2000u /* a cgroup freezes in < 1 ms idle; bounded for a busy one */
+
+/* "frozen 1" in dir's cgroup.events. */
+static bool cg_frozen(const char *dir)
+{
+	char path[PATH_MAX + 32], text[512];
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/cgroup.events", dir);
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+		return false;
+	n = read(fd, text, sizeof(text) - 1);
+	close(fd);
+	if (n <= 0)
+		return false;
+	text[n] = '\0';
+	return strstr(text, "frozen 1") != NULL;
+}
+
+/* Freeze the sandbox's cgroup (v2's cgroup.freeze: each task stops at its
+ * next return to user space or interruptible sleep, so no syscall of the
+ * sandbox's is under way once "frozen 1" is read), then kill PID 1: the
+ * kernel kills the rest of the namespace, and a frozen task meets the
+ * SIGKILL without running again. Its exit (and the namespace's teardown:
+ * with an overlay, the eviction of every inode it cached, seconds for a
+ * large tree) is the caller's to reap later (sandbox_alive, sandbox_stop). */
+int sandbox_local_halt(struct sandbox *sb)
+{
+	struct local *l = sb->impl;
+	const char *dir = l ? exec_cgroup_dir(l->lim.cg) : NULL;
+	char path[PATH_MAX + 32];
+	int fd, r = 0;
+
+	if (!dir)
+		return -ENOTSUP;
+	snprintf(path, sizeof(path), "%s/cgroup.freeze", dir);
+	if ((fd = open(path, O_WRONLY | O_CLOEXEC)) < 0)
+		return -ENOTSUP; /* a v1 pids cgroup only: no freezer of ours */
+	if (write(fd, "1", 1) != 1)
+		r = -errno;
+	close(fd);
+	if (r < 0)
+		return r;
+	for (double t0 = mono_ms(); !cg_frozen(dir); usleep(200))
+		if (mono_ms() - t0 > HALT_FREEZE_MS) {
+			/* not quiet in time: thaw it, the caller stops it the slow way */
+			if ((fd = open(path, O_WRONLY | O_CLOEXEC)) >= 0) {
+				(void)!write(fd, "0", 1);
+				close(fd);
+			}
+			return -ETIMEDOUT;
+		}
+	return kill(sb->pid, SIGKILL) < 0 ? -errno : 0;
 }
 
 void sandbox_local_stop(struct sandbox *sb)

@@ -6,6 +6,7 @@
  * keep_finished (housekeeping in relay.c). The backend -> relay calls of
  * relay.h land here.
  */
+#include <errno.h>
 #include <string.h>
 #include <time.h>
 
@@ -145,6 +146,8 @@ void relay_cmd_output(struct relay_cmd *m, enum relay_stream st, const void *dat
 	if (!m->live || (st != RELAY_STDOUT && st != RELAY_STDERR))
 		return;
 	relay_ring_append(&m->ring[st], data, n);
+	if (m->watch)
+		m->watch->output(m->watch_ud, st, data, n);
 	relay_cmd_update_pause(m);
 	cmd_service_subs(m, true);
 }
@@ -152,6 +155,11 @@ void relay_cmd_output(struct relay_cmd *m, enum relay_stream st, const void *dat
 static void cmd_end(struct relay_cmd *m)
 {
 	struct relay *r = m->r;
+	const struct relay_cmd_watch *w = m->watch;
+
+	m->watch = NULL;
+	if (w)
+		w->ended(m->watch_ud, m->state == CMD_EXITED ? &m->ex : NULL, m->err_code, m->err_msg);
 
 	m->live = false;
 	/* The backend is done with it: nothing is held back any more. */
@@ -196,4 +204,45 @@ void *relay_cmd_data(const struct relay_cmd *m)
 const char *relay_cmd_name(const struct relay_cmd *m)
 {
 	return m->key;
+}
+
+int relay_cmd_spawn(struct relay *r, const char *id, const struct relay_exec_req *req, const struct relay_cmd_watch *w,
+		    void *ud, struct relay_cmd **out)
+{
+	json_t *jid = json_string(id);
+	char *key = jid ? json_dumps(jid, JSON_COMPACT | JSON_ENCODE_ANY) : NULL; /* mem_alloc'd (mem.c) */
+	struct relay_cmd *m = NULL;
+	int rc = 0;
+
+	if (!key)
+		rc = -ENOMEM;
+	else if ((m = relay_cmd_find(r, key)) && !relay_cmd_ended(m))
+		rc = -EEXIST;
+	else if (r->nrunning >= r->max_running)
+		rc = -EAGAIN;
+	if (rc == 0 && m)
+		relay_cmd_free(m); /* a finished command of that id is forgotten, as for exec */
+	if (rc == 0 && !(m = relay_cmd_new(r, key, jid, req)))
+		rc = -ENOMEM;
+	json_decref(jid);
+	if (rc < 0) {
+		mem_free(key);
+		return rc;
+	}
+	m->watch = w;
+	m->watch_ud = ud;
+	m->live = true;
+	*out = m; /* before exec_start: ended may come from inside it */
+	if ((rc = r->ops->exec_start(r->ud, m, req)) < 0) {
+		*out = NULL;
+		m->live = false;
+		m->watch = NULL;
+		relay_cmd_free(m);
+	}
+	return rc;
+}
+
+void relay_cmd_unwatch(struct relay_cmd *m)
+{
+	m->watch = NULL;
 }

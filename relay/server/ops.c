@@ -993,6 +993,205 @@ static void op_fork(struct client *c, json_t *rq, json_t *id)
 		relay_changes_done(r, ps->token, NULL, NULL, rc == -EAGAIN ? "busy" : "backend_error", strerror(-rc));
 }
 
+/* try: {"variants": [{"name", "patch"?, "argv"?}...], "argv"?, "timeout_seconds"?,
+ * "pick"?, "keep"?: [names] | true} (doc/RELAY.md "try"). */
+static const char *const try_fields[] = {"variants", "argv", "timeout_seconds", "pick", "keep", NULL};
+static const char *const try_variant_fields[] = {"name", "patch", "argv", NULL};
+
+static bool try_name_ok(json_t *v)
+{
+	const char *s = json_string_value(v);
+
+	if (!plain_string(v) || json_string_length(v) == 0 || json_string_length(v) > RELAY_TRY_NAME_MAX)
+		return false;
+	for (size_t i = 0; s[i]; i++)
+		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') ||
+		      (i && (s[i] == '-' || s[i] == '_'))))
+			return false;
+	return true;
+}
+
+/* An argv array (1..ARGV_MAX strings, the first non-empty) into out. */
+static bool try_argv(struct client *c, json_t *id, json_t *v, const char *label, const char **out, size_t *n)
+{
+	if (!json_is_array(v) || json_array_size(v) == 0 || json_array_size(v) > ARGV_MAX) {
+		relay_send_error(c, id, "bad_field", "field '%s' must be an array of 1 to %d strings", label, ARGV_MAX);
+		return false;
+	}
+	for (size_t i = 0; i < json_array_size(v); i++) {
+		json_t *e = json_array_get(v, i);
+		if (!plain_string(e) || (i == 0 && json_string_length(e) == 0)) {
+			relay_send_error(c, id, "bad_field", "field '%s[%zu]' must be a %sstring without NUL bytes",
+					 label, i, i == 0 ? "non-empty " : "");
+			return false;
+		}
+		out[i] = json_string_value(e);
+	}
+	*n = json_array_size(v);
+	return true;
+}
+
+struct try_args {
+	struct relay_try_req q;
+	struct relay_try_variant v[RELAY_TRY_VARIANTS_MAX];
+	const char **argv[RELAY_TRY_VARIANTS_MAX + 1]; /* each variant's, then the request's */
+	const char *keep[RELAY_TRY_VARIANTS_MAX];
+};
+
+static bool try_parse_variant(struct client *c, json_t *id, json_t *jv, size_t i, struct try_args *a)
+{
+	json_t *name = json_object_get(jv, "name"), *patch = json_object_get(jv, "patch"), *argv;
+	const char *k;
+	json_t *x;
+	char label[48];
+
+	if (!json_is_object(jv)) {
+		relay_send_error(c, id, "bad_field", "variants[%zu] must be an object", i);
+		return false;
+	}
+	json_object_foreach(jv, k, x)
+	{
+		bool ok = false;
+		for (const char *const *f = try_variant_fields; *f; f++)
+			ok |= !strcmp(k, *f);
+		if (!ok) {
+			relay_send_error(c, id, "bad_field", "unknown field '%.64s' in variants[%zu]", k, i);
+			return false;
+		}
+	}
+	if (!try_name_ok(name)) {
+		relay_send_error(
+		    c, id, "bad_field",
+		    "variants[%zu].name must be 1 to %d of a-z, 0-9, '-' and '_', starting with a letter or digit", i,
+		    RELAY_TRY_NAME_MAX);
+		return false;
+	}
+	for (size_t j = 0; j < i; j++)
+		if (!strcmp(a->v[j].name, json_string_value(name))) {
+			relay_send_error(c, id, "bad_field", "variants[%zu]: the name '%s' is given twice", i,
+					 a->v[j].name);
+			return false;
+		}
+	a->v[i].name = json_string_value(name);
+	if (patch && (!plain_string(patch) || json_string_length(patch) == 0)) {
+		relay_send_error(c, id, "bad_field", "variants[%zu].patch must be a unified diff (text, no NUL bytes)",
+				 i);
+		return false;
+	}
+	a->v[i].patch = patch ? json_string_value(patch) : NULL;
+	a->v[i].patch_len = patch ? json_string_length(patch) : 0;
+	if ((argv = json_object_get(jv, "argv"))) {
+		snprintf(label, sizeof(label), "variants[%zu].argv", i);
+		if (!(a->argv[i] = mem_calloc(ARGV_MAX + 1, sizeof(char *)))) {
+			relay_send_error(c, id, "busy", "relay out of memory");
+			return false;
+		}
+		if (!try_argv(c, id, argv, label, a->argv[i], &a->v[i].argc))
+			return false;
+		a->v[i].argv = a->argv[i];
+	} else if (!a->q.argc) {
+		relay_send_error(c, id, "missing_field", "variants[%zu] has no 'argv' and the request none either", i);
+		return false;
+	}
+	return true;
+}
+
+static bool try_parse_keep(struct client *c, json_t *id, json_t *keep, struct try_args *a)
+{
+	if (!keep || json_is_false(keep))
+		return true;
+	if (json_is_true(keep)) {
+		a->q.keep_all = true;
+		return true;
+	}
+	if (!json_is_array(keep) || json_array_size(keep) > a->q.nvariants) {
+		relay_send_error(c, id, "bad_field", "field 'keep' must be true or an array of variant names");
+		return false;
+	}
+	for (size_t i = 0; i < json_array_size(keep); i++) {
+		json_t *e = json_array_get(keep, i);
+		bool found = false;
+		for (size_t j = 0; j < a->q.nvariants && plain_string(e); j++)
+			found |= !strcmp(a->v[j].name, json_string_value(e));
+		if (!found) {
+			relay_send_error(c, id, "bad_field", "keep[%zu] is not the name of a variant", i);
+			return false;
+		}
+		a->keep[a->q.nkeep++] = json_string_value(e);
+	}
+	return true;
+}
+
+static bool try_parse(struct client *c, json_t *rq, json_t *id, struct try_args *a)
+{
+	json_t *vs = json_object_get(rq, "variants"), *argv = json_object_get(rq, "argv"),
+	       *pick = json_object_get(rq, "pick"), *t = json_object_get(rq, "timeout_seconds");
+
+	a->q.variants = a->v;
+	a->q.keep = a->keep;
+	a->q.timeout_ms = (uint64_t)c->r->timeout_s * 1000;
+	if (t) {
+		double d = json_is_number(t) ? json_number_value(t) : -1;
+		if (!(d > 0 && d <= TIMEOUT_MAX_S)) {
+			relay_send_error(c, id, "bad_field",
+					 "field 'timeout_seconds' must be a number above 0 and at most %.0f",
+					 TIMEOUT_MAX_S);
+			return false;
+		}
+		a->q.timeout_ms = (uint64_t)(d * 1000.0 + 0.999);
+	}
+	if (argv) {
+		if (!(a->argv[RELAY_TRY_VARIANTS_MAX] = mem_calloc(ARGV_MAX + 1, sizeof(char *)))) {
+			relay_send_error(c, id, "busy", "relay out of memory");
+			return false;
+		}
+		if (!try_argv(c, id, argv, "argv", a->argv[RELAY_TRY_VARIANTS_MAX], &a->q.argc))
+			return false;
+		a->q.argv = a->argv[RELAY_TRY_VARIANTS_MAX];
+	}
+	if (!json_is_array(vs) || json_array_size(vs) == 0 || json_array_size(vs) > RELAY_TRY_VARIANTS_MAX) {
+		relay_send_error(c, id, vs ? "bad_field" : "missing_field",
+				 "field 'variants' must be an array of 1 to %d variants", RELAY_TRY_VARIANTS_MAX);
+		return false;
+	}
+	a->q.nvariants = json_array_size(vs);
+	for (size_t i = 0; i < a->q.nvariants; i++)
+		if (!try_parse_variant(c, id, json_array_get(vs, i), i, a))
+			return false;
+	if (pick) {
+		bool found = false;
+		for (size_t j = 0; j < a->q.nvariants && plain_string(pick); j++)
+			found |= !strcmp(a->v[j].name, json_string_value(pick));
+		if (!found) {
+			relay_send_error(c, id, "bad_field", "field 'pick' must be the name of a variant");
+			return false;
+		}
+		a->q.pick = json_string_value(pick);
+	}
+	return try_parse_keep(c, id, json_object_get(rq, "keep"), a);
+}
+
+static void op_try(struct client *c, json_t *rq, json_t *id)
+{
+	struct relay *r = c->r;
+	struct try_args *a = mem_calloc(1, sizeof(*a));
+	struct pending_sync *ps;
+	int rc;
+
+	if (!a) {
+		relay_send_error(c, id, "busy", "relay out of memory");
+		return;
+	}
+	if (!r->fork_ops || !r->fork_ops->try_start)
+		relay_send_error(c, id, "unavailable", "this relay has no sandbox to fork (not an airlock up daemon)");
+	else if (try_parse(c, rq, id, a) && (ps = pending_new(c, id)) &&
+		 (rc = r->fork_ops->try_start(r->fork_ud, ps->token, &a->q)) < 0)
+		relay_changes_done(r, ps->token, NULL, NULL, rc == -EAGAIN ? "busy" : "backend_error", strerror(-rc));
+	for (size_t i = 0; i <= RELAY_TRY_VARIANTS_MAX; i++)
+		mem_free(a->argv[i]);
+	mem_free(a);
+}
+
 void relay_set_forks(struct relay *r, const struct relay_fork_ops *ops, void *ud)
 {
 	r->fork_ops = ops;
@@ -1043,6 +1242,36 @@ void relay_changes_done(struct relay *r, uint64_t token, const char *event, cons
 	mem_free(ps);
 }
 
+int relay_request_event(struct relay *r, uint64_t token, const char *event, const char *body)
+{
+	json_t *o, *ev;
+	int rc = 0;
+
+	for (struct pending_sync *ps = r->syncs; ps; ps = ps->next) {
+		if (ps->token != token || !ps->changes)
+			continue;
+		if (!ps->c)
+			return 0;
+		if (buf_len(&ps->c->out) > r->queue)
+			return -EAGAIN; /* a client that does not keep up: dropped, not queued without bound */
+		if (!(o = json_loads(body, 0, NULL)))
+			return -EINVAL;
+		if (json_is_object(o) && (ev = relay_ev_new(event, ps->id))) {
+			json_object_update(ev, o);
+			json_object_set_new(ev, "event", json_string(event));
+			if (ps->id)
+				json_object_set(ev, "id", ps->id);
+			relay_client_send(ps->c, ev);
+			relay_client_service(ps->c, false);
+		} else {
+			rc = -ENOMEM;
+		}
+		json_decref(o);
+		return rc;
+	}
+	return 0;
+}
+
 /* The backend -> relay end of sync_wait (relay.h). */
 void relay_sync_done(struct relay *r, uint64_t token)
 {
@@ -1071,7 +1300,7 @@ static const struct op ops_table[] = {
     {"changes", op_changes, false, changes_fields}, {"accept", op_changes, false, changes_fields},
     {"reject", op_changes, false, changes_fields},  {"fork", op_fork, false, fork_fields},
     {"fork_rm", op_fork, false, fork_fields},	    {"forks", op_fork, false, fork_fields},
-    {"fork_changes", op_fork, false, fork_fields},
+    {"fork_changes", op_fork, false, fork_fields},  {"try", op_try, true, try_fields},
 };
 
 void relay_handle_line(struct client *c, const char *p, size_t n)
@@ -1123,7 +1352,7 @@ void relay_handle_line(struct client *c, const char *p, size_t n)
 	}
 	relay_send_error(c, id, "unknown_op",
 			 "unknown op '%.64s' (exec, stdin, signal, resize, cancel, attach, status, sync_wait, changes, "
-			 "accept, reject, fork, fork_rm, forks, fork_changes)",
+			 "accept, reject, fork, fork_rm, forks, fork_changes, try)",
 			 json_string_value(op));
 out:
 	json_decref(rq);

@@ -80,6 +80,8 @@ struct relay_cmd {
 	bool pause_want, pause_told;
 	bool live; /* the backend holds it: exec_start succeeded, not yet ended */
 	void *data;
+	const struct relay_cmd_watch *watch; /* relay_cmd_spawn's, or NULL */
+	void *watch_ud;
 };
 
 struct client {

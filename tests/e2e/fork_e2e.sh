@@ -76,6 +76,17 @@ agents() {
 	echo "$st" | grep -q '"sandbox_state":"running"' && n=$((n - 1))
 	echo "$n"
 }
+# agents N: true once agents says N, within 15 s (a sandbox halted for a fork is torn down and reaped
+# in the background: its agent is the daemon's child until then)
+agents_are() {
+	local i
+	for i in $(seq 1 150); do
+		[ "$(agents)" = "$1" ] && return 0
+		sleep 0.1
+	done
+	echo "agents: $(agents), not $1" >&2
+	return 1
+}
 state_dir() { ls -d "$XDG_DATA_HOME"/airlock/sandboxes/*/ | head -1; }
 
 up
@@ -84,9 +95,28 @@ SD=$(state_dir)
 
 t_fork() {
 	F -n 2 >"$T/fork.out" 2>&1 && grep -q '^fork f1 ready' "$T/fork.out" && grep -q '^fork f2 ready' "$T/fork.out" &&
-		[ "$(agents)" = 2 ] || { cat "$T/fork.out" >&2; return 1; }
+		agents_are 2 || { cat "$T/fork.out" >&2; return 1; }
 }
 check "fork -n 2: two forks, each its own agent" t_fork
+
+t_identity() { # each fork its own keys both ways; its agent refuses another sandbox's host key
+	local d k1 g1 sock1 all
+	all=$(for d in "$SD" "$SD/forks/f1" "$SD/forks/f2"; do
+		"$AIRLOCK" pubkey "$d/keys/host.key" && "$AIRLOCK" pubkey "$d/keys/guest.key"
+	done)
+	[ "$(echo "$all" | wc -l)" = 6 ] && [ "$(echo "$all" | sort -u | wc -l)" = 6 ] || { echo "keys: $all" >&2; return 1; }
+	g1=$("$AIRLOCK" pubkey "$SD/forks/f1/keys/guest.key")
+	sock1=$SD/run.$(cat "$SD/forks/f1/slot")/agent.sock
+	[ -S "$sock1" ] || { echo "no socket $sock1" >&2; return 1; }
+	for k in "$SD/keys/host.key" "$SD/forks/f2/keys/host.key"; do
+		if $TO 10 "$AIRLOCK" ping --guest "unix:$sock1" --key "$k" --guest-key "$g1" -n 1 --timeout 5 >"$T/id.o" 2>&1; then
+			echo "fork f1's agent took the host key $k" >&2
+			return 1
+		fi
+	done
+	X --fork f1 -- true # its own channel is untouched
+}
+check "each fork has its own host and guest keys; a fork's agent refuses the parent's and another fork's host key" t_identity
 
 t_parent_wakes() {
 	$TO 10 "$AIRLOCK" status -C "$W" --json | grep -q '"sandbox_state":"idle-stopped"' &&
@@ -146,10 +176,35 @@ t_egress() {
 }
 check "a fork's egress goes through the parent's proxy and allow-list (other.test denied and audited, allowed.test not)" t_egress
 
+t_audit_shared() { # the sandbox's link and each fork's write one egress.json: none overwrites another's denials
+	X -- sh -c 'curl -sS --max-time 10 http://parent-one.test/' >/dev/null 2>&1
+	X --fork f2 -- sh -c 'curl -sS --max-time 10 http://fork-two.test/' >/dev/null 2>&1
+	X -- sh -c 'curl -sS --max-time 10 http://parent-three.test/' >/dev/null 2>&1
+	sleep 0.3 # a link writes at most every 100 ms
+	$TO 10 "$AIRLOCK" audit -C "$W" --json >"$T/aud.json" &&
+		grep -q 'parent-one.test' "$T/aud.json" && grep -q 'fork-two.test' "$T/aud.json" &&
+		grep -q 'parent-three.test' "$T/aud.json" && grep -q 'other.test' "$T/aud.json" || {
+		cat "$T/aud.json" >&2
+		return 1
+	}
+}
+check "the sandbox's and a fork's egress denials are all audited (one egress.json, merged, never overwritten)" t_audit_shared
+
+t_egress_policy_own() { # the fork's copy of airlock.json is the fork's file, never the policy
+	X --fork f2 -- sh -c 'printf "{\"egress\": {\"default\": \"allow\", \"allow\": [\"other.test\"]}}\n" >airlock.json' &&
+		X --fork f2 -- sh -c 'curl -sS --max-time 10 http://other.test/y; echo "rc=$?"' >"$T/eg2.o" 2>&1
+	grep -q "airlock egress: denied GET other.test:80" "$T/eg2.o" && ! grep -q other.test "$W/airlock.json" &&
+		X -- sh -c 'curl -sS --max-time 10 http://other.test/z' 2>&1 | grep -q "airlock egress: denied GET other.test:80" || {
+		cat "$T/eg2.o" >&2
+		return 1
+	}
+}
+check "a fork cannot change the policy: its own airlock.json is a file of its copy; the parent's allow-list still holds for it and for the parent" t_egress_policy_own
+
 t_rm() {
 	F --rm f1 >/dev/null || { echo "rm failed" >&2; return 1; }
 	[ ! -e "$SD/forks/f1" ] || { echo "state left: $(ls "$SD/forks")" >&2; return 1; }
-	local n; n=$(agents); [ "$n" = 1 ] || { echo "agents: $n then $(agents); $(ps -o pid,stat,comm --ppid "$(daemon_pid)")" >&2; return 1; }
+	agents_are 1 || { ps -o pid,stat,comm --ppid "$(daemon_pid)" >&2; return 1; }
 	! X --fork f1 -- true 2>"$T/rm.e" && grep -q "no fork named 'f1'" "$T/rm.e" || { cat "$T/rm.e" >&2; return 1; }
 }
 check "fork --rm: its agent and state are gone, exec --fork says there is no such fork" t_rm
@@ -176,7 +231,7 @@ t_ttl() {
 		[ ! -e "$SD/forks/short" ] && break
 		sleep 0.1
 	done
-	[ ! -e "$SD/forks/short" ] && ! F --list | grep -q '^short ' && [ "$(agents)" = 1 ]
+	[ ! -e "$SD/forks/short" ] && ! F --list | grep -q '^short ' && agents_are 1
 }
 check "a fork idle past its TTL is removed (agent and state)" t_ttl
 
@@ -215,7 +270,7 @@ PY
 	grep -q '^\[B\] ok$' "$T/try.err" && grep -q '^\[A\] bad$' "$T/try.err" && grep -q '^\[C\] bad$' "$T/try.err" &&
 		[ "$(cat "$W/src/m.py")" = "def f():
     return 1" ] && [ ! -e "$W/result.txt" ] && [ "$(X -- cat src/m.py)" = "def f():
-    return 2" ] && ! ls "$SD/forks"/try-* >/dev/null 2>&1 && [ "$(agents)" = 0 ]
+    return 2" ] && ! ls -d "$SD/forks"/try* >/dev/null 2>&1 && agents_are 0
 }
 check "try: three patches, one passes; its changes and only those are the parent's guest changes; the forks are gone" t_try
 
@@ -229,11 +284,11 @@ t_try_none() {
 	local rc=0
 	$TO 120 "$AIRLOCK" try -C "$W" --patch "$T/p1.diff" --patch "$T/p3.diff" -- sh -c 'grep -q "return 9" src/m.py' \
 		>/dev/null 2>"$T/none.err" || rc=$?
-	[ "$rc" = 1 ] && grep -q 'no variant passed' "$T/none.err" && [ "$(agents)" = 0 ]
+	[ "$rc" = 1 ] && grep -q 'no variant passed' "$T/none.err" && agents_are 0
 }
 check "try: no variant passes: exit 1, nothing applied, forks removed" t_try_none
 
-t_try_names() { # names a fork makes are names to the host's tar, never its options
+t_try_names() { # names a fork makes are names to the replay (cp -a of a directory, xargs -0 rm --), never options
 	printf -- '--- /dev/null\n+++ b/names.txt\n@@ -0,0 +1 @@\n+x\n' >"$T/new.diff"
 	$TO 120 "$AIRLOCK" try -C "$W" --patch "$T/new.diff" -- sh -c 'touch -- "--checkpoint=1" "--checkpoint-action=exec=touch owned" "-rf"' \
 		>/dev/null 2>"$T/names.err" || { cat "$T/names.err" >&2; return 1; }
@@ -241,7 +296,49 @@ t_try_names() { # names a fork makes are names to the host's tar, never its opti
 		$TO 10 "$AIRLOCK" changes -C "$W" --json | grep -q 'checkpoint-action=exec=touch owned' &&
 		[ "$(X -- sh -c 'ls -- --checkpoint=1 -rf | wc -l')" = 2 ]
 }
-check "try: file names like tar options are archived as names (nothing runs on the host)" t_try_names
+check "try: file names like options are replayed as names (nothing runs on the host)" t_try_names
+
+t_try_op() { # the relay's try op itself, as an extension sends it: per-variant commands, tagged events, keep by name
+	python3 - "$AIRLOCK_SOCKET" <<'PY' >"$T/op.out" 2>&1 || { cat "$T/op.out" >&2; return 1; }
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); f = s.makefile("rw")
+f.write(json.dumps({"id": 1, "op": "sync_wait"}) + "\n"); f.flush()
+while json.loads(f.readline()).get("id") != 1: pass
+patch = "--- /dev/null\n+++ b/src/new_b.py\n@@ -0,0 +1 @@\n+B = 1\n"
+rq = {"id": "t1", "op": "try", "argv": ["false"],
+      "variants": [{"name": "a", "argv": ["sh", "-c", "echo out-a; echo err-a >&2; echo a >op-a.txt; rm a.txt; exit 4"]},
+                   {"name": "b", "patch": patch, "argv": ["sh", "-c", "test -e src/new_b.py && echo out-b && echo b >op-b.txt"]}],
+      "keep": ["a"], "timeout_seconds": 60}
+for attempt in range(100):
+    f.write(json.dumps(rq) + "\n"); f.flush()
+    ev, evs = None, []
+    while True:
+        ev = json.loads(f.readline())
+        if ev.get("id") != "t1": continue
+        evs.append(ev)
+        if ev["event"] in ("try", "error"): break
+    if ev["event"] != "error" or ev["code"] != "busy": break
+    import time; time.sleep(0.1)
+assert ev["event"] == "try", ev
+names = [e["event"] for e in evs]
+assert names[0] == "try_started" and names.count("try_variant") == 2, names
+out = {(e["variant"], e["phase"], e["stream"]): e["data"] for e in evs if e["event"] == "try_output"}
+assert "out-a" in out[("a", "run", "stdout")] and "err-a" in out[("a", "run", "stderr")] and "out-b" in out[("b", "run", "stdout")], out
+v = {x["name"]: x for x in ev["variants"]}
+assert v["a"]["exit_code"] == 4 and not v["a"]["passed"] and v["b"]["passed"] and v["b"]["patch_applied"], v
+assert sorted(c["path"] for c in v["a"]["changes"]) == ["a.txt", "op-a.txt"], v["a"]
+assert [c["deleted"] for c in v["a"]["changes"] if c["path"] == "a.txt"] == [True], v["a"]
+assert ev["winner"] == "b" and ev["applied"] and ev["files"] == 2 and ev["kept"] == [v["a"]["fork"]], ev
+print(v["a"]["fork"])
+PY
+	local kept
+	kept=$(tail -n 1 "$T/op.out")
+	[ "$(X -- sh -c 'cat op-b.txt src/new_b.py; test ! -e op-a.txt && test -e a.txt && echo none')" = "b
+B = 1
+none" ] && [ "$(X --fork "$kept" -- cat op-a.txt)" = a ] && F --rm "$kept" >/dev/null && agents_are 0 &&
+		$TO 10 "$AIRLOCK" changes -C "$W" --json | grep -q '"op-b.txt"'
+}
+check "try over the relay socket: per-variant commands, output tagged per variant and phase, exit and changes per variant, the winner replayed in the sandbox, a loser kept by name" t_try_op
 
 # ---- hostile input ----
 t_bad() {
@@ -274,15 +371,24 @@ e = ask({"id": 3, "op": "exec", "argv": ["true"], "fork": "nope"}); assert e["ev
 e = ask({"id": 4, "op": "fork_rm", "names": ["nope"]}); assert e["code"] == "no_fork", e
 e = ask({"id": 5, "op": "fork_changes"}); assert e["code"] == "missing_field", e
 PY
-	[ "$(agents)" = 0 ] && ! ls "$SD/forks"/* >/dev/null 2>&1
+	agents_are 0 && ! ls "$SD/forks"/* >/dev/null 2>&1
 }
 check "hostile input: a patch with ../, a secret or an absolute path, a bad name, -n 1000, bad relay requests: clear errors, nothing made" t_bad
 
 # ---- the layer stack, and cleanup with the daemon ----
 t_compact() {
-	for _ in 1 2 3; do F --name c >/dev/null && X -- sh -c 'echo x >>layers.txt' 2>/dev/null && F --rm c >/dev/null || return 1; done
+	for _ in 1 2 3; do
+		F --name c >/dev/null && X -- sh -c 'echo x >>layers.txt' 2>"$T/cx.e" && F --rm c >/dev/null || {
+			cat "$T/cx.e" >&2
+			tail -n 20 "$T/up.out" >&2
+			return 1
+		}
+	done
 	# each fork with none alive merged the stack first: at most one layer below the parent's upper
-	[ "$(ls "$SD/layers" 2>/dev/null | wc -l)" -le 1 ] && [ "$(X -- sh -c 'wc -l <layers.txt' 2>/dev/null)" = 3 ]
+	local nl lines
+	nl=$(ls "$SD/layers" 2>/dev/null | wc -l)
+	lines=$(X -- sh -c 'wc -l <layers.txt' 2>/dev/null)
+	[ "$nl" -le 1 ] && [ "$lines" = 3 ] || { echo "layers: $nl, layers.txt: $lines lines" >&2; tail -n 15 "$T/up.out" >&2; return 1; }
 }
 check "repeated fork/rm: the layer stack is merged back (bounded), the parent keeps every edit" t_compact
 
@@ -306,11 +412,15 @@ parent" ] && [ ! -e "$SD/layers" ] && [ ! -e "$SD/upper" ]
 }
 check "the next up merges the layers into the base: the parent's copy is whole, no stack is left" t_merged_at_start
 
-t_destroy() {
-	F -n 1 >/dev/null && timeout -k 2 15 "$AIRLOCK" down "$W" >/dev/null && wait "$UP_PID" 2>/dev/null
-	"$AIRLOCK" down "$W" --destroy >/dev/null 2>&1 && [ ! -e "$SD" ]
+t_destroy() { # with the daemon and a fork still running
+	F -n 1 >/dev/null && [ -e "$SD/forks/f1" ] || return 1
+	local dpid cg
+	dpid=$(daemon_pid)
+	timeout -k 2 20 "$AIRLOCK" down "$W" --destroy >/dev/null 2>&1 && wait "$UP_PID" 2>/dev/null
+	cg=$(find /sys/fs/cgroup -maxdepth 6 -type d -name "airlock-sandbox.$dpid*" 2>/dev/null | wc -l)
+	[ ! -e "$SD" ] && [ "$cg" = 0 ] && ! pgrep -P "$dpid" >/dev/null
 }
-check "down --destroy removes the sandbox with its layers and forks" t_destroy
+check "down --destroy of a running daemon removes the sandbox with its layers, forks, agents and cgroups" t_destroy
 
 t_no_reports() { # a sanitizer build: nothing from ASan/UBSan in the daemon's log or the CLI's output
 	! grep -l 'AddressSanitizer\|LeakSanitizer\|runtime error' "$T"/*.out "$T"/*.err "$T"/*.e 2>/dev/null

@@ -101,6 +101,30 @@ bool sandbox_alive(struct sandbox *sb);
  * state, free sb. NULL is a no-op. */
 void sandbox_stop(struct sandbox *sb);
 
+/* Stop the guest without waiting for its teardown (a fork's freeze,
+ * doc/SANDBOX.md "Forks"): once this returns 0 nothing in the guest runs
+ * or writes any more (local: its cgroup frozen, then every process in it
+ * killed), and what the kernel still has to undo (the sandbox's mounts,
+ * the inodes they cached) goes on without us. sb stays allocated:
+ * sandbox_alive() is false once the guest is gone, sandbox_stop() frees it
+ * (waiting, at most SANDBOX_STOP_MS, for what is left). -ENOTSUP when this
+ * sandbox cannot be halted so (no cgroup v2 freezer, or a kind without
+ * it): call sandbox_stop. */
+int sandbox_halt(struct sandbox *sb);
+
+/* Forks of a sandbox (doc/SANDBOX.md "Forks"), by kind; a fork then
+ * starts with sandbox_start and cfg.fork. The local kind's are its layer
+ * stack (sandbox_fork.h); a kind without forks: false, -ENOTSUP.
+ *   freeze: the stopped (or halted) sandbox in dir (its state directory)
+ *           frozen as the base of new forks; *gen names that base;
+ *   make:   one fork's state over gen (-EEXIST: that name exists);
+ *   remove: one fork's state (its sandbox stopped; -ENOENT: none). */
+bool sandbox_kind_forks(enum sandbox_kind kind);
+int sandbox_forks_freeze(enum sandbox_kind kind, const char *dir, unsigned *gen, char *err, size_t errlen);
+int sandbox_forks_make(enum sandbox_kind kind, const char *dir, const char *name, unsigned gen, int64_t ttl_s,
+		       char *err, size_t errlen);
+int sandbox_forks_remove(enum sandbox_kind kind, const char *dir, const char *name, char *err, size_t errlen);
+
 /* State directory of the sandbox for workspace (realpath), without
  * creating anything. */
 int sandbox_dir_of(const char *workspace, char *out, size_t outlen);

@@ -69,4 +69,19 @@ int sandbox_fork_compact(const char *dir, char *err, size_t errlen);
 typedef int sandbox_fork_change_fn(const char *path, bool deleted, void *ud);
 int sandbox_fork_changes(const char *dir, const char *name, sandbox_fork_change_fn *fn, void *ud);
 
+/* A file (one name, may start with '.') into fork name's home before its
+ * sandbox starts (forks/<name>/upper/home/<file>, 0600, the sandbox's
+ * uid): try's patch. -EEXIST when it is there. */
+int sandbox_fork_seed(const char *dir, const char *name, const char *file, const void *data, size_t n, char *err,
+		      size_t errlen);
+
+/* What fork name changed in its workspace (sandbox_fork_changes), staged
+ * in the parent's home for a replay there by a command of its own:
+ * .airlock-try/<stage>/files/<path> hard links to the fork's changed files
+ * and symlinks (never followed), .airlock-try/<stage>/deleted the
+ * NUL-separated paths it deleted; *nfiles, *ndeleted count them. Both
+ * sandboxes must be stopped (nothing has the parent's home mounted). */
+int sandbox_fork_stage(const char *dir, const char *name, const char *stage, size_t *nfiles, size_t *ndeleted,
+		       char *err, size_t errlen);
+
 #endif

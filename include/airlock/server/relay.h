@@ -238,11 +238,67 @@ struct relay_fork_req {
 	bool all;	/* fork_rm: every fork */
 };
 
+/* try (doc/RELAY.md "try"): one fork per variant, its patch applied there,
+ * its command run in all of them at once, the winner's changes replayed in
+ * the sandbox as its guest changes. Everything is the relay's, valid only
+ * during try_start: copy what you keep. */
+#define RELAY_TRY_VARIANTS_MAX 8
+#define RELAY_TRY_NAME_MAX     16 /* a variant's name: [a-z0-9][a-z0-9_-]* */
+struct relay_try_variant {
+	const char *name;
+	const char *patch; /* a unified diff (text, -p1), or NULL */
+	size_t patch_len;
+	const char *const *argv; /* its own command, or NULL: the request's */
+	size_t argc;
+};
+struct relay_try_req {
+	const struct relay_try_variant *variants;
+	size_t nvariants;	 /* 1..RELAY_TRY_VARIANTS_MAX, names distinct */
+	const char *const *argv; /* the command of every variant without its own (argc may be 0
+				    when each has one) */
+	size_t argc;
+	uint64_t timeout_ms;	 /* per command, > 0 */
+	const char *pick;	 /* the winner by name, or NULL: the first to exit 0 */
+	const char *const *keep; /* variants whose forks are kept (names checked by the relay) */
+	size_t nkeep;
+	bool keep_all;
+};
+
 struct relay_fork_ops {
 	/* Answer later, exactly once, with relay_changes_done(token) (the same
 	 * one-answer mechanism as the changes ops). 0 or -errno. */
 	int (*request)(void *ud, uint64_t token, const struct relay_fork_req *req);
+	/* try: events on the way with relay_request_event, then exactly one
+	 * relay_changes_done(token). 0 or -errno. */
+	int (*try_start)(void *ud, uint64_t token, const struct relay_try_req *req);
 };
+
+/* An event for a pending request (try's try_output, try_variant) without
+ * ending it: body a JSON object as text, to which the relay adds "event"
+ * and the request's "id". Unknown tokens (the client left) are ignored.
+ * -EAGAIN (the event dropped) while the client's queue is above its
+ * bound (client_queue): a client that does not read is not queued for
+ * without limit. */
+int relay_request_event(struct relay *r, uint64_t token, const char *event, const char *body);
+
+/* A command of the backend's own (try's patches and runs): no client
+ * asked for it, w is told its output and its end. It is the relay's like
+ * any other (status lists it under id, a JSON string; attach and cancel
+ * work). w->ended may be called before this returns (the backend refused
+ * it at once); after ended, w is never called again for it. 0, or -errno
+ * (-EEXIST: a command of that id exists; -EAGAIN: too many running;
+ * nothing started, w never called). *out: the command, valid until ended
+ * (NULL once ended is called, or on failure: the caller clears it). */
+struct relay_cmd_watch {
+	void (*output)(void *ud, enum relay_stream s, const void *data, size_t n);
+	/* ex: its exit; NULL when it failed (code, message: why) */
+	void (*ended)(void *ud, const struct relay_exit *ex, const char *code, const char *message);
+};
+int relay_cmd_spawn(struct relay *r, const char *id, const struct relay_exec_req *req, const struct relay_cmd_watch *w,
+		    void *ud, struct relay_cmd **out);
+/* *out of relay_cmd_spawn, valid until its ended: w is not called any more
+ * (the backend's watcher goes away first, e.g. at shutdown). */
+void relay_cmd_unwatch(struct relay_cmd *cmd);
 
 /* Serve the fork ops through ops (without: they answer unavailable). */
 void relay_set_forks(struct relay *r, const struct relay_fork_ops *ops, void *ud);

@@ -277,6 +277,55 @@ static void test_stack_full(void **state)
 	assert_int_equal(sandbox_fork_make(dir, "over", depth, 60, err, sizeof(err)), -ENOSPC); /* 16 forks */
 }
 
+/* A seed before the fork starts; the winner's changes staged in the
+ * parent's home: hard links (a symlink linked, never followed), the
+ * deletions NUL-separated, nothing outside the stage. */
+static void test_seed_stage(void **state)
+{
+	char err[512], p[PATH_MAX + 64], q[PATH_MAX + 64], *t;
+	unsigned depth;
+	size_t nf = 0, nd = 0;
+	struct stat a, b;
+	(void)state;
+
+	put("workspace/keep.txt", "k");
+	put("workspace/gone.txt", "g");
+	assert_int_equal(sandbox_fork_freeze(dir, &depth, err, sizeof(err)), 0);
+	assert_int_equal(sandbox_fork_make(dir, "w", depth, 60, err, sizeof(err)), 0);
+	assert_int_equal(sandbox_fork_seed(dir, "w", ".airlock-try.patch", "diff", 4, err, sizeof(err)), 0);
+	t = get("forks/w/upper/home/.airlock-try.patch");
+	assert_string_equal(t, "diff");
+	mem_free(t);
+	assert_int_equal(sandbox_fork_seed(dir, "w", ".airlock-try.patch", "x", 1, err, sizeof(err)), -EEXIST);
+	assert_int_equal(sandbox_fork_seed(dir, "w", "../x", "x", 1, err, sizeof(err)), -EINVAL);
+	assert_int_equal(sandbox_fork_seed(dir, "w", "a/b", "x", 1, err, sizeof(err)), -EINVAL);
+
+	put("forks/w/upper/workspace/sub/deep/new.txt", "new");
+	snprintf(p, sizeof(p), "%s/forks/w/upper/workspace/link", dir);
+	assert_int_equal(symlink("/etc/passwd", p), 0);
+	bool wo = whiteout("forks/w/upper/workspace/gone.txt");
+	assert_int_equal(sandbox_fork_stage(dir, "w", "t1", &nf, &nd, err, sizeof(err)), 0);
+	assert_int_equal(nf, 2);
+	assert_int_equal(nd, wo ? 1 : 0);
+	/* the parent runs on its upper now: the stage is in upper/home */
+	snprintf(p, sizeof(p), "%s/forks/w/upper/workspace/sub/deep/new.txt", dir);
+	snprintf(q, sizeof(q), "%s/upper/home/.airlock-try/t1/files/sub/deep/new.txt", dir);
+	assert_int_equal(stat(p, &a), 0);
+	assert_int_equal(stat(q, &b), 0);
+	assert_true(a.st_ino == b.st_ino); /* a link, not a copy */
+	snprintf(q, sizeof(q), "%s/upper/home/.airlock-try/t1/files/link", dir);
+	assert_int_equal(lstat(q, &b), 0);
+	assert_true(S_ISLNK(b.st_mode));
+	snprintf(p, sizeof(p), "%s/upper/home/.airlock-try/t1/deleted", dir);
+	assert_int_equal(stat(p, &a), 0);
+	assert_int_equal((size_t)a.st_size, wo ? strlen("gone.txt") + 1 : 0);
+	/* staged again: the old stage is replaced, not merged */
+	assert_int_equal(sandbox_fork_stage(dir, "w", "t1", &nf, &nd, err, sizeof(err)), 0);
+	assert_int_equal(nf, 2);
+	assert_int_equal(sandbox_fork_stage(dir, "w", "../t", &nf, &nd, err, sizeof(err)), -EINVAL);
+	assert_int_equal(sandbox_fork_stage(dir, "nope", "t2", &nf, &nd, err, sizeof(err)), -ENOENT);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -285,6 +334,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_compact_semantics, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_changes, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_stack_full, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_seed_stage, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

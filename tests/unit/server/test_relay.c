@@ -1337,6 +1337,140 @@ static void test_fork_ops(void **state)
 	tc_close(c);
 }
 
+/* A try backend: each variant's command through relay_cmd_spawn (the
+ * simulator runs it), its output and end as events of the pending try. */
+struct try_tb {
+	uint64_t token;
+	size_t n, ended;
+	struct relay_cmd *cmd[RELAY_TRY_VARIANTS_MAX];
+	char name[RELAY_TRY_VARIANTS_MAX][RELAY_TRY_NAME_MAX + 1];
+	size_t idx[RELAY_TRY_VARIANTS_MAX];
+	bool had_patch[RELAY_TRY_VARIANTS_MAX];
+	char pick[32];
+	size_t nkeep;
+} try_tb;
+
+static void try_out(void *ud, enum relay_stream st, const void *data, size_t n)
+{
+	size_t i = *(size_t *)ud;
+	char body[512];
+	snprintf(body, sizeof(body), "{\"variant\":\"%s\",\"stream\":\"%s\",\"data\":\"%.*s\"}", try_tb.name[i],
+		 st == RELAY_STDOUT ? "stdout" : "stderr", (int)(n && ((const char *)data)[n - 1] == '\n' ? n - 1 : n),
+		 (const char *)data);
+	assert_int_equal(relay_request_event(chg_relay, try_tb.token, "try_output", body), 0);
+}
+
+static void try_end(void *ud, const struct relay_exit *ex, const char *code, const char *message)
+{
+	(void)code;
+	(void)message;
+	try_tb.cmd[*(size_t *)ud] = NULL;
+	assert_non_null(ex);
+	if (++try_tb.ended == try_tb.n) {
+		char body[256];
+		snprintf(body, sizeof(body), "{\"n\":%zu,\"patch0\":%s,\"pick\":\"%s\",\"nkeep\":%zu}", try_tb.n,
+			 try_tb.had_patch[0] ? "true" : "false", try_tb.pick, try_tb.nkeep);
+		relay_changes_done(chg_relay, try_tb.token, "try", body, NULL, NULL);
+	}
+}
+
+static const struct relay_cmd_watch try_w = {.output = try_out, .ended = try_end};
+
+static int try_start(void *ud, uint64_t token, const struct relay_try_req *q)
+{
+	(void)ud;
+	memset(&try_tb, 0, sizeof(try_tb));
+	try_tb.token = token;
+	try_tb.n = q->nvariants;
+	try_tb.nkeep = q->nkeep;
+	snprintf(try_tb.pick, sizeof(try_tb.pick), "%s", q->pick ? q->pick : "");
+	for (size_t i = 0; i < q->nvariants; i++) {
+		const struct relay_try_variant *v = &q->variants[i];
+		struct relay_exec_req req = {.argv = v->argv ? v->argv : q->argv,
+					     .argc = v->argv ? v->argc : q->argc,
+					     .cwd = "",
+					     .timeout_ms = q->timeout_ms};
+		char id[64];
+		snprintf(try_tb.name[i], sizeof(try_tb.name[i]), "%s", v->name);
+		try_tb.idx[i] = i;
+		try_tb.had_patch[i] = v->patch != NULL;
+		snprintf(id, sizeof(id), "try-%s", v->name);
+		assert_int_equal(relay_cmd_spawn(chg_relay, id, &req, &try_w, &try_tb.idx[i], &try_tb.cmd[i]), 0);
+		assert_int_equal(relay_cmd_spawn(chg_relay, id, &req, &try_w, &try_tb.idx[i], &(struct relay_cmd *){0}),
+				 -EEXIST); /* the id is taken while it runs */
+	}
+	return 0;
+}
+
+static const struct relay_fork_ops try_ops = {.request = fork_request, .try_start = try_start};
+
+static void test_try_op(void **state)
+{
+	(void)state;
+	struct tc *c = tc_connect();
+	json_t *j;
+
+	tc_send(c, "{\"op\":\"try\",\"id\":1,\"variants\":[{\"name\":\"a\"}],\"argv\":[\"true\"]}");
+	tc_expect_error(c, "unavailable", "no sandbox to fork");
+	chg_relay = F->r;
+	relay_set_forks(F->r, &try_ops, NULL);
+	tc_send(
+	    c,
+	    "{\"op\":\"try\",\"id\":2,\"argv\":[\"echo\",\"common\"],\"pick\":\"b\",\"keep\":[\"a\"],"
+	    "\"variants\":[{\"name\":\"a\",\"patch\":\"--- a/x\\n\"},{\"name\":\"b\",\"argv\":[\"echo\",\"own\"]}]}");
+	bool seen_a = false, seen_b = false;
+	for (;;) {
+		j = tc_next(c, 3000);
+		assert_non_null(j);
+		const char *ev = json_string_value(json_object_get(j, "event"));
+		assert_int_equal(json_integer_value(json_object_get(j, "id")), 2);
+		if (!strcmp(ev, "try")) {
+			assert_int_equal(json_integer_value(json_object_get(j, "n")), 2);
+			assert_true(json_is_true(json_object_get(j, "patch0")));
+			assert_string_equal(json_string_value(json_object_get(j, "pick")), "b");
+			assert_int_equal(json_integer_value(json_object_get(j, "nkeep")), 1);
+			json_decref(j);
+			break;
+		}
+		assert_string_equal(ev, "try_output");
+		const char *v = json_string_value(json_object_get(j, "variant")),
+			   *d = json_string_value(json_object_get(j, "data"));
+		if (!strcmp(v, "a"))
+			seen_a = !strcmp(d, "common");
+		else
+			seen_b = !strcmp(d, "own");
+		json_decref(j);
+	}
+	assert_true(seen_a && seen_b);
+	static const char *const bad[][3] = {
+	    {"{\"op\":\"try\",\"argv\":[\"x\"],\"variants\":[{\"name\":\"a\"}]}", "missing_field", "'id' is required"},
+	    {"{\"op\":\"try\",\"id\":3}", "missing_field", "'variants'"},
+	    {"{\"op\":\"try\",\"id\":4,\"variants\":[{\"name\":\"a\"}]}", "missing_field", "no 'argv'"},
+	    {"{\"op\":\"try\",\"id\":5,\"argv\":[\"x\"],\"variants\":[{\"name\":\"A\"}]}", "bad_field", "name"},
+	    {"{\"op\":\"try\",\"id\":6,\"argv\":[\"x\"],\"variants\":[{\"name\":\"a\"},{\"name\":\"a\"}]}", "bad_field",
+	     "twice"},
+	    {"{\"op\":\"try\",\"id\":7,\"argv\":[\"x\"],\"variants\":[{\"name\":\"a\",\"frob\":1}]}", "bad_field",
+	     "frob"},
+	    {"{\"op\":\"try\",\"id\":8,\"argv\":[\"x\"],\"variants\":[{\"name\":\"a\"}],\"pick\":\"z\"}", "bad_field",
+	     "'pick'"},
+	    {"{\"op\":\"try\",\"id\":9,\"argv\":[\"x\"],\"variants\":[{\"name\":\"a\"}],\"keep\":[\"z\"]}", "bad_field",
+	     "keep[0]"},
+	    {"{\"op\":\"try\",\"id\":10,\"argv\":[],\"variants\":[{\"name\":\"a\"}]}", "bad_field", "'argv'"},
+	    {"{\"op\":\"try\",\"id\":11,\"argv\":[\"x\"],\"variants\":[{\"name\":\"a\",\"patch\":\"\"}]}", "bad_field",
+	     "patch"},
+	    {"{\"op\":\"try\",\"id\":12,\"argv\":[\"x\"],\"variants\":[]}", "bad_field", "'variants'"},
+	    {"{\"op\":\"try\",\"id\":13,\"argv\":[\"x\"],\"variants\":[{\"name\":\"a\"}],\"timeout_seconds\":0}",
+	     "bad_field", "timeout_seconds"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		tc_send(c, bad[i][0]);
+		tc_expect_error(c, bad[i][1], bad[i][2]);
+	}
+	relay_set_forks(F->r, NULL, NULL);
+	tc_alive(c);
+	tc_close(c);
+}
+
 static void test_client_cap(void **state)
 {
 	(void)state;
@@ -1754,6 +1888,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_sync_wait, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_changes_ops, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_fork_ops, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_try_op, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_client_cap, fx_setup_small_history, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_peer_uid, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_paths_and_modes, fx_setup, fx_teardown),
