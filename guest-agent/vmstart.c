@@ -379,8 +379,11 @@ static int disk_mount(const char *ws, const struct vmstart_conf *c, const char *
 {
 	static const char *const dirs[] = {"/persist/workspace", "/persist/state", "/persist/home"};
 
+	/* noinit_itable: the disk is made with lazy_itable_init (sparse); the
+	 * kernel's thread that zeroes its inode tables after the mount would
+	 * compete with the agent under emulation and fill the sparse image */
 	*what = "mounting it (ext4) on /persist";
-	if (mount(ws, "/persist", "ext4", MS_NOATIME, NULL) < 0)
+	if (mount(ws, "/persist", "ext4", MS_NOATIME, "noinit_itable") < 0)
 		return -errno;
 	*what = "making its directories";
 	for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++)
