@@ -398,12 +398,42 @@ static int disk_mount(const char *ws, const struct vmstart_conf *c, const char *
 	return 0;
 }
 
-/* The control port's reader, for the VM's life: a line "poweroff" makes
- * the init shut down (SIGUSR1). While no host is connected the port reads
- * end-of-file at once: wait and read again. */
-static void ctl_reader(int fd)
+/* A fork of this VM starts (doc/VM.md, "Forks"): the host wrote a start
+ * line of kind fork on the control port of the fork's qemu. This process
+ * is the fork's copy of the reader; agent is the copy of the parent's
+ * agent, with the parent's key and sessions. Set the clock, reseed, read
+ * the fork's own config drive (its key) into /run/airlock, and kill that
+ * agent: the init starts a fresh one at once with the fork's key. */
+static void fork_take(const char *line, size_t len, const char *cfg, pid_t agent)
 {
-	char line[64];
+	struct vmstart_conf c = {.fsync = "batch", .run_as = "1000:1000", .uid = 1000, .gid = 1000};
+	struct vmstart s;
+	int r;
+
+	if (vmstart_parse(line, len, &s) < 0 || strcmp(s.kind, "fork")) {
+		say("control port: not a fork's start line: ignored");
+		return;
+	}
+	r = apply(&s);
+	sodium_memzero(&s, sizeof(s));
+	if (r < 0 || (r = flush_disk(cfg)) < 0 || (r = config_read(cfg, &c)) < 0) {
+		say("FATAL: the fork's start failed (%s): stopping its agent", strerror(-r));
+		unlink(VMSTART_CONF_DIR "/guest.key");
+		kill(agent, SIGKILL);
+		kill(1, SIGUSR1);
+		return;
+	}
+	kill(agent, SIGKILL);
+	say("forked");
+}
+
+/* The control port's reader, for the VM's life: a line "poweroff" makes
+ * the init shut down (SIGUSR1); a start line of kind fork re-keys a fork.
+ * While no host is connected the port reads end-of-file at once: wait and
+ * read again. */
+static void ctl_reader(int fd, const char *cfg, pid_t agent)
+{
+	char line[VMSTART_LINE_MAX];
 	size_t k = 0;
 
 	setsid();
@@ -413,7 +443,7 @@ static void ctl_reader(int fd)
 		if (r <= 0) {
 			if (r < 0 && errno != EAGAIN && errno != EINTR)
 				_exit(1);
-			usleep(300000);
+			usleep(r == 0 ? 300000 : 5000);
 			continue;
 		}
 		if (ch != '\n') {
@@ -422,11 +452,14 @@ static void ctl_reader(int fd)
 			continue;
 		}
 		line[k] = 0;
-		k = 0;
 		if (!strcmp(line, "poweroff")) {
 			kill(1, SIGUSR1);
 			_exit(0);
 		}
+		if (k > 6 && !memcmp(line, "start ", 6))
+			fork_take(line, k, cfg, agent);
+		sodium_memzero(line, sizeof(line));
+		k = 0;
 	}
 }
 
@@ -517,8 +550,9 @@ int vmstart_init(int argc, char **argv, int *argc_out, char ***argv_out)
 		return -1;
 	}
 	say("mounted");
+	pid_t agent = getpid();
 	if ((pid = fork()) == 0)
-		ctl_reader(fd);
+		ctl_reader(fd, argv[3], agent);
 	close(fd);
 	if (pid < 0) {
 		say("FATAL: fork: %s", strerror(errno));

@@ -31,7 +31,10 @@
  * host writes: guest.key, allow, agent.conf) into /run/airlock (0700),
  * mounts the workspace disk WS (ext4) on /persist, bind-mounts
  * /persist/workspace on /workspace and /persist/home on /home/airlock, forks
- * the control port's reader ("poweroff" -> SIGUSR1 to the init) and becomes
+ * the control port's reader ("poweroff" -> SIGUSR1 to the init; a start
+ * line of kind fork, in a VM restored from a running parent's memory, sets
+ * the clock, reseeds, reads the fork's config drive and kills the parent's
+ * agent, which the init restarts with the fork's key: doc/VM.md "Forks") and becomes
  * the agent listening on serial:PORT. libsodium is initialised only then:
  * nothing of the channel's crypto exists before the start line, and every
  * handshake makes fresh ephemeral keys.
