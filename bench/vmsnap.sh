@@ -8,11 +8,14 @@
 #                         restore (what the first start of a template costs)
 #   restored (N starts)   p50 / p99 / max of up -> first command answered, and of
 #                         the sandbox's own start (qemu start -> agent ready,
-#                         the "sandbox started in X ms" of `up`)
+#                         the "sandbox started in X ms" of `up`), and its parts
+#                         from qemu.log: qemu's start to its monitor answering
+#                         migrate-incoming, the device state loaded, the guest's
+#                         work from the start line to the agent's ready line
 # The template is a private copy (fresh snapshots), used as installed
 # (AIRLOCK_VM_NO_BUILD=1: no builder run per start).
 #
-# usage: bench/vmsnap.sh BUILD [N]     (root + /dev/fuse + qemu)
+# usage: [FORKS=5] bench/vmsnap.sh BUILD [N]     (root + /dev/fuse + qemu; qemu-img for the fork rows)
 #   BUILD  a meson build dir with airlock and airlock-agent-static
 #   N      restored starts (default 10)
 set -euo pipefail
@@ -44,7 +47,7 @@ one_start() {
 	t0=$(ms)
 	env "$@" "$AIRLOCK" up "$T/w" --sandbox vm >"$T/up.out" 2>"$T/up.err" &
 	local pid=$!
-	for _ in $(seq 3000); do
+	for _ in $(seq 18000); do # 180 s: a cold boot that saves the snapshot takes a minute at load 16
 		grep -q "in sync with sandbox vm" "$T/up.out" 2>/dev/null && break
 		kill -0 "$pid" 2>/dev/null || { cat "$T/up.err" >&2; return 1; }
 		sleep 0.01
@@ -54,7 +57,11 @@ one_start() {
 	[ "$rc" = 0 ] || { echo "bench/vmsnap.sh: exec failed ($rc)" >&2; return 1; }
 	"$AIRLOCK" down "$T/w" >/dev/null
 	wait "$pid" || true
-	echo "$(echo "$t1 - $t0" | bc) $(sed -n 's/^airlock: sandbox started in \([0-9.]*\) ms, \([a-z]*\).*/\1 \2/p' "$T/up.err")"
+	# the restore's parts (qemu.log): qemu up to the monitor's answer, the
+	# state loaded, then the guest's start line -> agent ready
+	local parts
+	parts=$(sed -n 's/^airlock: restored .*: qemu up in \([0-9]*\) ms, state loaded in \([0-9]*\) ms, agent ready \([0-9]*\) ms later$/\1 \2 \3/p' "$T"/data/airlock/sandboxes/*/qemu.log)
+	echo "$(echo "$t1 - $t0" | bc) $(sed -n 's/^airlock: sandbox started in \([0-9.]*\) ms, \([a-z]*\).*/\1 \2/p' "$T/up.err") ${parts:-- - -}"
 }
 pct() { # pct FILE COLUMN: "p50 / p99 / max"
 	awk -v c="$2" '{ print $c }' "$1" | sort -n |
@@ -77,4 +84,39 @@ if awk '$3 != "restored" { bad = 1 } END { exit !bad }' "$T/restored"; then
 	exit 1
 fi
 printf '%-28s %s to the first command; sandbox start %s\n' "restored ($N starts)" "$(pct "$T/restored" 1)" "$(pct "$T/restored" 2)"
+printf '%-28s qemu up %s; state loaded %s; start line -> agent ready %s\n' "  of which (p50 / p99 / max)" "$(pct "$T/restored" 4)" "$(pct "$T/restored" 5)" "$(pct "$T/restored" 6)"
 echo "# snapshot: $(du -sh --apparent-size "$T"/tpl/snapshots/*/ram | cut -f1) guest memory ($(du -sh "$T"/tpl/snapshots/*/ram | cut -f1) on disk), $(stat -c %s "$T"/tpl/snapshots/*/state) bytes of device state"
+
+# VM forks (doc/VM.md "Forks"), through tests/harness/vm_harness: a parent
+# VM restored from the snapshot, then FORKS forks of it one after another
+# (each: the parent frozen, its disk onto a new overlay and its memory to a
+# file, then the fork restored from that with its own keys), each stopped
+# and removed before the next. Rows: the parent's freeze (paused for it) and
+# the fork's start to its agent's ready line.
+H=$B/tests/harness/vm_harness
+FORKS=${FORKS:-5}
+if [ -x "$H" ] && command -v qemu-img >/dev/null 2>&1 && [ "$FORKS" -gt 0 ]; then
+	P=$T/p
+	mkfifo "$T/p.ctl"
+	"$H" "$P" "$T/tpl" <"$T/p.ctl" >"$T/p.out" 2>"$T/p.err" &
+	exec 9>"$T/p.ctl"
+	for _ in $(seq 3000); do grep -q '^ready$' "$T/p.out" && break; sleep 0.05; done
+	: >"$T/forks"
+	mkdir -p "$P/forks"
+	for i in $(seq 1 "$FORKS"); do
+		mkdir -m 0700 "$P/forks/f"
+		mkfifo "$T/f.ctl"
+		"$H" "$P/forks/f" "$T/tpl" --fork "$P" <"$T/f.ctl" >"$T/f.out" 2>"$T/f.err" &
+		exec 8>"$T/f.ctl"
+		for _ in $(seq 3000); do grep -q '^ready$' "$T/f.out" && break; sleep 0.01; done
+		grep -q '^ready$' "$T/f.out" || { cat "$T/f.err" >&2; exit 1; }
+		echo "$(sed -n 's/^freeze_ms //p' "$T/f.out") $(sed -n 's/^start_ms //p' "$T/f.out") $(stat -c %s "$P/forks/f/mem")" >>"$T/forks"
+		exec 8>&-
+		wait "$!" || true
+		rm -rf "$P/forks/f" "$T/f.ctl"
+	done
+	exec 9>&-
+	wait || true
+	printf '%-28s parent frozen %s; fork started (to its ready line) %s\n' "vm forks ($FORKS)" "$(pct "$T/forks" 1)" "$(pct "$T/forks" 2)"
+	echo "# a fork's memory file (the parent's migration stream): $(awk '{ print int($3 / 1048576) }' "$T/forks" | sort -n | sed -n 1p) MiB; load now $(cut -d' ' -f1-3 /proc/loadavg)"
+fi

@@ -1312,7 +1312,7 @@ static void usage(FILE *f)
 	fputs("usage: airlock-agent --listen ADDR --root DIR --key FILE (--allow PUBKEY | --allow-file FILE)...\n"
 	      "                     [--psk-file FILE] [--max-sessions N] [--state DIR] [--fsync none|batch|file]\n"
 	      "                     [--run-as USER|UID:GID] [--home DIR] [--confine [--file-max BYTES]] [-v]\n"
-	      "       airlock-agent --await-start PORT [DISK...]   (the vm template's init: doc/VM.md, \"Snapshots\")\n"
+	      "       airlock-agent --vm-init CTL CFG WS PORT   (the vm template's init: doc/VM.md, \"Snapshots\")\n"
 	      "  --home DIR: HOME of commands (default /tmp)\n"
 	      "  --confine: Landlock and seccomp for commands (they write only ROOT, /tmp and\n"
 	      "             --home; they cannot read the key, state or socket directories);\n"
@@ -1680,9 +1680,10 @@ int main(int argc, char **argv)
 	char err[512];
 	int r, status;
 
-	/* the vm template's init, before any agent runs (vmstart.h) */
-	if (argc >= 3 && !strcmp(argv[1], "--await-start"))
-		return vmstart_main(argv[2], (const char *const *)argv + 3, argc - 3);
+	/* the vm template's first agent: the start line and the sandbox's
+	 * setup come first, before libsodium is initialised (vmstart.h) */
+	if (argc >= 2 && !strcmp(argv[1], "--vm-init") && vmstart_init(argc, argv, &argc, &argv) < 0)
+		return VMSTART_EXIT;
 	mem_tune(); /* before any thread */
 	if (sodium_init() < 0) {
 		logmsg("libsodium failed to initialise");

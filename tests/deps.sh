@@ -4,7 +4,8 @@
 set -eu
 PKGS="meson ninja-build pkg-config gcc libc6-dev libfuse3-dev fuse3 libxxhash-dev libzstd-dev
 libsodium-dev libjansson-dev libcmocka-dev socat git curl openssl python3 procps iproute2 util-linux
-qemu-system-x86 busybox-static e2fsprogs cpio xz-utils zstd bc python3-jsonschema"
+qemu-system-x86 qemu-utils busybox-static e2fsprogs cpio xz-utils zstd bc python3-jsonschema"
+# qemu-utils: qemu-img, for the vm sandbox's forks (doc/VM.md "Forks"; vmfork_e2e skips without it).
 # python3-jsonschema: tests/e2e/cli_e2e.sh checks every --json against doc/schema/.
 # The vm sandbox's template (guest-agent/template/build.sh) also needs the
 # kernel package linux-image-amd64 to be downloadable (apt-get download; it

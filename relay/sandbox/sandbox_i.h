@@ -149,6 +149,14 @@ int sandbox_local_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char 
 void sandbox_local_stop(struct sandbox *sb);
 int sandbox_local_halt(struct sandbox *sb);
 int sandbox_vm_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *err, size_t errlen);
+/* The vm backend's fork hook (doc/VM.md, "Forks"): while the parent VM of
+ * state directory parent runs (restored from a snapshot: it has a
+ * monitor), stop it, move its workspace disk onto a new qcow2 overlay,
+ * make fork_dir/ws.qcow2 over the frozen image and fork_dir/mem from its
+ * memory, and let it continue. fork_dir exists (0700). sandbox_vm_start
+ * with cfg->fork then restores the fork from these, with its own keys.
+ * 0 or -errno with err set. */
+int sandbox_vm_fork_freeze(const char *parent, const char *fork_dir, char *err, size_t errlen);
 void sandbox_vm_stop(struct sandbox *sb);
 
 #endif

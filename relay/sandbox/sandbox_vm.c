@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <dirent.h>
 #include <linux/kvm.h>
 #include <poll.h>
 #include <signal.h>
@@ -64,7 +65,8 @@ struct vm {
 	char console[PATH_MAX];
 	char ctl[PATH_MAX];
 	char pidfile[PATH_MAX];
-	int ctl_fd; /* the control port, connected since the start line; -1 */
+	char qmp[PATH_MAX]; /* qemu's monitor, kept for forks (a restored VM); "" when none */
+	int ctl_fd;	    /* the control port, connected since the start line; -1 */
 };
 
 static int64_t now_ms(void)
@@ -637,7 +639,9 @@ struct vm_files {
 	char sock[PATH_MAX];   /* run/agent.sock: the channel */
 	char log[PATH_MAX];    /* qemu.log */
 	char cfgtar[PATH_MAX]; /* config.tar: the config drive */
-	char img[PATH_MAX];    /* workspace.img: the workspace disk */
+	char img[PATH_MAX];    /* workspace.img: the workspace disk (its base, once forks froze it) */
+	char ws[PATH_MAX];     /* the image the VM writes: img, or the overlay ws-top names, or a fork's */
+	const char *ws_fmt;    /* NULL (raw) or "qcow2" */
 	char qmp[PATH_MAX];    /* run/qmp.sock: qemu's monitor (snapshots only) */
 };
 
@@ -646,11 +650,13 @@ struct vm_files {
  * files behind them. */
 struct vm_media {
 	const char *cfg, *ws;	/* the config drive and the workspace disk */
+	const char *ws_fmt;	/* the workspace disk's format: NULL raw, or "qcow2" (a fork's overlay) */
 	const char *console;	/* the serial console's log */
 	const char *sock, *ctl; /* the channel's and the control port's sockets */
 	const char *qmp;	/* qemu's monitor socket; NULL: none */
 	const char *ram;	/* a file behind the guest's memory; NULL: anonymous memory */
 	bool ram_shared;	/* share=on (a boot to be saved) or off (copy on write: a restore) */
+	bool ram_anon;		/* no file: anonymous memory under the same name (a fork's restore) */
 	bool incoming;		/* -incoming defer: a restore */
 	const char *append;	/* the kernel command line */
 	unsigned mem_mb;
@@ -724,7 +730,8 @@ static int qemu_find(char *out, size_t n, char *err, size_t errlen)
 /* The paths of this start; the sockets' must fit a Unix socket address. */
 static int vm_files_init(const struct sandbox *sb, struct vm *vm, struct vm_files *f, char *err, size_t errlen)
 {
-	if (path_join(f->run, sizeof(f->run), sb->dir, "run") < 0 ||
+	if ((sb->run_dir[0] ? (size_t)snprintf(f->run, sizeof(f->run), "%s", sb->run_dir) >= sizeof(f->run)
+			    : path_join(f->run, sizeof(f->run), sb->dir, "run") < 0) ||
 	    path_join(f->sock, sizeof(f->sock), f->run, "agent.sock") < 0 ||
 	    path_join(vm->ctl, sizeof(vm->ctl), f->run, "ctl.sock") < 0 ||
 	    path_join(vm->pidfile, sizeof(vm->pidfile), f->run, "qemu.pid") < 0 ||
@@ -798,10 +805,14 @@ static void qemu_options(struct qemu_cmd *q, const struct vm_media *m)
 	snprintf(q->mem, sizeof(q->mem), "%u", m->mem_mb);
 	snprintf(q->o_con, sizeof(q->o_con), "file,id=con,path=%s", m->console);
 	snprintf(q->o_cfg, sizeof(q->o_cfg), "id=cfg,file=%s,format=raw,if=none,readonly=on", m->cfg);
-	snprintf(q->o_ws, sizeof(q->o_ws), "id=ws,file=%s,format=raw,if=none,discard=unmap", m->ws);
+	snprintf(q->o_ws, sizeof(q->o_ws), "id=ws,file=%s,format=%s,if=none,discard=unmap", m->ws,
+		 m->ws_fmt ? m->ws_fmt : "raw");
 	snprintf(q->o_ch, sizeof(q->o_ch), "socket,id=ch,path=%s,server=on,wait=off", m->sock);
 	snprintf(q->o_ctl, sizeof(q->o_ctl), "socket,id=ctl,path=%s,server=on,wait=off", m->ctl);
-	if (m->ram) {
+	if (m->ram_anon) {
+		snprintf(q->m_opt, sizeof(q->m_opt), "%s,memory-backend=mem", q->machine);
+		snprintf(q->o_mem, sizeof(q->o_mem), "memory-backend-ram,id=mem,size=%uM", m->mem_mb);
+	} else if (m->ram) {
 		snprintf(q->m_opt, sizeof(q->m_opt), "%s,memory-backend=mem", q->machine);
 		snprintf(q->o_mem, sizeof(q->o_mem), "memory-backend-file,id=mem,size=%uM,mem-path=%s,share=%s",
 			 m->mem_mb, m->ram, m->ram_shared ? "on" : "off");
@@ -832,7 +843,7 @@ static void qemu_cmd_build(struct qemu_cmd *q, const struct vm_template *t, cons
 	}
 	ARG("-m");
 	ARG(q->mem);
-	if (m->ram) {
+	if (m->ram || m->ram_anon) {
 		ARG("-object");
 		ARG(q->o_mem);
 	}
@@ -1646,43 +1657,34 @@ out_lock:
 	return r;
 }
 
-/* Restore sn with this sandbox's disks attached: qemu waits for the
- * migration stream (-incoming defer), reads the device state, maps the
- * saved memory copy on write; then the start line and `cont`. */
-static int snap_restore(struct sandbox *sb, struct vm *vm, const struct vm_snap *sn, const struct vm_template *t,
-			struct qemu_cmd *q, const struct vm_files *f, struct vm_launch *l, const char *kind, char *err,
-			size_t errlen)
+/* Restore a saved VM onto media m (m->incoming): qemu waits for the
+ * migration stream (-incoming defer) and reads it from the file state
+ * (ignore_shared: the memory is not in it, m->ram is mapped copy on write);
+ * then the start line of kind and `cont`. */
+static int vm_restore(struct sandbox *sb, struct vm *vm, const struct vm_media *m, const char *state,
+		      bool ignore_shared, const struct vm_template *t, struct qemu_cmd *q, const struct vm_files *f,
+		      struct vm_launch *l, const char *kind, char *err, size_t errlen)
 {
 	char quoted[2 * PATH_MAX], uri[2 * PATH_MAX + 32];
-	struct vm_media m = {.cfg = f->cfgtar,
-			     .ws = f->img,
-			     .console = vm->console,
-			     .sock = f->sock,
-			     .ctl = vm->ctl,
-			     .qmp = f->qmp,
-			     .ram = sn->ram,
-			     .ram_shared = false,
-			     .incoming = true,
-			     .append = sn->append,
-			     .mem_mb = sn->mem_mb};
 	json_t *args = NULL, *st = NULL;
 	struct qmp qm = {.fd = -1};
 	int64_t deadline, t_loading = 0, t_cont = 0;
 	int r;
 
-	if ((r = sh_quote(quoted, sizeof(quoted), sn->state)) < 0)
+	if ((r = sh_quote(quoted, sizeof(quoted), state)) < 0)
 		return r;
 	snprintf(uri, sizeof(uri), "exec:cat %s", quoted);
 	unlink(vm->console);
 	unlink(f->qmp);
-	qemu_cmd_build(q, t, &m, l->kvm);
+	qemu_cmd_build(q, t, m, l->kvm);
 	if ((r = qemu_spawn(q, l->log_fd, vm->pidfile, &sb->pid, err, errlen)) < 0) {
 		sb->pid = 0;
 		return r;
 	}
 	l->launched = now_ms();
 	l->deadline = l->launched + SANDBOX_VM_START_MS / 4;
-	if ((r = qmp_open(&qm, f->qmp, 30000, err, errlen)) < 0 || (r = set_ignore_shared(&qm, err, errlen)) < 0 ||
+	if ((r = qmp_open(&qm, f->qmp, 30000, err, errlen)) < 0 ||
+	    (ignore_shared && (r = set_ignore_shared(&qm, err, errlen)) < 0) ||
 	    !(args = json_pack("{s:s}", "uri", uri)) ||
 	    (r = qmp_call(&qm, "migrate-incoming", args, NULL, 10000, err, errlen)) < 0)
 		goto out;
@@ -1697,14 +1699,14 @@ static int snap_restore(struct sandbox *sb, struct vm *vm, const struct vm_snap 
 		if (status && !strcmp(status, "paused"))
 			break;
 		if (status && strcmp(status, "inmigrate")) {
-			errmsg_set(err, errlen, "restoring the snapshot %s: the VM is %s", sn->path, status);
+			errmsg_set(err, errlen, "restoring %s: the VM is %s", state, status);
 			r = -EIO;
 			goto out;
 		}
 		json_decref(st);
 		st = NULL;
 		if (now_ms() > deadline) {
-			errmsg_set(err, errlen, "restoring the snapshot %s took over 30 s", sn->path);
+			errmsg_set(err, errlen, "restoring %s took over 30 s", state);
 			r = -ETIMEDOUT;
 			goto out;
 		}
@@ -1721,7 +1723,7 @@ static int snap_restore(struct sandbox *sb, struct vm *vm, const struct vm_snap 
 		dprintf(
 		    l->log_fd,
 		    "airlock: restored %s: qemu up in %lld ms, state loaded in %lld ms, agent ready %lld ms later\n",
-		    sn->path, (long long)(t_loading - l->launched), (long long)(t_cont - t_loading),
+		    state, (long long)(t_loading - l->launched), (long long)(t_cont - t_loading),
 		    (long long)(now_ms() - t_cont));
 	if (r == VM_TRY_TCG)
 		r = -EIO;
@@ -1729,7 +1731,10 @@ out:
 	json_decref(st);
 	json_decref(args);
 	qmp_close(&qm);
-	unlink(f->qmp);
+	if (r == 0) /* kept while the VM runs: a fork freezes it through it */
+		snprintf(vm->qmp, sizeof(vm->qmp), "%s", f->qmp);
+	else
+		unlink(f->qmp);
 	if (r < 0) {
 		sb->impl = NULL;
 		if (vm->ctl_fd >= 0)
@@ -1738,6 +1743,33 @@ out:
 		qemu_kill(sb);
 	}
 	return r;
+}
+
+/* The media of a restore onto this start's files (the memory's are the
+ * caller's to set). */
+static struct vm_media restore_media(const struct vm *vm, const struct vm_files *f)
+{
+	return (struct vm_media){.cfg = f->cfgtar,
+				 .ws = f->ws,
+				 .ws_fmt = f->ws_fmt,
+				 .console = vm->console,
+				 .sock = f->sock,
+				 .ctl = vm->ctl,
+				 .qmp = f->qmp,
+				 .incoming = true};
+}
+
+/* Restore sn with this sandbox's disks attached. */
+static int snap_restore(struct sandbox *sb, struct vm *vm, const struct vm_snap *sn, const struct vm_template *t,
+			struct qemu_cmd *q, const struct vm_files *f, struct vm_launch *l, const char *kind, char *err,
+			size_t errlen)
+{
+	struct vm_media m = restore_media(vm, f);
+
+	m.ram = sn->ram;
+	m.append = sn->append;
+	m.mem_mb = sn->mem_mb;
+	return vm_restore(sb, vm, &m, sn->state, true, t, q, f, l, kind, err, errlen);
 }
 
 /* Snapshots are used unless AIRLOCK_VM_SNAPSHOT=0, and where the template
@@ -1797,6 +1829,226 @@ static int start_from_snapshot(struct sandbox *sb, struct vm *vm, const struct v
 	return 0;
 }
 
+/* ------------------------------------------------------------------ forks */
+
+/* doc/VM.md, "Forks". The parent's workspace chain in its directory:
+ *   workspace.img     the base (raw), frozen once a fork was made
+ *   ws.N.qcow2        overlays a freeze put on top (the parent writes the top)
+ *   ws-top            the name of the top one (absent: workspace.img)
+ * and a fork's directory: ws.qcow2 (its overlay over the image that was
+ * the parent's top when it froze) and mem (the parent's memory and device
+ * state then, a migration stream). */
+#define WS_TOP "ws-top"
+
+/* The name in <dir>/ws-top ("" when none): ws.N.qcow2 and nothing else. */
+static int ws_top_name(const char *dir, char *name, size_t n)
+{
+	char p[PATH_MAX];
+	FILE *f;
+
+	name[0] = 0;
+	if (path_join(p, sizeof(p), dir, WS_TOP) < 0)
+		return -ENAMETOOLONG;
+	if (!(f = fopen(p, "re")))
+		return errno == ENOENT ? 0 : -errno;
+	if (!fgets(name, (int)n, f))
+		name[0] = 0;
+	fclose(f);
+	name[strcspn(name, "\n")] = 0;
+	if (!name[0] || strncmp(name, "ws.", 3) || strchr(name, '/') || strlen(name) < 10 ||
+	    strcmp(name + strlen(name) - 6, ".qcow2"))
+		return -EINVAL;
+	return 0;
+}
+
+/* Whether <dir>/forks holds a fork. */
+static bool forks_exist(const char *dir)
+{
+	char p[PATH_MAX];
+	struct dirent *e;
+	bool any = false;
+	DIR *d;
+
+	if (path_join(p, sizeof(p), dir, "forks") < 0 || !(d = opendir(p)))
+		return false;
+	while (!any && (e = readdir(d)))
+		any = e->d_name[0] != '.';
+	closedir(d);
+	return any;
+}
+
+/* Remove the overlays ws.N.qcow2 and ws-top of dir. */
+static void ws_overlays_remove(const char *dir)
+{
+	char p[PATH_MAX];
+	struct dirent *e;
+	DIR *d = opendir(dir);
+
+	while (d && (e = readdir(d)))
+		if (!strncmp(e->d_name, "ws.", 3) && strstr(e->d_name, ".qcow2") &&
+		    path_join(p, sizeof(p), dir, e->d_name) == 0)
+			unlink(p);
+	if (d)
+		closedir(d);
+	if (path_join(p, sizeof(p), dir, WS_TOP) == 0)
+		unlink(p);
+}
+
+/* f->ws: what this start writes. A fork: its overlay. The parent after
+ * forks: with no fork left, its overlays are committed into workspace.img
+ * first (qemu-img commit) and removed; else the top overlay. */
+static int ws_prepare(struct sandbox *sb, struct vm_files *f, bool fork, int log_fd, char *err, size_t errlen)
+{
+	char name[64], top[PATH_MAX], qimg[PATH_MAX];
+	int r;
+
+	f->ws_fmt = NULL;
+	if (fork) {
+		f->ws_fmt = "qcow2";
+		return path_join(f->ws, sizeof(f->ws), sb->dir, "ws.qcow2") < 0 ? -ENAMETOOLONG : 0;
+	}
+	snprintf(f->ws, sizeof(f->ws), "%s", f->img);
+	if ((r = ws_top_name(sb->dir, name, sizeof(name))) < 0) {
+		errmsg_set(err, errlen, "%s/%s: %s", sb->dir, WS_TOP,
+			   r == -EINVAL ? "not an overlay's name" : strerror(-r));
+		return r;
+	}
+	if (!name[0])
+		return 0;
+	if (path_join(top, sizeof(top), sb->dir, name) < 0)
+		return -ENAMETOOLONG;
+	if (forks_exist(sb->dir)) {
+		snprintf(f->ws, sizeof(f->ws), "%s", top);
+		f->ws_fmt = "qcow2";
+		return 0;
+	}
+	if (find_prog("qemu-img", qimg, sizeof(qimg)) < 0) {
+		errmsg_set(err, errlen, "qemu-img not found: needed to merge %s into %s", top, f->img);
+		return -ENOENT;
+	}
+	char *argv[] = {qimg, "commit", "-q", "-f", "qcow2", "-b", f->img, top, NULL};
+	if (run_wait(argv, log_fd) < 0) {
+		errmsg_set(err, errlen, "qemu-img commit %s into %s failed (see %s/qemu.log)", top, f->img, sb->dir);
+		return -EIO;
+	}
+	ws_overlays_remove(sb->dir);
+	return 0;
+}
+
+/* A fork's restore: its own overlay and config drive, the frozen memory. */
+static int fork_restore(struct sandbox *sb, struct vm *vm, const struct vm_template *t, struct qemu_cmd *q,
+			const struct vm_files *f, struct vm_launch *l, unsigned mem_mb, char *err, size_t errlen)
+{
+	char mem[PATH_MAX], append[512];
+	struct stat st;
+	struct vm_media m = restore_media(vm, f);
+
+	m.ram_anon = true;
+	m.append = append;
+	m.mem_mb = mem_mb;
+	if (path_join(mem, sizeof(mem), sb->dir, "mem") < 0)
+		return -ENAMETOOLONG;
+	if (stat(mem, &st) < 0 || stat(f->ws, &st) < 0) {
+		errmsg_set(err, errlen, "%s: not a frozen fork of a VM (no mem or ws.qcow2)", sb->dir);
+		return -ENOENT;
+	}
+	kernel_append(append, sizeof(append), t->dir, l->kvm);
+	return vm_restore(sb, vm, &m, mem, false, t, q, f, l, "fork", err, errlen);
+}
+
+/* The parent's disk and memory frozen for the fork in fork_dir (made by
+ * the caller, 0700), through the parent's monitor, while it is stopped. */
+static int freeze_steps(struct qmp *qm, const char *parent, const char *fork_dir, char *err, size_t errlen)
+{
+	char name[64], top[PATH_MAX], next[PATH_MAX], nname[64], tmp[PATH_MAX + 8], topf[PATH_MAX];
+	char overlay[PATH_MAX], mem[PATH_MAX], quoted[2 * PATH_MAX], uri[2 * PATH_MAX + 48], size[32], qimg[PATH_MAX];
+	json_t *args;
+	struct stat st;
+	FILE *fp;
+	int r;
+
+	if ((r = ws_top_name(parent, name, sizeof(name))) < 0)
+		return r;
+	if (path_join(top, sizeof(top), parent, name[0] ? name : "workspace.img") < 0 ||
+	    path_join(topf, sizeof(topf), parent, WS_TOP) < 0 ||
+	    path_join(overlay, sizeof(overlay), fork_dir, "ws.qcow2") < 0 ||
+	    path_join(mem, sizeof(mem), fork_dir, "mem") < 0 || sh_quote(quoted, sizeof(quoted), mem) < 0)
+		return -ENAMETOOLONG;
+	for (unsigned i = 1;; i++) {
+		snprintf(nname, sizeof(nname), "ws.%u.qcow2", i);
+		if (path_join(next, sizeof(next), parent, nname) < 0)
+			return -ENAMETOOLONG;
+		if (access(next, F_OK) < 0)
+			break;
+	}
+	if (find_prog("qemu-img", qimg, sizeof(qimg)) < 0) {
+		errmsg_set(err, errlen, "qemu-img not found (apt-get install qemu-utils)");
+		return -ENOENT;
+	}
+	if (!(args = json_pack("{s:s, s:s, s:s}", "device", "ws", "snapshot-file", next, "format", "qcow2")))
+		return -ENOMEM;
+	r = qmp_call(qm, "blockdev-snapshot-sync", args, NULL, 10000, err, errlen);
+	json_decref(args);
+	if (r < 0)
+		return r;
+	/* the parent writes next from now on, its next start too */
+	snprintf(tmp, sizeof(tmp), "%s.tmp", topf);
+	if (!(fp = fopen(tmp, "we")) || fprintf(fp, "%s\n", nname) < 0 || fclose(fp) != 0 || rename(tmp, topf) < 0) {
+		errmsg_set(err, errlen, "%s: %s", topf, strerror(errno));
+		return -EIO;
+	}
+	{
+		char base[PATH_MAX];
+		if (path_join(base, sizeof(base), parent, "workspace.img") < 0 || stat(base, &st) < 0)
+			return -errno;
+		snprintf(size, sizeof(size), "%lld", (long long)st.st_size);
+		char *argv[] = {qimg, "create", "-q", "-f",    "qcow2", "-F", name[0] ? "qcow2" : "raw",
+				"-b", top,	"-u", overlay, size,	NULL};
+		if (run_wait(argv, -1) < 0) {
+			errmsg_set(err, errlen, "qemu-img create %s over %s failed", overlay, top);
+			return -EIO;
+		}
+	}
+	snprintf(uri, sizeof(uri), "exec:umask 077 && cat > %s", quoted);
+	json_t *caps = json_pack("{s:[{s:s, s:b}]}", "capabilities", "capability", "x-ignore-shared", "state", 0);
+	if (!caps || !(args = json_pack("{s:s}", "uri", uri))) {
+		json_decref(caps);
+		return -ENOMEM;
+	}
+	if ((r = qmp_call(qm, "migrate-set-capabilities", caps, NULL, 10000, err, errlen)) == 0 &&
+	    (r = qmp_call(qm, "migrate", args, NULL, 10000, err, errlen)) == 0)
+		r = migrate_wait(qm, "freezing the parent's memory", err, errlen);
+	json_decref(caps);
+	json_decref(args);
+	return r;
+}
+
+int sandbox_vm_fork_freeze(const char *parent, const char *fork_dir, char *err, size_t errlen)
+{
+	char qmp_path[PATH_MAX], e2[256];
+	struct qmp qm = {.fd = -1};
+	int r;
+
+	if (path_join(qmp_path, sizeof(qmp_path), parent, "run/qmp.sock") < 0)
+		return -ENAMETOOLONG;
+	if (access(qmp_path, F_OK) < 0 || (r = qmp_open(&qm, qmp_path, 5000, err, errlen)) < 0) {
+		errmsg_set(err, errlen,
+			   "the parent VM (%s) has no monitor: only a VM restored from a snapshot can be forked "
+			   "(is it running? AIRLOCK_VM_SNAPSHOT=0?)",
+			   parent);
+		return -ENOTSUP;
+	}
+	if ((r = qmp_call(&qm, "stop", NULL, NULL, 10000, err, errlen)) == 0) {
+		r = freeze_steps(&qm, parent, fork_dir, err, errlen);
+		if (qmp_call(&qm, "cont", NULL, NULL, 10000, e2, sizeof(e2)) < 0 && r == 0) {
+			errmsg_set(err, errlen, "the parent VM did not continue: %s", e2);
+			r = -EIO;
+		}
+	}
+	qmp_close(&qm);
+	return r;
+}
+
 int sandbox_vm_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *err, size_t errlen)
 {
 	struct vm_template t;
@@ -1825,7 +2077,8 @@ int sandbox_vm_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *er
 	vm->ctl_fd = -1;
 	if ((r = vm_files_init(sb, vm, &f, err, errlen)) < 0 ||
 	    (r = vm_state_prepare(sb, vm, &f, &l.log_fd, err, errlen)) < 0 ||
-	    (r = ensure_disk(sb, l.log_fd, f.img, sizeof(f.img), err, errlen)) < 0 ||
+	    (!cfg->fork && (r = ensure_disk(sb, l.log_fd, f.img, sizeof(f.img), err, errlen)) < 0) ||
+	    (r = ws_prepare(sb, &f, cfg->fork != NULL, l.log_fd, err, errlen)) < 0 ||
 	    (r = write_config(sb, cfg, err, errlen)) < 0)
 		goto fail;
 	snprintf(l.log_path, sizeof(l.log_path), "%s", f.log);
@@ -1833,9 +2086,15 @@ int sandbox_vm_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *er
 	q.microvm = machine_microvm(q.prog, snap ? sn.dir : NULL);
 	q.machine = q.microvm ? "microvm" : "q35";
 	l.kvm = kvm_works();
-	if (!snap || start_from_snapshot(sb, vm, &t, &q, &f, &l, &sn, &note) < 0) {
+	if (cfg->fork) {
+		if ((r = fork_restore(sb, vm, &t, &q, &f, &l, sn.mem_mb, err, errlen)) < 0)
+			goto fail;
+		sb->boot = "fork";
+		note = ", a fork restored from its parent's frozen memory and disk";
+	} else if (!snap || start_from_snapshot(sb, vm, &t, &q, &f, &l, &sn, &note) < 0) {
 		struct vm_media m = {.cfg = f.cfgtar,
-				     .ws = f.img,
+				     .ws = f.ws,
+				     .ws_fmt = f.ws_fmt,
 				     .console = vm->console,
 				     .sock = f.sock,
 				     .ctl = vm->ctl,
@@ -1944,6 +2203,8 @@ void sandbox_vm_stop(struct sandbox *sb)
 		if (vm->ctl_fd >= 0)
 			close(vm->ctl_fd);
 		unlink(vm->pidfile);
+		if (vm->qmp[0])
+			unlink(vm->qmp);
 		mem_free(vm);
 	}
 	sb->impl = NULL;

@@ -75,8 +75,16 @@ int main(int argc, char **argv)
 	struct sigaction sa = {.sa_handler = on_sig};
 	double t0, t1;
 
+	const char *parent = NULL;
+
+	/* --fork PARENT_DIR: DIR is a fork of the running VM of PARENT_DIR
+	 * (sandbox_vm_fork_freeze, then its own start with its own keys) */
+	if (argc >= 5 && !strcmp(argv[argc - 2], "--fork")) {
+		parent = argv[argc - 1];
+		argc -= 2;
+	}
 	if (argc < 3 || argc > 4 || (argc == 4 && strcmp(argv[3], "-v"))) {
-		fprintf(stderr, "usage: vm_harness DIR TEMPLATE_DIR [-v]\n");
+		fprintf(stderr, "usage: vm_harness DIR TEMPLATE_DIR [-v] [--fork PARENT_DIR]\n");
 		return 2;
 	}
 	if (sodium_init() < 0)
@@ -109,6 +117,14 @@ int main(int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
 	t0 = now_ms();
+	if (parent) {
+		cfg.fork = "fork";
+		if (sandbox_vm_fork_freeze(parent, sb.dir, err, sizeof(err)) < 0) {
+			fprintf(stderr, "vm_harness: fork: %s\n", err);
+			return 1;
+		}
+		printf("freeze_ms %.0f\n", now_ms() - t0);
+	}
 	if (sandbox_vm_start(&sb, &cfg, err, sizeof(err)) < 0) {
 		fprintf(stderr, "vm_harness: %s\n", err);
 		return 1;

@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+#
+# A fork of a running vm sandbox (doc/VM.md, "Forks"): the parent VM, started
+# by tests/harness/vm_harness.c from the template's snapshot, is frozen
+# (qcow2 overlay of its workspace disk, its memory migrated to a file) and
+# a fork restored from that with its own keys. Isolation both ways and from
+# the host, the fork's own identity and start kind, the parent's overlay
+# merged back at its next start, nothing left behind. Plain build only
+# (about a minute of VMs under TCG here); vm_e2e covers the vm sandbox under
+# the sanitizers.
+#
+# usage: vmfork_e2e.sh AIRLOCK AGENT HARNESS BUILDER TEMPLATE_DIR
+source "$(dirname "$0")/lib.sh"
+
+AIRLOCK=$1
+AGENT_ARG=$2
+HARNESS=$3
+BUILD=$4
+TPL=$5
+if ! command -v qemu-system-x86_64 >/dev/null 2>&1 || ! command -v qemu-img >/dev/null 2>&1; then
+	echo "skip - vmfork_e2e needs qemu-system-x86_64 and qemu-img (tests/deps.sh)"
+	exit 77
+fi
+if [ "$(id -u)" != 0 ] || [ ! -c /dev/fuse ]; then
+	echo "skip - vmfork_e2e needs root and /dev/fuse for airlock up (uid $(id -u))"
+	exit 77
+fi
+if [ "${AIRLOCK_SANITIZED:-0}" = 1 ]; then
+	echo "skip - vmfork_e2e runs in the plain build only (vm_e2e covers the vm sandbox under the sanitizers)"
+	exit 77
+fi
+export XDG_STATE_HOME=$T/state AIRLOCK_VM_TEMPLATE=$TPL
+TO="timeout -k 2"
+if ! vm_template "$AGENT_ARG" "$BUILD" "$TPL"; then
+	cat "$T/sa.out" "$T/build.out" 2>/dev/null
+	not_ok "a static agent and the template build"
+	finish
+	exit 1
+fi
+export AIRLOCK_VM_NO_BUILD=1
+
+P=$T/p
+F=$P/forks/f
+W1=$T/w1
+W2=$T/w2
+mkdir -p "$W1/src"
+for f in $(seq 1 10); do echo "file $f" >"$W1/src/f$f.txt"; done
+printf 'node_modules/\n' >"$W1/.gitignore" # guest-owned: not synced, kept on the disk
+cp -a "$W1" "$W2"
+
+# harness NAME DIR [--fork PARENT]: a VM on a fifo (stops when it closes)
+harness() {
+	local name=$1 dir=$2
+	shift 2
+	mkfifo "$T/$name.ctl"
+	"$HARNESS" "$dir" "$TPL" "$@" <"$T/$name.ctl" >"$T/$name.out" 2>"$T/$name.err" &
+	PIDS+=("$!")
+	eval "exec {${name}_fd}>\"$T/$name.ctl\""
+	wait_line "$T/$name.out" '^ready$' 150
+}
+field() { sed -n "s/^$2 //p" "$T/$1.out"; }
+up() { # up NAME W HARNESS_NAME
+	start_bg "$1" "$AIRLOCK" up "$2" --guest "$(field "$3" addr)" --key "$(field "$3" host-key)" \
+		--guest-key "$(field "$3" guest-pub)"
+	wait_line "$T/$1.out" "in sync with" 60
+}
+X() {
+	local w=$1
+	shift
+	$TO 60 "$AIRLOCK" exec -C "$w" -- sh -c "$*" </dev/null
+}
+stop_harness() { # stop_harness NAME: close its fifo, wait for "stopped"
+	local fdv="${1}_fd"
+	eval "exec ${!fdv}>&-"
+	wait_line "$T/$1.out" '^stopped' 60
+}
+
+if ! harness hp "$P" || ! up up1 "$W1" hp; then
+	cat "$T/hp.err" "$T/up1.err" 2>/dev/null
+	tail -n 20 "$P/console.log" 2>/dev/null
+	not_ok "the parent VM starts and airlock up syncs into it"
+	finish
+	exit 1
+fi
+ok "the parent VM starts ($(field hp describe | sed 's/.*, //'))"
+# guest-owned paths the fork inherits: node_modules (ignored by the sync) and
+# the command user's home, both on the workspace disk
+H=/home/airlock
+X "$W1" "echo parent-before >$H/pb && mkdir -p node_modules/x && echo dep >node_modules/x/i.js" ||
+	not_ok "a write in the parent"
+
+mkdir -p "$P/forks"
+mkdir -m 0700 "$F"
+if ! harness hf "$F" --fork "$P" || ! up up2 "$W2" hf; then
+	cat "$T/hf.err" "$T/up2.err" "$F/qemu.log" 2>/dev/null
+	tail -n 20 "$F/console.log" 2>/dev/null
+	not_ok "the fork starts from the frozen parent and airlock up connects to it"
+	finish
+	exit 1
+fi
+ok "the fork starts: parent frozen in $(field hf freeze_ms) ms, fork ready $(field hf start_ms) ms after"
+echo "# fork: $(field hf describe)"
+
+t_identity() {
+	[ "$(field hf guest-pub)" != "$(field hp guest-pub)" ] && [ "$(field hf host-key)" != "$(field hp host-key)" ] &&
+		[ "$(X "$W2" 'cut -d" " -f1 /run/airlock-start')" = fork ] &&
+		[ "$(X "$W1" 'cut -d" " -f1 /run/airlock-start')" != fork ] &&
+		grep -q 'airlock-init: forked' "$F/console.log" && grep -q 'airlock-agent exited (137)' "$F/console.log"
+}
+check "the fork has its own keys, knows it is a fork (/run/airlock-start), its copy of the parent's agent was killed" t_identity
+t_inherits() {
+	[ "$(X "$W2" "cat $H/pb")" = parent-before ] && [ "$(X "$W2" 'cat node_modules/x/i.js')" = dep ]
+}
+check "the fork has the parent's workspace as it was, node_modules included" t_inherits
+t_fork_write() {
+	X "$W2" "echo fork-only >fo && echo fork-only >node_modules/fo && echo fork-only >$H/fo" &&
+		X "$W1" "test ! -e fo && test ! -e node_modules/fo && test ! -e $H/fo" && [ ! -e "$W1/fo" ] && [ ! -e "$W2/fo" ]
+}
+check "a write in the fork is absent from the parent and the host" t_fork_write
+t_parent_write() {
+	X "$W1" "echo parent-after >node_modules/pa && echo parent-after >$H/pa" &&
+		X "$W2" "test ! -e node_modules/pa && test ! -e $H/pa" && [ "$(X "$W1" "cat $H/pb")" = parent-before ]
+}
+check "the parent's later write is absent from the fork; the parent goes on" t_parent_write
+t_rand() { [ "$(X "$W1" 'head -c 16 /dev/urandom | od -An -tx1')" != "$(X "$W2" 'head -c 16 /dev/urandom | od -An -tx1')" ]; }
+check "parent and fork read different random bytes" t_rand
+
+$TO 30 "$AIRLOCK" down "$W2" >/dev/null 2>&1
+t_fork_gone() {
+	local pid
+	pid=$(cat "$F/run/qemu.pid" 2>/dev/null)
+	stop_harness hf && { [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; } &&
+		[ -z "$(find "$F/run" -type s 2>/dev/null)" ] && rm -rf "$F" && [ -z "$(ls -A "$P/forks")" ]
+}
+check "the fork stops: no qemu, no socket; its directory (overlay, memory) removed" t_fork_gone
+$TO 30 "$AIRLOCK" down "$W1" >/dev/null 2>&1
+t_merged() {
+	stop_harness hp && [ -e "$P/ws-top" ] && harness hp2 "$P" && [ ! -e "$P/ws-top" ] &&
+		[ -z "$(find "$P" -maxdepth 1 -name 'ws.*.qcow2')" ] && up up3 "$W1" hp2 &&
+		[ "$(X "$W1" "cat node_modules/pa $H/pb node_modules/x/i.js")" = "parent-after
+parent-before
+dep" ]
+}
+check "the parent's next start merges its overlay into workspace.img and keeps its writes" t_merged
+$TO 30 "$AIRLOCK" down "$W1" >/dev/null 2>&1
+stop_harness hp2 >/dev/null
+t_no_qemu() { ! pgrep -f "qemu-system.*$T" >/dev/null; }
+check "no qemu is left" t_no_qemu
+
+if [ "$FAIL" != 0 ]; then
+	for n in hp hf hp2; do echo "--- $n" && cat "$T/$n.err" 2>/dev/null; done
+	echo "--- parent console" && tail -n 30 "$P/console.log" 2>/dev/null
+	echo "--- fork qemu.log" && cat "$F/qemu.log" 2>/dev/null
+fi
+finish
