@@ -130,8 +130,11 @@ if ws:
         else:
             tmo += 1
 else:
+    # only the edited names wake the driver: the temporaries each tool writes first (airlock's
+    # .airlock-tmp-*, rsync's .fN.txt.XXXXXX) would wake it while the tool is still working
     w = subprocess.Popen(["inotifywait", "-m", "-e", "close_write,moved_to,create", "--format", "%w%f",
-                          os.path.join(dest, "edits")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+                          "--include", r"/f[0-9]+\.txt$", os.path.join(dest, "edits")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
     while b"Watches established" not in w.stderr.readline():
         pass
     fd = w.stdout.fileno()

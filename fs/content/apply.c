@@ -37,7 +37,8 @@
 struct apply {
 	int rootfd;
 	struct apply_opts o;
-	bool tmpfile_ok; /* O_TMPFILE + linkat works here */
+	bool tmpfile_ok;  /* O_TMPFILE + linkat works here */
+	bool exchange_ok; /* renameat2(RENAME_EXCHANGE) works here (replace_entry) */
 	bool fchmodat2_ok;
 	uint64_t last_seq;
 	char err[512];
@@ -407,7 +408,7 @@ static int dir_unlock(int dfd, mode_t *saved)
 	return r < 0 ? r : 1;
 }
 
-enum dirop { DIROP_MKDIR, DIROP_UNLINK, DIROP_RMDIR, DIROP_RENAME };
+enum dirop { DIROP_MKDIR, DIROP_UNLINK, DIROP_RMDIR, DIROP_RENAME, DIROP_EXCHANGE };
 
 static int dirop_do(enum dirop k, int dfd, const char *name, int from, const char *fromname)
 {
@@ -426,6 +427,9 @@ static int dirop_do(enum dirop k, int dfd, const char *name, int from, const cha
 	case DIROP_RENAME:
 		r = renameat(from, fromname, dfd, name);
 		break;
+	case DIROP_EXCHANGE:
+		r = renameat2(from, fromname, dfd, name, RENAME_EXCHANGE);
+		break;
 	}
 	return r < 0 ? -errno : 0;
 }
@@ -442,6 +446,39 @@ static int in_dir(enum dirop k, int dfd, const char *name, int from, const char 
 	r = dirop_do(k, dfd, name, from, fromname);
 	int rr = fd_chmod(dfd, saved);
 	return r < 0 ? r : rr;
+}
+
+/*
+ * The staged temporary `tmp` (in directory from) becomes `name` in dfd.
+ * Over an existing entry: an exchange, then the old entry (now under the
+ * temporary's name) unlinked. ext4 (auto_da_alloc) and btrfs start the
+ * writeback of a file's data when a rename replaces another file, so that
+ * a crash after it does not leave an empty file: measured, that made the
+ * rename 0.7 ms p50 and 15 ms p99 of a 12-byte edit on a busy disk, most
+ * of a small edit's apply; an exchange does not do it (77 us p50 / 0.25 ms
+ * p99 with its unlink). Either way the name is at every moment wholly old
+ * or wholly new, and our own durability is the fsync policy's. Where the
+ * filesystem has no exchange: a plain rename.
+ */
+static int replace_entry(struct apply *a, int dfd, const char *name, int from, const char *tmp)
+{
+	int r;
+
+	if (a->exchange_ok) {
+		if ((r = in_dir(DIROP_EXCHANGE, dfd, name, from, tmp)) == 0) {
+			if ((r = in_dir(DIROP_UNLINK, from, tmp, -1, NULL)) != -EISDIR)
+				return 0; /* else a leftover temporary, removed by the next open or scan */
+			/* a directory appeared there since the check: put it back */
+			if (in_dir(DIROP_EXCHANGE, dfd, name, from, tmp) < 0)
+				return -EIO;
+			return -EISDIR;
+		}
+		if (r == -EINVAL || r == -EOPNOTSUPP || r == -ENOSYS)
+			a->exchange_ok = false; /* this filesystem cannot: rename from now on */
+		else if (r != -ENOENT && r != -EXDEV)
+			return r;
+	}
+	return in_dir(DIROP_RENAME, dfd, name, from, tmp);
 }
 
 /* Remove `name` in dfd and everything beneath it, never following a
@@ -1043,7 +1080,7 @@ static int commit_op(struct run *rn, size_t i)
 	case DELTA_PUT:
 	case DELTA_SYMLINK: {
 		int from = s->where == STAGE_DIR ? rn->stagefd : pfd;
-		if ((r = in_dir(DIROP_RENAME, pfd, name, from, s->tmp)) < 0) {
+		if ((r = replace_entry(rn->a, pfd, name, from, s->tmp)) < 0) {
 			op_fail(rn, i, r, "renaming into place");
 			break;
 		}
@@ -1370,6 +1407,7 @@ int apply_open(const char *root, const struct apply_opts *opts, struct apply **o
 	}
 	clean_root(a);
 	a->tmpfile_ok = !(a->o.flags & APPLY_NO_TMPFILE) && probe_tmpfile(a);
+	a->exchange_ok = !(a->o.flags & APPLY_NO_EXCHANGE);
 	*out = a;
 	return 0;
 }

@@ -339,7 +339,7 @@ int cmd_connect_relay(const char *path)
 /* The workspace holding dir: the nearest airlock mount at or above it
  * (realpath in root). *rel points into root's buffer at dir's path below it
  * ("" = the root itself). Without such a mount the workspace is dir. */
-void cmd_find_workspace(char *root, const char **rel)
+bool cmd_find_workspace(char *root, const char **rel)
 {
 	size_t full = strlen(root);
 	char *cut = NULL; /* the '/' we replaced with NUL last */
@@ -347,7 +347,7 @@ void cmd_find_workspace(char *root, const char **rel)
 	for (;;) {
 		if (mount_is_airlock(root) == 1) {
 			*rel = cut ? cut + 1 : root + full;
-			return;
+			return true;
 		}
 		char *slash = strrchr(root, '/');
 		if (!slash || slash == root)
@@ -360,6 +360,7 @@ void cmd_find_workspace(char *root, const char **rel)
 	if (cut)
 		*cut = '/';
 	*rel = root + full; /* no airlock mount above: the workspace is dir itself */
+	return false;
 }
 
 static void exec_usage(void)
@@ -457,13 +458,13 @@ static bool stdin_is_null(void)
 
 /* o->dir is the directory under the mount at root, not the mount (a shell
  * that was in it before airlock up mounted over it): what it writes there
- * never reaches the sandbox. Say so; the command still runs. */
-static void warn_under_mount(const struct run_opts *o, const char *root)
+ * never reaches the sandbox. Say so; the command still runs. mounted: root
+ * is an airlock mount (cmd_find_workspace: mountinfo is read once). */
+static void warn_under_mount(const struct run_opts *o, const char *root, bool mounted)
 {
 	struct stat here, mnt;
 
-	if (mount_is_airlock(root) == 1 && stat(o->dir, &here) == 0 && stat(root, &mnt) == 0 &&
-	    here.st_dev != mnt.st_dev)
+	if (mounted && stat(o->dir, &here) == 0 && stat(root, &mnt) == 0 && here.st_dev != mnt.st_dev)
 		cmd_err("%s: warning: %s is the directory under the airlock mount of %s, not the mount: files "
 			"written from here never reach the sandbox. Run: cd \"$PWD\"",
 			o->who, !strcmp(o->dir, ".") ? "the current directory" : o->dir, root);
@@ -480,8 +481,8 @@ static int connect_workspace(const struct run_opts *o, struct xc *x, char real[P
 		cmd_err("%s: workspace %s: %s", o->who, o->dir, strerror(errno));
 		return -1;
 	}
-	cmd_find_workspace(real, rel);
-	warn_under_mount(o, real);
+	bool mounted = cmd_find_workspace(real, rel);
+	warn_under_mount(o, real, mounted);
 	if ((r = relay_default_path(real, sock, sizeof(x->sock))) < 0) {
 		cmd_err("%s: relay socket for %s: %s", o->who, real, strerror(-r));
 		return -1;
@@ -786,13 +787,18 @@ static int guard_start(const struct xc *x, pid_t *pid)
 	return p[1];
 }
 
+/* Tell the guard we are done. It is not waited for: that waited until it
+ * was scheduled, read the byte and exited, a scheduler round trip at the
+ * end of every command (milliseconds on a loaded machine). It holds none
+ * of our caller's descriptors (guard_start), so nothing waits on it; once
+ * we exit, init (or the caller's subreaper) reaps it. */
 static void guard_stop(int fd, pid_t pid)
 {
 	if (fd < 0)
 		return;
 	(void)!write(fd, "x", 1);
 	close(fd);
-	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+	while (waitpid(pid, NULL, WNOHANG) < 0 && errno == EINTR)
 		;
 }
 

@@ -29,9 +29,10 @@ int cmd_changes(int argc, char **argv); /* cmd_changes.c: changes, accept, rejec
 
 /* cmd_exec.c: a connection to the relay socket at path (fd or -errno), and
  * the workspace holding the realpath in root (the nearest airlock mount at
- * or above it; *rel = root's path below it, "" = the root). */
+ * or above it; *rel = root's path below it, "" = the root): true when that
+ * is an airlock mount, false when there is none (root is left as it was). */
 int cmd_connect_relay(const char *path);
-void cmd_find_workspace(char *root, const char **rel);
+bool cmd_find_workspace(char *root, const char **rel);
 /* cmd_changes.c: send rq (with "id": 1) on the relay connection fd, return
  * the first event with id 1 (new reference), NULL when the relay went away. */
 json_t *cmd_relay_ask(int fd, json_t *rq);

@@ -146,6 +146,16 @@ void up_exec_kick(struct up *u)
 	}
 }
 
+bool up_exec_barrier_waiting(const struct up *u)
+{
+	if (u->exec.syncws)
+		return true;
+	for (const struct xcmd *x = u->exec.xcmds; x; x = x->next)
+		if (!x->stream && !x->fork)
+			return true;
+	return false;
+}
+
 /* argv as a JSON array (malloc'd by jansson), for who made a guest change. */
 static char *argv_json(const char *const *argv, size_t argc)
 {

@@ -144,6 +144,7 @@ struct up_sync {
 	 * operation was handed to the engine */
 	bool trace;
 	uint64_t op_start_ns;
+	uint64_t hold_timer; /* a pending set of truncations waits for its write (up_sync.c) */
 };
 
 /* Edit-to-apply latency of the last LAT_WINDOW pushes (up_sync.c). */
@@ -399,6 +400,8 @@ extern const struct egress_link_ops up_link_ops;
 bool up_guest_ready(void *ud);
 /* Send what has passed its barrier; answer satisfied sync_waits. */
 void up_exec_kick(struct up *u);
+/* Does a command or a sync_wait of the sandbox wait for its barrier? */
+bool up_exec_barrier_waiting(const struct up *u);
 /* End commands with an error (the connection is gone): all of them
  * (which = 0), only those sent to the guest (1), or only those still
  * waiting to be sent (2). */

@@ -54,6 +54,19 @@
 #define TIOCGPTPEER _IO('T', 0x41)
 #endif
 
+#ifndef SYS_clone3
+#define SYS_clone3 435 /* the same number on every architecture */
+#endif
+#define EXEC_CLONE_INTO_CGROUP 0x200000000ULL /* Linux 5.7 */
+
+/* clone3's arguments up to .cgroup (CLONE_ARGS_SIZE_VER2), as
+ * <linux/sched.h> has them; spelled here so that header and glibc's
+ * <sched.h> need not meet. */
+struct exec_clone_args {
+	uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size,
+	    cgroup;
+};
+
 #define EXEC_SWEEP_TICK_MS 5
 #define EXEC_SWEEP_TICKS   400 /* 2 s */
 #define EXEC_WAIT_POLL_MS  20  /* only without pidfd_open */
@@ -801,11 +814,15 @@ static __attribute__((noreturn)) void child_main(const struct child *c)
 	if (c->as_set && setrlimit(RLIMIT_AS, &c->as) < 0)
 		child_fail(c, ST_RLIMIT, errno);
 
-	/* 6. Identity: groups, then gid, then uid (after which we cannot). */
+	/* 6. Identity: groups, then gid, then uid (after which we cannot).
+	 * Raw syscalls: the child has one thread, and after a raw clone3
+	 * glibc's wrappers would try to change the agent's other threads
+	 * too (its copy of the thread list is the agent's). */
 	if (c->set_ids) {
-		if (setgroups(1, &c->gid) < 0 || setresgid(c->gid, c->gid, c->gid) < 0)
+		gid_t g[1] = {c->gid};
+		if (syscall(SYS_setgroups, 1, g) < 0 || syscall(SYS_setresgid, c->gid, c->gid, c->gid) < 0)
 			child_fail(c, ST_IDS, errno);
-		if (setresuid(c->uid, c->uid, c->uid) < 0)
+		if (syscall(SYS_setresuid, c->uid, c->uid, c->uid) < 0)
 			child_fail(c, ST_IDS, errno);
 	}
 
@@ -1138,6 +1155,42 @@ static int watch_child(struct exec *e, const struct exec_req *req)
 	return 0;
 }
 
+/*
+ * fork, straight into the command's v2 cgroup where the kernel can (clone3
+ * with CLONE_INTO_CGROUP): the child's own write into cgroup.procs is a
+ * migration, which takes the cgroup threadgroup lock for writing and so
+ * waits for an RCU grace period, 2-6 ms of every command's start on this
+ * project's machine. *joined says whether the child is in it already; the
+ * child then skips that write. Without clone3 (before Linux 5.7, or a
+ * seccomp filter that refuses it), fork.
+ */
+static pid_t fork_into(const char *v2, bool *joined)
+{
+	int fd = v2 ? open(v2, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+
+	*joined = false;
+	if (fd >= 0) {
+		struct exec_clone_args a = {
+		    .flags = EXEC_CLONE_INTO_CGROUP, .exit_signal = SIGCHLD, .cgroup = (uint64_t)fd};
+		long pid = syscall(SYS_clone3, &a, sizeof(a));
+		int e = errno;
+		if (pid == 0) {
+			*joined = true; /* the child's copy */
+			return 0;
+		}
+		close(fd);
+		if (pid > 0) {
+			*joined = true;
+			return (pid_t)pid;
+		}
+		if (e != ENOSYS && e != EINVAL && e != E2BIG && e != EPERM && e != EOPNOTSUPP) {
+			errno = e;
+			return -1;
+		}
+	}
+	return fork();
+}
+
 int exec_start(struct loop *loop, struct exec_sys *sys, const struct exec_req *req, const struct exec_ops *ops,
 	       void *ud, struct exec **out)
 {
@@ -1158,14 +1211,18 @@ int exec_start(struct loop *loop, struct exec_sys *sys, const struct exec_req *r
 		goto fail;
 
 	e->start_ms = loop_now_ms();
-	pid = fork();
+	bool joined;
+	pid = fork_into(e->cg.procs_fd[0] >= 0 ? e->cg.v2 : NULL, &joined);
 	if (pid < 0) {
 		r = -errno;
 		goto fail;
 	}
 	/* The child: async-signal-safe from here to execve (child_main). */
-	if (pid == 0)
+	if (pid == 0) {
+		if (joined)
+			c.procs_fd[0] = -1;
 		child_main(&c);
+	}
 
 	/* From here the child runs: failures kill and reap it (destroy). */
 	if ((r = parent_after_fork(e, req, pid, &f)) < 0 || (r = watch_child(e, req)) < 0)

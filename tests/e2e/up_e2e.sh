@@ -137,6 +137,21 @@ t_git() {
 }
 check "git checkout between two branches through the mount" t_git
 
+# A file truncated to zero waits for its write (at most 2 ms, doc/UP.md "When a change is sent"):
+# no sync-wait here (that would end the hold at once), the guest is polled, 10 s at most.
+t_truncate() {
+	guest_is() { for _ in $(seq 200); do [ "$(cat "$G/$1" 2>/dev/null)" = "$2" ] && return 0; sleep 0.05; done; return 1; }
+	echo "full" >"$W/trunc.txt" && syncwait || return 1
+	: >"$W/trunc.txt" && guest_is trunc.txt "" || { echo "an emptied file did not reach the guest" >&2; return 1; }
+	[ -e "$G/trunc.txt" ] && [ ! -s "$G/trunc.txt" ] || return 1
+	echo "saved" >"$W/trunc.txt" && guest_is trunc.txt saved || return 1
+	python3 -c 'import sys, time
+f = open(sys.argv[1], "wb"); time.sleep(0.05); f.write(b"late\n"); f.close()' "$W/trunc.txt" &&
+		guest_is trunc.txt late || { echo "a write 50 ms after its truncation did not reach the guest" >&2; return 1; }
+	rm "$W/trunc.txt" && syncwait && same_tree
+}
+check "a file emptied alone reaches the guest without a barrier; O_TRUNC then write, soon or late, too" t_truncate
+
 # ---------------------------------------------------------------- targeted pushes (doc/SYNC.md §9)
 # Each step is one kind of change the push decides from its dirty paths alone; after each,
 # the guest must match the whole host tree.

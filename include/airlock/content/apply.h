@@ -62,6 +62,9 @@ enum apply_fsync {
 #define APPLY_NO_OPENAT2 0x1u
 /* Named temporary files instead of O_TMPFILE. */
 #define APPLY_NO_TMPFILE 0x2u
+/* Replace an existing entry by rename, not by exchange + unlink (tests;
+ * filesystems without RENAME_EXCHANGE are detected on their own). */
+#define APPLY_NO_EXCHANGE 0x4u
 
 struct apply_opts {
 	enum apply_fsync fsync;

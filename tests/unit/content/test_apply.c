@@ -36,7 +36,7 @@ static uint8_t pk[32], sk[64], scope[32];
 
 static const struct apply_opts mode_default = {.fsync = APPLY_FSYNC_BATCH};
 static const struct apply_opts mode_fallback = {.fsync = APPLY_FSYNC_FILE,
-						.flags = APPLY_NO_OPENAT2 | APPLY_NO_TMPFILE};
+						.flags = APPLY_NO_OPENAT2 | APPLY_NO_TMPFILE | APPLY_NO_EXCHANGE};
 
 struct env {
 	char base[64], host[96], guest[96], outside[96];
