@@ -133,7 +133,9 @@ t_flood() {
 	wait "$spid" || true
 	n=$(cat "$T/flood.n")
 	[ "$n" = 16777216 ] || { echo "got $n bytes" >&2; return 1; }
-	[ $(((t1 - t0) / 1000000)) -lt 500 ] || { echo "round trip during the flood: $(((t1 - t0) / 1000000)) ms" >&2; return 1; }
+	# not a speed figure: a true queued behind the flood would wait for the
+	# reader's 2 s stall (1.5 s after it started); a loaded machine's start is far under that
+	[ $(((t1 - t0) / 1000000)) -lt 1200 ] || { echo "round trip during the flood: $(((t1 - t0) / 1000000)) ms" >&2; return 1; }
 	while read -r up ag; do
 		[ "${up:-0}" -gt "$max_up" ] && max_up=$up
 		[ "${ag:-0}" -gt "$max_ag" ] && max_ag=$ag
