@@ -148,7 +148,7 @@ t_control() {
 	run_claude control "$T/where.json" && result_ok control "where: done" &&
 		where_is "$T/control.log" "$(id -u)" "$(hostname)" "$(cat /proc/1/comm)" HAS_ENV
 }
-check "control run without the prefix: the same command ran on the host (host uid, hostname, PID 1, .env present)" t_control
+host_check "control run without the prefix: the same command ran on the host (host uid, hostname, PID 1, .env present)" t_control
 
 # The suite every CLI runs (tests/e2e/agent_lib.sh): routed and on the host. Claude Code's cd
 # carries to the next command, locally and routed.
@@ -163,9 +163,9 @@ t_suite_control() {
 	suite_script "$T/suite-host.json" Bash "$TEMPLATE" && run_claude suite-host "$T/suite-host.json" &&
 		result_ok suite-host "suite: done" && suite_check suite-host host
 }
-check "control: the same suite on the host" t_suite_control
+host_check "control: the same suite on the host" t_suite_control
 t_suite_same() { suite_same suite suite-host "${SAME_NAMES[@]}"; }
-check "routed and on the host, the model got the same text for: ${SAME_NAMES[*]} (stdout/stderr order included)" t_suite_same
+host_check "routed and on the host, the model got the same text for: ${SAME_NAMES[*]} (stdout/stderr order included)" t_suite_same
 
 
 t_no_sanitizer_in_ups() { ! grep -l 'AddressSanitizer\|LeakSanitizer\|runtime error' "$T"/up*.err; }

@@ -65,10 +65,10 @@ t_control() {
 	suite_script "$T/control.json" Bash "$TEMPLATE" && run_cn control "$T/control.json" /bin/bash &&
 		suite_check control host
 }
-check "control run with SHELL=/bin/bash: the same suite ran on the host (host uid, hostname, PID 1, .env, egress open)" t_control
+host_check "control run with SHELL=/bin/bash: the same suite ran on the host (host uid, hostname, PID 1, .env, egress open)" t_control
 
 t_same() { suite_same routed control "${SAME_NAMES[@]}"; }
-check "routed and on the host, the model got the same text for: ${SAME_NAMES[*]}" t_same
+host_check "routed and on the host, the model got the same text for: ${SAME_NAMES[*]}" t_same
 
 # the Bash tool's own timeout (seconds): cn kills the shell it started; the command must not go on
 cat >"$T/timeout.json" <<'JSON'

@@ -78,14 +78,14 @@ t_control() {
 	suite_script "$T/control.json" exec_command "$TEMPLATE" && run_codex control "$T/control.json" &&
 		suite_check control host
 }
-check "control run without BASH_ENV: the same suite ran on the host (host uid, hostname, PID 1, .env, egress open)" t_control
+host_check "control run without BASH_ENV: the same suite ran on the host (host uid, hostname, PID 1, .env, egress open)" t_control
 
 # Codex reads a command's stdout and stderr pipes as they fill, so locally the model sees the
 # lines interleaved as written (o1 e1 o2 e2). Between two pipes the guest agent reads the order is
 # not kept (each stream's own is); doc/EDITORS.md says so
 SAME_NAMES=(exit quotes bash background cd pwd)
 t_same() { suite_same routed control "${SAME_NAMES[@]}"; }
-check "routed and on the host, the model got the same text for: ${SAME_NAMES[*]}" t_same
+host_check "routed and on the host, the model got the same text for: ${SAME_NAMES[*]}" t_same
 t_order() { suite_stream_order routed; }
 check "routed: stdout's lines and stderr's lines each in their own order" t_order
 

@@ -71,14 +71,14 @@ t_control() {
 	suite_script "$T/control.json" run_shell_command "$TEMPLATE" && run_gemini control "$T/control.json" &&
 		suite_check control host
 }
-check "control run without the shim: the same suite ran on the host (host uid, hostname, PID 1, .env, egress open)" t_control
+host_check "control run without the shim: the same suite ran on the host (host uid, hostname, PID 1, .env, egress open)" t_control
 
 # Gemini CLI (headless, no pty) reads a command's stdout and stderr from two sockets: locally the
 # model sees them interleaved as they arrive; between two pipes the guest agent reads no order is
 # kept (each stream's own is), doc/EDITORS.md
 SAME_NAMES=(exit quotes bash background cd pwd)
 t_same() { suite_same routed control "${SAME_NAMES[@]}"; }
-check "routed and on the host, the model got the same text for: ${SAME_NAMES[*]}" t_same
+host_check "routed and on the host, the model got the same text for: ${SAME_NAMES[*]}" t_same
 t_order() { suite_stream_order routed; }
 check "routed: stdout's lines and stderr's lines each in their own order" t_order
 
