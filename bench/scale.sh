@@ -24,7 +24,9 @@
 #   /usr/lib/python3*), SCALE_1M=1 adds the 1M-file tree, ONLY=airlock skips rsync and lsyncd,
 #   SKIP_100K=1 skips the 100k tree, GUEST=agent syncs to a plain airlock-agent on a unix socket
 #   with --fsync none (like bench/latency.sh and rsync: no fsync) instead of the local sandbox
-#   (whose agent fsyncs its sequence file after every batch). TRACE=1 runs the daemon with
+#   (whose agent fsyncs its sequence file after every batch). SCALE_LINK=1 makes airlock's
+#   workspace copy of a tree with hard links (edits/ copied: the only files the bench writes;
+#   cp -a of the 1M tree took over 25 minutes at load 25). TRACE=1 runs the daemon with
 #   AIRLOCK_TRACE=1 and prints, per tree, where an edit's and a command's time went (p50 / p99
 #   of each step, from up.log: doc/UP.md "Tracing a push").
 set -euo pipefail
@@ -248,7 +250,13 @@ airlock_run() {
 	local name=$1 files mib t0 init unch p50 p99 tmo st
 	export XDG_STATE_HOME=$T/$name.state XDG_DATA_HOME=$T/$name.data
 	W=$T/$name.work
-	cp -a "$C/$name" "$W"
+	if [ -n "${SCALE_LINK:-}" ]; then # hard links but edits/ (the only files the bench writes)
+		cp -al "$C/$name" "$W"
+		rm -rf "$W/edits"
+		cp -a "$C/$name/edits" "$W/edits"
+	else
+		cp -a "$C/$name" "$W"
+	fi
 	files=$(find "$W" -type f | wc -l)
 	mib=$(du -sm "$W" | cut -f1)
 	local G UP=()
