@@ -50,7 +50,7 @@ struct syncg {
 	struct wire_sync_ack fails;
 	/* the last BEGIN's scan of this process, valid while the tracker has
 	 * seen no event since that scan began (quiet_events) */
-	const struct track *track;
+	struct track *track;
 	bool quiet;
 	uint64_t quiet_events, quiet_saturated;
 	uint8_t quiet_root[CHUNK_HASH_LEN];
@@ -252,7 +252,7 @@ uint64_t syncg_walks(const struct syncg *g)
 	return g->walks;
 }
 
-void syncg_set_track(struct syncg *g, const struct track *t)
+void syncg_set_track(struct syncg *g, struct track *t)
 {
 	g->track = t;
 	g->quiet = false;
@@ -325,6 +325,10 @@ int syncg_apply_batch(struct syncg *g, const uint8_t *bytes, size_t n, const uin
 		return r;
 	}
 	uint64_t seq = delta_batch_seq(b);
+	if (g->track && track_applied_read(g->track)) /* ours, not a guest change */
+		for (size_t i = 0; i < delta_batch_count(b); i++)
+			if (delta_batch_op(b, i)->type != DELTA_DELETE)
+				track_applied_path(g->track, apply_rootfd(g->apply), delta_batch_op(b, i)->path);
 	keep_failures(g, b);
 	delta_batch_free(b);
 	if ((r = save_seq(g, seq)) < 0) {

@@ -6,11 +6,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "airlock/content/manifest.h"
@@ -23,6 +26,37 @@
 	 IN_DELETE_SELF | IN_MOVE_SELF | IN_DONT_FOLLOW | IN_ONLYDIR | IN_EXCL_UNLINK)
 #define WALK_DEPTH_MAX 256
 
+/* One file or directory as an apply of ours left it: its lstat identity
+ * (the kernel sets ctime on every change, and nobody can set it back). */
+struct applied_id {
+	uint64_t ino; /* 0 = empty slot */
+	int64_t ctime_ns;
+};
+
+/* The inodes applies wrote while events may have been lost (open
+ * addressing on ino), shared with the recovery thread. */
+struct applied_set {
+	pthread_mutex_t lock;
+	struct applied_id *slot; /* protected by lock */
+	size_t cap, n;		 /* protected by lock */
+};
+
+/* The stat-only walk after a lost event (track.h "Lost events"). */
+struct recovery {
+	pthread_t thread;
+	int rootfd; /* dup of the tracker's */
+	int64_t since_ns;
+	const struct applied_set *applied;
+	atomic_bool done, cancel;
+	/* the paths it found (owned; valid once done) */
+	struct track_dirty *v;
+	size_t n, cap;
+	bool failed; /* out of memory: the tracker saturates */
+	uint64_t visited;
+};
+
+enum lost_state { LOST_NONE, LOST_WAITING, LOST_RECOVERING };
+
 struct track {
 	int ifd, rootfd;
 	char *root;
@@ -32,6 +66,16 @@ struct track {
 	struct track_dirty *slot; /* open addressing on path; path NULL = empty */
 	size_t cap, n;
 	bool saturated;
+	/* lost events (IN_Q_OVERFLOW): since when, and the walk that finds them */
+	enum lost_state lost;
+	bool lost_again;	    /* lost more during the recovery: walk again after it */
+	int64_t clean_ns;	    /* every event before this was read */
+	int64_t since_ns, again_ns; /* the window to walk: ctime >= this */
+	int64_t margin_ns;	    /* the coarse clock's tick, twice */
+	int64_t last_apply_ns;	    /* the last track_applied */
+	struct applied_set applied; /* what our applies wrote meanwhile */
+	struct recovery *rec;	    /* LOST_RECOVERING */
+	uint64_t queue_test;	    /* AIRLOCK_TRACK_QUEUE_TEST: events per read before a simulated overflow */
 	struct track_stats st;
 };
 
@@ -94,6 +138,10 @@ static void mark(struct track *t, const char *path, uint32_t by, bool tree)
 		}
 		j = (j + 1) & (t->cap - 1);
 	}
+	/* An apply's path is dropped at track_take anyway: not kept (a
+	 * million of them at an initial sync would fill the set). */
+	if (by == TRACK_BY_APPLY)
+		return;
 	if (!(t->slot[j].path = mem_strdup(path))) {
 		saturate(t);
 		return;
@@ -109,10 +157,11 @@ static int join(char *out, size_t n, const char *dir, const char *name)
 	return k < 0 || (size_t)k >= n || (size_t)k > MANIFEST_PATH_MAX ? -ENAMETOOLONG : 0;
 }
 
-static void wd_set(struct track *t, int wd, const char *path)
+/* Record wd's path; true when wd was not watched before. */
+static bool wd_set(struct track *t, int wd, const char *path)
 {
 	if (wd < 0)
-		return;
+		return false;
 	if ((size_t)wd >= t->capwd) {
 		size_t nc = t->capwd ? t->capwd : 256;
 		while (nc <= (size_t)wd)
@@ -120,7 +169,7 @@ static void wd_set(struct track *t, int wd, const char *path)
 		char **nv = mem_realloc(t->wd, nc * sizeof(*nv));
 		if (!nv) {
 			saturate(t);
-			return;
+			return false;
 		}
 		memset(nv + t->capwd, 0, (nc - t->capwd) * sizeof(*nv));
 		t->wd = nv;
@@ -129,32 +178,36 @@ static void wd_set(struct track *t, int wd, const char *path)
 	char *p = mem_strdup(path);
 	if (!p) {
 		saturate(t);
-		return;
+		return false;
 	}
-	if (!t->wd[wd])
+	bool fresh = !t->wd[wd];
+	if (fresh)
 		t->nwatch++;
 	mem_free(t->wd[wd]);
 	t->wd[wd] = p;
+	return fresh;
 }
 
-/* Watch one directory (an existing wd for the same inode is renamed). */
-static void watch_one(struct track *t, const char *rel)
+/* Watch one directory (an existing wd for the same inode is renamed);
+ * true when it was not watched before. */
+static bool watch_one(struct track *t, const char *rel)
 {
 	char abs[PATH_MAX];
 
 	if (t->nwatch >= TRACK_WATCHES_MAX ||
 	    snprintf(abs, sizeof(abs), "%s%s%s", t->root, rel[0] ? "/" : "", rel) >= (int)sizeof(abs)) {
 		saturate(t);
-		return;
+		return false;
 	}
 	int wd = inotify_add_watch(t->ifd, abs, WATCH_MASK);
 	if (wd < 0) {
 		if (errno != ENOENT && errno != ENOTDIR)
 			saturate(t); /* ENOSPC: fs.inotify.max_user_watches */
-		return;
+		return false;
 	}
-	wd_set(t, wd, rel);
+	bool fresh = wd_set(t, wd, rel);
 	t->st.watches = t->nwatch;
+	return fresh;
 }
 
 /* ---- walking beneath the root ---- */
@@ -274,6 +327,228 @@ static void watch_tree(struct track *t, const char *dir)
 	(void)walk_from(t->rootfd, dir, watch_each, t, true);
 }
 
+/* ---- lost events (track.h "Lost events") ---- */
+
+static int64_t coarse_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int64_t ctime_ns(const struct stat *st)
+{
+	return (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
+}
+
+static uint64_t hash_ino(uint64_t ino)
+{
+	ino ^= ino >> 33;
+	ino *= 0xff51afd7ed558ccdull;
+	return ino ^ (ino >> 33);
+}
+
+/* Must hold s->lock. */
+static void applied_put(struct applied_set *s, uint64_t ino, int64_t ct)
+{
+	if (!ino)
+		return;
+	if ((s->n + 1) * 2 > s->cap) {
+		size_t nc = s->cap ? s->cap * 2 : 4096;
+		struct applied_id *ns;
+		if (s->n >= TRACK_APPLIED_MAX || !(ns = mem_calloc(nc, sizeof(*ns))))
+			return; /* not remembered: the recovery reports it, the host finds it unchanged */
+		for (size_t i = 0; i < s->cap; i++) {
+			if (!s->slot[i].ino)
+				continue;
+			size_t j = hash_ino(s->slot[i].ino) & (nc - 1);
+			while (ns[j].ino)
+				j = (j + 1) & (nc - 1);
+			ns[j] = s->slot[i];
+		}
+		mem_free(s->slot);
+		s->slot = ns;
+		s->cap = nc;
+	}
+	size_t j = hash_ino(ino) & (s->cap - 1);
+	while (s->slot[j].ino && s->slot[j].ino != ino)
+		j = (j + 1) & (s->cap - 1);
+	if (!s->slot[j].ino)
+		s->n++;
+	s->slot[j] = (struct applied_id){.ino = ino, .ctime_ns = ct};
+}
+
+/* Is st exactly as an apply of ours left it? */
+static bool applied_has(const struct applied_set *cs, const struct stat *st)
+{
+	struct applied_set *s = (struct applied_set *)cs; /* the lock only */
+	bool r = false;
+
+	pthread_mutex_lock(&s->lock);
+	if (s->cap) {
+		size_t j = hash_ino((uint64_t)st->st_ino) & (s->cap - 1);
+		while (s->slot[j].ino && s->slot[j].ino != (uint64_t)st->st_ino)
+			j = (j + 1) & (s->cap - 1);
+		r = s->slot[j].ino && s->slot[j].ctime_ns == ctime_ns(st);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+static void applied_clear(struct applied_set *s)
+{
+	pthread_mutex_lock(&s->lock);
+	mem_free(s->slot);
+	s->slot = NULL;
+	s->cap = s->n = 0;
+	pthread_mutex_unlock(&s->lock);
+}
+
+static int rec_each(const char *path, const struct stat *st, void *ud)
+{
+	struct recovery *rc = ud;
+
+	if (atomic_load(&rc->cancel))
+		return -ECANCELED;
+	rc->visited++;
+	if (ctime_ns(st) < rc->since_ns || applied_has(rc->applied, st))
+		return 0;
+	if (rc->n == rc->cap) {
+		size_t nc = rc->cap ? rc->cap * 2 : 256;
+		void *nv = rc->n >= TRACK_DIRTY_MAX ? NULL : mem_realloc(rc->v, nc * sizeof(*rc->v));
+		if (!nv)
+			return -ENOMEM;
+		rc->v = nv;
+		rc->cap = nc;
+	}
+	if (!(rc->v[rc->n].path = mem_strdup(path)))
+		return -ENOMEM;
+	rc->v[rc->n].by = 0;
+	rc->v[rc->n].tree = S_ISDIR(st->st_mode); /* a directory: may need its watch */
+	rc->n++;
+	return 0;
+}
+
+static void *rec_main(void *ud)
+{
+	struct recovery *rc = ud;
+	int r = track_walk(rc->rootfd, "", rec_each, rc);
+
+	rc->failed = r < 0;
+	atomic_store(&rc->done, true);
+	return NULL;
+}
+
+static void rec_free(struct recovery *rc)
+{
+	if (!rc)
+		return;
+	atomic_store(&rc->cancel, true);
+	pthread_join(rc->thread, NULL);
+	for (size_t i = 0; i < rc->n; i++)
+		mem_free(rc->v[i].path);
+	mem_free(rc->v);
+	close(rc->rootfd);
+	mem_free(rc);
+}
+
+/* Events were lost: everything changed since the last clean read may be unseen. */
+static void lose(struct track *t)
+{
+	t->st.lost++;
+	if (t->lost == LOST_NONE) {
+		t->lost = LOST_WAITING;
+		t->since_ns = t->clean_ns - t->margin_ns;
+	} else if (t->lost == LOST_RECOVERING && !t->lost_again) {
+		t->lost_again = true;
+		t->again_ns = t->clean_ns - t->margin_ns;
+	}
+}
+
+/* Start the walk (on a thread: commands and applies go on meanwhile). */
+static void rec_start(struct track *t)
+{
+	struct recovery *rc = mem_calloc(1, sizeof(*rc));
+
+	if (!rc || (rc->rootfd = dup(t->rootfd)) < 0) {
+		mem_free(rc);
+		saturate(t);
+		return;
+	}
+	rc->since_ns = t->since_ns;
+	rc->applied = &t->applied;
+	atomic_init(&rc->done, false);
+	atomic_init(&rc->cancel, false);
+	if (pthread_create(&rc->thread, NULL, rec_main, rc) != 0) {
+		close(rc->rootfd);
+		mem_free(rc);
+		saturate(t);
+		return;
+	}
+	t->rec = rc;
+	t->lost = LOST_RECOVERING;
+	t->st.recoveries++;
+}
+
+/* The walk ended: what it found is dirty, unattributed; a directory that
+ * had no watch gets one and is walked by the report. */
+static void rec_merge(struct track *t)
+{
+	struct recovery *rc = t->rec;
+
+	t->rec = NULL;
+	pthread_join(rc->thread, NULL);
+	if (rc->failed)
+		saturate(t);
+	t->st.recovered += rc->n;
+	t->st.recovery_visited += rc->visited;
+	for (size_t i = 0; i < rc->n && !t->saturated; i++) {
+		bool fresh = rc->v[i].tree && watch_one(t, rc->v[i].path);
+		mark(t, rc->v[i].path, 0, fresh);
+	}
+	for (size_t i = 0; i < rc->n; i++)
+		mem_free(rc->v[i].path);
+	rc->n = 0;
+	close(rc->rootfd);
+	mem_free(rc->v);
+	mem_free(rc);
+	if (t->lost_again) {
+		t->lost_again = false;
+		t->lost = LOST_WAITING;
+		t->since_ns = t->again_ns;
+	} else {
+		t->lost = LOST_NONE;
+		applied_clear(&t->applied);
+	}
+}
+
+bool track_applied_read(struct track *t)
+{
+	t->last_apply_ns = coarse_now_ns();
+	track_read(t, TRACK_BY_APPLY); /* an overflow its events caused is seen now */
+	return t->lost != LOST_NONE;   /* else every event of it was read, as the apply's */
+}
+
+void track_applied_path(struct track *t, int rootfd, const char *path)
+{
+	struct stat st;
+
+	if (lstat_beneath(rootfd, path, &st) < 0)
+		return;
+	pthread_mutex_lock(&t->applied.lock);
+	applied_put(&t->applied, (uint64_t)st.st_ino, ctime_ns(&st));
+	pthread_mutex_unlock(&t->applied.lock);
+}
+
+void track_settle(struct track *t)
+{
+	track_read(t, 0);
+	if (t->lost == LOST_WAITING && !t->saturated)
+		rec_start(t);
+	if (t->rec)
+		rec_merge(t); /* joins: waits for the walk */
+}
+
 /* ---- life cycle ---- */
 
 static void watches_reset(struct track *t)
@@ -297,6 +572,14 @@ int track_new(int rootfd, const char *root_path, struct track **out, char *err, 
 		return -ENOMEM;
 	}
 	t->rootfd = rootfd;
+	pthread_mutex_init(&t->applied.lock, NULL);
+	struct timespec res;
+	t->margin_ns = clock_getres(CLOCK_REALTIME_COARSE, &res) == 0
+			   ? 2 * ((int64_t)res.tv_sec * 1000000000 + res.tv_nsec)
+			   : 20000000;
+	t->clean_ns = coarse_now_ns(); /* the tree as it is now is every watch's start */
+	const char *q = getenv("AIRLOCK_TRACK_QUEUE_TEST");
+	t->queue_test = q ? strtoull(q, NULL, 10) : 0;
 	if ((t->ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC)) < 0) {
 		int r = -errno;
 		errmsg_set(err, errlen, "inotify_init1: %s (guest changes cannot be tracked)", strerror(-r));
@@ -321,6 +604,9 @@ void track_free(struct track *t)
 {
 	if (!t)
 		return;
+	rec_free(t->rec);
+	applied_clear(&t->applied);
+	pthread_mutex_destroy(&t->applied.lock);
 	watches_reset(t);
 	mem_free(t->wd);
 	for (size_t i = 0; i < t->cap; i++)
@@ -340,7 +626,8 @@ int track_fd(const struct track *t)
 void track_get_stats(const struct track *t, struct track_stats *st)
 {
 	*st = t->st;
-	st->saturated_now = t->saturated;
+	st->saturated_now = t->saturated || t->lost != LOST_NONE;
+	st->lost_now = t->lost != LOST_NONE;
 }
 
 /* ---- events ---- */
@@ -351,7 +638,7 @@ static void on_event(struct track *t, const struct inotify_event *ev, uint32_t b
 
 	t->st.events++;
 	if (ev->mask & IN_Q_OVERFLOW) {
-		saturate(t);
+		lose(t);
 		return;
 	}
 	if (ev->wd < 0 || (size_t)ev->wd >= t->capwd || !t->wd[ev->wd])
@@ -379,17 +666,31 @@ static void on_event(struct track *t, const struct inotify_event *ev, uint32_t b
 void track_read(struct track *t, uint32_t by)
 {
 	_Alignas(struct inotify_event) char buf[64 * 1024];
+	int64_t t0 = coarse_now_ns();
+	uint64_t lost0 = t->st.lost, nev = 0;
 
+	if (t->rec && atomic_load(&t->rec->done))
+		rec_merge(t);
 	for (;;) {
 		ssize_t n = read(t->ifd, buf, sizeof(buf));
 		if (n <= 0)
-			return; /* EAGAIN: the queue is empty */
+			break; /* EAGAIN: the queue is empty */
 		for (char *p = buf; p < buf + n;) {
 			const struct inotify_event *ev = (const struct inotify_event *)p;
+			if (t->queue_test && ++nev > t->queue_test) {
+				lose(t); /* a test's small queue: the rest of this read is lost */
+				break;
+			}
 			on_event(t, ev, by);
 			p += sizeof(*ev) + ev->len;
 		}
 	}
+	if (t->st.lost != lost0)
+		return;
+	t->clean_ns = t0; /* every event queued before t0 has been read */
+	/* not while batches come: they would lose more as the walk runs */
+	if (t->lost == LOST_WAITING && !t->saturated && t0 - t->last_apply_ns > TRACK_RECOVER_QUIET_NS)
+		rec_start(t);
 }
 
 static int dirty_cmp(const void *a, const void *b)
@@ -410,8 +711,16 @@ int track_take(struct track *t, struct track_dirty **out, size_t *n)
 
 	*out = NULL;
 	*n = 0;
+	if (t->lost == LOST_WAITING && !t->saturated)
+		rec_start(t); /* what it finds comes with a later report: this one does not wait */
 	if (t->saturated) {
-		/* start afresh: drop the set, watch the tree again, walk it all once */
+		/* start afresh: drop the set, watch the tree again, walk it all
+		 * once (which covers any lost events too) */
+		rec_free(t->rec);
+		t->rec = NULL;
+		t->lost = LOST_NONE;
+		t->lost_again = false;
+		applied_clear(&t->applied);
 		for (size_t i = 0; i < t->cap; i++) {
 			mem_free(t->slot[i].path);
 			t->slot[i].path = NULL;

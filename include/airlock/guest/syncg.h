@@ -52,9 +52,10 @@ uint64_t syncg_last_seq(const struct syncg *g);
 /* The tracker watching the copy (track.h; NULL: none), kept by the
  * caller, who reads its events before handing a frame to a session: a
  * BEGIN that finds no event since the last one's scan started answers
- * from that scan without walking (doc/SYNC.md "Unchanged trees"). */
+ * from that scan without walking (doc/SYNC.md "Unchanged trees"); each
+ * batch applied is handed to track_applied_read / _path. */
 struct track;
-void syncg_set_track(struct syncg *g, const struct track *t);
+void syncg_set_track(struct syncg *g, struct track *t);
 /* BEGINs that walked or scanned the copy (the others answered from a
  * quiet tracker): for tests and the bench. */
 uint64_t syncg_walks(const struct syncg *g);

@@ -22,11 +22,37 @@
  * equals what it last sent (its confirmed manifest). Paths whose name
  * starts with MANIFEST_RESERVED_PREFIX (apply's temporaries) are ignored.
  *
+ * What an apply wrote is not kept at all (track_read with TRACK_BY_APPLY
+ * only re-attributes a path already dirty), so an initial sync of a
+ * million files leaves the set empty.
+ *
+ * Lost events. When the kernel's queue overflows (IN_Q_OVERFLOW; an apply
+ * of a few thousand files does it with the default
+ * fs.inotify.max_queued_events of 16384), the events since the last read
+ * that emptied the queue (the *clean point*) are unknown. Every change
+ * since then has a ctime at or after the clean point (the kernel sets
+ * ctime from the same coarse clock, and nobody can set it back), so the
+ * tracker recovers with a stat-only walk of the copy on a thread: a path
+ * whose ctime is older, or whose (inode, ctime) is one an apply of ours
+ * left (track_applied_path records them while events may be lost), is
+ * unchanged; the others are marked dirty, unattributed (by 0), and come
+ * with the next report. The walk starts once applies have paused for
+ * TRACK_RECOVER_QUIET_NS (batches arriving meanwhile would lose more) or
+ * at the next track_take, never blocks a command (a report taken while it
+ * runs goes without its findings), hashes nothing (track_describe hashes
+ * only what it found) and costs one lstat per path. What it cannot see: a
+ * path deleted or renamed away in the window (its directory's item is
+ * reported; the next reconcile finds the path itself, as before).
+ *
  * Bounds: at most TRACK_DIRTY_MAX dirty paths and TRACK_WATCHES_MAX
- * watches. Past either, or when the kernel's queue overflows (IN_Q_OVERFLOW)
- * or a watch cannot be added (fs.inotify.max_user_watches), the tracker
- * becomes *saturated*: the next report walks the whole root once
- * (track_take returns the root as a tree) and tracking starts afresh.
+ * watches. Past either, or when a watch cannot be added
+ * (fs.inotify.max_user_watches), or without memory, the tracker becomes
+ * *saturated*: the next report walks the whole root once (track_take
+ * returns the root as a tree) and tracking starts afresh.
+ *
+ * Tests: AIRLOCK_TRACK_QUEUE_TEST=N (read by track_new) makes a read that
+ * meets more than N events drop the rest, as an overflowing kernel queue
+ * would, without touching the machine-wide sysctl.
  */
 
 #include <stdbool.h>
@@ -44,6 +70,12 @@
 /* `by` for the agent's own batch applies: such paths are not reported
  * (unless a command touches them again). */
 #define TRACK_BY_APPLY UINT32_MAX
+/* Inodes track_applied remembers while events may be lost (16 bytes each,
+ * at most twice that in slots); past it a path is found by the recovery
+ * and reported, and the host finds it unchanged. */
+#define TRACK_APPLIED_MAX (1u << 21)
+/* Lost events are recovered once no apply came for this long. */
+#define TRACK_RECOVER_QUIET_NS (300ll * 1000 * 1000)
 
 struct track;
 
@@ -74,9 +106,25 @@ int track_take(struct track *t, struct track_dirty **out, size_t *n);
 /* Figures for tests and the bench. */
 struct track_stats {
 	uint64_t events, watches, saturated;
-	bool saturated_now; /* some change may be unseen until the next track_take walks */
+	uint64_t lost;		   /* overflows seen (IN_Q_OVERFLOW) */
+	uint64_t recoveries;	   /* recovery walks started */
+	uint64_t recovered;	   /* paths they marked dirty */
+	uint64_t recovery_visited; /* paths they lstat'ed */
+	bool saturated_now;	   /* some change may be unseen (saturated, or lost events not yet recovered) */
+	bool lost_now;		   /* lost events not yet recovered */
 };
 void track_get_stats(const struct track *t, struct track_stats *st);
+
+/* An apply of ours committed a batch: read the queue (as the apply's);
+ * true when events may be lost, and then the caller hands every path the
+ * batch wrote (not the deleted ones) to track_applied_path, which
+ * remembers its lstat identity so that the recovery does not report it. */
+bool track_applied_read(struct track *t);
+void track_applied_path(struct track *t, int rootfd, const char *path);
+
+/* Read the queue, and when events were lost, run the recovery to its end
+ * now (tests, and an agent that wants an exact set at a quiet point). */
+void track_settle(struct track *t);
 
 /* The state of one path beneath rootfd, as CHG_ITEM reports it: st_mode 0
  * when gone; files up to TRACK_HASH_MAX hashed as manifests hash them
