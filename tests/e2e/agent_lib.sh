@@ -17,7 +17,7 @@
 # runs there, so a sanitizer build (the suite's second pass) skips it; the
 # plain build runs it and compares.
 host_check() {
-	if ldd "$AIRLOCK" 2>/dev/null | grep -q libasan; then
+	if sanitized "$AIRLOCK"; then
 		skip "$1 (sanitizer build: nothing of airlock's runs on the host side; the plain build checks it)"
 	else
 		check "$@"

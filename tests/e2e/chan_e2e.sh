@@ -54,7 +54,7 @@ t_flood() {
 	local agent_hwm
 	agent_hwm=$(awk '/VmHWM/ { print $2 }' "/proc/$AGENT_PID/status")
 	echo "host max RSS: $small kB after 256 MiB, $big kB after 1 GiB; agent VmHWM $agent_hwm kB"
-	if ldd "$AIRLOCK" | grep -q libasan; then
+	if sanitized "$AIRLOCK"; then
 		return 0 # ASan's quarantine holds freed memory: sizes say nothing here
 	fi
 	[ $((big - small)) -lt 8192 ] && [ "$agent_hwm" -lt 32768 ]

@@ -22,6 +22,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# sanitized BIN: BIN is an AddressSanitizer build. (Not `ldd | grep -q`: under
+# pipefail grep's early exit gives ldd a SIGPIPE, and the answer is random.)
+sanitized() { case "$(ldd "$1" 2>/dev/null)" in *libasan*) return 0 ;; *) return 1 ;; esac; }
+
 ok() { PASS=$((PASS + 1)); echo "ok - $*"; }
 not_ok() { FAIL=$((FAIL + 1)); echo "not ok - $*"; }
 skip() { SKIP=$((SKIP + 1)); echo "skip - $*"; }

@@ -36,7 +36,7 @@ TO="timeout -k 2"
 # quarantine (256 MiB by default), which would read as growth in the flood's
 # RSS check: keep it small for these processes.
 FLOOD_P50=400 FLOOD=$((512 << 20))
-if ldd "$AIRLOCK" 2>/dev/null | grep -q libasan; then
+if sanitized "$AIRLOCK"; then
 	export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=8"
 fi
 make_pair # $T/hk, $T/gk, HPUB, GPUB; W=$T/work, G=$T/guest
