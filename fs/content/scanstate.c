@@ -544,9 +544,9 @@ size_t scanstate_count(const struct scanstate *st)
  * A shared stack of directories (entry index; st->n for the root) and a
  * few walkers. A walker opens its directory beneath the root (openat2
  * RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS through manifest_open_beneath, so
- * no descriptor is held per queued directory), reads it with getdents64,
- * looks every name up among the saved children (binary search: they are
- * in name order), fstatat's it relative to the directory and compares.
+ * no descriptor is held per queued directory), fstatat's each saved child
+ * relative to it and compares (the root alone is read with getdents64,
+ * each name looked up among the saved children: verify_dir says why).
  * The first difference stops every walker. No allocation in the walkers
  * (mem's failure injection is not for threads). */
 
