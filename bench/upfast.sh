@@ -3,7 +3,10 @@
 # synced once, then RUNS times `airlock down` + `airlock up -d` of the unchanged tree, timed
 # until the up prints "in sync"; between them, in the same run, `rsync -a` of the unchanged tree
 # into its synced copy (the no-op pass). p50 / p99 of each and their ratio, and the daemon's own
-# line per reconcile (host scan time, whether the persisted scan was taken, files read, levels).
+# line per reconcile (host scan time, whether the persisted scan was taken, files read, levels),
+# and, from the daemon's AIRLOCK_TRACE start line (doc/UP.md "Tracing the start"), the median of
+# when each step of the start happened and where the host scan's time went. The load average is
+# printed at the start and at the end.
 #
 # usage: bench/upfast.sh BUILD [RUNS]     (root + /dev/fuse; RUNS default 9)
 # Environment: AIRLOCK_SCALE_DIR (default /tmp/airlock-scale) holds the trees bench/scale.sh
@@ -37,7 +40,8 @@ eval "$(sed -n '/^gen() {/,/^}/p' "$HERE/scale.sh")"
 declare -F gen >/dev/null || { echo "bench/scale.sh has no gen(): cannot make the tree" >&2; exit 1; }
 gen "$NAME" "$NAME"
 
-export XDG_STATE_HOME=$T/state XDG_DATA_HOME=$T/data
+export XDG_STATE_HOME=$T/state XDG_DATA_HOME=$T/data AIRLOCK_TRACE=1
+echo "# load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 W=$T/work
 cp -a "$C/$NAME" "$W"
 cp -a "$C/$NAME" "$T/rs" # rsync's synced copy
@@ -89,6 +93,16 @@ for i in $(seq 1 "$N"); do
 	echo "# run $i: airlock up $u s, rsync -a $r s" >&2
 done
 grep -h "reconcile:" "$XDG_STATE_HOME"/airlock/*/up.log | tail -n "$N" | sed 's/^/# /' >&2 || true
+# the start line of each timed up: the median of each field (ms since the command began; scan ms)
+grep -h "trace: up " "$XDG_STATE_HOME"/airlock/*/up.log | tail -n "$N" | python3 -c '
+import re, statistics, sys
+rows = [dict((k, float(v)) for k, v in re.findall(r"(\w+)_ms=(-?[0-9.]+)", l)) for l in sys.stdin]
+if rows:
+    keys = [k for k in rows[0] if all(k in r for r in rows)]
+    print("# start, median of %d ups (ms since the command began, then the host scan): " % len(rows) +
+          " ".join("%s=%.1f" % (k, statistics.median(r[k] for r in rows)) for k in keys))
+' >&2 || true
+echo "# load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 "$AIRLOCK" down "$W" >/dev/null
 W=
 read -r u50 u99 <<<"$(stats <"$T/up.t")"

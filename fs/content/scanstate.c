@@ -544,9 +544,9 @@ size_t scanstate_count(const struct scanstate *st)
  * A shared stack of directories (entry index; st->n for the root) and a
  * few walkers. A walker opens its directory beneath the root (openat2
  * RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS through manifest_open_beneath, so
- * no descriptor is held per queued directory), reads it with getdents64,
- * looks every name up among the saved children (binary search: they are
- * in name order), fstatat's it relative to the directory and compares.
+ * no descriptor is held per queued directory), fstatat's each saved child
+ * relative to it and compares (the root alone is read with getdents64,
+ * each name looked up among the saved children: verify_dir says why).
  * The first difference stops every walker. No allocation in the walkers
  * (mem's failure injection is not for threads). */
 
@@ -604,30 +604,51 @@ struct linux_dirent64 {
 
 #define RESERVED_LEN (sizeof(MANIFEST_RESERVED_PREFIX) - 1)
 
-/* Compare directory d with the disk. */
-static void verify_dir(struct verify *v, uint32_t d, uint8_t *dents, size_t dents_len)
+/* Name k of directory d (open at fd) against its saved identity; a walked
+ * directory that matches is queued. false when it differs (said). */
+static bool check_name(struct verify *v, uint32_t d, int fd, uint32_t k, const char *name)
 {
 	struct scanstate *st = v->st;
-	uint32_t first = d == st->n ? st->root_kids : st->e[d].kids;
-	uint32_t nk = d == st->n ? st->nroot : st->e[d].nkids;
-	uint32_t matched = 0;
-	size_t dl = d == st->n ? 0 : st->e[d].plen;
-	int fd;
+	const struct ent *e = &st->e[k];
+	struct stat sb;
+	struct hcache_key now;
 
-	fd = d == st->n ? openat(v->rootfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-			: manifest_open_beneath(v->rootfd, ent_path(st, d), O_RDONLY | O_DIRECTORY, false);
-	if (fd < 0) {
-		differ(v, d, "");
-		return;
+	if (fstatat(fd, name, &sb, AT_SYMLINK_NOFOLLOW) < 0) {
+		differ(v, d, name);
+		return false;
 	}
-	atomic_fetch_add(&v->dirs, 1);
+	atomic_fetch_add_explicit(&v->names, 1, memory_order_relaxed);
+	hcache_key_of(&sb, &now);
+	bool same = S_ISDIR(e->id.mode) && !(e->flags & F_WALKED)
+			? (now.mode & S_IFMT) == (e->id.mode & S_IFMT) /* skipped: its type only */
+			: !(e->flags & F_RACY) && hcache_key_eq(&now, &e->id);
+	if (!same) {
+		differ(v, d, name);
+		return false;
+	}
+	if (e->flags & F_WALKED) {
+		pthread_mutex_lock(&v->lock);
+		v->stack[v->top++] = k; /* room: each directory is pushed once */
+		pthread_cond_signal(&v->cond);
+		pthread_mutex_unlock(&v->lock);
+	}
+	return true;
+}
+
+/* The root's names as the disk lists them (getdents64): each must be a
+ * saved one, and all of them there. */
+static void verify_listed(struct verify *v, uint32_t d, int fd, uint8_t *dents, size_t dents_len)
+{
+	struct scanstate *st = v->st;
+	uint32_t first = st->root_kids, nk = st->nroot, matched = 0;
+
 	for (;;) {
 		long got = syscall(SYS_getdents64, fd, dents, dents_len);
 		if (got < 0 && errno == EINTR)
 			continue;
 		if (got < 0) {
 			differ(v, d, "");
-			break;
+			return;
 		}
 		if (got == 0)
 			break;
@@ -640,39 +661,53 @@ static void verify_dir(struct verify *v, uint32_t d, uint8_t *dents, size_t dent
 			if (!strncmp(name, MANIFEST_RESERVED_PREFIX, RESERVED_LEN))
 				continue; /* never scanned (apply's temporaries) */
 			size_t nl = strlen(name);
-			if (nl > MANIFEST_NAME_MAX || dl + (dl > 0) + nl > MANIFEST_PATH_MAX)
+			if (nl > MANIFEST_NAME_MAX || nl > MANIFEST_PATH_MAX)
 				continue; /* never scanned either: too long (the scan reported it) */
 			long k = kid_find(st, first, nk, name);
-			struct stat sb;
-			struct hcache_key now;
-			if (k < 0 || fstatat(fd, name, &sb, AT_SYMLINK_NOFOLLOW) < 0) {
+			if (k < 0) {
 				differ(v, d, name);
-				break;
+				return;
 			}
-			atomic_fetch_add_explicit(&v->names, 1, memory_order_relaxed);
-			const struct ent *e = &st->e[k];
-			hcache_key_of(&sb, &now);
-			bool same = S_ISDIR(e->id.mode) && !(e->flags & F_WALKED)
-					? (now.mode & S_IFMT) == (e->id.mode & S_IFMT) /* skipped: its type only */
-					: !(e->flags & F_RACY) && hcache_key_eq(&now, &e->id);
-			if (!same) {
-				differ(v, d, name);
-				break;
-			}
+			if (!check_name(v, d, fd, (uint32_t)k, name))
+				return;
 			matched++;
-			if (e->flags & F_WALKED) {
-				pthread_mutex_lock(&v->lock);
-				v->stack[v->top++] = (uint32_t)k; /* room: each directory is pushed once */
-				pthread_cond_signal(&v->cond);
-				pthread_mutex_unlock(&v->lock);
-			}
 		}
 		if (atomic_load_explicit(&v->differs, memory_order_relaxed))
-			break;
+			return;
+	}
+	if (matched != nk)
+		differ(v, d, ""); /* a name is gone */
+}
+
+/* Compare directory d with the disk. Below the root, a directory is
+ * walked only after its own identity matched in its parent: its mtime and
+ * ctime (which every create, link, unlink and rename in it moves, and no
+ * user can set back: utimensat moves the ctime) say its names are the
+ * saved ones, so each saved name is looked at and nothing is listed. The
+ * root, whose own identity is not saved, is listed. */
+static void verify_dir(struct verify *v, uint32_t d, uint8_t *dents, size_t dents_len)
+{
+	struct scanstate *st = v->st;
+	int fd;
+
+	fd = d == st->n ? openat(v->rootfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+			: manifest_open_beneath(v->rootfd, ent_path(st, d), O_RDONLY | O_DIRECTORY, false);
+	if (fd < 0) {
+		differ(v, d, "");
+		return;
+	}
+	atomic_fetch_add(&v->dirs, 1);
+	if (d == st->n) {
+		verify_listed(v, d, fd, dents, dents_len);
+	} else {
+		const struct ent *de = &st->e[d];
+		for (uint32_t i = 0; i < de->nkids && !atomic_load_explicit(&v->differs, memory_order_relaxed); i++) {
+			uint32_t k = st->kids[de->kids + i];
+			if (!check_name(v, d, fd, k, ent_path(st, k) + st->e[k].name))
+				break;
+		}
 	}
 	close(fd);
-	if (!atomic_load(&v->differs) && matched != nk)
-		differ(v, d, ""); /* a name is gone */
 }
 
 static void *walker(void *arg)

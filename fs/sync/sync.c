@@ -257,6 +257,7 @@ struct sync {
 	 * confirmed it when it is new or the send withheld more */
 	struct scanstate *sstate;
 	bool sstate_new;
+	struct sync_prescan *prescan;		      /* sync_set_prescan: the next state_scan's proof, begun early */
 	uint8_t state_rules[2][1 + SCANSTATE_ID_LEN]; /* identities of rule_files[] it saw */
 	size_t withheld_mark;			      /* s->withheld.n when the send began */
 	uint64_t withheld_mark_total;
@@ -963,6 +964,7 @@ void sync_free(struct sync *s)
 		close(s->state_fd);
 	state_secrets_clear(s);
 	state_drop(s);
+	sync_prescan_free(s->prescan);
 	sodium_memzero(s->state_key, sizeof(s->state_key));
 	delta_builder_free(s->b);
 	dispose(s, s->hm, s->known, NULL, 0);
@@ -1270,24 +1272,26 @@ static void fp_list(crypto_generichash_state *h, const struct policy_list *l)
 
 /* The MAC key (from the signing key: a state another party wrote is never
  * taken) and the fingerprint of the rules. */
-static void state_keys(struct sync *s)
+/* The state's MAC key (from the signing key) and fingerprint (what the
+ * scan's decisions depended on besides the tree) for cfg and params. */
+static void state_keys_of(const struct sync_cfg *cfg, const struct chunk_params *cp, uint8_t key[SCANSTATE_KEY_LEN],
+			  uint8_t fp[SCANSTATE_FP_LEN])
 {
 	static const char label[] = "airlock host scan-state key v1";
 	static const char fplabel[] = "airlock host scan-state rules v1";
-	const struct policy_workspace *pw = policy_workspace(s->cfg.policy);
+	const struct policy_workspace *pw = policy_workspace(cfg->policy);
 	crypto_generichash_state h;
 	uint8_t bid[32], p[17];
 
-	crypto_generichash(s->state_key, sizeof(s->state_key), (const uint8_t *)label, sizeof(label), s->cfg.sign_sk,
-			   64);
+	crypto_generichash(key, SCANSTATE_KEY_LEN, (const uint8_t *)label, sizeof(label), cfg->sign_sk, 64);
 	build_id(bid);
-	crypto_generichash_init(&h, NULL, 0, sizeof(s->state_fp));
+	crypto_generichash_init(&h, NULL, 0, SCANSTATE_FP_LEN);
 	crypto_generichash_update(&h, (const uint8_t *)fplabel, sizeof(fplabel));
 	crypto_generichash_update(&h, bid, sizeof(bid));
-	buf_store_be32(p, s->params.min);
-	buf_store_be32(p + 4, s->params.avg);
-	buf_store_be32(p + 8, s->params.max);
-	buf_store_be32(p + 12, s->params.whole_max);
+	buf_store_be32(p, cp->min);
+	buf_store_be32(p + 4, cp->avg);
+	buf_store_be32(p + 8, cp->max);
+	buf_store_be32(p + 12, cp->whole_max);
 	p[16] = pw ? (uint8_t)(pw->has_include | pw->gitignore << 1) : 0xff;
 	crypto_generichash_update(&h, p, sizeof(p));
 	if (pw) {
@@ -1296,7 +1300,12 @@ static void state_keys(struct sync *s)
 		fp_list(&h, &pw->allow_secrets);
 		fp_list(&h, &pw->guest_owned);
 	}
-	crypto_generichash_final(&h, s->state_fp, sizeof(s->state_fp));
+	crypto_generichash_final(&h, fp, SCANSTATE_FP_LEN);
+}
+
+static void state_keys(struct sync *s)
+{
+	state_keys_of(&s->cfg, &s->params, s->state_key, s->state_fp);
 }
 
 static void state_secrets_clear(struct sync *s)
@@ -1515,43 +1524,193 @@ static int state_take_extra(struct sync *s, const uint8_t *p, size_t n)
 	return 1;
 }
 
+/* ---- proving the host tree unchanged (doc/SYNC.md "Unchanged trees") ----
+ *
+ * Load the persisted state and walk the tree against it. state_scan does
+ * it when the reconcile's scan starts, or takes the proof a prescan began
+ * before the engine existed (sync_prescan_start: right after the mount,
+ * while the relay starts, the guest is connected and the handshake runs). */
+
+struct state_proof {
+	int r; /* 1: unchanged (st set), 0: scan fully (note says why), -ENOMEM */
+	struct scanstate *st;
+	struct scanstate_verify_stats vs;
+	char note[sizeof(((struct sync_stats *)0)->scan_note)];
+	uint64_t load_ns, walk_ns;
+};
+
+static uint64_t mono_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static void state_prove(int state_fd, int dirfd, const uint8_t key[SCANSTATE_KEY_LEN],
+			const uint8_t fp[SCANSTATE_FP_LEN], struct state_proof *p)
+{
+	uint64_t t0 = mono_ns(), t1;
+	int r;
+
+	memset(p, 0, sizeof(*p));
+	if (state_fd < 0) {
+		snprintf(p->note, sizeof(p->note), "no state directory");
+		return;
+	}
+	if ((r = scanstate_load(state_fd, SCANSTATE_FILE, key, fp, SCANSTATE_LOAD_DECODE, &p->st)) < 0) {
+		snprintf(p->note, sizeof(p->note), "%s",
+			 r == -ENOENT ? "none" : "refused (corrupt, forged, another version or other rules)");
+		p->r = r == -ENOMEM ? r : 0;
+		return;
+	}
+	t1 = mono_ns();
+	p->load_ns = t1 - t0;
+	r = scanstate_verify(p->st, dirfd, 0, &p->vs);
+	p->walk_ns = mono_ns() - t1;
+	if (r == 0) {
+		snprintf(p->note, sizeof(p->note), "changed: %.140s", p->vs.first[0] ? p->vs.first : "(root)");
+	} else if (r == -EBADMSG) {
+		snprintf(p->note, sizeof(p->note), "refused (corrupt or forged)");
+		r = 0;
+	}
+	if (r != 1) {
+		scanstate_free(p->st);
+		p->st = NULL;
+	}
+	p->r = r;
+}
+
+/* A proof begun before the engine: one thread; the owner and the thread
+ * each hold a reference, the last to let go frees it (an owner that never
+ * takes it does not wait for the walk). */
+struct sync_prescan {
+	pthread_t thread;
+	atomic_int refs;
+	int state_fd, dirfd; /* the thread's own */
+	uint8_t key[SCANSTATE_KEY_LEN], fp[SCANSTATE_FP_LEN];
+	uint64_t t0_ns;
+	struct state_proof proof; /* the thread's until joined */
+};
+
+static void prescan_unref(struct sync_prescan *p)
+{
+	if (atomic_fetch_sub(&p->refs, 1) != 1)
+		return;
+	scanstate_free(p->proof.st);
+	if (p->state_fd >= 0)
+		close(p->state_fd);
+	close(p->dirfd);
+	sodium_memzero(p->key, sizeof(p->key));
+	mem_free(p);
+}
+
+static void *prescan_thread(void *arg)
+{
+	struct sync_prescan *p = arg;
+
+	state_prove(p->state_fd, p->dirfd, p->key, p->fp, &p->proof);
+	prescan_unref(p);
+	return NULL;
+}
+
+int sync_prescan_start(const struct sync_cfg *cfg, struct sync_prescan **out)
+{
+	struct chunk_params cp = cfg->chunking ? *cfg->chunking : chunk_params_default;
+	struct sync_prescan *p;
+
+	*out = NULL;
+	if (!cfg->policy || !cfg->sign_sk || !cfg->state_dir || chunk_params_check(&cp) < 0)
+		return -EINVAL;
+	if (!(p = mem_calloc(1, sizeof(*p))))
+		return -ENOMEM;
+	p->state_fd = open(cfg->state_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if ((p->dirfd = fcntl(cfg->dirfd, F_DUPFD_CLOEXEC, 0)) < 0) {
+		int r = -errno;
+		if (p->state_fd >= 0)
+			close(p->state_fd);
+		mem_free(p);
+		return r;
+	}
+	state_keys_of(cfg, &cp, p->key, p->fp);
+	p->t0_ns = mono_ns();
+	atomic_init(&p->refs, 2);
+	int r = pthread_create(&p->thread, NULL, prescan_thread, p);
+	if (r != 0) {
+		atomic_store(&p->refs, 1);
+		prescan_unref(p);
+		return -r;
+	}
+	*out = p;
+	return 0;
+}
+
+void sync_prescan_free(struct sync_prescan *p)
+{
+	if (!p)
+		return;
+	pthread_detach(p->thread); /* it frees what it holds when done */
+	prescan_unref(p);
+}
+
+void sync_set_prescan(struct sync *s, struct sync_prescan *p)
+{
+	sync_prescan_free(s->prescan);
+	s->prescan = p;
+}
+
+/* The prescan's proof into *out (waits for it), if it was made with the
+ * engine's own key and rules. false: none, prove it now. */
+static bool prescan_take(struct sync *s, struct state_proof *out)
+{
+	struct sync_prescan *p = s->prescan;
+	bool same;
+
+	if (!p)
+		return false;
+	s->prescan = NULL;
+	pthread_join(p->thread, NULL);
+	same = !sodium_memcmp(p->key, s->state_key, sizeof(p->key)) && !memcmp(p->fp, s->state_fp, sizeof(p->fp));
+	if (same) {
+		*out = p->proof;
+		p->proof.st = NULL;
+		s->st.scan_early_ns = mono_ns() - p->t0_ns;
+	}
+	atomic_store(&p->refs, 1);
+	prescan_unref(p);
+	return same;
+}
+
 /* The full scan from the persisted state when a stat walk proves the tree
  * unchanged: 1 with s->hm and the records filled, 0 when a full scan is
  * needed (s->st.scan_note says why), -ENOMEM. */
 static int state_scan(struct sync *s)
 {
-	struct scanstate_verify_stats vs;
-	struct scanstate *st = NULL;
+	struct state_proof p;
 	size_t xn;
 	int r;
 
-	if (s->state_fd < 0) {
-		snprintf(s->st.scan_note, sizeof(s->st.scan_note), "no state directory");
-		return 0;
-	}
-	if ((r = scanstate_load(s->state_fd, SCANSTATE_FILE, s->state_key, s->state_fp, SCANSTATE_LOAD_DECODE, &st)) <
-	    0) {
-		snprintf(s->st.scan_note, sizeof(s->st.scan_note), "%s",
-			 r == -ENOENT ? "none" : "refused (corrupt, forged, another version or other rules)");
-		return r == -ENOMEM ? r : 0;
-	}
-	if ((r = scanstate_verify(st, s->cfg.dirfd, 0, &vs)) == 1) {
-		s->st.scan_names = vs.names;
-		const uint8_t *x = scanstate_extra(st, &xn);
+	s->st.scan_early_ns = s->st.scan_check_ns = 0;
+	if (!prescan_take(s, &p))
+		state_prove(s->state_fd, s->cfg.dirfd, s->state_key, s->state_fp, &p);
+	s->st.scan_load_ns = p.load_ns;
+	s->st.scan_walk_ns = p.walk_ns;
+	snprintf(s->st.scan_note, sizeof(s->st.scan_note), "%s", p.note);
+	if ((r = p.r) == 1) {
+		uint64_t t0 = mono_ns();
+		s->st.scan_names = p.vs.names;
+		const uint8_t *x = scanstate_extra(p.st, &xn);
 		r = state_take_extra(s, x, xn);
-		if (r == 1 && (r = scanstate_manifest(st, &s->hm)) == 0)
+		if (r == 1 && (r = scanstate_manifest(p.st, &s->hm)) == 0)
 			r = 1;
 		else if (r < 0 && r != -ENOMEM)
 			r = 0; /* a manifest that does not decode: scan fully */
-	} else if (r == 0) {
-		snprintf(s->st.scan_note, sizeof(s->st.scan_note), "changed: %.140s",
-			 vs.first[0] ? vs.first : "(root)");
-	} else if (r == -EBADMSG) {
-		snprintf(s->st.scan_note, sizeof(s->st.scan_note), "refused (corrupt or forged)");
-		r = 0;
+		if (r == 0)
+			snprintf(s->st.scan_note, sizeof(s->st.scan_note), "refused (its records do not decode)");
+		s->st.scan_check_ns = mono_ns() - t0;
 	}
 	if (r != 1) {
-		scanstate_free(st);
+		scanstate_free(p.st);
 		manifest_free(s->hm);
 		s->hm = NULL;
 		records_clear(&s->withheld);
@@ -1559,7 +1718,7 @@ static int state_scan(struct sync *s)
 		return r < 0 ? r : 0;
 	}
 	state_drop(s);
-	s->sstate = st; /* saved again only if the send withholds more */
+	s->sstate = p.st; /* saved again only if the send withholds more */
 	s->st.scan_verified = 1;
 	s->st.scan_note[0] = '\0';
 	return 1;
@@ -1765,6 +1924,7 @@ static int host_scan(struct sync *s, char *why, size_t whylen)
 	s->withheld_mark_total = s->withheld.total;
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	s->st.scan_ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)t1.tv_nsec - (uint64_t)t0.tv_nsec;
+	s->st.scan_end_ns = (uint64_t)t1.tv_sec * 1000000000ull + (uint64_t)t1.tv_nsec;
 	return 0;
 }
 
@@ -2742,6 +2902,7 @@ static int on_state(struct sync *s, struct buf *in)
 	s->st.guest_seq = m.seq;
 	s->next_seq = m.seq + 1;
 	s->have_state = true;
+	s->st.state_ns = mono_ns();
 	/* the host scan runs while the guest scans; it may not be done yet */
 	if (!s->job && s->hm)
 		start_levels(s);

@@ -197,6 +197,7 @@ static int open_workspace(struct up *u, const struct up_args *a)
 	if (policy_ignored_note(u->pol.policy, err, sizeof(err)))
 		cmd_err("%s", err);
 	locate_policy(u);
+	up_mark(u, UP_T_POLICY);
 	return 0;
 }
 
@@ -235,6 +236,7 @@ static int take_state(struct up *u, const struct up_args *a)
 			cmd_err("up: pid file in %s: %s", u->state_dir, strerror(-r));
 		return 1;
 	}
+	up_mark(u, UP_T_DAEMON);
 	return 0;
 }
 
@@ -257,6 +259,7 @@ static int start_sandbox(struct up *u)
 		cmd_err("up: sandbox: %s", err);
 		return 1;
 	}
+	up_mark(u, UP_T_SANDBOX);
 	return 0;
 }
 
@@ -298,6 +301,7 @@ static int start_mount(struct up *u, const struct up_args *a)
 			    : "");
 		return -1;
 	}
+	up_mark(u, UP_T_MOUNT);
 	return 0;
 }
 
@@ -436,10 +440,15 @@ static int setup(struct up *u, const struct up_args *a)
 	} else {
 		if (u->sandbox.use && (st = start_sandbox(u)) != 0)
 			return st;
-		if (up_changes_init(u) < 0 || up_loop_init(u) < 0 || start_egress(u) < 0 || start_mount(u, a) < 0 ||
-		    start_relay(u) < 0)
+		if (up_changes_init(u) < 0 || up_loop_init(u) < 0 || start_egress(u) < 0 || start_mount(u, a) < 0)
+			return 1;
+		/* nothing changes the tree unseen from here: its walk runs
+		 * while the relay starts and the guest is connected */
+		up_sync_prescan(u);
+		if (start_relay(u) < 0)
 			return 1;
 	}
+	up_mark(u, UP_T_SETUP);
 	relay_set_changes(u->exec.relay, &up_changes_ops, u);
 	relay_set_forks(u->exec.relay, &up_fork_ops, u);
 	return 0;
@@ -452,6 +461,7 @@ int cmd_up(int argc, char **argv)
 	int status;
 
 	memset(&u, 0, sizeof(u));
+	up_mark(&u, UP_T_START);
 	u.dirfd = u.sigfd = u.lockfd = u.ready_fd = -1;
 	u.super.sock = -1;
 	u.conn.backoff_ms = BACKOFF_MIN_MS;

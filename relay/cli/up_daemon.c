@@ -239,6 +239,8 @@ static void on_ready(struct chan *c, void *ud)
 	struct up *u = ud;
 	int r;
 
+	up_mark(u, UP_T_READY);
+
 	if ((r = guest_hello_send(c, u->conn.g.sync_pk, "airlock up")) < 0) {
 		up_drop_conn(u, r, "sending HELLO failed");
 		return;
@@ -386,6 +388,7 @@ void up_connect(struct up *u)
 			return;
 		}
 	}
+	up_mark(u, UP_T_CONNECT);
 	if ((fd = transport_connect(&u->conn.g.addr, CONNECT_MS, err, sizeof(err))) < 0) {
 		if (strcmp(u->conn.last_error, err)) {
 			snprintf(u->conn.last_error, sizeof(u->conn.last_error), "%s", err);

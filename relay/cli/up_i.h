@@ -34,6 +34,7 @@
 #include <time.h>
 
 #include "airlock/core/buf.h"
+#include "airlock/core/loop.h"
 #include "airlock/egress/egress_link.h"
 #include "airlock/sandbox/sandbox.h"
 #include "airlock/server/relay.h"
@@ -145,6 +146,26 @@ struct up_sync {
 	bool trace;
 	uint64_t op_start_ns;
 	uint64_t hold_timer; /* a pending set of truncations waits for its write (up_sync.c) */
+	/* the host's proof of an unchanged tree, begun right after the mount
+	 * (up_sync_prescan); handed to the first reconcile when nothing was
+	 * journaled since prescan_seq, else dropped */
+	struct sync_prescan *prescan;
+	uint64_t prescan_seq;
+};
+
+/* When each step of the start happened (CLOCK_MONOTONIC ns; 0: not yet),
+ * for AIRLOCK_TRACE's start line (doc/UP.md "Tracing the start"). */
+enum up_mark {
+	UP_T_START,   /* cmd_up began (in the command, before -d's fork) */
+	UP_T_POLICY,  /* the workspace checked, the policy loaded */
+	UP_T_DAEMON,  /* the daemon holds the pid file */
+	UP_T_SANDBOX, /* the sandbox started (none with --guest) */
+	UP_T_MOUNT,   /* the mount is in place */
+	UP_T_SETUP,   /* egress, relay: everything set up */
+	UP_T_CONNECT, /* connect() called */
+	UP_T_READY,   /* handshake done: HELLO, the engine, SYNC_BEGIN */
+	UP_T_LIVE,    /* the first reconcile is done: "in sync" */
+	UP_T_COUNT,
 };
 
 /* Edit-to-apply latency of the last LAT_WINDOW pushes (up_sync.c). */
@@ -304,7 +325,14 @@ struct up {
 
 	_Atomic uint64_t first_notify_ns; /* set by FUSE threads, taken by the loop */
 	atomic_bool mount_gone;
+	uint64_t mark_ns[UP_T_COUNT];
 };
+
+static inline void up_mark(struct up *u, enum up_mark m)
+{
+	if (!u->mark_ns[m])
+		u->mark_ns[m] = loop_now_ns();
+}
 
 /* A change for the status file (written at most every STATUS_MIN_MS). */
 static inline void up_mark_dirty(struct up *u)
@@ -357,6 +385,9 @@ void up_touch(struct up *u);
 int up_sync_attach(struct up *u, struct chan *c);
 /* A reconcile covering everything journaled so far. */
 void up_sync_reconcile(struct up *u);
+/* Begin the host's proof of an unchanged tree on a thread (sync_prescan_start),
+ * once the mount is in place; without it the first reconcile proves it. */
+void up_sync_prescan(struct up *u);
 /* Live: move the journal into the pending set and push it (a push that
  * finishes at once leaves room for the next); coalesce while busy. */
 void up_sync_pump(struct up *u);

@@ -167,6 +167,32 @@ static void trace_push(struct up *u, uint64_t now)
 		us_between(u->sync.op_t0_ns, now));
 }
 
+static double ms_since(const struct up *u, uint64_t t)
+{
+	return t && u->mark_ns[UP_T_START] && t >= u->mark_ns[UP_T_START] ? (double)(t - u->mark_ns[UP_T_START]) / 1e6
+									  : -1;
+}
+
+/* AIRLOCK_TRACE: when each step of the start happened, in ms since the
+ * command began (-1: did not happen), and where the host scan's time went
+ * (doc/UP.md "Tracing the start"). */
+static void trace_start(struct up *u)
+{
+	const struct sync_stats *st = sync_get_stats(u->sync.engine);
+	const uint64_t *m = u->mark_ns;
+
+	fprintf(stderr,
+		"airlock: trace: up policy_ms=%.1f daemon_ms=%.1f sandbox_ms=%.1f mount_ms=%.1f setup_ms=%.1f "
+		"connect_ms=%.1f ready_ms=%.1f guest_state_ms=%.1f scan_end_ms=%.1f live_ms=%.1f; host scan "
+		"%s early_ms=%.1f load_ms=%.1f walk_ms=%.1f check_ms=%.1f scan_ms=%.1f\n",
+		ms_since(u, m[UP_T_POLICY]), ms_since(u, m[UP_T_DAEMON]), ms_since(u, m[UP_T_SANDBOX]),
+		ms_since(u, m[UP_T_MOUNT]), ms_since(u, m[UP_T_SETUP]), ms_since(u, m[UP_T_CONNECT]),
+		ms_since(u, m[UP_T_READY]), ms_since(u, st->state_ns), ms_since(u, st->scan_end_ns),
+		ms_since(u, m[UP_T_LIVE]), st->scan_verified ? "unchanged" : "full", (double)st->scan_early_ns / 1e6,
+		(double)st->scan_load_ns / 1e6, (double)st->scan_walk_ns / 1e6, (double)st->scan_check_ns / 1e6,
+		(double)st->scan_ns / 1e6);
+}
+
 static void on_sync_done(int err, const char *why, void *ud)
 {
 	struct up *u = ud;
@@ -199,8 +225,13 @@ static void on_sync_done(int err, const char *why, void *ud)
 			st->scan_verified ? "" : st->scan_note, st->scan_hashed, st->levels, st->changes);
 	}
 	up_changes_synced(u, u->sync.op_full);
-	if (u->conn.state == UP_RECONCILING)
+	if (u->conn.state == UP_RECONCILING) {
+		bool first = !u->mark_ns[UP_T_LIVE];
+		up_mark(u, UP_T_LIVE);
 		up_conn_live(u);
+		if (first && u->sync.trace)
+			trace_start(u);
+	}
 	up_paths_synced(u);
 }
 
@@ -331,6 +362,14 @@ void up_sync_reconcile(struct up *u)
 
 	/* a reconcile covers everything journaled so far */
 	drain_journal(u);
+	if (u->sync.prescan) {
+		/* its walk may have passed a path changed since it began */
+		if (journal_barrier_seq(u->journal) == u->sync.prescan_seq)
+			sync_set_prescan(u->sync.engine, u->sync.prescan);
+		else
+			sync_prescan_free(u->sync.prescan);
+		u->sync.prescan = NULL;
+	}
 	up_changes_reconcile_begin(u);
 	pathset_clear(&u->sync.pending);
 	u->sync.pending_full = false;
@@ -392,9 +431,9 @@ static void start_push(struct up *u)
 	}
 }
 
-int up_sync_attach(struct up *u, struct chan *c)
+static struct sync_cfg engine_cfg(struct up *u)
 {
-	struct sync_cfg cfg = {
+	return (struct sync_cfg){
 	    .dirfd = u->dirfd,
 	    .policy = u->pol.policy,
 	    .sign_sk = u->conn.g.sync_sk,
@@ -406,6 +445,11 @@ int up_sync_attach(struct up *u, struct chan *c)
 	    .loop = u->loop, /* full scans off the loop: `airlock down` is answered during one */
 	    .keep = up_changes_keep,
 	};
+}
+
+int up_sync_attach(struct up *u, struct chan *c)
+{
+	struct sync_cfg cfg = engine_cfg(u);
 	const char *tr = getenv("AIRLOCK_TRACE");
 
 	u->sync.trace = tr && *tr && strcmp(tr, "0") != 0;
@@ -453,6 +497,16 @@ static bool hold_truncations(struct up *u)
 	if (!u->sync.hold_timer)
 		u->sync.hold_timer = loop_add_timer(u->loop, (hold_ns - age_ns + 999999) / 1000000, hold_over, u);
 	return u->sync.hold_timer != 0; /* without memory for the timer: push now */
+}
+
+void up_sync_prescan(struct up *u)
+{
+	struct sync_cfg cfg = engine_cfg(u);
+
+	/* the seq first: anything journaled from here on may be behind the walk */
+	u->sync.prescan_seq = journal_barrier_seq(u->journal);
+	if (sync_prescan_start(&cfg, &u->sync.prescan) < 0)
+		u->sync.prescan = NULL; /* the reconcile proves it itself */
 }
 
 void up_sync_pump(struct up *u)
@@ -512,6 +566,8 @@ uint64_t up_sync_sent_seq(struct up *u)
 
 void up_sync_clear(struct up *u)
 {
+	sync_prescan_free(u->sync.prescan);
+	u->sync.prescan = NULL;
 	up_paths_clear(u);
 	sync_free(u->sync.engine);
 	sync_free(u->sync.dead);

@@ -16,10 +16,12 @@
  * in nanoseconds. manifest_scan_opts.seen feeds it (scanstate_seen).
  *
  * scanstate_verify walks the tree again, in parallel over directories:
- * every directory the scan read is read again (getdents64), each name must
- * be one the scan saw and each lstat (fstatat AT_SYMLINK_NOFOLLOW, relative
- * to the directory's fd) must equal the saved identity; the names must be
- * exactly the saved ones. Any difference (a file edited, even one that
+ * every saved name of every directory the scan read is lstat'ed again
+ * (fstatat AT_SYMLINK_NOFOLLOW, relative to the directory's fd) and must
+ * equal the saved identity; the names must be exactly the saved ones: the
+ * root is listed again (getdents64), a directory below it is not (its own
+ * identity matched first, and its mtime and ctime move with every name
+ * added, removed or renamed in it). Any difference (a file edited, even one that
  * keeps its size and mtime: its ctime moved; a rename; a directory gone; a
  * file replaced by a hard link to another: another inode; a chmod; a
  * symlink retargeted: another inode) means "changed" and the caller scans

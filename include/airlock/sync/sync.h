@@ -110,6 +110,15 @@ struct sync_stats {
 	 * "refused" (corrupt, forged, other version or rules), or the first
 	 * path found changed */
 	char scan_note[160];
+	/* where a proof of an unchanged tree spent its time (AIRLOCK_TRACE;
+	 * doc/UP.md "Tracing the start"): loading the state file (read and
+	 * parse; its MAC and manifest are checked and decoded on a thread
+	 * meanwhile), the stat walk, then taking its records and waiting for
+	 * that thread; scan_early_ns: 0, or how long before the reconcile's
+	 * scan took it a prescan (sync_prescan_start) had begun */
+	uint64_t scan_load_ns, scan_walk_ns, scan_check_ns, scan_early_ns;
+	uint64_t scan_end_ns; /* CLOCK_MONOTONIC when the last host scan ended */
+	uint64_t state_ns;    /* CLOCK_MONOTONIC when the guest's SYNC_STATE of the last reconcile came */
 };
 
 /* A path the guest could not apply (doc/SYNC.md "Per-path failures"):
@@ -180,6 +189,25 @@ int sync_new(struct chan *c, const struct sync_cfg *cfg, struct sync **out);
 void sync_free(struct sync *s); /* NULL is a no-op */
 
 int sync_reconcile(struct sync *s);
+
+/* Begin proving the host tree unchanged before the engine exists (doc/SYNC.md
+ * "Unchanged trees", "Early start"): loads cfg->state_dir's SCANSTATE_FILE
+ * and walks the tree at cfg->dirfd against it on a thread of its own (its
+ * own copies of both descriptors). Uses cfg's policy, sign_sk, chunking and
+ * state_dir, like sync_new. The caller must start it only once nothing can
+ * change the tree unseen any more (after the mount is in place: later
+ * changes through it are journaled) and hand it to the engine only when
+ * nothing was journaled since it started: a change it may have walked past
+ * is then not covered. 0, -EINVAL, -ENOMEM, -errno. */
+struct sync_prescan;
+int sync_prescan_start(const struct sync_cfg *cfg, struct sync_prescan **out);
+/* Never waits: a walk still running finishes on its thread and frees
+ * itself. NULL is a no-op. */
+void sync_prescan_free(struct sync_prescan *p);
+/* The next reconcile's host scan takes p's proof (waiting for it, on the
+ * scan's thread) instead of loading and walking then, when p was made with
+ * the engine's key and rules; the engine owns p from here. */
+void sync_set_prescan(struct sync *s, struct sync_prescan *p);
 /*
  * paths: workspace-relative paths that changed (files or directories,
  * either end of a rename). -EINVAL before a successful reconcile.

@@ -1119,10 +1119,17 @@ static void test_pump_yields(void **state)
  * hard link to another, a chmod, a retargeted symlink; and an edit of the
  * guest's copy. An unchanged up reads no file (scan_hashed 0); a damaged
  * state means a full scan with the same result. */
-static struct sync_stats offline_up(const char *host, const char *guest)
+static struct sync_stats up_with(const char *host, const char *guest, const uint8_t *prescan_sk)
 {
 	struct eng e = {0};
 	eng_start(&e, host, guest, 0);
+	if (prescan_sk) { /* the proof begun before the engine, as `airlock up` does after the mount */
+		struct sync_prescan *p = NULL;
+		struct sync_cfg cfg = {
+		    .dirfd = e.dfd, .policy = e.pol, .sign_sk = prescan_sk, .state_dir = eng_state_dir};
+		assert_int_equal(sync_prescan_start(&cfg, &p), 0);
+		sync_set_prescan(e.s, p);
+	}
 	assert_int_equal(sync_reconcile(e.s), 0);
 	e_run(&e);
 	assert_true(e.done);
@@ -1131,6 +1138,11 @@ static struct sync_stats offline_up(const char *host, const char *guest)
 	struct sync_stats st = *sync_get_stats(e.s);
 	eng_stop(&e);
 	return st;
+}
+
+static struct sync_stats offline_up(const char *host, const char *guest)
+{
+	return up_with(host, guest, NULL);
 }
 
 /* Past the stamp's granule, so that the last scan's entries are not racy. */
@@ -1307,6 +1319,79 @@ static void test_offline_edits(void **state)
 	free(good);
 	unchanged_up(host, guest);
 	assert_same_tree(host, guest);
+	eng_state_dir = NULL;
+}
+
+/* An up whose proof of an unchanged tree began before the engine existed
+ * (sync_prescan_start), made with sign_sk (the engine's: hsk). */
+static struct sync_stats prescan_up(const char *host, const char *guest, const uint8_t *sign_sk)
+{
+	granule();
+	struct sync_stats st = up_with(host, guest, sign_sk);
+	assert_same_tree(host, guest);
+	return st;
+}
+
+/* The prescan's proof is the reconcile's: taken when unchanged; an edit
+ * made before it began (size and mtime kept) is found all the same; one
+ * made with another key is not taken (the reconcile proves it itself);
+ * one freed untaken does not wait for its walk. */
+static void test_prescan(void **state)
+{
+	(void)state;
+	char host[128], guest[128], sd[128], p[256];
+	uint8_t other_sk[64];
+
+	snprintf(host, sizeof(host), "%s/ph", dir);
+	snprintf(guest, sizeof(guest), "%s/pg", dir);
+	snprintf(sd, sizeof(sd), "%s/pstate", dir);
+	assert_int_equal(mkdir(host, 0755), 0);
+	assert_int_equal(mkdir(guest, 0755), 0);
+	assert_int_equal(mkdir(sd, 0700), 0);
+	path_of(p, sizeof(p), host, "d");
+	assert_int_equal(mkdir(p, 0755), 0);
+	put(host, "same.txt", "aaaa\n");
+	put(host, "d/x", "x\n");
+	eng_state_dir = sd;
+	changed_up(host, guest, "the first up");
+	granule();
+	offline_up(host, guest);
+	unchanged_up(host, guest);
+
+	struct sync_stats st = prescan_up(host, guest, hsk);
+	if (!st.scan_verified)
+		fail_msg("the unchanged tree was scanned fully: %s", st.scan_note);
+	assert_true(st.scan_early_ns > 0); /* the prescan's proof, not a new walk */
+	assert_int_equal(st.scan_hashed, 0);
+	assert_int_equal(st.changes, 0);
+
+	same_size_same_mtime(host, "same.txt", "bbbb\n", false);
+	st = prescan_up(host, guest, hsk);
+	assert_true(st.scan_early_ns > 0);
+	assert_false(st.scan_verified);
+	assert_true(strstr(st.scan_note, "same.txt") != NULL);
+	assert_true(has(guest, "same.txt", "bbbb\n"));
+	granule();
+	offline_up(host, guest); /* past the racy granule of that scan */
+
+	randombytes_buf(other_sk, sizeof(other_sk));
+	st = prescan_up(host, guest, other_sk);
+	assert_int_equal(st.scan_early_ns, 0); /* another key: not this engine's proof */
+	assert_true(st.scan_verified);
+
+	int dfd = open(host, O_RDONLY | O_DIRECTORY);
+	struct policy *pol = NULL;
+	struct sync_prescan *ps = NULL;
+	assert_true(dfd >= 0);
+	assert_int_equal(policy_default(&pol), 0);
+	struct sync_cfg cfg = {.dirfd = dfd, .policy = pol, .sign_sk = hsk, .state_dir = sd};
+	assert_int_equal(sync_prescan_start(&cfg, &ps), 0);
+	close(dfd); /* the prescan has its own */
+	sync_prescan_free(ps);
+	cfg.state_dir = NULL;
+	assert_int_equal(sync_prescan_start(&cfg, &ps), -EINVAL);
+	assert_null(ps);
+	policy_free(pol); /* (a running prescan reads the policy only before it starts) */
 	eng_state_dir = NULL;
 }
 
@@ -1660,13 +1745,21 @@ static void test_storm_during_jobs(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_git_config),	       cmocka_unit_test(test_push_targeted),
-	    cmocka_unit_test(test_push_ranged),	       cmocka_unit_test(test_too_large),
-	    cmocka_unit_test(test_withheld_content),   cmocka_unit_test(test_push_random),
-	    cmocka_unit_test(test_pump_yields),	       cmocka_unit_test(test_offline_edits),
-	    cmocka_unit_test(test_guest_failures),     cmocka_unit_test(test_sending_after_failure),
-	    cmocka_unit_test(test_nested_git_configs), cmocka_unit_test(test_guest_quiet),
-	    cmocka_unit_test(test_push_random_loop),   cmocka_unit_test(test_storm_during_jobs),
+	    cmocka_unit_test(test_git_config),
+	    cmocka_unit_test(test_push_targeted),
+	    cmocka_unit_test(test_push_ranged),
+	    cmocka_unit_test(test_too_large),
+	    cmocka_unit_test(test_withheld_content),
+	    cmocka_unit_test(test_push_random),
+	    cmocka_unit_test(test_pump_yields),
+	    cmocka_unit_test(test_offline_edits),
+	    cmocka_unit_test(test_prescan),
+	    cmocka_unit_test(test_guest_failures),
+	    cmocka_unit_test(test_sending_after_failure),
+	    cmocka_unit_test(test_nested_git_configs),
+	    cmocka_unit_test(test_guest_quiet),
+	    cmocka_unit_test(test_push_random_loop),
+	    cmocka_unit_test(test_storm_during_jobs),
 	};
 	if (sodium_init() < 0)
 		return 1;
