@@ -212,6 +212,47 @@ t_syncwait_restart() {
 }
 check "sync-wait after a daemon restart with the guest away: not in sync until it reconciled" t_syncwait_restart
 
+# ---- the confirmed state's exact mark never outlives the state it describes ----
+# A lost connection saves the confirmed state marked exact; the first push
+# the guest confirms after it marks it lagging. A reconnect attempt that
+# failed in its handshake (the agent still down) made the daemon forget
+# that the disk said exact, so the mark stayed for the whole session and
+# the next daemon (after a kill -9) took that old state for the guest's:
+# a file the host created and deleted since, whose delete the guest never
+# got, was kept there as a guest change (seen in faults_e2e's "both").
+t_exact_mark() {
+	local n0 pid i meta
+	syncwait 30 || return 1
+	meta=$(ls -d "$T"/state/airlock/*/ | head -1)confirmed.manifest.meta
+	n0=$(sjson reconnects)
+	kill -9 "$AGENT_PID"
+	wait "$AGENT_PID" 2>/dev/null || true
+	# the loss, then at least one attempt refused in its handshake (the forwarder answers, nobody behind it)
+	for ((i = 0; i < 100; i++)); do
+		[ "$(sjson reconnects)" -ge $((n0 + 2)) ] && break
+		sleep 0.1
+	done
+	[ "$(sjson reconnects)" -ge $((n0 + 2)) ] || { echo "no failed reconnect: $(sjson reconnects)" >&2; start_agent; return 1; }
+	start_agent
+	syncwait 30 || return 1
+	echo probe >"$W/sub/exact-probe"
+	syncwait 30 && [ -f "$G/sub/exact-probe" ] || { echo "probe not in the guest" >&2; return 1; }
+	grep -q ' lagging ' "$meta" || { echo "after a confirmed push: $(cat "$meta")" >&2; return 1; }
+	# its delete never reaches the guest: the agent is stopped, then both die
+	kill -STOP "$AGENT_PID"
+	rm "$W/sub/exact-probe"
+	sleep 0.3
+	pid=$(daemon_pid)
+	kill -9 "$pid"
+	kill -9 "$AGENT_PID"
+	wait "$AGENT_PID" 2>/dev/null || true
+	start_agent
+	syncwait 30 || return 1
+	[ ! -e "$G/sub/exact-probe" ] || { echo "the guest keeps the deleted file; changes: $("$AIRLOCK" changes -C "$W" 2>&1 | head -3)" >&2; return 1; }
+	same_tree
+}
+check "a reconnect refused in its handshake: the confirmed state is still marked lagging once a push is confirmed" t_exact_mark
+
 # ---- the agent, both, SIGSTOP of either, each during a seeded workload ----
 # The rest of the issue's workload, seeded like fsworkload, in x/ (which
 # fsworkload never names): git commits, branches and checkouts, tar x,
