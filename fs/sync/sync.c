@@ -3049,6 +3049,7 @@ struct push_scan {
 	struct scan_ctx *x;
 	const char *prefix;
 	size_t plen;
+	bool linked; /* the walk met a regular file with another name (anchor_dir) */
 	char path[MANIFEST_PATH_MAX + 1 + MANIFEST_PATH_MAX + MANIFEST_NAME_MAX + 2];
 };
 
@@ -3172,6 +3173,17 @@ static int push_hash_file(struct sync *s, int fd, const struct stat *st, struct 
 	return r;
 }
 
+/* manifest_scan_opts.seen of a directory anchor's walk: a hard-linked
+ * file, as in anchor_file */
+static void push_seen(const char *rel, const struct stat *st, enum manifest_seen kind, void *ud)
+{
+	struct push_scan *ps = ud;
+
+	(void)rel;
+	if (kind == MANIFEST_SEEN_STAT && S_ISREG(st->st_mode) && st->st_nlink > 1)
+		ps->linked = true;
+}
+
 /* Decide anchor `path` from the disk and add what is there (if managed) to
  * m. 0, -ESTALE when its parent is not the directory the confirmed state
  * says (full scan), -ENOMEM, -E2BIG. */
@@ -3202,6 +3214,8 @@ static int anchor_dir(struct sync *s, struct scan_ctx *x, const char *path, int 
 	    .skipped_ud = &ps,
 	    .chunking = &s->params,
 	    .max_depth = depth < 128 ? 128 - depth : 1,
+	    .seen = push_seen,
+	    .seen_ud = &ps,
 	};
 	s->push.walked++;
 	if ((r = manifest_scan(fd, &o, &sub)) < 0) {
@@ -3209,6 +3223,13 @@ static int anchor_dir(struct sync *s, struct scan_ctx *x, const char *path, int 
 			goto out;
 		push_skip(x, path, MANIFEST_SKIP_ERROR, -r);
 		r = 0;
+		goto out;
+	}
+	if (ps.linked) {
+		/* a file in it has another name, which a write through this
+		 * one changed too: the full scan sees every name (as for a
+		 * hard-linked file anchor; test_push_hardlink_dir) */
+		r = -ESTALE;
 		goto out;
 	}
 	s->push.lstats += sub->n;
