@@ -736,12 +736,32 @@ static void journal_child(struct mount *m, enum journal_op op, struct inode *p, 
 	mem_free(b);
 }
 
+/* A regular file with a name the journal would not give: another hard
+ * link (a write or chmod through one name changes them all, and the
+ * journal names one), or none we know while the inode still has a link.
+ * One fstat of the node's O_PATH descriptor. */
+static bool node_unnamed_links(const struct inode *in, bool named)
+{
+	struct stat st;
+
+	return in->type == S_IFREG && fstat(in->fd, &st) == 0 && st.st_nlink > (named ? 1u : 0u);
+}
+
 static void journal_node(struct mount *m, enum journal_op op, struct inode *in, uint64_t off, uint64_t len,
 			 uint32_t flags)
 {
 	char *a;
 	int r = node_path(m, in, &a);
 
+	/* the push of one name cannot see the others (a name unlinked or
+	 * renamed away before it ran left another stale in the guest): "anything
+	 * may have changed" (faults_e2e; mount_e2e "hard link written through") */
+	if (node_unnamed_links(in, r != -ENOENT)) {
+		if (r == 0)
+			mem_free(a);
+		journal_unnamed(m);
+		return;
+	}
 	if (r == -ENOENT)
 		return; /* no name: an unlinked file is not part of the tree */
 	if (r < 0)

@@ -3206,10 +3206,16 @@ static int anchor_for(const struct sync *s, const char *p, char *out)
 	return 0;
 }
 
+#define PUSH_LINKED_MAX 32
+
 struct push_scan {
 	struct scan_ctx *x;
 	const char *prefix;
 	size_t plen;
+	/* anchor_dir: the regular files with another name its walk met (their
+	 * paths relative to prefix, owned); past PUSH_LINKED_MAX only counted */
+	char *linked[PUSH_LINKED_MAX];
+	size_t nlinked;
 	char path[MANIFEST_PATH_MAX + 1 + MANIFEST_PATH_MAX + MANIFEST_NAME_MAX + 2];
 };
 
@@ -3333,6 +3339,48 @@ static int push_hash_file(struct sync *s, int fd, const struct stat *st, struct 
 	return r;
 }
 
+/* manifest_scan_opts.seen of a directory anchor's walk: a hard-linked
+ * file, as in anchor_file */
+static void push_seen(const char *rel, const struct stat *st, enum manifest_seen kind, void *ud)
+{
+	struct push_scan *ps = ud;
+
+	if (kind != MANIFEST_SEEN_STAT || !S_ISREG(st->st_mode) || st->st_nlink < 2)
+		return;
+	if (ps->nlinked < PUSH_LINKED_MAX && !(ps->linked[ps->nlinked] = mem_strdup(rel)))
+		ps->nlinked = PUSH_LINKED_MAX + 1; /* without memory: as if too many */
+	else
+		ps->nlinked++;
+}
+
+static void push_linked_free(struct push_scan *ps)
+{
+	for (size_t i = 0; i < ps->nlinked && i < PUSH_LINKED_MAX; i++)
+		mem_free(ps->linked[i]);
+	ps->nlinked = 0;
+}
+
+/* A hard-linked file the walk met differs from what the guest confirmed
+ * (content or mode): a write or chmod through one of its names, which
+ * changed the others too, outside the walk. Unchanged ones are harmless
+ * (the other names hold the same). Too many: assume so. */
+static bool push_linked_changed(struct sync *s, struct push_scan *ps, const struct manifest *sub)
+{
+	bool changed = ps->nlinked > PUSH_LINKED_MAX;
+
+	for (size_t i = 0; i < ps->nlinked && i < PUSH_LINKED_MAX; i++) {
+		long si = manifest_find(sub, ps->linked[i]);
+		if (!changed && si >= 0 && push_join(ps, ps->linked[i])) { /* else left out: not ours */
+			long ki = manifest_find(s->known, ps->path);
+			const struct manifest_entry *n = &sub->e[si], *k = ki >= 0 ? &s->known->e[ki] : NULL;
+			changed = !k || k->type != n->type || k->mode != n->mode || k->size != n->size ||
+				  memcmp(k->hash, n->hash, CHUNK_HASH_LEN) != 0;
+		}
+	}
+	push_linked_free(ps);
+	return changed;
+}
+
 /* Decide anchor `path` from the disk and add what is there (if managed) to
  * m. 0, -ESTALE when its parent is not the directory the confirmed state
  * says (full scan), -ENOMEM, -E2BIG. */
@@ -3363,13 +3411,23 @@ static int anchor_dir(struct sync *s, struct scan_ctx *x, const char *path, int 
 	    .skipped_ud = &ps,
 	    .chunking = &s->params,
 	    .max_depth = depth < 128 ? 128 - depth : 1,
+	    .seen = push_seen,
+	    .seen_ud = &ps,
 	};
 	s->push.walked++;
 	if ((r = manifest_scan(fd, &o, &sub)) < 0) {
+		push_linked_free(&ps);
 		if (r == -ENOMEM || r == -E2BIG)
 			goto out;
 		push_skip(x, path, MANIFEST_SKIP_ERROR, -r);
 		r = 0;
+		goto out;
+	}
+	if (push_linked_changed(s, &ps, sub)) {
+		/* a file in it has another name, which a write through this
+		 * one changed too: the full scan sees every name (as for a
+		 * hard-linked file anchor; test_push_hardlink_dir) */
+		r = -ESTALE;
 		goto out;
 	}
 	s->push.lstats += sub->n;

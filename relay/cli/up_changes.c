@@ -960,20 +960,28 @@ static void save_confirmed(struct up *u, struct sync *engine, bool exact)
 		 * in its first reconcile): the guest may now hold part of that
 		 * reconcile beyond the saved state, which no longer describes
 		 * it. Its keep() has already taken what the saved state showed
-		 * as guest changes into the store. */
-		if (engine) /* also a restarted daemon's: the disk may say exact */
-			up_state_wrote(
-			    u, CONFIRMED_FILE,
-			    unlinkat(u->chg.state_fd, CONFIRMED_FILE ".meta", 0) < 0 && errno != ENOENT ? -errno : 0);
-		u->chg.exact_on_disk = false;
+		 * as guest changes into the store. Without an engine (the
+		 * connection died in its handshake) nothing was sent: the disk
+		 * still says what it said, exact or not, and exact_on_disk
+		 * keeps saying so, for the first confirmed push to re-mark
+		 * (faults_e2e "a reconnect refused in its handshake"). */
+		if (engine) { /* also a restarted daemon's: the disk may say exact */
+			int r =
+			    unlinkat(u->chg.state_fd, CONFIRMED_FILE ".meta", 0) < 0 && errno != ENOENT ? -errno : 0;
+			up_state_wrote(u, CONFIRMED_FILE, r);
+			if (r == 0)
+				u->chg.exact_on_disk = false;
+		}
 		return;
 	}
 	/* the meta goes first and last: a copy whose manifests could not be
 	 * written must never be taken for an exact one */
 	int r = unlinkat(u->chg.state_fd, CONFIRMED_FILE ".meta", 0) < 0 && errno != ENOENT ? -errno : 0;
-	if (r == 0 && (r = save_manifest(u, k, CONFIRMED_FILE)) == 0)
-		r = save_manifest(u, sync_sending(engine), SENDING_FILE);
-	u->chg.exact_on_disk = false;
+	if (r == 0) {
+		u->chg.exact_on_disk = false;
+		if ((r = save_manifest(u, k, CONFIRMED_FILE)) == 0)
+			r = save_manifest(u, sync_sending(engine), SENDING_FILE);
+	}
 	if (r == 0)
 		r = save_meta(u, sync_get_stats(engine)->guest_seq, exact, k->root);
 	else

@@ -6,7 +6,8 @@
 # links, symlinks, chmods, deletes, plus git, tar x, cp -a and renames of
 # read-only directories), then an exact comparison of guest and host minus
 # withheld paths; a full host workspace and a full or read-only state
-# directory; permissions across uids through up --allow-other.
+# directory; permissions across uids through up --allow-other; a name the guest
+# filesystem refuses (strict casefold ext4, skipped without kernel support).
 # usage: faults_e2e.sh AIRLOCK AIRLOCK_AGENT FSWORKLOAD FORWARDER   (root + /dev/fuse, else skipped: exit 77)
 # The channel runs through FORWARDER (tests/harness/forwarder.c), restarted after each
 # connection: a cut kills it (both ends see the connection end without FINAL, neither dies).
@@ -214,6 +215,59 @@ t_syncwait_restart() {
 	syncwait 30 && [ "$(cat "$G/sub/away")" = "while the guest is away" ] && same_tree
 }
 check "sync-wait after a daemon restart with the guest away: not in sync until it reconciled" t_syncwait_restart
+
+# ---- the confirmed state's exact mark never outlives the state it describes ----
+# A lost connection saves the confirmed state marked exact; the first push
+# the guest confirms after it marks it lagging. A reconnect attempt that
+# failed in its handshake (the agent still down) made the daemon forget
+# that the disk said exact, so the mark stayed for the whole session and
+# the next daemon (after a kill -9) took that old state for the guest's:
+# a file the host created and deleted since, whose delete the guest never
+# got, was kept there as a guest change (seen in faults_e2e's "both").
+t_exact_mark() {
+	local n0 pid i meta sd=("$T"/state/airlock/*/)
+	syncwait 30 || return 1
+	meta=${sd[0]}confirmed.manifest.meta
+	n0=$(sjson reconnects)
+	kill -9 "$AGENT_PID"
+	wait "$AGENT_PID" 2>/dev/null || true
+	# the loss, then at least one attempt refused in its handshake (the forwarder answers, nobody behind it)
+	for ((i = 0; i < 100; i++)); do
+		[ "$(sjson reconnects)" -ge $((n0 + 2)) ] && break
+		sleep 0.1
+	done
+	[ "$(sjson reconnects)" -ge $((n0 + 2)) ] || { echo "no failed reconnect: $(sjson reconnects)" >&2; start_agent; return 1; }
+	start_agent
+	syncwait 30 || return 1
+	echo probe >"$W/sub/exact-probe"
+	syncwait 30 && [ -f "$G/sub/exact-probe" ] || { echo "probe not in the guest" >&2; return 1; }
+	grep -q ' lagging ' "$meta" || { echo "after a confirmed push: $(cat "$meta")" >&2; return 1; }
+	# its delete never reaches the guest: the agent is stopped, then both die
+	kill -STOP "$AGENT_PID"
+	rm "$W/sub/exact-probe"
+	sleep 0.3
+	pid=$(daemon_pid)
+	kill -9 "$pid"
+	kill -9 "$AGENT_PID"
+	wait "$AGENT_PID" 2>/dev/null || true
+	start_agent
+	syncwait 30 || return 1
+	[ ! -e "$G/sub/exact-probe" ] || { echo "the guest keeps the deleted file; changes: $("$AIRLOCK" changes -C "$W" 2>&1 | head -3)" >&2; return 1; }
+	same_tree
+}
+check "a reconnect refused in its handshake: the confirmed state is still marked lagging once a push is confirmed" t_exact_mark
+
+# the apply's temporaries have a fixed-length name (MANIFEST_RESERVED_PREFIX
+# + 16 hex digits), never the target's name plus a suffix: a name of
+# NAME_MAX bytes and a directory of one apply like any other
+t_name_max() {
+	local n255
+	n255=$(printf 'n%.0s' $(seq 1 255))
+	mkdir -p "$W/sub/$n255" && printf 'long\n' >"$W/sub/$n255/$n255" && syncwait 30 &&
+		[ "$(cat "$G/sub/$n255/$n255")" = long ] && [ "$(sjson not_in_guest | grep -o '[0-9]*' | head -1)" = 0 ] || return 1
+	rm -r "$W/sub/$n255" && syncwait 30 && [ ! -e "$G/sub/$n255" ]
+}
+check "names of NAME_MAX (255) bytes, a file in a directory: applied, no failure" t_name_max
 
 # ---- the agent, both, SIGSTOP of either, each during a seeded workload ----
 # The rest of the issue's workload, seeded like fsworkload, in x/ (which
@@ -449,5 +503,59 @@ t_host_full() {
 	! mountpoint -q "$small/keep" && [ "$(cat "$small/after")" = after ]
 }
 check "a full host workspace: ENOSPC through the mount, nothing lost, the guest equals it; space back, sync goes on" t_host_full
+
+# ---- a name the guest's filesystem refuses: its copy on a strict casefold ext4 ----
+# (invalid UTF-8 gives EINVAL there) reported, retried, never blocking the
+# other paths, no reconnect, a running command kept; renamed on the host, it converges
+t_refused_name() {
+	local img=$T/cf.img mnt=$T/cfmnt w3=$T/w3 apid upid lpid r0 i rc=0 bad=$'bad-\xff.txt'
+	mkdir -p "$mnt" "$w3"
+	truncate -s 16m "$img" && mkfs.ext4 -q -O casefold -E encoding=utf8,encoding_flags=strict "$img" 2>"$T/mkfs.err" &&
+		mount -o loop "$img" "$mnt" 2>"$T/mkfs.err" || { cat "$T/mkfs.err" >&2; return 1; }
+	mkdir "$mnt/root" && chattr +F "$mnt/root" || { umount "$mnt"; return 1; }
+	printf 'ok\n' >"$w3/ok.txt"
+	start_bg agent3 "$AGENT" --listen "unix:$T/a3.sock" --root "$mnt/root" --key "$T/gk" --allow "$HPUB" \
+		--state "$T/agent3.state" --fsync none
+	apid=$BG_PID
+	wait_line "$T/agent3.out" '^ready' 10 || rc=1
+	[ $rc = 0 ] && start_bg up3 "$AIRLOCK" up "$w3" --guest "unix:$T/a3.sock" --key "$T/hk" --guest-key "$GPUB" &&
+		upid=$BG_PID && wait_line "$T/up3.out" "in sync with unix:$T/a3.sock\$" 20 || rc=1
+	r0=$("$AIRLOCK" status -C "$w3" --json | grep -o '"reconnects":[0-9]*' | cut -d: -f2)
+	start_bg long3 "$AIRLOCK" exec -C "$w3" -- sh -c 'sleep 6; echo alive'
+	lpid=$BG_PID
+	printf 'refused\n' >"$w3/$bad"
+	printf 'other\n' >"$w3/other.txt"
+	[ $rc = 0 ] && $TO 20 "$AIRLOCK" sync-wait -C "$w3" --timeout 15 || { echo "sync-wait hung behind a refused name" >&2; rc=1; }
+	[ $rc = 0 ] && [ "$(cat "$mnt/root/other.txt" 2>/dev/null)" = other ] || { echo "other.txt not synced" >&2; rc=1; }
+	[ $rc = 0 ] && "$AIRLOCK" status -C "$w3" | grep -q 'Invalid argument' || { "$AIRLOCK" status -C "$w3" >&2; rc=1; }
+	[ $rc = 0 ] && "$AIRLOCK" audit -C "$w3" | grep -q '^not in guest bad-' || { "$AIRLOCK" audit -C "$w3" >&2; rc=1; }
+	[ $rc = 0 ] && $TO 20 "$AIRLOCK" exec -C "$w3" -- cat other.txt >"$T/e3.out" 2>"$T/e3.err" &&
+		[ "$(cat "$T/e3.out")" = other ] && grep -q 'not in the guest' "$T/e3.err" && grep -q '(Invalid argument)' "$T/e3.err" ||
+		{ [ $rc = 0 ] && cat "$T/e3.err" >&2; rc=1; }
+	# retried with backoff meanwhile, on the same connection
+	for ((i = 0; i < 40 && rc == 0; i++)); do
+		"$AIRLOCK" status -C "$w3" --json | grep -q '"retries":[1-9]' && break
+		sleep 0.1
+	done
+	[ $rc = 0 ] && [ "$i" -lt 40 ] || { echo "no retry" >&2; rc=1; }
+	mv "$w3/$bad" "$w3/good.txt"
+	[ $rc = 0 ] && $TO 20 "$AIRLOCK" sync-wait -C "$w3" --timeout 15 && [ "$(cat "$mnt/root/good.txt")" = refused ] ||
+		{ echo "not converged after the rename" >&2; rc=1; }
+	[ "$("$AIRLOCK" status -C "$w3" --json | grep -o '"reconnects":[0-9]*' | cut -d: -f2)" = "$r0" ] || { echo "reconnected" >&2; rc=1; }
+	wait "$lpid" && grep -q alive "$T/long3.out" || { echo "the running command was killed" >&2; rc=1; }
+	[ $rc = 0 ] && W=$w3 G=$mnt/root same_tree || rc=1
+	$TO 15 "$AIRLOCK" down "$w3" >/dev/null 2>&1 && wait "$upid" 2>/dev/null
+	kill "$apid" 2>/dev/null && wait "$apid" 2>/dev/null
+	umount "$mnt" || umount -l "$mnt"
+	return $rc
+}
+# casefold needs the kernel's CONFIG_UNICODE (/sys/fs/ext4/features/casefold) and loop devices
+if [ ! -e /sys/fs/ext4/features/casefold ]; then
+	skip "a name the guest filesystem refuses (strict casefold ext4): this kernel has no casefold support (/sys/fs/ext4/features/casefold missing: CONFIG_UNICODE off)"
+elif ! command -v mkfs.ext4 >/dev/null || ! command -v chattr >/dev/null || ! losetup -f >/dev/null 2>&1; then
+	skip "a name the guest filesystem refuses (strict casefold ext4): needs mkfs.ext4, chattr (e2fsprogs) and a free loop device"
+else
+	check "a name the guest filesystem refuses (invalid UTF-8 on strict casefold ext4): reported, retried, the rest syncs, no reconnect, renamed it converges" t_refused_name
+fi
 
 finish

@@ -113,6 +113,30 @@ t_link() {
 }
 check "hard link" t_link
 
+# a write through one name of a hard link changes the others, which a path
+# record would not name (a push of that name alone, after it was unlinked,
+# left the other name stale in the guest: faults_e2e): a root rescan
+nrescan() { grep -c "$(printf '\trescan\t\t')" "$J" || true; }
+t_link_written() {
+	local n0
+	n0=$(nrescan)
+	printf more >>"$D/hl1" && wait_line "$J" "$(printf '\trescan\t\t')" 5 && [ "$(nrescan)" -gt "$n0" ] || return 1
+	n0=$(nrescan)
+	# the name it was opened by unlinked, another one left: still a rescan
+	python3 - "$D" <<'EOF' || return 1
+import os, sys
+d = sys.argv[1]
+fd = os.open(d + "/lw1", os.O_WRONLY | os.O_CREAT, 0o644)
+os.link(d + "/lw1", d + "/lw2")
+os.unlink(d + "/lw1")
+os.write(fd, b"through the unlinked name")
+os.close(fd)
+EOF
+	for _ in $(seq 1 100); do [ "$(nrescan)" -gt "$n0" ] && break; sleep 0.05; done
+	[ "$(nrescan)" -gt "$n0" ] && [ "$(cat "$D/lw2")" = "through the unlinked name" ] && rm "$D/lw2"
+}
+check "hard link written through: a rescan, also after the name it was opened by is gone" t_link_written
+
 t_symlink() {
 	ln -s w1 "$D/sl1" && jl '\tsymlink\tsl1\t' && [ "$(readlink "$D/sl1")" = w1 ] && [ -L "$D/sl1" ]
 }

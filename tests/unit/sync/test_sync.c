@@ -439,6 +439,55 @@ static void test_push_targeted(void **state)
 	eng_stop(&e);
 }
 
+/* A write through one name of a hard link changes the others, which the
+ * journal does not name (each is an independent file in the guest). A
+ * push whose anchor is the file falls back to a full scan; so must one
+ * that reaches the file by walking a directory anchor above it (a create
+ * or chmod in that directory made it dirty too): it pushed the written
+ * name only and left the other name stale in the guest, with nothing
+ * pending (faults_e2e: a pool file older in the guest after kill -9 of
+ * the daemon; fails on the old code). */
+static void test_push_hardlink_dir(void **state)
+{
+	(void)state;
+	struct eng e = {0};
+	char host[128], guest[128], a[256], b[256];
+
+	snprintf(host, sizeof(host), "%s/lh", dir);
+	snprintf(guest, sizeof(guest), "%s/lg", dir);
+	assert_int_equal(mkdir(host, 0755), 0);
+	assert_int_equal(mkdir(guest, 0755), 0);
+	snprintf(a, sizeof(a), "%s/d", host);
+	assert_int_equal(mkdir(a, 0755), 0);
+	put(host, "d/two", "before\n");
+	snprintf(a, sizeof(a), "%s/d/two", host);
+	snprintf(b, sizeof(b), "%s/one", host);
+	assert_int_equal(link(a, b), 0);
+	eng_start(&e, host, guest, 0);
+	assert_int_equal(sync_reconcile(e.s), 0);
+	e_run(&e);
+	assert_true(e.done);
+	assert_int_equal(e.err, 0);
+	assert_true(has(guest, "one", "before\n") && has(guest, "d/two", "before\n"));
+
+	/* the file anchored itself: a full scan */
+	put(host, "d/two", "first\n");
+	const char *p1[] = {"d/two"};
+	e_push(&e, p1, 1);
+	assert_true(sync_get_push_stats(e.s)->full);
+	assert_true(has(guest, "one", "first\n") && has(guest, "d/two", "first\n"));
+
+	/* reached through its directory (a new file there): a full scan too */
+	put(host, "d/two", "second\n");
+	put(host, "d/new", "new\n");
+	const char *p2[] = {"d", "d/new", "d/two"};
+	e_push(&e, p2, 3);
+	assert_true(has(guest, "d/new", "new\n") && has(guest, "d/two", "second\n"));
+	assert_true(has(guest, "one", "second\n"));
+	assert_true(sync_get_push_stats(e.s)->full);
+	eng_stop(&e);
+}
+
 static void e_push_hinted(struct eng *e, const char *const *paths, const struct sync_hint *h, size_t n)
 {
 	e->done = false;
@@ -1747,6 +1796,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_git_config),
 	    cmocka_unit_test(test_push_targeted),
+	    cmocka_unit_test(test_push_hardlink_dir),
 	    cmocka_unit_test(test_push_ranged),
 	    cmocka_unit_test(test_too_large),
 	    cmocka_unit_test(test_withheld_content),
