@@ -158,6 +158,7 @@ start_bg vup "$AIRLOCK" up "$W3" --sandbox vm 7>&- 8>&-
 if wait_line "$T/vup.out" "^airlock: $W3 in sync with sandbox vm\$" 150; then
 	VSB=$(sed -n 's/^airlock: sandbox started .*; state in //p' "$T/vup.err")
 	ok "airlock up --sandbox vm ($(sed -n 's/^airlock: sandbox started in [0-9.]* ms, \([a-z]*\).*/\1/p' "$T/vup.err"))"
+	js() { grep -o "\"$1\":[0-9.]*" "$T/cf.out" | head -n 1 | cut -d: -f2 | cut -d. -f1; }
 	t_cli_fork() {
 		local t0 t1 t2
 		t0=$(date +%s.%N)
@@ -165,7 +166,7 @@ if wait_line "$T/vup.out" "^airlock: $W3 in sync with sandbox vm\$" 150; then
 		t1=$(date +%s.%N)
 		$TO 60 "$AIRLOCK" exec -C "$W3" --fork f1 -- sh -c 'echo x > a' </dev/null || return 1
 		t2=$(date +%s.%N)
-		echo "# airlock fork: $(echo "$t1 - $t0" | bc) s (op: $(sed 's/.*"ms":\([0-9.]*\).*/\1/' "$T/cf.out") ms), fork + first exec: $(echo "$t2 - $t0" | bc) s (load $(cut -d' ' -f1-3 /proc/loadavg))"
+		echo "# airlock fork: $(echo "$t1 - $t0" | bc) s (op $(js ms) ms: parent paused $(js freeze_ms) ms, fork start $(js start_ms) ms), fork + first exec: $(echo "$t2 - $t0" | bc) s (load $(cut -d' ' -f1-3 /proc/loadavg))"
 		[ "$($TO 60 "$AIRLOCK" exec -C "$W3" --fork f1 -- cat a </dev/null)" = x ] &&
 			$TO 60 "$AIRLOCK" exec -C "$W3" -- test ! -e a </dev/null && [ ! -e "$W3/a" ] &&
 			[ -f "$VSB/forks/f1/ws.qcow2" ] && [ -f "$VSB/forks/f1/mem" ] &&
