@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * airlock fork: copy-on-write forks of the workspace's warm local sandbox
+ * airlock fork: copy-on-write forks of the workspace's warm sandbox (local or vm)
  * (doc/SANDBOX.md "Forks"), through the relay's fork ops (doc/RELAY.md
  * "Forks"):
  *

@@ -69,7 +69,8 @@ static const struct cmd_help help_rows[] = {
     {"fork",
      "fork [-C DIR] [-n N] [--name NAME]... [--ttl S] [--json]\nfork [-C DIR] --rm NAME... | --rm-all\nfork [-C DIR] "
      "--list [--json]",
-     "copy-on-write forks of the warm local sandbox (workspace copy, node_modules, home), each its own sandbox "
+     "copy-on-write forks of the warm sandbox (local: workspace copy, node_modules, home; vm: its disk and memory), "
+     "each its own sandbox "
      "(doc/SANDBOX.md \"Forks\")",
      "  -C DIR                 the workspace (default: the one holding the current directory)\n"
      "  -n N                   how many (1 to 16; default 1); names f1, f2, ... unless --name is given\n"

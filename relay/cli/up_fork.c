@@ -6,7 +6,10 @@
  *
  * A fork is a sandbox of its own (sandbox_start with cfg.fork: new
  * namespaces, its own cgroup, its own keys) whose workspace copy and home
- * are overlays over the parent's frozen layers (sandbox_fork.h). Making
+ * are overlays over the parent's frozen layers (sandbox_fork.h); a vm
+ * fork's disk is a qcow2 overlay over the parent's frozen one, its memory
+ * the parent's (SANDBOX_FORKS_LIVE: each make pauses the running parent
+ * VM and lets it go on; no halt, no restart). Making local
  * forks stops the parent's sandbox for the freeze (a rename), starts the
  * forks, and leaves the parent idle-stopped: its next activity starts it
  * again on a fresh upper (up_touch), so its start, reconnect and reconcile
@@ -15,7 +18,8 @@
  * xcmds (up_exec.c) on its channel; its egress goes through an egress link
  * of its own over the parent's policy, so the allow-list and the audit are
  * the parent's. What its commands change stays in its upper: try reads the
- * winner's from there (fork_changes) and replays it in the parent.
+ * winner's from there (fork_changes) and replays it in the parent; a vm
+ * fork has no upper, so fork_changes and try refuse it (-ENOTSUP).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -386,10 +390,19 @@ int up_fork_make(struct up *u, const struct relay_fork_req *q, up_fork_seed_fn *
 	json_t *arr;
 	int r;
 
+	bool live = sandbox_kind_fork_flags(u->sandbox.cfg.kind) & SANDBOX_FORKS_LIVE;
+
 	if (!u->sandbox.use || !sandbox_kind_forks(u->sandbox.cfg.kind)) {
-		errmsg_set(err, errlen, "forks are made of the local sandbox (airlock up --sandbox local); %s",
+		errmsg_set(err, errlen, "forks are made of the embedded sandbox (airlock up --sandbox local or vm); %s",
 			   u->sandbox.use ? "this sandbox's kind has none here" : "this daemon talks to a --guest");
 		return -ENOTSUP;
+	}
+	if (live && !u->sandbox.sb) { /* its memory is what the forks start from */
+		errmsg_set(err, errlen,
+			   "the sandbox is %s: a %s sandbox is forked while it runs (airlock exec -- true starts it)",
+			   u->sandbox.idle_stopped ? "idle-stopped" : "not running",
+			   sandbox_kind_name(u->sandbox.cfg.kind));
+		return -EAGAIN;
 	}
 	if (forks_count(u) + q->count > SANDBOX_FORK_MAX) {
 		errmsg_set(err, errlen,
@@ -420,7 +433,7 @@ int up_fork_make(struct up *u, const struct relay_fork_req *q, up_fork_seed_fn *
 	/* stopped as by the idle TTL: the next activity of its own (a command,
 	 * an edit) starts it again, on the new layers; until then its start,
 	 * reconnect and reconcile do not hold up the forks' first commands */
-	if (u->sandbox.sb)
+	if (u->sandbox.sb && !live) /* live: each make pauses it for its fork */
 		parent_halt(u);
 	t_stop = loop_now_ns() / 1e6 - t_stop;
 	t_freeze = loop_now_ns() / 1e6;
@@ -429,8 +442,11 @@ int up_fork_make(struct up *u, const struct relay_fork_req *q, up_fork_seed_fn *
 	if (r < 0)
 		return r;
 	for (n = 0; n < q->count; n++) {
-		if ((r = sandbox_forks_make(u->sandbox.cfg.kind, u->sandbox.dir, names[n], depth, ttl, err, errlen)) <
-		    0)
+		double t_make = loop_now_ns() / 1e6;
+		r = sandbox_forks_make(u->sandbox.cfg.kind, u->sandbox.dir, names[n], depth, ttl, err, errlen);
+		if (live) /* each make paused the parent for its fork: freeze time */
+			t_freeze += loop_now_ns() / 1e6 - t_make;
+		if (r < 0)
 			goto undo;
 		if (!(made[n] = fork_new(u, names[n], ttl, err, errlen))) {
 			char e2[256];
@@ -530,6 +546,19 @@ static int op_fork_changes(struct up *u, const struct relay_fork_req *q, json_t 
 	return up_fork_changes(u, q->names[0], out, err, errlen);
 }
 
+int up_fork_changes_readable(struct up *u, char *err, size_t errlen)
+{
+	enum sandbox_kind k = u->sandbox.cfg.kind;
+
+	if (sandbox_kind_fork_flags(k) & SANDBOX_FORKS_UPPER)
+		return 0;
+	errmsg_set(err, errlen,
+		   "a %s sandbox's fork keeps its changes in its own disk image (a qcow2 overlay), not in an overlay "
+		   "upper the host can read: fork_changes and try need a local sandbox (doc/VM.md \"Forks\")",
+		   sandbox_kind_name(k));
+	return -ENOTSUP;
+}
+
 int up_fork_changes(struct up *u, const char *name, json_t *out, char *err, size_t errlen)
 {
 	struct up_fork *f = fork_find(u, name);
@@ -541,6 +570,8 @@ int up_fork_changes(struct up *u, const char *name, json_t *out, char *err, size
 		errmsg_set(err, errlen, "no fork named '%s'", name);
 		return -ENOENT;
 	}
+	if ((r = up_fork_changes_readable(u, err, errlen)) < 0)
+		return r;
 	fork_stop(f);
 	snprintf(f->why, sizeof(f->why), "stopped to read its changes");
 	if (!(arr = json_array()))
@@ -626,6 +657,14 @@ struct up_fork *up_fork_for_exec(struct up *u, const char *name, struct relay_cm
 		return NULL;
 	}
 	f->last_active_ms = loop_now_ms();
+	if (!f->sb && (sandbox_kind_fork_flags(u->sandbox.cfg.kind) & SANDBOX_FORKS_LIVE)) {
+		/* its memory file is the parent's at the fork: its disk moved on since */
+		snprintf(msg, sizeof(msg),
+			 "the fork '%s' was stopped and a %s fork cannot start again (airlock fork --rm)", name,
+			 sandbox_kind_name(u->sandbox.cfg.kind));
+		relay_cmd_error(cmd, "guest_disconnected", msg);
+		return NULL;
+	}
 	if (!f->sb && fork_start(f, err, sizeof(err)) < 0) { /* stopped: its state is kept */
 		snprintf(msg, sizeof(msg), "starting the fork '%s' again: %s", name, err);
 		relay_cmd_error(cmd, "guest_disconnected", msg);
@@ -640,11 +679,11 @@ void up_fork_init(struct up *u)
 	char **names = NULL;
 	size_t n = 0;
 
-	if (!u->sandbox.use || u->sandbox.cfg.kind != SANDBOX_LOCAL || sandbox_dir_of(u->dir, dir, sizeof(dir)) < 0 ||
-	    sandbox_fork_list(dir, &names, &n) < 0)
+	if (!u->sandbox.use || !sandbox_kind_forks(u->sandbox.cfg.kind) ||
+	    sandbox_dir_of(u->dir, dir, sizeof(dir)) < 0 || sandbox_fork_list(dir, &names, &n) < 0)
 		return;
 	for (size_t i = 0; i < n; i++) {
-		if (sandbox_fork_remove(dir, names[i], err, sizeof(err)) < 0)
+		if (sandbox_forks_remove(u->sandbox.cfg.kind, dir, names[i], err, sizeof(err)) < 0)
 			cmd_err("fork: %s", err);
 		mem_free(names[i]);
 	}

@@ -486,12 +486,14 @@ struct json_t *up_fork_status(struct up *u);
 /* Put what a fork needs into its state (forks/<name>/) before its sandbox
  * starts: i is its index in the request. 0 or -errno with err set. */
 typedef int up_fork_seed_fn(void *ud, unsigned i, const char *dir, const char *name, char *err, size_t errlen);
-/* The fork op: the parent stopped for the freeze, q->count forks made and
- * started; their figures into out. -EAGAIN when the sandbox is busy. */
+/* The fork op: the parent stopped for the freeze (vm: paused by each
+ * make), q->count forks made and started; their figures into out. -EAGAIN when the sandbox is busy. */
 int up_fork_make(struct up *u, const struct relay_fork_req *q, up_fork_seed_fn *seed, void *seed_ud, struct json_t *out,
 		 char *err, size_t errlen);
 /* The fork named name stopped and its changes listed into out ("changes",
- * "upper"). */
+ * "upper"); -ENOTSUP (said in err) for a kind whose forks have no overlay
+ * upper (vm), as up_fork_changes_readable, which try asks first. */
+int up_fork_changes_readable(struct up *u, char *err, size_t errlen);
 int up_fork_changes(struct up *u, const char *name, struct json_t *out, char *err, size_t errlen);
 /* Remove one fork (-ENOENT: none of that name). */
 int up_fork_rm(struct up *u, const char *name, char *err, size_t errlen);

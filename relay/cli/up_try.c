@@ -565,6 +565,10 @@ int up_try_start(void *ud, uint64_t token, const struct relay_try_req *q)
 
 	if (!made)
 		return -ENOMEM;
+	if (u->sandbox.use && (r = up_fork_changes_readable(u, err, sizeof(err))) < 0) {
+		t = NULL;
+		goto fail;
+	}
 	if (!(t = try_new(u, token, q, err, sizeof(err), &r)))
 		goto fail;
 	for (size_t i = 0; i < t->nv; i++)
@@ -587,9 +591,10 @@ fail:
 	json_decref(made);
 	try_free(t);
 	relay_changes_done(u->exec.relay, token, NULL, NULL,
-			   r == -EAGAIN	  ? "busy"
-			   : r == -EINVAL ? "bad_patch"
-					  : "try_failed",
+			   r == -EAGAIN	   ? "busy"
+			   : r == -EINVAL  ? "bad_patch"
+			   : r == -ENOTSUP ? "unsupported"
+					   : "try_failed",
 			   err[0] ? err : strerror(-r));
 	return 0;
 }

@@ -52,10 +52,12 @@ static const struct sandbox_backend {
 	int (*forks_freeze)(const char *dir, unsigned *gen, char *err, size_t errlen);
 	int (*forks_make)(const char *dir, const char *name, unsigned gen, int64_t ttl_s, char *err, size_t errlen);
 	int (*forks_remove)(const char *dir, const char *name, char *err, size_t errlen);
+	unsigned fork_flags; /* SANDBOX_FORKS_* */
 } backends[] = {
     [SANDBOX_LOCAL] = {"local", sandbox_local_start, sandbox_local_stop, sandbox_local_halt, sandbox_fork_freeze,
-		       sandbox_fork_make, sandbox_fork_remove},
-    [SANDBOX_VM] = {"vm", sandbox_vm_start, sandbox_vm_stop, NULL, NULL, NULL, NULL},
+		       sandbox_fork_make, sandbox_fork_remove, SANDBOX_FORKS_UPPER},
+    [SANDBOX_VM] = {"vm", sandbox_vm_start, sandbox_vm_stop, NULL, sandbox_vm_forks_freeze, sandbox_vm_forks_make,
+		    sandbox_fork_remove, SANDBOX_FORKS_LIVE},
 };
 
 static const struct sandbox_backend *backend_of(enum sandbox_kind k)
@@ -709,6 +711,13 @@ bool sandbox_kind_forks(enum sandbox_kind kind)
 	const struct sandbox_backend *be = backend_of(kind);
 
 	return be && be->forks_freeze && be->forks_make && be->forks_remove;
+}
+
+unsigned sandbox_kind_fork_flags(enum sandbox_kind kind)
+{
+	const struct sandbox_backend *be = backend_of(kind);
+
+	return sandbox_kind_forks(kind) ? be->fork_flags : 0;
 }
 
 /* kind's backend when it has forks, else NULL after saying so. */

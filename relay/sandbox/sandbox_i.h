@@ -157,6 +157,14 @@ int sandbox_vm_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *er
  * with cfg->fork then restores the fork from these, with its own keys.
  * 0 or -errno with err set. */
 int sandbox_vm_fork_freeze(const char *parent, const char *fork_dir, char *err, size_t errlen);
+/* The vm kind's columns of the backend table (sandbox.h "Forks"): freeze
+ * only checks that the parent in dir runs with a monitor (*gen: 0, the
+ * freeze is per fork); make is sandbox_fork_make (the fork's directory,
+ * slot, TTL) and then sandbox_vm_fork_freeze into it, undone on failure.
+ * Their removal is sandbox_fork_remove (the overlay and memory file are in
+ * the fork's directory). */
+int sandbox_vm_forks_freeze(const char *dir, unsigned *gen, char *err, size_t errlen);
+int sandbox_vm_forks_make(const char *dir, const char *name, unsigned gen, int64_t ttl_s, char *err, size_t errlen);
 void sandbox_vm_stop(struct sandbox *sb);
 
 #endif

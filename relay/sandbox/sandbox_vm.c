@@ -2049,6 +2049,43 @@ int sandbox_vm_fork_freeze(const char *parent, const char *fork_dir, char *err, 
 	return r;
 }
 
+int sandbox_vm_forks_freeze(const char *dir, unsigned *gen, char *err, size_t errlen)
+{
+	char qmp_path[PATH_MAX];
+
+	*gen = 0;
+	if (path_join(qmp_path, sizeof(qmp_path), dir, "run/qmp.sock") < 0)
+		return -ENAMETOOLONG;
+	if (access(qmp_path, F_OK) < 0) {
+		errmsg_set(err, errlen,
+			   "the parent VM (%s) has no monitor: only a running VM restored from a snapshot can be "
+			   "forked (AIRLOCK_VM_SNAPSHOT=0, or no snapshot of the template?)",
+			   dir);
+		return -ENOTSUP;
+	}
+	return 0;
+}
+
+int sandbox_vm_forks_make(const char *dir, const char *name, unsigned gen, int64_t ttl_s, char *err, size_t errlen)
+{
+	char fdir[PATH_MAX], e2[256];
+	int r;
+
+	if ((r = sandbox_fork_make(dir, name, gen, ttl_s, err, errlen)) < 0)
+		return r;
+	err[0] = '\0';
+	if ((size_t)snprintf(fdir, sizeof(fdir), "%s/forks/%s", dir, name) >= sizeof(fdir))
+		r = -ENAMETOOLONG;
+	else
+		r = sandbox_vm_fork_freeze(dir, fdir, err, errlen);
+	if (r < 0) {
+		if (!err[0])
+			errmsg_set(err, errlen, "freezing the parent VM for fork '%s': %s", name, strerror(-r));
+		(void)sandbox_fork_remove(dir, name, e2, sizeof(e2));
+	}
+	return r;
+}
+
 int sandbox_vm_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *err, size_t errlen)
 {
 	struct vm_template t;

@@ -6,7 +6,9 @@
 # (qcow2 overlay of its workspace disk, its memory migrated to a file) and
 # a fork restored from that with its own keys. Isolation both ways and from
 # the host, the fork's own identity and start kind, the parent's overlay
-# merged back at its next start, nothing left behind. Plain build only
+# merged back at its next start, nothing left behind. Then the user's path:
+# `airlock up --sandbox vm`, `airlock fork`, `exec --fork`, try refused,
+# `down --destroy` leaving nothing. Plain build only
 # (about a minute of VMs under TCG here); vm_e2e covers the vm sandbox under
 # the sanitizers.
 #
@@ -145,6 +147,48 @@ dep" ]
 check "the parent's next start merges its overlay into workspace.img and keeps its writes" t_merged
 $TO 30 "$AIRLOCK" down "$W1" >/dev/null 2>&1
 stop_harness hp2 >/dev/null
+
+# ---- the user's path: `airlock up --sandbox vm` (the daemon's own VM,
+# restored from the template's snapshot), `airlock fork`, `exec --fork`,
+# `down --destroy` (one fork: each VM here costs seconds under TCG) ----
+export XDG_DATA_HOME=$T/data
+W3=$T/w3
+cp -a "$W1" "$W3"
+start_bg vup "$AIRLOCK" up "$W3" --sandbox vm 7>&- 8>&-
+if wait_line "$T/vup.out" "^airlock: $W3 in sync with sandbox vm\$" 150; then
+	VSB=$(sed -n 's/^airlock: sandbox started .*; state in //p' "$T/vup.err")
+	ok "airlock up --sandbox vm ($(sed -n 's/^airlock: sandbox started in [0-9.]* ms, \([a-z]*\).*/\1/p' "$T/vup.err"))"
+	js() { grep -o "\"$1\":[0-9.]*" "$T/cf.out" | head -n 1 | cut -d: -f2 | cut -d. -f1; }
+	t_cli_fork() {
+		local t0 t1 t2
+		t0=$(date +%s.%N)
+		$TO 120 "$AIRLOCK" fork -C "$W3" --name f1 --json >"$T/cf.out" 2>"$T/cf.err" || { cat "$T/cf.err" >&2; return 1; }
+		t1=$(date +%s.%N)
+		$TO 60 "$AIRLOCK" exec -C "$W3" --fork f1 -- sh -c 'echo x > a' </dev/null || return 1
+		t2=$(date +%s.%N)
+		echo "# airlock fork: $(echo "$t1 - $t0" | bc) s (op $(js ms) ms: parent paused $(js freeze_ms) ms, fork start $(js start_ms) ms), fork + first exec: $(echo "$t2 - $t0" | bc) s (load $(cut -d' ' -f1-3 /proc/loadavg))"
+		[ "$($TO 60 "$AIRLOCK" exec -C "$W3" --fork f1 -- cat a </dev/null)" = x ] &&
+			$TO 60 "$AIRLOCK" exec -C "$W3" -- test ! -e a </dev/null && [ ! -e "$W3/a" ] &&
+			[ -f "$VSB/forks/f1/ws.qcow2" ] && [ -f "$VSB/forks/f1/mem" ] &&
+			"$AIRLOCK" fork -C "$W3" --list | grep -q '^f1 *ready'
+	}
+	check "airlock fork --name f1 of the vm sandbox; a write by exec --fork f1 is absent from the parent and the host" t_cli_fork
+	t_cli_refused() {
+		printf -- '--- /dev/null\n+++ b/t\n@@ -0,0 +1 @@\n+t\n' >"$T/t.diff"
+		! $TO 30 "$AIRLOCK" try -C "$W3" --patch "$T/t.diff" -- true >"$T/try.out" 2>&1 && grep -q 'qcow2' "$T/try.out"
+	}
+	check "try on a vm sandbox is refused, saying why (no overlay upper)" t_cli_refused
+	t_cli_destroy() {
+		$TO 60 "$AIRLOCK" down "$W3" --destroy >"$T/destroy.out" 2>&1 || { cat "$T/destroy.out" >&2; return 1; }
+		! pgrep -f "qemu-system.*$VSB" >/dev/null && [ ! -e "$VSB" ] &&
+			[ -z "$(find "$T/data" \( -name '*.qcow2' -o -name mem \) 2>/dev/null)" ]
+	}
+	check "down --destroy: no qemu, no overlay, no memory file left" t_cli_destroy
+else
+	cat "$T/vup.err"
+	not_ok "airlock up --sandbox vm boots the VM and syncs"
+fi
+
 t_no_qemu() { ! pgrep -f "qemu-system.*$T" >/dev/null; }
 check "no qemu is left" t_no_qemu
 

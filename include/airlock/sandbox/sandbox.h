@@ -116,10 +116,24 @@ int sandbox_halt(struct sandbox *sb);
  * starts with sandbox_start and cfg.fork. The local kind's are its layer
  * stack (sandbox_fork.h); a kind without forks: false, -ENOTSUP.
  *   freeze: the stopped (or halted) sandbox in dir (its state directory)
- *           frozen as the base of new forks; *gen names that base;
- *   make:   one fork's state over gen (-EEXIST: that name exists);
+ *           frozen as the base of new forks; *gen names that base (vm:
+ *           the running parent checked, nothing frozen yet);
+ *   make:   one fork's state over gen (-EEXIST: that name exists; vm: the
+ *           running parent frozen for this fork, its slot taken);
  *   remove: one fork's state (its sandbox stopped; -ENOENT: none). */
 bool sandbox_kind_forks(enum sandbox_kind kind);
+/* How kind's forks are made and read (0 for a kind without forks):
+ *   SANDBOX_FORKS_LIVE   freeze and make need the parent running (vm: make
+ *                        pauses it over its monitor, moves its disk onto a
+ *                        new overlay, saves its memory for the fork, lets it
+ *                        go on); without it the parent is stopped (or
+ *                        halted) before the freeze (local);
+ *   SANDBOX_FORKS_UPPER  a fork's changes are files in its overlay upper
+ *                        (sandbox_fork_changes, the try op); a vm fork's are
+ *                        blocks in its qcow2 disk, which the host cannot list. */
+#define SANDBOX_FORKS_LIVE  1u
+#define SANDBOX_FORKS_UPPER 2u
+unsigned sandbox_kind_fork_flags(enum sandbox_kind kind);
 int sandbox_forks_freeze(enum sandbox_kind kind, const char *dir, unsigned *gen, char *err, size_t errlen);
 int sandbox_forks_make(enum sandbox_kind kind, const char *dir, const char *name, unsigned gen, int64_t ttl_s,
 		       char *err, size_t errlen);

@@ -16,8 +16,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -26,6 +29,7 @@
 #include "testutil.h"
 
 #include "airlock/core/mem.h"
+#include "airlock/sandbox/sandbox.h"
 #include "airlock/sandbox/sandbox_fork.h"
 
 static char dir[PATH_MAX];
@@ -326,6 +330,48 @@ static void test_seed_stage(void **state)
 	assert_int_equal(sandbox_fork_stage(dir, "nope", "t2", &nf, &nd, err, sizeof(err)), -ENOENT);
 }
 
+/* The vm kind behind the same table: forked live, no upper. Its freeze
+ * refuses a parent without a monitor; a make whose monitor is not QMP
+ * fails saying so and leaves no fork directory and no slot behind. */
+static void test_vm_kind(void **state)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	char err[512];
+	unsigned gen = 9;
+	int lfd, st;
+	pid_t pid;
+	(void)state;
+
+	assert_int_equal(sandbox_kind_fork_flags(SANDBOX_LOCAL), SANDBOX_FORKS_UPPER);
+	assert_int_equal(sandbox_kind_fork_flags(SANDBOX_VM), SANDBOX_FORKS_LIVE);
+	assert_true(sandbox_kind_forks(SANDBOX_VM));
+	assert_int_equal(sandbox_forks_freeze(SANDBOX_VM, dir, &gen, err, sizeof(err)), -ENOTSUP);
+	assert_non_null(strstr(err, "no monitor"));
+
+	put("run/.keep", "");
+	assert_true((size_t)snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/run/qmp.sock", dir) < sizeof(sa.sun_path));
+	assert_true((lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) >= 0);
+	assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(listen(lfd, 1), 0);
+	assert_true((pid = fork()) >= 0);
+	if (pid == 0) { /* a monitor that is not qemu's */
+		int c = accept(lfd, NULL, NULL);
+		if (c >= 0 && write(c, "not qmp\n", 8) == 8)
+			close(c);
+		_exit(0);
+	}
+	close(lfd);
+	assert_int_equal(sandbox_forks_freeze(SANDBOX_VM, dir, &gen, err, sizeof(err)), 0);
+	assert_int_equal(gen, 0);
+	err[0] = '\0';
+	assert_true(sandbox_forks_make(SANDBOX_VM, dir, "v", gen, 60, err, sizeof(err)) < 0);
+	assert_true(err[0] != '\0');
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_false(present("forks/v"));
+	assert_false(present("run.1"));
+	assert_int_equal(sandbox_forks_remove(SANDBOX_VM, dir, "v", err, sizeof(err)), -ENOENT);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -335,6 +381,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_changes, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_stack_full, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_seed_stage, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_vm_kind, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
