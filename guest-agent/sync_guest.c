@@ -57,6 +57,10 @@ struct syncg {
 	uint64_t quiet_count;
 	struct chunk_params quiet_params;
 	uint64_t walks; /* syncg_walks */
+	/* the generation of the copy this state describes (SYNC_STATE gen),
+	 * kept in SYNCG_SEQ_FILE with the identity of the copy's root */
+	uint64_t gen;
+	char root_id[80];
 };
 
 struct syncg_session {
@@ -74,9 +78,12 @@ struct syncg_session {
 	struct chunk_params params;
 };
 
+/* "SEQ GEN ROOT-ID": the last applied batch, the copy's generation and
+ * its root's identity (device, inode, birth time) when the state was
+ * written; a file of only "SEQ" (before generations) has no generation. */
 static int load_seq(struct syncg *g, uint64_t *seq, char *err, size_t errlen)
 {
-	char text[32];
+	char text[160];
 	int fd = openat(g->state_fd, SYNCG_SEQ_FILE, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 
 	*seq = 0;
@@ -99,7 +106,13 @@ static int load_seq(struct syncg *g, uint64_t *seq, char *err, size_t errlen)
 	char *end;
 	errno = 0;
 	unsigned long long v = strtoull(text, &end, 10);
-	if (errno || end == text || (*end && *end != '\n')) {
+	int used = 0;
+	bool bad = errno || end == text;
+	if (!bad && *end == ' ' && sscanf(end, " %16" SCNx64 " %79s%n", &g->gen, g->root_id, &used) == 2 && g->gen)
+		end += used;
+	else
+		g->gen = 0;
+	if (bad || (*end && strcmp(end, "\n"))) {
 		errmsg_set(err, errlen, "%s/%s: not a sequence number", g->state_dir, SYNCG_SEQ_FILE);
 		return -EINVAL;
 	}
@@ -134,8 +147,8 @@ static int save_seq_in_place(struct syncg *g, const char *text, size_t n)
 
 static int save_seq(struct syncg *g, uint64_t seq)
 {
-	char text[32], tmp[64];
-	int n = snprintf(text, sizeof(text), "%" PRIu64 "\n", seq), r = 0;
+	char text[160], tmp[64];
+	int n = snprintf(text, sizeof(text), "%" PRIu64 " %016" PRIx64 " %s\n", seq, g->gen, g->root_id), r = 0;
 
 	if (!g->durable)
 		return save_seq_in_place(g, text, (size_t)n);
@@ -153,6 +166,31 @@ static int save_seq(struct syncg *g, uint64_t seq)
 	else
 		unlinkat(g->state_fd, tmp, 0);
 	return r;
+}
+
+/* A state without a generation (fresh, or from before them), or one
+ * written for another copy (the root was replaced: removed and made
+ * again), describes no copy that is here: a new random generation, so
+ * the host trusts nothing it saved about the old one (doc/SYNC.md
+ * "Generations"). Persisted at once; if that fails the next start makes
+ * yet another, which only costs the host's saved state again. */
+static void new_generation(struct syncg *g, uint64_t seq)
+{
+	char id[sizeof(g->root_id)];
+	struct statx sx;
+
+	if (statx(apply_rootfd(g->apply), "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW, STATX_INO | STATX_BTIME, &sx) < 0)
+		memset(&sx, 0, sizeof(sx)); /* unknown: a new generation at every start */
+	snprintf(id, sizeof(id), "%x:%x:%" PRIx64 ":%" PRId64 ".%09u", sx.stx_dev_major, sx.stx_dev_minor,
+		 (uint64_t)sx.stx_ino, (sx.stx_mask & STATX_BTIME) ? (int64_t)sx.stx_btime.tv_sec : 0,
+		 (sx.stx_mask & STATX_BTIME) ? sx.stx_btime.tv_nsec : 0);
+	if (g->gen && sx.stx_ino && !strcmp(id, g->root_id))
+		return;
+	snprintf(g->root_id, sizeof(g->root_id), "%s", id);
+	do
+		randombytes_buf(&g->gen, sizeof(g->gen));
+	while (!g->gen);
+	(void)save_seq(g, seq);
 }
 
 int syncg_open(const char *root, const char *state_dir, const struct apply_opts *opts, const uint8_t guest_pub[32],
@@ -216,6 +254,7 @@ int syncg_open(const char *root, const char *state_dir, const struct apply_opts 
 		goto fail;
 	}
 	apply_set_last_seq(g->apply, seq);
+	new_generation(g, seq);
 	*out = g;
 	return 0;
 fail:
@@ -242,6 +281,10 @@ void syncg_free(struct syncg *g)
 uint64_t syncg_last_seq(const struct syncg *g)
 {
 	return apply_last_seq(g->apply);
+}
+uint64_t syncg_generation(const struct syncg *g)
+{
+	return g->gen;
 }
 const char *syncg_state_dir(const struct syncg *g)
 {
@@ -536,7 +579,7 @@ static int on_begin(struct syncg_session *ss, struct buf *in, char *err, size_t 
 		memcpy(g->quiet_root, ss->m ? ss->m->root : scanstate_root(ss->state), CHUNK_HASH_LEN);
 		g->quiet_params = p;
 	}
-	struct wire_sync_state st = {.seq = apply_last_seq(g->apply), .entries = g->quiet_count};
+	struct wire_sync_state st = {.seq = apply_last_seq(g->apply), .entries = g->quiet_count, .gen = g->gen};
 	memcpy(st.root, g->quiet_root, CHUNK_HASH_LEN);
 	buf_init(&out, 64);
 	if ((r = wire_sync_state_encode(&out, &st)) < 0 || (r = reply(ss, WIRE_SYNC_STATE, &out)) < 0)

@@ -2900,6 +2900,7 @@ static int on_state(struct sync *s, struct buf *in)
 	if (m.seq == UINT64_MAX)
 		return -EOVERFLOW;
 	s->st.guest_seq = m.seq;
+	s->st.guest_gen = m.gen;
 	s->next_seq = m.seq + 1;
 	s->have_state = true;
 	s->st.state_ns = mono_ns();

@@ -9,8 +9,10 @@
  * the journal's record of that write, whose op sync_cfg.keep drops: the
  * guest already holds those bytes, nothing loops back.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -25,11 +27,13 @@
 #include "airlock/content/apply.h"
 #include "airlock/core/buf.h"
 #include "airlock/core/chan.h"
+#include "airlock/core/errmsg.h"
 #include "airlock/core/mem.h"
 #include "airlock/core/wire.h"
 #include "airlock/policy/policy.h"
 #include "airlock/policy/protect.h"
 #include "airlock/server/relay.h"
+#include "airlock/sync/audit.h"
 #include "airlock/sync/sync.h"
 #include "airlock/sync/writeback.h"
 #include "cmd_i.h"
@@ -774,9 +778,10 @@ static void rejected_clear(struct up *u)
 	u->chg.nrejected = 0;
 }
 
-/* The saved state describes this guest's copy: the same guest key, and
- * the guest has applied at least the batch it was saved at (a fresh or
- * replaced copy starts over at 0: everything would look deleted). */
+/* The saved state describes this guest's copy: the same guest key, the
+ * same generation of its copy (a fresh or replaced copy has a new one:
+ * everything would look deleted), and the guest has applied at least the
+ * batch it was saved at. */
 static const struct manifest *base_usable(struct up *u)
 {
 	base_wait(u);
@@ -786,6 +791,7 @@ static const struct manifest *base_usable(struct up *u)
 		return sync_known(u->sync.engine);
 	if (chg_base(u) && u->sync.engine && u->chg.base_seq &&
 	    sync_get_stats(u->sync.engine)->guest_seq >= u->chg.base_seq &&
+	    sync_get_stats(u->sync.engine)->guest_gen == u->chg.base_gen &&
 	    !sodium_memcmp(u->chg.base_guest, u->conn.g.guest_pub, sizeof(u->chg.base_guest)))
 		return u->chg.base;
 	return NULL;
@@ -925,18 +931,19 @@ static int save_manifest(struct up *u, const struct manifest *m, const char *nam
 	return r;
 }
 
-/* CONFIRMED_FILE.meta: whose and when (the guest's key and its sequence),
+/* CONFIRMED_FILE.meta: whose and when (the guest's key, its sequence and
+ * the generation of its copy),
  * whether the manifests beside it are exact, and the root digest of the
  * confirmed one (root NULL: a lagging mark, whose root no one reads).
  * 0 or -errno (also said by up_state_wrote). */
-static int save_meta(struct up *u, uint64_t seq, bool exact, const uint8_t *root)
+static int save_meta(struct up *u, const struct sync_stats *gs, bool exact, const uint8_t *root)
 {
 	char meta[200], hex[65], rhex[2 * CHUNK_HASH_LEN + 1] = "-";
 	sodium_bin2hex(hex, sizeof(hex), u->conn.g.guest_pub, 32);
 	if (root)
 		sodium_bin2hex(rhex, sizeof(rhex), root, CHUNK_HASH_LEN);
-	int n = snprintf(meta, sizeof(meta), "%s %llu %s %s\n", hex, (unsigned long long)seq,
-			 exact ? "exact" : "lagging", rhex);
+	int n = snprintf(meta, sizeof(meta), "%s %llu %s %s %016llx\n", hex, (unsigned long long)gs->guest_seq,
+			 exact ? "exact" : "lagging", rhex, (unsigned long long)gs->guest_gen);
 	int r = save_bytes(u, CONFIRMED_FILE ".meta", meta, (size_t)n);
 	u->chg.exact_on_disk = exact && r == 0;
 	up_state_wrote(u, CONFIRMED_FILE, r);
@@ -983,7 +990,7 @@ static void save_confirmed(struct up *u, struct sync *engine, bool exact)
 			r = save_manifest(u, sync_sending(engine), SENDING_FILE);
 	}
 	if (r == 0)
-		r = save_meta(u, sync_get_stats(engine)->guest_seq, exact, k->root);
+		r = save_meta(u, sync_get_stats(engine), exact, k->root);
 	else
 		up_state_wrote(u, CONFIRMED_FILE, r);
 }
@@ -1036,19 +1043,21 @@ void up_changes_reconcile_begin(struct up *u)
 	manifest_free(u->chg.sending);
 	u->chg.base = u->chg.sending = NULL;
 	u->chg.base_seq = 0;
-	char meta[160] = "", hex[65], how[16] = "";
-	unsigned long long seq = 0;
+	char meta[200] = "", hex[65], how[16] = "";
+	unsigned long long seq = 0, gen = 0;
 	if ((fd = openat(u->chg.state_fd, CONFIRMED_FILE ".meta", O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) >= 0) {
 		ssize_t k = read(fd, meta, sizeof(meta) - 1);
 		close(fd);
 		meta[k > 0 ? k : 0] = '\0';
 	}
 	size_t got = 0;
-	if (sscanf(meta, "%64s %llu %15s", hex, &seq, how) != 3 || strcmp(how, "exact") != 0 ||
+	/* no generation (written before there were any): not this copy's */
+	if (sscanf(meta, "%64s %llu %15s %*s %llx", hex, &seq, how, &gen) != 4 || strcmp(how, "exact") != 0 || !gen ||
 	    sodium_hex2bin(u->chg.base_guest, sizeof(u->chg.base_guest), hex, strlen(hex), NULL, &got, NULL) < 0 ||
 	    got != sizeof(u->chg.base_guest))
 		return;
 	u->chg.base_seq = seq;
+	u->chg.base_gen = gen;
 	char root[40] = "";
 	got = 0;
 	u->chg.base_root_known =
@@ -1077,6 +1086,7 @@ static bool confirmed_on_disk(struct up *u, struct sync *engine)
 
 	return k && u->chg.base_seq && u->chg.base_root_known && sync_get_stats(engine)->changes == 0 &&
 	       sync_get_stats(engine)->guest_seq == u->chg.base_seq &&
+	       sync_get_stats(engine)->guest_gen == u->chg.base_gen &&
 	       !memcmp(u->chg.base_root, k->root, sizeof(u->chg.base_root)) &&
 	       !sodium_memcmp(u->chg.base_guest, u->conn.g.guest_pub, sizeof(u->chg.base_guest));
 }
@@ -1097,7 +1107,7 @@ void up_changes_synced(struct up *u, bool full)
 	/* an exact copy stops being one with this confirmed operation,
 	 * unless it found the guest where the copy says (an unchanged up) */
 	if (u->chg.exact_on_disk && !(full && confirmed_on_disk(u, u->sync.engine)))
-		(void)save_meta(u, sync_get_stats(u->sync.engine)->guest_seq, false, NULL);
+		(void)save_meta(u, sync_get_stats(u->sync.engine), false, NULL);
 	if (wb_store_prune(u->chg.store, sync_known(u->sync.engine)))
 		save_store(u);
 	if (!full || !u->chg.nrejects)
@@ -1442,3 +1452,44 @@ static int chg_request(void *ud, uint64_t token, const struct relay_changes_req 
 }
 
 const struct relay_changes_ops up_changes_ops = {.request = chg_request};
+
+/* down --destroy: what this state directory says about the guest's copy
+ * goes with it (the confirmed and sending manifests, the changes waiting
+ * with their stashes, the failed paths): a waiting change would keep its
+ * path from the next copy, a confirmed manifest would describe a copy no
+ * one has. What describes the host's tree (scan state, hash cache) stays.
+ * 0, or -errno with err set. */
+static int forget_one(int dfd, const char *dir, const char *name, char *err, size_t errlen)
+{
+	if (unlinkat(dfd, name, 0) == 0 || errno == ENOENT)
+		return 0;
+	int r = -errno;
+	errmsg_set(err, errlen, "%s/%s: %s", dir, name, strerror(-r));
+	return r;
+}
+
+int up_changes_forget(const char *state_dir, char *err, size_t errlen)
+{
+	static const char *const names[] = {CONFIRMED_FILE ".meta", CONFIRMED_FILE, SENDING_FILE, WB_STORE_FILE,
+					    AUDIT_FAILED_FILE};
+	int dfd = open(state_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW), r = 0;
+	DIR *d;
+	struct dirent *e;
+
+	if (dfd < 0) {
+		r = errno == ENOENT ? 0 : -errno;
+		if (r)
+			errmsg_set(err, errlen, "%s: %s", state_dir, strerror(-r));
+		return r;
+	}
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]) && !r; i++)
+		r = forget_one(dfd, state_dir, names[i], err, errlen);
+	if (!r && (d = fdopendir(dup(dfd)))) {
+		while (!r && (e = readdir(d)))
+			if (!fnmatch(UP_STASH_FILES, e->d_name, 0))
+				r = forget_one(dfd, state_dir, e->d_name, err, errlen);
+		closedir(d);
+	}
+	close(dfd);
+	return r;
+}

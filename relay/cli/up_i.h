@@ -251,6 +251,7 @@ struct up_changes {
 	char **rejected;	/* rejected paths (sorted) until their reconcile is done: the */
 	size_t nrejected;	/* three-way check must not take them as guest changes again */
 	uint8_t base_guest[32]; /* ... and whose it was */
+	uint64_t base_gen;	/* ... of which generation of its copy (SYNC_STATE gen) */
 };
 
 /* The embedded sandbox (no --guest): doc/SANDBOX.md (up_daemon.c). */
@@ -612,6 +613,9 @@ void up_remove_state_files(struct up *u);
 /* State dir of dir; clears a stale mount that hides dir first if needed.
  * 0, or -1 after saying why. */
 int up_state_dir_of(const char *dir, char *out, size_t n);
+/* down --destroy: the files of state_dir that describe the guest's copy
+ * go (up_changes.c). 0, or -errno with err set. */
+int up_changes_forget(const char *state_dir, char *err, size_t errlen);
 /* Usage of down, status or sync-wait (cmd), to stderr. */
 void up_wait_usage(const char *cmd);
 

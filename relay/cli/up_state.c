@@ -146,7 +146,10 @@ static int down_destroy(const char *dir)
 		}
 		snprintf(real, sizeof(real), "%s", dir);
 	}
-	if ((r = sandbox_destroy(real, err, sizeof(err))) < 0) {
+	char sdir[PATH_MAX];
+	if ((r = sandbox_destroy(real, err, sizeof(err))) < 0 ||
+	    (audit_dir(real, 0, sdir, sizeof(sdir), err, sizeof(err)) == 0 &&
+	     (r = up_changes_forget(sdir, err, sizeof(err))) < 0)) {
 		cmd_err("down: --destroy: %s", err);
 		return 1;
 	}

@@ -350,7 +350,8 @@ int wire_sync_state_encode(struct buf *b, const struct wire_sync_state *m)
 	int r;
 
 	if ((r = buf_put_u64(b, m->seq)) < 0 || (r = buf_put(b, m->root, sizeof(m->root))) < 0 ||
-	    (r = buf_put_u64(b, m->entries)) < 0 || (r = buf_put_u32(b, m->special)) < 0)
+	    (r = buf_put_u64(b, m->entries)) < 0 || (r = buf_put_u32(b, m->special)) < 0 ||
+	    (r = buf_put_u64(b, m->gen)) < 0)
 		return r;
 	return 0;
 }
@@ -360,7 +361,8 @@ int wire_sync_state_decode(struct buf *in, struct wire_sync_state *m)
 	int r;
 
 	if ((r = buf_get_u64(in, &m->seq)) < 0 || (r = buf_get(in, m->root, sizeof(m->root))) < 0 ||
-	    (r = buf_get_u64(in, &m->entries)) < 0 || (r = buf_get_u32(in, &m->special)) < 0 || (r = done(in)) < 0)
+	    (r = buf_get_u64(in, &m->entries)) < 0 || (r = buf_get_u32(in, &m->special)) < 0 ||
+	    (r = buf_get_u64(in, &m->gen)) < 0 || (r = done(in)) < 0)
 		return r;
 	return 0;
 }

@@ -323,6 +323,25 @@ t_destroy() {
 }
 check "down --destroy removes the sandbox's state; the next up starts fresh" t_destroy
 
+# The host's saved state about the guest's copy (confirmed manifest, the
+# changes waiting) must not outlive the copy: after --destroy, and after
+# the copy was removed by hand while airlock was down, the next up fills
+# the new copy with every file (doc/SYNC.md "Generations").
+same_copy() { # the guest's listing and contents of dz/ are the host's
+	$TO 30 "$AIRLOCK" sync-wait -C "$W" >/dev/null &&
+		[ "$(X -- sh -c 'cd dz && find . | sort && cat a b c')" = "$(cd "$W/dz" && find . | sort && cat a b c)" ] ||
+		{ echo "guest: $(X -- sh -c 'find dz | sort' 2>&1 | tr '\n' ' ')" >&2; return 1; }
+}
+t_destroy_refills() {
+	mkdir -p "$W/dz/sub" && echo a >"$W/dz/a" && echo b >"$W/dz/b" && echo c >"$W/dz/c" && echo s >"$W/dz/sub/s"
+	same_copy || return 1
+	X -- sh -c 'rm dz/a && echo guest >dz/b' && "$AIRLOCK" changes -C "$W" | grep -q '^D dz/a' || return 1
+	down --destroy && up && same_copy || return 1
+	! "$AIRLOCK" changes -C "$W" | grep -q 'dz/' || { echo "changes of the destroyed copy are still listed" >&2; return 1; }
+	down && rm -rf "$SB_DIR/workspace" && up && same_copy
+}
+check "after down --destroy, and after the copy was removed by hand, the next up fills the new copy" t_destroy_refills
+
 t_destroy_busy() {
 	# the state of a running sandbox is not removed from under it
 	! "$HARNESS" "$W" "$AGENT" </dev/null >/dev/null 2>"$T/busy.err" && grep -q 'already running' "$T/busy.err"

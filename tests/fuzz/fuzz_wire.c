@@ -210,7 +210,7 @@ static int seed_msg(unsigned i, union wire_msg *m, uint8_t *type)
 		m->sync_begin = (struct wire_sync_begin){16384, 65536, 262144, 131072};
 		break;
 	case WIRE_SYNC_STATE:
-		m->sync_state = (struct wire_sync_state){.seq = 7, .entries = 42, .special = 1};
+		m->sync_state = (struct wire_sync_state){.seq = 7, .entries = 42, .special = 1, .gen = 9};
 		memset(m->sync_state.root, 0x17, sizeof(m->sync_state.root));
 		break;
 	case WIRE_SYNC_LEVELS_REQ:

@@ -29,7 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define WIRE_VERSION 1
+#define WIRE_VERSION 2
 /* Noise prologue: binds the protocol name and version into the handshake
  * hash, so nothing about the version can be downgraded. */
 #define WIRE_PROLOGUE	"airlock wire v1"
@@ -161,7 +161,8 @@ enum wire_type {
 	 * WIRE_SYNC_MSG_MAX bytes (checked before growing) and then parses the
 	 * message; below, "payload" means the reassembled message. */
 	WIRE_SYNC_BEGIN = 48, /* h->g: u32 chunk min, avg, max, whole_max */
-	WIRE_SYNC_STATE = 49, /* g->h: u64 last applied seq, 16 root digest, u64 entries, u32 special files skipped */
+	WIRE_SYNC_STATE =
+	    49, /* g->h: u64 last applied seq, 16 root digest, u64 entries, u32 special files skipped, u64 generation */
 	WIRE_SYNC_LEVELS_REQ = 50, /* h->g: u32 n (<= WIRE_SYNC_REQ_MAX), n x str dir ("" = root) */
 	WIRE_SYNC_LEVEL = 51,	   /* g->h, one per asked dir, in order: str dir, bytes level (manifest_level_encode) */
 	WIRE_SYNC_ENTRIES_REQ = 52, /* h->g: u32 n (<= WIRE_SYNC_REQ_MAX), n x str path */
@@ -367,12 +368,16 @@ struct wire_sync_begin {
 int wire_sync_begin_encode(struct buf *b, const struct wire_sync_begin *m);
 int wire_sync_begin_decode(struct buf *in, struct wire_sync_begin *m);
 
-/* SYNC_STATE: last applied seq, root digest, entries, special files skipped. */
+/* SYNC_STATE: last applied seq, root digest, entries, special files skipped,
+ * the copy's generation. */
 struct wire_sync_state {
 	uint64_t seq;
 	uint8_t root[WIRE_SYNC_HASH_LEN];
 	uint64_t entries;
 	uint32_t special;
+	/* the copy's generation: random, new whenever the guest's state
+	 * starts over or finds its copy replaced (doc/SYNC.md "Generations") */
+	uint64_t gen;
 };
 int wire_sync_state_encode(struct buf *b, const struct wire_sync_state *m);
 int wire_sync_state_decode(struct buf *in, struct wire_sync_state *m);

@@ -49,6 +49,10 @@ int syncg_open(const char *root, const char *state_dir, const struct apply_opts 
 	       struct syncg **out, char *err, size_t errlen);
 void syncg_free(struct syncg *g); /* NULL is a no-op */
 uint64_t syncg_last_seq(const struct syncg *g);
+/* The generation of the copy (never 0), sent in SYNC_STATE: new when the
+ * state has none or was written for another root (doc/SYNC.md
+ * "Generations"). */
+uint64_t syncg_generation(const struct syncg *g);
 /* The tracker watching the copy (track.h; NULL: none), kept by the
  * caller, who reads its events before handing a frame to a session: a
  * BEGIN that finds no event since the last one's scan started answers

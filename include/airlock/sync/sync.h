@@ -101,6 +101,7 @@ struct sync_stats {
 	uint64_t vanished;  /* files that changed or vanished while being sent (left for next sync) */
 	uint64_t kept_dirs; /* directory deletes the guest skipped: they hold its own files */
 	uint64_t guest_seq; /* last sequence the guest confirmed */
+	uint64_t guest_gen; /* the generation of the guest's copy (SYNC_STATE) */
 	/* the last full host scan (doc/SYNC.md "Unchanged trees") */
 	uint64_t scan_ns;	/* its wall time */
 	uint64_t scan_hashed;	/* files it read (0 when the persisted scan was proven unchanged) */

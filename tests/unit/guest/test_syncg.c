@@ -114,7 +114,7 @@ static void test_seq_in_place(void **state)
 {
 	(void)state;
 	static const struct apply_opts none = {.fsync = APPLY_FSYNC_NONE};
-	char root[128], seqf[192], text[32] = {0}, err[512];
+	char root[128], seqf[192], text[160] = {0}, err[512];
 	struct syncg *g;
 
 	snprintf(root, sizeof(root), "%s/inplace", dir);
@@ -130,9 +130,10 @@ static void test_seq_in_place(void **state)
 	assert_int_equal(syncg_last_seq(g), 10);
 	FILE *f = fopen(seqf, "r");
 	assert_non_null(f);
-	assert_int_equal(fread(text, 1, sizeof(text) - 1, f), 3);
+	size_t len = fread(text, 1, sizeof(text) - 1, f);
 	fclose(f);
-	assert_string_equal(text, "10\n");
+	/* "SEQ GEN ROOT-ID\n", nothing of the shorter "9 ..." line left */
+	assert_true(len > 3 && !strncmp(text, "10 ", 3) && strchr(text, '\n') == text + len - 1);
 	syncg_free(g);
 	assert_int_equal(syncg_open(root, NULL, &none, gpub, &g, err, sizeof(err)), 0);
 	assert_int_equal(syncg_last_seq(g), 10);
@@ -142,6 +143,59 @@ static void test_seq_in_place(void **state)
 	assert_int_equal(syncg_apply_batch(g, b, n, hpk, NULL, err, sizeof(err)), -ESTALE);
 	mem_free(b);
 	syncg_free(g);
+}
+
+/* The generation: kept across a restart, new for a fresh state and for a
+ * root removed and made again beside the same state; a sequence file from
+ * before generations is read (its sequence kept) and gets one. */
+static void test_generation(void **state)
+{
+	(void)state;
+	char root[128], st[160], err[512];
+	struct syncg *g;
+	uint64_t g1, g2;
+
+	snprintf(root, sizeof(root), "%s/gen", dir);
+	snprintf(st, sizeof(st), "%s/gen-state", dir);
+	assert_int_equal(mkdir(root, 0755), 0);
+	assert_int_equal(syncg_open(root, st, NULL, gpub, &g, err, sizeof(err)), 0);
+	g1 = syncg_generation(g);
+	assert_true(g1 != 0);
+	syncg_free(g);
+	assert_int_equal(syncg_open(root, st, NULL, gpub, &g, err, sizeof(err)), 0);
+	assert_true(syncg_generation(g) == g1);
+	syncg_free(g);
+
+	/* the copy replaced, the state kept: a new generation (a file in
+	 * the way keeps the old inode number from being reused at once) */
+	char p[200];
+	snprintf(p, sizeof(p), "%s/gen-keep", dir);
+	assert_int_equal(rename(root, p), 0);
+	assert_int_equal(mkdir(root, 0755), 0);
+	tu_rm_rf(p);
+	assert_int_equal(syncg_open(root, st, NULL, gpub, &g, err, sizeof(err)), 0);
+	g2 = syncg_generation(g);
+	assert_true(g2 != 0 && g2 != g1);
+	syncg_free(g);
+
+	/* a sequence file of only "SEQ" */
+	snprintf(p, sizeof(p), "%s/%s", st, SYNCG_SEQ_FILE);
+	FILE *f = fopen(p, "w");
+	assert_non_null(f);
+	fputs("7\n", f);
+	fclose(f);
+	assert_int_equal(syncg_open(root, st, NULL, gpub, &g, err, sizeof(err)), 0);
+	assert_int_equal(syncg_last_seq(g), 7);
+	assert_true(syncg_generation(g) != 0 && syncg_generation(g) != g2);
+	syncg_free(g);
+
+	/* garbage after the identity is refused, naming the file */
+	f = fopen(p, "w");
+	assert_non_null(f);
+	fputs("7 00000000000000aa 1:2:3:4.000000000 extra\n", f);
+	fclose(f);
+	assert_int_equal(syncg_open(root, st, NULL, gpub, &g, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, SYNCG_SEQ_FILE));
 }
 
 static void test_state_inside_root_refused(void **state)
@@ -163,6 +217,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_seq_persisted),
 	    cmocka_unit_test(test_seq_in_place),
+	    cmocka_unit_test(test_generation),
 	    cmocka_unit_test(test_state_inside_root_refused),
 	};
 	if (sodium_init() < 0)
