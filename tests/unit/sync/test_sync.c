@@ -1794,22 +1794,14 @@ static void test_storm_during_jobs(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_git_config),
-	    cmocka_unit_test(test_push_targeted),
-	    cmocka_unit_test(test_push_hardlink_dir),
-	    cmocka_unit_test(test_push_ranged),
-	    cmocka_unit_test(test_too_large),
-	    cmocka_unit_test(test_withheld_content),
-	    cmocka_unit_test(test_push_random),
-	    cmocka_unit_test(test_pump_yields),
-	    cmocka_unit_test(test_offline_edits),
-	    cmocka_unit_test(test_prescan),
-	    cmocka_unit_test(test_guest_failures),
-	    cmocka_unit_test(test_sending_after_failure),
-	    cmocka_unit_test(test_nested_git_configs),
-	    cmocka_unit_test(test_guest_quiet),
-	    cmocka_unit_test(test_push_random_loop),
-	    cmocka_unit_test(test_storm_during_jobs),
+	    cmocka_unit_test(test_git_config),	       cmocka_unit_test(test_push_targeted),
+	    cmocka_unit_test(test_push_hardlink_dir),  cmocka_unit_test(test_push_ranged),
+	    cmocka_unit_test(test_too_large),	       cmocka_unit_test(test_withheld_content),
+	    cmocka_unit_test(test_push_random),	       cmocka_unit_test(test_pump_yields),
+	    cmocka_unit_test(test_offline_edits),      cmocka_unit_test(test_prescan),
+	    cmocka_unit_test(test_guest_failures),     cmocka_unit_test(test_sending_after_failure),
+	    cmocka_unit_test(test_nested_git_configs), cmocka_unit_test(test_guest_quiet),
+	    cmocka_unit_test(test_push_random_loop),   cmocka_unit_test(test_storm_during_jobs),
 	};
 	if (sodium_init() < 0)
 		return 1;
