@@ -435,6 +435,12 @@ int up_fork_make(struct up *u, const struct relay_fork_req *q, up_fork_seed_fn *
 	 * reconnect and reconcile do not hold up the forks' first commands */
 	if (u->sandbox.sb && !live) /* live: each make pauses it for its fork */
 		parent_halt(u);
+	/* with no fork alive the freeze merges the layer stack into the base:
+	 * never while the halted parent's overlay, which still has those
+	 * layers mounted, is being torn down (a fork's mount then stalled past
+	 * its agent's start deadline in fork_e2e under the sanitizers) */
+	if (!live && forks_count(u) == 0)
+		up_fork_reap(u, true);
 	t_stop = loop_now_ns() / 1e6 - t_stop;
 	t_freeze = loop_now_ns() / 1e6;
 	r = sandbox_forks_freeze(u->sandbox.cfg.kind, u->sandbox.dir, &depth, err, errlen);
