@@ -121,7 +121,9 @@ struct mount {
 	size_t init_len;
 	struct inode **abuckets; /* aliases by node id (power of two); protected by lock */
 	size_t nabuckets;
-	/* the node stream to a supervisor (keep.h), sent by the keeper thread */
+	/* the node stream to a supervisor (keep.h): queued under keep_lock,
+	 * sent in queue order under keep_send_lock, by the keeper thread and
+	 * by keep_sync before a reply gives the kernel a new id */
 	int keeper_fd; /* -1: none */
 	pthread_t keeper;
 	bool keeper_started;
@@ -130,6 +132,9 @@ struct mount {
 	struct keep_item *kq; /* protected by keep_lock */
 	size_t kq_n, kq_cap;  /* protected by keep_lock */
 	bool keep_stop;	      /* protected by keep_lock */
+	pthread_mutex_t keep_send_lock;
+	bool keep_conn_sent; /* protected by keep_send_lock */
+	bool keep_ok;	     /* protected by keep_send_lock: no send failed */
 };
 
 /* ---- helpers ---- */
@@ -185,8 +190,10 @@ static struct inode *node_of(struct mount *m, fuse_ino_t ino)
 }
 
 /* Queue a node id change for the supervisor; fd (KEEP_ADD) is duplicated.
- * Best effort: an id it misses answers ESTALE after a crash. Called with
- * m->lock held (lock order: lock, then keep_lock). */
+ * A KEEP_ADD is sent before its id reaches the kernel (keep_sync); only
+ * when the queue cannot grow or the stream failed does an id answer ESTALE
+ * after a crash. Called with m->lock held (lock order: lock, then
+ * keep_send_lock, then keep_lock). */
 static void keep_push(struct mount *m, uint32_t op, fuse_ino_t id, int fd)
 {
 	int dup = -1;
@@ -214,6 +221,8 @@ static void keep_push(struct mount *m, uint32_t op, fuse_ino_t id, int fd)
 	if (dup >= 0)
 		close(dup);
 }
+
+static void keep_sync(struct mount *m);
 
 /* node_of for a request: NULL after answering ESTALE. */
 static struct inode *req_node(fuse_req_t req, fuse_ino_t ino)
@@ -811,6 +820,7 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 		reply_err(req, r);
 		return;
 	}
+	keep_sync(m); /* the kernel gets no id the supervisor lacks */
 	fuse_reply_entry(req, &e);
 }
 
@@ -976,6 +986,7 @@ static void finish_new(fuse_req_t req, struct mount *m, struct inode *parent, co
 		return;
 	}
 	journal_child(m, op, parent, name, NULL, NULL);
+	keep_sync(m);
 	fuse_reply_entry(req, &e);
 }
 
@@ -1063,6 +1074,7 @@ static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const 
 		journal_append(m->j, JOURNAL_CREATE, dst, NULL, 0, 0, 0);
 	mem_free(src);
 	mem_free(dst);
+	keep_sync(m);
 	fuse_reply_entry(req, &e);
 }
 
@@ -1170,6 +1182,7 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	fi->fh = 0;
 	fi->keep_cache = 1;
 	fi->noflush = 1;
+	keep_sync(m);
 	if (fuse_reply_create(req, &e, fi) == -ENOENT)
 		table_unref(m, node_of(m, e.ino), 1); /* interrupted: no reference taken */
 }
@@ -1399,10 +1412,13 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, b
 out:
 	if (dp)
 		closedir(dp);
-	if (r < 0)
+	if (r < 0) {
 		reply_err(req, r);
-	else
+	} else {
+		if (plus)
+			keep_sync(m);
 		fuse_reply_buf(req, buf, size - rem);
+	}
 	mem_free(buf);
 }
 
@@ -1795,11 +1811,15 @@ static void *session_main(void *arg)
 
 	if (cfg) {
 		/* keep the pool: creating a thread per burst costs more than
-		 * idle threads; one /dev/fuse clone per thread spares them the
-		 * shared queue's lock */
+		 * idle threads. No /dev/fuse clone per thread: a clone is the
+		 * daemon's alone, and when the daemon dies the kernel ends the
+		 * requests read through it with ECONNABORTED (an editor's
+		 * write or create failed so: faults_e2e); on the one shared
+		 * descriptor, which the supervisor holds too, they stay read
+		 * but unanswered, and the next server has them resent */
 		fuse_loop_cfg_set_max_threads(cfg, m->max_threads);
 		fuse_loop_cfg_set_idle_threads(cfg, m->max_threads);
-		fuse_loop_cfg_set_clone_fd(cfg, 1);
+		fuse_loop_cfg_set_clone_fd(cfg, 0);
 		fuse_session_loop_mt(m->se, cfg);
 		fuse_loop_cfg_destroy(cfg);
 	} else {
@@ -1860,6 +1880,7 @@ static void mount_free(struct mount *m)
 	mem_free(m->kq);
 	pthread_cond_destroy(&m->keep_cond);
 	pthread_mutex_destroy(&m->keep_lock);
+	pthread_mutex_destroy(&m->keep_send_lock);
 	if (m->root.fd >= 0)
 		close(m->root.fd);
 	pthread_cond_destroy(&m->reap_cond);
@@ -1947,9 +1968,7 @@ static void resend_pending(struct mount *m)
 	}
 }
 
-/* Keeper thread: the connection first, then node id changes in batches,
- * to the supervisor (keep.h). A failed send ends the stream: the ids not
- * sent answer ESTALE after a crash, nothing else changes. */
+/* One message of the node stream to the supervisor (keep.h). */
 static int keep_send(int sock, const struct keep_msg *h, const void *data, size_t len, const int *fds, size_t nfd)
 {
 	char cbuf[CMSG_SPACE(KEEP_BATCH * sizeof(int))];
@@ -1972,27 +1991,35 @@ static int keep_send(int sock, const struct keep_msg *h, const void *data, size_
 	return sendmsg(sock, &mh, MSG_NOSIGNAL) < 0 ? neg_errno() : 0;
 }
 
-static void *keeper_main(void *arg)
+/* Send the connection (first, once), then every queued node id change, in
+ * queue order: a KEEP_DROP and a later KEEP_ADD of a reused id must reach
+ * the supervisor in that order. Must hold keep_send_lock. */
+static void keep_flush(struct mount *m)
 {
-	struct mount *m = arg;
 	struct keep_rec rec[KEEP_BATCH];
 	struct keep_item items[KEEP_BATCH];
 	struct keep_msg h = {.type = KEEP_CONN, .n = (uint32_t)m->init_len};
-	int fds[KEEP_BATCH], cfd = fuse_session_fd(m->se);
-	bool ok = m->init && keep_send(m->keeper_fd, &h, m->init, m->init_len, &cfd, 1) == 0;
+	int fds[KEEP_BATCH];
 
-	pthread_mutex_lock(&m->keep_lock);
+	if (!m->keep_conn_sent) {
+		int cfd = fuse_session_fd(m->se);
+
+		m->keep_ok = m->init && keep_send(m->keeper_fd, &h, m->init, m->init_len, &cfd, 1) == 0;
+		m->keep_conn_sent = true;
+	}
 	for (;;) {
 		size_t n, i, nfd = 0;
+		bool stop;
 
-		while (!m->kq_n && !m->keep_stop)
-			pthread_cond_wait(&m->keep_cond, &m->keep_lock);
-		if (m->keep_stop && !m->kq_n)
-			break;
-		n = m->kq_n < KEEP_BATCH ? m->kq_n : KEEP_BATCH;
+		pthread_mutex_lock(&m->keep_lock);
+		if (!(n = m->kq_n < KEEP_BATCH ? m->kq_n : KEEP_BATCH)) { /* (kq may be NULL) */
+			pthread_mutex_unlock(&m->keep_lock);
+			return;
+		}
 		memcpy(items, m->kq, n * sizeof(*items));
 		memmove(m->kq, m->kq + n, (m->kq_n - n) * sizeof(*m->kq));
 		m->kq_n -= n;
+		stop = m->keep_stop;
 		pthread_mutex_unlock(&m->keep_lock);
 		for (i = 0; i < n; i++) {
 			rec[i] = (struct keep_rec){.nodeid = items[i].nodeid, .op = items[i].op};
@@ -2000,10 +2027,43 @@ static void *keeper_main(void *arg)
 				fds[nfd++] = items[i].fd;
 		}
 		h = (struct keep_msg){.type = KEEP_NODES, .n = (uint32_t)n};
-		if (ok && !m->keep_stop)
-			ok = keep_send(m->keeper_fd, &h, rec, n * sizeof(*rec), fds, nfd) == 0;
+		if (m->keep_ok && !stop)
+			m->keep_ok = keep_send(m->keeper_fd, &h, rec, n * sizeof(*rec), fds, nfd) == 0;
 		for (i = 0; i < nfd; i++)
 			close(fds[i]);
+	}
+}
+
+/* Before a reply hands the kernel a node id: the supervisor holds it (and
+ * every change queued before it) once this returns, so a crash right after
+ * the reply leaves no id the next server would answer ESTALE (a write to a
+ * file opened through a cached entry failed so: faults_e2e). Must not hold
+ * m->lock or keep_lock. */
+static void keep_sync(struct mount *m)
+{
+	if (m->keeper_fd < 0)
+		return;
+	pthread_mutex_lock(&m->keep_send_lock);
+	keep_flush(m);
+	pthread_mutex_unlock(&m->keep_send_lock);
+}
+
+/* Keeper thread: sends what keep_push queued when no reply did first (the
+ * drops, mostly). A failed send ends the stream: the ids not sent answer
+ * ESTALE after a crash, nothing else changes. */
+static void *keeper_main(void *arg)
+{
+	struct mount *m = arg;
+
+	keep_sync(m); /* the connection, at once */
+	pthread_mutex_lock(&m->keep_lock);
+	for (;;) {
+		while (!m->kq_n && !m->keep_stop)
+			pthread_cond_wait(&m->keep_cond, &m->keep_lock);
+		if (m->keep_stop && !m->kq_n)
+			break;
+		pthread_mutex_unlock(&m->keep_lock);
+		keep_sync(m);
 		pthread_mutex_lock(&m->keep_lock);
 	}
 	pthread_mutex_unlock(&m->keep_lock);
@@ -2091,6 +2151,7 @@ static struct mount *mount_alloc(struct journal *j, const struct mount_opts *opt
 	}
 	pthread_mutex_init(&m->keep_lock, NULL); /* cannot fail on Linux */
 	pthread_cond_init(&m->keep_cond, NULL);
+	pthread_mutex_init(&m->keep_send_lock, NULL);
 	m->nbuckets = 1024;
 	if (!(m->buckets = mem_calloc(m->nbuckets, sizeof(*m->buckets)))) {
 		mount_free(m);

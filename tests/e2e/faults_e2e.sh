@@ -60,6 +60,8 @@ PIDS+=($!)
 cut_channel() { kill -9 "$(cat "$T/fwd.pid")" 2>/dev/null || true; }
 UP_PID=
 start_up() {
+	# an earlier daemon's log is kept (a later start empties up.err)
+	[ -s "$T/up.err" ] && cat "$T/up.err" >>"$T/up-earlier.err"
 	start_bg up "$AIRLOCK" up "$W" --guest "unix:$T/f.sock" --key "$T/hk" --guest-key "$GPUB" "$@"
 	UP_PID=$BG_PID
 	wait_line "$T/up.out" "^airlock: $W in sync with unix:$T/f.sock\$" 60
@@ -82,7 +84,7 @@ for w in (d.get("sync") or {}).get("withheld", []):
 listing() {
 	# MODE_MASK=1: permission bits only (the sync does not carry setuid, setgid, sticky)
 	(cd "$1" && find . -mindepth 1 -printf '%P\t%y\t%m\t%s\t%l\n' | LC_ALL=C sort) |
-		awk -F'\t' -v OFS='\t' -v m="${MODE_MASK:-0}" '{ if (m == 1) $3 = substr($3, length($3) - 2); print }' >"$2.meta"
+		awk -F'\t' -v OFS='\t' -v m="${MODE_MASK:-0}" '{ if (m == 1) $3 = substr($3, length($3) - 2); if ($2 == "d") $4 = "-"; print }' >"$2.meta"
 	(cd "$1" && find . -type f -printf '%P\0' | LC_ALL=C sort -z | xargs -0 -r sha256sum) |
 		awk '{ h = $1; sub(/^[^ ]+  /, ""); print $0 "\t" h }' >"$2.sums"
 	# minus the withheld paths and what is beneath them (.git/config: the guest's is generated)
@@ -156,6 +158,49 @@ t_daemon_crash() {
 	same_tree
 }
 check "kill -9 of the daemon: DIR keeps working (cwd shell, writes), the restarted daemon converges" t_daemon_crash
+
+# ---- every node id the kernel holds survives the crash ----
+# The kernel keeps each name it looked up (and each file it created) under
+# the node id the daemon gave it, and a write to a file opened through that
+# cached name carries that id, with no lookup. An id the dead daemon gave
+# the kernel but the supervisor never heard of is answered ESTALE by the
+# next daemon: such a write failed ("Stale file handle") when the daemon was
+# killed right after the file's create (seen in t_daemon_crash). Files are
+# created in a tight loop while the daemon is killed; then each is appended
+# to through its cached name.
+t_ids_across_crash() {
+	local pid
+	mkdir -p "$W/ids"
+	python3 - "$W/ids" >"$T/ids.out" 2>&1 <<'PY' &
+import os, sys
+d = sys.argv[1]
+for i in range(4000):
+    with open(os.path.join(d, "f%d" % i), "w") as f:
+        f.write("c%d\n" % i)
+PY
+	local cr=$!
+	sleep 0.$((RANDOM % 3 + 2))
+	pid=$(daemon_pid)
+	kill -9 "$pid"
+	wait "$cr" || { echo "the creating loop failed across the crash: $(tail -2 "$T/ids.out")" >&2; return 1; }
+	python3 - "$W/ids" <<'PY' || return 1
+import os, sys
+d = sys.argv[1]
+bad = []
+for i in range(4000):
+    try:
+        with open(os.path.join(d, "f%d" % i), "a") as f:
+            f.write("a%d\n" % i)
+    except OSError as e:
+        bad.append("f%d: %s" % (i, e.strerror))
+if bad:
+    print("%d appends failed after the crash: %s" % (len(bad), "; ".join(bad[:5])), file=sys.stderr)
+    sys.exit(1)
+PY
+	syncwait 30 && [ "$(cat "$G/ids/f3999")" = "$(printf 'c3999\na3999')" ] && same_tree || return 1
+	rm -rf "$W/ids" # (the rounds below compare the whole tree)
+}
+check "files created while the daemon is killed: each one written again through its cached name" t_ids_across_crash
 
 # ---- seeded workloads with kill -9 of the daemon in the middle ----
 t_crash_workload() {

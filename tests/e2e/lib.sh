@@ -18,7 +18,14 @@ cleanup() {
 	for p in "${PIDS[@]:-}"; do
 		[ -n "$p" ] && wait "$p" 2>/dev/null || true
 	done
-	rm -rf "$T"
+	# a sanitizer report in any log of this run goes to stderr before the
+	# logs are gone (a check's own message shows only a log's tail)
+	for p in "$T"/*.err "$T"/*.out; do
+		[ -f "$p" ] && grep -q 'ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error' "$p" 2>/dev/null &&
+			{ echo "# sanitizer report in ${p##*/}:" >&2; grep -m1 -A40 'ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error' "$p" >&2; }
+	done
+	# AIRLOCK_TEST_KEEP=1 keeps the run's directory (logs, trees) for a look
+	if [ -n "${AIRLOCK_TEST_KEEP:-}" ]; then echo "# kept $T" >&2; else rm -rf "$T"; fi
 }
 trap cleanup EXIT
 
