@@ -9,11 +9,13 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
 #include <jansson.h>
+#include <sodium.h>
 
 #include "airlock/core/loop.h"
 #include "airlock/core/mem.h"
@@ -89,6 +91,71 @@ static uint64_t set_sig(const struct sync_failure *f, size_t n, uint64_t total)
 	return h;
 }
 
+/* The length of the UTF-8 character at s (shortest form, no surrogate, at
+ * most U+10FFFF), 0 when s does not start one. */
+static size_t utf8_char(const unsigned char *s)
+{
+	uint32_t cp, min;
+	size_t n;
+
+	if (*s < 0x80)
+		return 1;
+	if ((*s & 0xe0) == 0xc0)
+		n = 2, cp = *s & 0x1fu, min = 0x80;
+	else if ((*s & 0xf0) == 0xe0)
+		n = 3, cp = *s & 0x0fu, min = 0x800;
+	else if ((*s & 0xf8) == 0xf0)
+		n = 4, cp = *s & 0x07u, min = 0x10000;
+	else
+		return 0;
+	for (size_t i = 1; i < n; i++) { /* a NUL fails this test: never past the end */
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+		cp = cp << 6 | (s[i] & 0x3fu);
+	}
+	return cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) ? 0 : n;
+}
+
+/* o's "path": JSON strings are UTF-8, and a name that is not is just what
+ * a guest's filesystem may refuse (strict casefold ext4): then "path" has
+ * each byte outside a character as \xNN, to read, and "path_b64" the
+ * exact bytes. -ENOMEM or 0. */
+static int put_path(json_t *o, const char *path)
+{
+	const unsigned char *p = (const unsigned char *)path;
+	size_t len = strlen(path), k = 0, c;
+	char *text, *b64;
+	int r = -ENOMEM;
+
+	if (!o)
+		return -ENOMEM;
+	json_t *s = json_string(path);
+	if (s)
+		return json_object_set_new(o, "path", s) < 0 ? -ENOMEM : 0;
+	text = mem_alloc(4 * len + 1);
+	b64 = mem_alloc(sodium_base64_encoded_len(len, sodium_base64_VARIANT_ORIGINAL));
+	if (!text || !b64)
+		goto out;
+	for (size_t i = 0; i < len; i += c ? c : 1) {
+		if ((c = utf8_char(p + i))) {
+			memcpy(text + k, p + i, c);
+			k += c;
+		} else {
+			k += (size_t)snprintf(text + k, 5, "\\x%02x", p[i]);
+		}
+	}
+	text[k] = '\0';
+	sodium_bin2base64(b64, sodium_base64_encoded_len(len, sodium_base64_VARIANT_ORIGINAL), p, len,
+			  sodium_base64_VARIANT_ORIGINAL);
+	if (json_object_set_new(o, "path", json_string(text)) == 0 &&
+	    json_object_set_new(o, "path_b64", json_string(b64)) == 0)
+		r = 0;
+out:
+	mem_free(text);
+	mem_free(b64);
+	return r;
+}
+
 /* AUDIT_FAILED_FILE: the set as it is now (empty once all applied). */
 static void save_audit(struct up *u, const struct sync_failure *f, size_t n, uint64_t total)
 {
@@ -98,11 +165,16 @@ static void save_audit(struct up *u, const struct sync_failure *f, size_t n, uin
 	struct tm tm;
 
 	strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tm));
-	for (size_t i = 0; a && i < n; i++)
-		json_array_append_new(a,
-				      json_pack("{s:s, s:i, s:s, s:s, s:I, s:I}", "path", f[i].path, "errno", f[i].err,
-						"error", strerror(f[i].err), "message", f[i].msg, "attempts",
-						(json_int_t)f[i].attempts, "since_ms", (json_int_t)f[i].since_ms));
+	for (size_t i = 0; a && i < n; i++) {
+		json_t *o = json_object(); /* "path" first, as in the other records */
+		if (put_path(o, f[i].path) == 0 &&
+		    json_object_update_new(o, json_pack("{s:i, s:s, s:s, s:I, s:I}", "errno", f[i].err, "error",
+							strerror(f[i].err), "message", f[i].msg, "attempts",
+							(json_int_t)f[i].attempts, "since_ms",
+							(json_int_t)f[i].since_ms)) == 0)
+			json_array_append(a, o);
+		json_decref(o);
+	}
 	doc = json_pack("{s:i, s:s, s:s, s:o?, s:I, s:I}", "version", 1, "workspace", u->dir, "time", when,
 			"not_in_guest", a, "not_in_guest_total", (json_int_t)total, "not_in_guest_omitted",
 			(json_int_t)(total - n));
@@ -205,11 +277,16 @@ void *up_paths_json(struct up *u)
 	json_t *a = json_array();
 	uint64_t now = loop_now_ms();
 
-	for (size_t i = 0; a && i < n && i < STATUS_PATHS_MAX; i++)
-		json_array_append_new(a, json_pack("{s:s, s:i, s:s, s:s, s:I, s:I, s:b}", "path", f[i].path, "errno",
-						   f[i].err, "error", strerror(f[i].err), "message", f[i].msg,
-						   "attempts", (json_int_t)f[i].attempts, "since_ms",
-						   (json_int_t)f[i].since_ms, "reconcile", f[i].reconcile));
+	for (size_t i = 0; a && i < n && i < STATUS_PATHS_MAX; i++) {
+		json_t *o = json_object();
+		if (put_path(o, f[i].path) == 0 &&
+		    json_object_update_new(o, json_pack("{s:i, s:s, s:s, s:I, s:I, s:b}", "errno", f[i].err, "error",
+							strerror(f[i].err), "message", f[i].msg, "attempts",
+							(json_int_t)f[i].attempts, "since_ms",
+							(json_int_t)f[i].since_ms, "reconcile", f[i].reconcile)) == 0)
+			json_array_append(a, o);
+		json_decref(o);
+	}
 	return json_pack("{s:I, s:o?, s:I, s:I}", "total", (json_int_t)total, "paths", a, "retries",
 			 (json_int_t)u->paths.retries, "next_retry_ms",
 			 (json_int_t)(u->paths.timer && u->paths.retry_at_ms > now ? u->paths.retry_at_ms - now : 0));

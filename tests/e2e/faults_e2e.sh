@@ -7,8 +7,9 @@
 # read-only directories), then an exact comparison of guest and host minus
 # withheld paths; a full host workspace and a full or read-only state
 # directory; permissions across uids through up --allow-other; a name the guest
-# filesystem refuses (strict casefold ext4, skipped without kernel support).
-# usage: faults_e2e.sh AIRLOCK AIRLOCK_AGENT FSWORKLOAD FORWARDER   (root + /dev/fuse, else skipped: exit 77)
+# filesystem refuses (strict casefold ext4, or without kernel support REFUSEFS:
+# tests/harness/refusefs.c, a FUSE passthrough refusing names the same way).
+# usage: faults_e2e.sh AIRLOCK AIRLOCK_AGENT FSWORKLOAD FORWARDER [REFUSEFS]   (root + /dev/fuse, else skipped: exit 77)
 # The channel runs through FORWARDER (tests/harness/forwarder.c), restarted after each
 # connection: a cut kills it (both ends see the connection end without FINAL, neither dies).
 # Bounded by default (~2 min); at full length on demand:
@@ -24,6 +25,7 @@ AIRLOCK=$1
 AGENT=$2
 WORKLOAD=$3
 FWD=$4
+REFUSEFS=${5:-}
 ROUNDS=${FAULTS_ROUNDS:-2}
 KINDS=${FAULTS_KINDS:-agent both stop-daemon stop-agent cut}
 STOP_S=${FAULTS_STOP_S:-2}
@@ -110,6 +112,7 @@ cleanup_state() {
 	kill "$(cat "$T/fwd.pid" 2>/dev/null)" 2>/dev/null || true
 	umount -l "$T/state" 2>/dev/null || true
 	umount -l "$T/small" 2>/dev/null || true
+	umount -l "$T/cfmnt" 2>/dev/null || true
 }
 trap 'cleanup_state; cleanup' EXIT
 
@@ -551,13 +554,42 @@ check "a full host workspace: ENOSPC through the mount, nothing lost, the guest 
 
 # ---- a name the guest's filesystem refuses: its copy on a strict casefold ext4 ----
 # (invalid UTF-8 gives EINVAL there) reported, retried, never blocking the
-# other paths, no reconnect, a running command kept; renamed on the host, it converges
-t_refused_name() {
-	local img=$T/cf.img mnt=$T/cfmnt w3=$T/w3 apid upid lpid r0 i rc=0 bad=$'bad-\xff.txt'
-	mkdir -p "$mnt" "$w3"
-	truncate -s 16m "$img" && mkfs.ext4 -q -O casefold -E encoding=utf8,encoding_flags=strict "$img" 2>"$T/mkfs.err" &&
-		mount -o loop "$img" "$mnt" 2>"$T/mkfs.err" || { cat "$T/mkfs.err" >&2; return 1; }
-	mkdir "$mnt/root" && chattr +F "$mnt/root" || { umount "$mnt"; return 1; }
+# other paths, no reconnect, a running command kept; renamed on the host, it converges.
+# Without kernel casefold the same on refusefs (a FUSE passthrough refusing such names).
+# refusing_fs_mount ext4|refusefs MNT: MNT/root refuses names that are not UTF-8 (EINVAL)
+REFUSEFS_PID=
+refusing_fs_mount() {
+	local kind=$1 mnt=$2 i
+	mkdir -p "$mnt"
+	if [ "$kind" = ext4 ]; then
+		truncate -s 16m "$T/cf.img" &&
+			mkfs.ext4 -q -O casefold -E encoding=utf8,encoding_flags=strict "$T/cf.img" 2>"$T/mkfs.err" &&
+			mount -o loop "$T/cf.img" "$mnt" 2>"$T/mkfs.err" || { cat "$T/mkfs.err" >&2; return 1; }
+		mkdir "$mnt/root" && chattr +F "$mnt/root" || { refusing_fs_umount "$mnt"; return 1; }
+		return 0
+	fi
+	mkdir -p "$T/refuse.back"
+	# allow_other: the agent runs commands as nobody (as on ext4, every uid reaches it)
+	start_bg refusefs "$REFUSEFS" "$T/refuse.back" "$mnt" -f -o allow_other
+	REFUSEFS_PID=$BG_PID
+	for ((i = 0; i < 100; i++)); do
+		mountpoint -q "$mnt" && break
+		kill -0 "$REFUSEFS_PID" 2>/dev/null || break
+		sleep 0.05
+	done
+	mountpoint -q "$mnt" || { echo "refusefs did not mount: $(cat "$T/refusefs.err")" >&2; return 1; }
+	mkdir "$mnt/root" || { refusing_fs_umount "$mnt"; return 1; }
+}
+refusing_fs_umount() {
+	umount "$1" 2>/dev/null || umount -l "$1"
+	[ -z "$REFUSEFS_PID" ] || wait "$REFUSEFS_PID" 2>/dev/null || true
+	REFUSEFS_PID=
+}
+t_refused_name() { # t_refused_name ext4|refusefs
+	local mnt=$T/cfmnt w3=$T/w3 apid upid lpid r0 i rc=0 bad=$'bad-\xff.txt'
+	mkdir -p "$w3"
+	chmod 711 "$T" # the agent's commands run as nobody: they must reach the guest's root
+	refusing_fs_mount "$1" "$mnt" || return 1
 	printf 'ok\n' >"$w3/ok.txt"
 	start_bg agent3 "$AGENT" --listen "unix:$T/a3.sock" --root "$mnt/root" --key "$T/gk" --allow "$HPUB" \
 		--state "$T/agent3.state" --fsync none
@@ -591,16 +623,20 @@ t_refused_name() {
 	[ $rc = 0 ] && W=$w3 G=$mnt/root same_tree || rc=1
 	$TO 15 "$AIRLOCK" down "$w3" >/dev/null 2>&1 && wait "$upid" 2>/dev/null
 	kill "$apid" 2>/dev/null && wait "$apid" 2>/dev/null
-	umount "$mnt" || umount -l "$mnt"
+	refusing_fs_umount "$mnt"
 	return $rc
 }
-# casefold needs the kernel's CONFIG_UNICODE (/sys/fs/ext4/features/casefold) and loop devices
-if [ ! -e /sys/fs/ext4/features/casefold ]; then
-	skip "a name the guest filesystem refuses (strict casefold ext4): this kernel has no casefold support (/sys/fs/ext4/features/casefold missing: CONFIG_UNICODE off)"
-elif ! command -v mkfs.ext4 >/dev/null || ! command -v chattr >/dev/null || ! losetup -f >/dev/null 2>&1; then
-	skip "a name the guest filesystem refuses (strict casefold ext4): needs mkfs.ext4, chattr (e2fsprogs) and a free loop device"
+# casefold needs the kernel's CONFIG_UNICODE (/sys/fs/ext4/features/casefold),
+# e2fsprogs and loop devices; else refusefs (root and /dev/fuse are this script's own needs)
+REFUSED_WHAT="reported, retried, the rest syncs, no reconnect, renamed it converges"
+if [ -e /sys/fs/ext4/features/casefold ] && command -v mkfs.ext4 >/dev/null && command -v chattr >/dev/null &&
+	losetup -f >/dev/null 2>&1; then
+	check "a name the guest filesystem refuses (invalid UTF-8 on strict casefold ext4): $REFUSED_WHAT" t_refused_name ext4
+elif [ -n "$REFUSEFS" ] && [ -x "$REFUSEFS" ]; then
+	check "a name the guest filesystem refuses (invalid UTF-8 on refusefs, FUSE: no ext4 casefold here): $REFUSED_WHAT" \
+		t_refused_name refusefs
 else
-	check "a name the guest filesystem refuses (invalid UTF-8 on strict casefold ext4): reported, retried, the rest syncs, no reconnect, renamed it converges" t_refused_name
+	skip "a name the guest filesystem refuses: no ext4 casefold (CONFIG_UNICODE, e2fsprogs, a loop device) and no REFUSEFS"
 fi
 
 finish
