@@ -91,8 +91,10 @@ echo "# snapshot: $(du -sh --apparent-size "$T"/tpl/snapshots/*/ram | cut -f1) g
 # VM restored from the snapshot, then FORKS forks of it one after another
 # (each: the parent frozen, its disk onto a new overlay and its memory to a
 # file, then the fork restored from that with its own keys), each stopped
-# and removed before the next. Rows: the parent's freeze (paused for it) and
-# the fork's start to its agent's ready line.
+# and removed before the next. Rows: the parent's freeze (paused for it),
+# the fork ready (freeze + start, vm_harness's start_ms), the start alone,
+# and the start's parts from the fork's qemu.log. AIRLOCK_VM_SHARED_RAM=0:
+# the parent's memory is not shared, each freeze migrates all of it.
 H=$B/tests/harness/vm_harness
 FORKS=${FORKS:-5}
 if [ -x "$H" ] && command -v qemu-img >/dev/null 2>&1 && [ "$FORKS" -gt 0 ]; then
@@ -102,21 +104,25 @@ if [ -x "$H" ] && command -v qemu-img >/dev/null 2>&1 && [ "$FORKS" -gt 0 ]; the
 	exec 9>"$T/p.ctl"
 	for _ in $(seq 3000); do grep -q '^ready$' "$T/p.out" && break; sleep 0.05; done
 	: >"$T/forks"
+	: >"$T/forks.start"
 	mkdir -p "$P/forks"
 	for i in $(seq 1 "$FORKS"); do
 		mkdir -m 0700 "$P/forks/f"
 		mkfifo "$T/f.ctl"
 		"$H" "$P/forks/f" "$T/tpl" --fork "$P" <"$T/f.ctl" >"$T/f.out" 2>"$T/f.err" &
+		hf=$!
 		exec 8>"$T/f.ctl"
 		for _ in $(seq 3000); do grep -q '^ready$' "$T/f.out" && break; sleep 0.01; done
 		grep -q '^ready$' "$T/f.out" || { cat "$T/f.err" >&2; exit 1; }
-		echo "$(sed -n 's/^freeze_ms //p' "$T/f.out") $(sed -n 's/^start_ms //p' "$T/f.out") $(stat -c %s "$P/forks/f/mem")" >>"$T/forks"
+		echo "$(sed -n 's/^freeze_ms //p' "$T/f.out") $(sed -n 's/^start_ms //p' "$T/f.out") $(stat -c %s "$P/forks/f/mem") $(sed -n 's/^airlock: restored .*: qemu up in \([0-9]*\) ms, state loaded in \([0-9]*\) ms, agent ready \([0-9]*\) ms later$/\1 \2 \3/p' "$P/forks/f/qemu.log")" >>"$T/forks"
+		tail -n 1 "$T/forks" | awk '{ print $2 - $1 }' >>"$T/forks.start"
 		exec 8>&-
-		wait "$!" || true
+		wait "$hf" || true
 		rm -rf "$P/forks/f" "$T/f.ctl"
 	done
 	exec 9>&-
 	wait || true
-	printf '%-28s parent frozen %s; fork started (to its ready line) %s\n' "vm forks ($FORKS)" "$(pct "$T/forks" 1)" "$(pct "$T/forks" 2)"
-	echo "# a fork's memory file (the parent's migration stream): $(awk '{ print int($3 / 1048576) }' "$T/forks" | sort -n | sed -n 1p) MiB; load now $(cut -d' ' -f1-3 /proc/loadavg)"
+	printf '%-28s parent frozen %s; fork ready (freeze + start) %s; its start alone %s\n' "vm forks ($FORKS)" "$(pct "$T/forks" 1)" "$(pct "$T/forks" 2)" "$(pct "$T/forks.start" 1)"
+	printf '%-28s qemu up %s; state loaded %s; start line -> agent ready %s\n' "  of which (p50 / p99 / max)" "$(pct "$T/forks" 4)" "$(pct "$T/forks" 5)" "$(pct "$T/forks" 6)"
+	echo "# a fork's memory: $(grep -m1 '^airlock: memory:' "$P/qemu.log" | sed 's/^airlock: memory: //'); its mem file $(awk '{ print int($3 / 1024) }' "$T/forks" | sort -n | sed -n 1p) KiB; load now $(cut -d' ' -f1-3 /proc/loadavg)"
 fi

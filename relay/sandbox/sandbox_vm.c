@@ -40,11 +40,13 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <linux/magic.h>
 #include <jansson.h>
 #include <sodium.h>
 #include <xxhash.h>
@@ -657,6 +659,7 @@ struct vm_media {
 	const char *ram;	/* a file behind the guest's memory; NULL: anonymous memory */
 	bool ram_shared;	/* share=on (a boot to be saved) or off (copy on write: a restore) */
 	bool ram_anon;		/* no file: anonymous memory under the same name (a fork's restore) */
+	bool ram_own;		/* ram is this start's own (shared memory): unlinked once qemu has it */
 	bool incoming;		/* -incoming defer: a restore */
 	const char *append;	/* the kernel command line */
 	unsigned mem_mb;
@@ -1467,6 +1470,11 @@ static int sh_quote(char *out, size_t n, const char *s)
 	return 0;
 }
 
+/* qemu caps a migration at 128 MiB/s by default (its max-bandwidth), a
+ * limit meant for live migration over a network: a stopped VM saved to a
+ * local file would wait on it (90 MiB of a parent's memory: 0.7 s). */
+#define MIGRATE_BANDWIDTH (1LL << 40)
+
 /* Until qemu's migration reached a final state: 0 when completed. */
 static int migrate_wait(struct qmp *qm, const char *what, char *err, size_t errlen)
 {
@@ -1657,13 +1665,197 @@ out_lock:
 	return r;
 }
 
+/* --------------------------------------------------------- shared memory */
+
+/* doc/VM.md "Forks": a restored VM's memory is a file of its own on tmpfs,
+ * mapped shared (share=on), filled from the snapshot's memory as qemu
+ * starts. A freeze then saves only the device state (x-ignore-shared: the
+ * shared memory is not in the stream) and copies that file for the fork,
+ * which restores from it as from a snapshot. The file is unlinked as soon
+ * as qemu has it open: qemu keeps the descriptor (a freeze reaches it
+ * through /proc/PID/fd), and nothing of it outlives the VM.
+ *   /dev/shm/airlock-<uid>/    0700, ours, tmpfs (else: no shared memory)
+ *     vm-<dev>-<ino>.ram       a VM's memory (dev, ino: its state directory's)
+ * AIRLOCK_VM_SHARED_RAM=0 turns it off: a private copy-on-write mapping of
+ * the snapshot's file, a freeze migrates all of the memory (as before). */
+#define RAM_PAGE 4096
+
+/* The directory of shared memory files, made if needed: -errno when there
+ * is none to use (not tmpfs, not ours; off, for a new start). */
+static int ram_dir(char *out, size_t n, bool start)
+{
+	const char *e = getenv("AIRLOCK_VM_SHARED_RAM");
+	struct statfs fs;
+	struct stat st;
+
+	if (start && e && !strcmp(e, "0"))
+		return -ENOTSUP;
+	if ((size_t)snprintf(out, n, "/dev/shm/airlock-%u", (unsigned)getuid()) >= n)
+		return -ENAMETOOLONG;
+	if (mkdir(out, 0700) < 0 && errno != EEXIST)
+		return -errno;
+	if (lstat(out, &st) < 0)
+		return -errno;
+	if (!S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077))
+		return -EPERM;
+	if (statfs(out, &fs) < 0 || fs.f_type != TMPFS_MAGIC)
+		return -ENOTSUP;
+	return 0;
+}
+
+/* The shared memory file of the VM whose state directory is dir (start:
+ * for a new VM's start, which AIRLOCK_VM_SHARED_RAM=0 turns off). */
+static int ram_path(const char *dir, char *out, size_t n, bool start)
+{
+	char rd[PATH_MAX];
+	struct stat st;
+	int r;
+
+	if ((r = ram_dir(rd, sizeof(rd), start)) < 0)
+		return r;
+	if (stat(dir, &st) < 0)
+		return -errno;
+	if ((size_t)snprintf(out, n, "%s/vm-%llx-%llx.ram", rd, (unsigned long long)st.st_dev,
+			     (unsigned long long)st.st_ino) >= n)
+		return -ENAMETOOLONG;
+	return 0;
+}
+
+/* A new memory file at path of size bytes (sparse), 0600; its descriptor. */
+static int ram_create(const char *path, off_t size)
+{
+	int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, size) < 0) {
+		int r = -errno;
+		close(fd);
+		unlink(path);
+		return r;
+	}
+	return fd;
+}
+
+static bool page_zero(const uint8_t *p)
+{
+	return p[0] == 0 && !memcmp(p, p + 1, RAM_PAGE - 1);
+}
+
+static int ram_write(int dst, const uint8_t *map, off_t from, off_t to)
+{
+	while (from < to) {
+		ssize_t k = pwrite(dst, map + from, (size_t)(to - from), from);
+		if (k < 0 && errno != EINTR)
+			return -errno;
+		if (k > 0)
+			from += k;
+	}
+	return 0;
+}
+
+/* Copy the memory in src into dst (as large, sparse): only src's data
+ * extents are read, and of them only the pages that are not all zero are
+ * written (a zero page is a hole: the guest reads zeros there). */
+static int ram_copy(int src, int dst)
+{
+	struct stat st;
+	uint8_t *map;
+	off_t off = 0;
+	int r = 0;
+
+	if (fstat(src, &st) < 0)
+		return -errno;
+	if (st.st_size == 0)
+		return 0;
+	if ((map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, src, 0)) == MAP_FAILED)
+		return -errno;
+	while (r == 0 && off < st.st_size) {
+		off_t data = lseek(src, off, SEEK_DATA), hole, run = -1;
+		if (data < 0) {
+			r = errno == ENXIO ? 0 : -errno;
+			break;
+		}
+		if ((hole = lseek(src, data, SEEK_HOLE)) < 0) {
+			r = -errno;
+			break;
+		}
+		data &= ~(off_t)(RAM_PAGE - 1);
+		for (off_t p = data; r == 0; p += RAM_PAGE) {
+			bool end = p >= hole || p + RAM_PAGE > st.st_size;
+			if (!end && !page_zero(map + p)) {
+				if (run < 0)
+					run = p;
+				continue;
+			}
+			if (run >= 0) /* the run of non-zero pages [run, p) */
+				r = ram_write(dst, map, run, p);
+			run = -1;
+			if (end)
+				break;
+		}
+		off = hole;
+	}
+	munmap(map, (size_t)st.st_size);
+	return r;
+}
+
+/* The descriptor of qemu's (unlinked) shared memory file path, opened
+ * read-only through /proc/PID/fd; -errno when qemu has none. */
+static int ram_of_qemu(pid_t pid, const char *path)
+{
+	char fdp[64], want[PATH_MAX + 16], link[PATH_MAX + 16];
+	struct dirent *e;
+	int fd = -ENOENT;
+	DIR *d;
+
+	snprintf(want, sizeof(want), "%s (deleted)", path);
+	snprintf(fdp, sizeof(fdp), "/proc/%ld/fd", (long)pid);
+	if (!(d = opendir(fdp)))
+		return -errno;
+	while (fd < 0 && (e = readdir(d))) {
+		char p[64 + sizeof(e->d_name)];
+		ssize_t n;
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(p, sizeof(p), "%s/%s", fdp, e->d_name);
+		if ((n = readlink(p, link, sizeof(link) - 1)) < 0)
+			continue;
+		link[n] = 0;
+		if (!strcmp(link, want) && (fd = open(p, O_RDONLY | O_CLOEXEC)) < 0)
+			fd = -errno;
+	}
+	closedir(d);
+	return fd;
+}
+
+/* qemu's pid from the pidfile of dir's run/ (a running VM's). */
+static pid_t qemu_pid_of(const char *dir)
+{
+	char p[PATH_MAX];
+	long pid = 0;
+	FILE *f;
+
+	if (path_join(p, sizeof(p), dir, "run/qemu.pid") < 0 || !(f = fopen(p, "re")))
+		return -1;
+	if (fscanf(f, "%ld", &pid) != 1)
+		pid = 0;
+	fclose(f);
+	return pid > 0 ? (pid_t)pid : -1;
+}
+
+/* A restore's memory to copy into the VM's own file as qemu starts. */
+struct ram_fill {
+	int src, dst;
+};
+
 /* Restore a saved VM onto media m (m->incoming): qemu waits for the
  * migration stream (-incoming defer) and reads it from the file state
  * (ignore_shared: the memory is not in it, m->ram is mapped copy on write);
  * then the start line of kind and `cont`. */
 static int vm_restore(struct sandbox *sb, struct vm *vm, const struct vm_media *m, const char *state,
-		      bool ignore_shared, const struct vm_template *t, struct qemu_cmd *q, const struct vm_files *f,
-		      struct vm_launch *l, const char *kind, char *err, size_t errlen)
+		      bool ignore_shared, const struct ram_fill *fill, const struct vm_template *t, struct qemu_cmd *q,
+		      const struct vm_files *f, struct vm_launch *l, const char *kind, char *err, size_t errlen)
 {
 	char quoted[2 * PATH_MAX], uri[2 * PATH_MAX + 32];
 	json_t *args = NULL, *st = NULL;
@@ -1683,6 +1875,13 @@ static int vm_restore(struct sandbox *sb, struct vm *vm, const struct vm_media *
 	}
 	l->launched = now_ms();
 	l->deadline = l->launched + SANDBOX_VM_START_MS / 4;
+	/* qemu maps the file as it starts and writes nothing to the guest's
+	 * memory before the migration (its ROMs are not loaded while it
+	 * waits for one): fill it meanwhile */
+	if (fill && (r = ram_copy(fill->src, fill->dst)) < 0) {
+		errmsg_set(err, errlen, "copying the memory into %s: %s", m->ram, strerror(-r));
+		goto out;
+	}
 	if ((r = qmp_open(&qm, f->qmp, 30000, err, errlen)) < 0 ||
 	    (ignore_shared && (r = set_ignore_shared(&qm, err, errlen)) < 0) ||
 	    !(args = json_pack("{s:s}", "uri", uri)) ||
@@ -1731,6 +1930,8 @@ out:
 	json_decref(st);
 	json_decref(args);
 	qmp_close(&qm);
+	if (m->ram_own) /* qemu has it open (or failed): nothing of it outlives the VM */
+		unlink(m->ram);
 	if (r == 0) /* kept while the VM runs: a fork freezes it through it */
 		snprintf(vm->qmp, sizeof(vm->qmp), "%s", f->qmp);
 	else
@@ -1765,11 +1966,30 @@ static int snap_restore(struct sandbox *sb, struct vm *vm, const struct vm_snap 
 			size_t errlen)
 {
 	struct vm_media m = restore_media(vm, f);
+	struct ram_fill fill = {.src = -1, .dst = -1};
+	char ram[PATH_MAX];
+	int r;
 
 	m.ram = sn->ram;
 	m.append = sn->append;
 	m.mem_mb = sn->mem_mb;
-	return vm_restore(sb, vm, &m, sn->state, true, t, q, f, l, kind, err, errlen);
+	/* its own shared memory, a copy of the snapshot's, when it can have
+	 * one; else the snapshot's file copy on write */
+	if (ram_path(sb->dir, ram, sizeof(ram), true) == 0 && (fill.src = open(sn->ram, O_RDONLY | O_CLOEXEC)) >= 0 &&
+	    (fill.dst = ram_create(ram, (off_t)sn->mem_mb << 20)) >= 0) {
+		m.ram = ram;
+		m.ram_shared = true;
+		m.ram_own = true;
+	}
+	dprintf(l->log_fd, "airlock: memory: %s\n",
+		m.ram_own ? "shared, a copy of the snapshot's on tmpfs (a fork copies it)"
+			  : "the snapshot's file, copy on write (a fork migrates it)");
+	r = vm_restore(sb, vm, &m, sn->state, true, m.ram_own ? &fill : NULL, t, q, f, l, kind, err, errlen);
+	if (fill.src >= 0)
+		close(fill.src);
+	if (fill.dst >= 0)
+		close(fill.dst);
+	return r;
 }
 
 /* Snapshots are used unless AIRLOCK_VM_SNAPSHOT=0, and where the template
@@ -1939,7 +2159,7 @@ static int ws_prepare(struct sandbox *sb, struct vm_files *f, bool fork, int log
 static int fork_restore(struct sandbox *sb, struct vm *vm, const struct vm_template *t, struct qemu_cmd *q,
 			const struct vm_files *f, struct vm_launch *l, unsigned mem_mb, char *err, size_t errlen)
 {
-	char mem[PATH_MAX], append[512];
+	char mem[PATH_MAX], append[512], ram[PATH_MAX];
 	struct stat st;
 	struct vm_media m = restore_media(vm, f);
 
@@ -1953,7 +2173,72 @@ static int fork_restore(struct sandbox *sb, struct vm *vm, const struct vm_templ
 		return -ENOENT;
 	}
 	kernel_append(append, sizeof(append), t->dir, l->kvm);
-	return vm_restore(sb, vm, &m, mem, false, t, q, f, l, "fork", err, errlen);
+	/* the parent's memory copied to a file of the fork's own by the
+	 * freeze, and mem only the device state; else mem is all of it */
+	if (ram_path(sb->dir, ram, sizeof(ram), false) == 0 && access(ram, F_OK) == 0) {
+		m.ram_anon = false;
+		m.ram = ram;
+		m.ram_shared = true;
+		m.ram_own = true;
+	}
+	dprintf(l->log_fd, "airlock: memory: %s\n",
+		m.ram_own ? "shared, the parent's copied at the freeze" : "migrated, loaded from the stream");
+	return vm_restore(sb, vm, &m, mem, m.ram_own, NULL, t, q, f, l, "fork", err, errlen);
+}
+
+/* The parent's memory into the fork's directory, while it is stopped: with
+ * shared memory (its file open in its qemu), the device state alone into
+ * mem (x-ignore-shared) and the file copied to the fork's own, both at
+ * once; else all of it migrated into mem. */
+static int freeze_memory(struct qmp *qm, const char *parent, const char *fork_dir, const char *mem, char *err,
+			 size_t errlen)
+{
+	char quoted[2 * PATH_MAX], uri[2 * PATH_MAX + 48], pram[PATH_MAX], fram[PATH_MAX];
+	json_t *caps = NULL, *params = NULL, *args = NULL;
+	pid_t pid = qemu_pid_of(parent);
+	int src = -ENOENT, dst = -1, r, rc;
+	struct stat st;
+
+	if (sh_quote(quoted, sizeof(quoted), mem) < 0)
+		return -ENAMETOOLONG;
+	if (pid > 0 && ram_path(parent, pram, sizeof(pram), false) == 0 &&
+	    ram_path(fork_dir, fram, sizeof(fram), false) == 0)
+		src = ram_of_qemu(pid, pram);
+	if (src >= 0 && (fstat(src, &st) < 0 || (dst = ram_create(fram, st.st_size)) < 0)) {
+		r = dst < 0 ? dst : -errno;
+		errmsg_set(err, errlen, "%s: %s", fram, strerror(-r));
+		close(src);
+		return r;
+	}
+	snprintf(uri, sizeof(uri), "exec:umask 077 && cat > %s", quoted);
+	caps = json_pack("{s:[{s:s, s:b}]}", "capabilities", "capability", "x-ignore-shared", "state", src >= 0);
+	params = json_pack("{s:I}", "max-bandwidth", (json_int_t)MIGRATE_BANDWIDTH);
+	args = json_pack("{s:s}", "uri", uri);
+	if (!caps || !params || !args)
+		r = -ENOMEM;
+	else if ((r = qmp_call(qm, "migrate-set-capabilities", caps, NULL, 10000, err, errlen)) == 0 &&
+		 (r = qmp_call(qm, "migrate-set-parameters", params, NULL, 10000, err, errlen)) == 0 &&
+		 (r = qmp_call(qm, "migrate", args, NULL, 10000, err, errlen)) == 0) {
+		/* qemu writes the device state in its migration thread */
+		if (src >= 0 && (rc = ram_copy(src, dst)) < 0) {
+			errmsg_set(err, errlen, "copying the parent's memory to %s: %s", fram, strerror(-rc));
+			r = rc;
+		}
+		rc = migrate_wait(qm, "freezing the parent's memory", r < 0 ? NULL : err, r < 0 ? 0 : errlen);
+		if (r == 0)
+			r = rc;
+	}
+	json_decref(caps);
+	json_decref(params);
+	json_decref(args);
+	if (src >= 0)
+		close(src);
+	if (dst >= 0) {
+		close(dst);
+		if (r < 0)
+			unlink(fram);
+	}
+	return r;
 }
 
 /* The parent's disk and memory frozen for the fork in fork_dir (made by
@@ -1961,7 +2246,7 @@ static int fork_restore(struct sandbox *sb, struct vm *vm, const struct vm_templ
 static int freeze_steps(struct qmp *qm, const char *parent, const char *fork_dir, char *err, size_t errlen)
 {
 	char name[64], top[PATH_MAX], next[PATH_MAX], nname[64], tmp[PATH_MAX + 8], topf[PATH_MAX];
-	char overlay[PATH_MAX], mem[PATH_MAX], quoted[2 * PATH_MAX], uri[2 * PATH_MAX + 48], size[32], qimg[PATH_MAX];
+	char overlay[PATH_MAX], mem[PATH_MAX], size[32], qimg[PATH_MAX];
 	json_t *args;
 	struct stat st;
 	FILE *fp;
@@ -1972,7 +2257,7 @@ static int freeze_steps(struct qmp *qm, const char *parent, const char *fork_dir
 	if (path_join(top, sizeof(top), parent, name[0] ? name : "workspace.img") < 0 ||
 	    path_join(topf, sizeof(topf), parent, WS_TOP) < 0 ||
 	    path_join(overlay, sizeof(overlay), fork_dir, "ws.qcow2") < 0 ||
-	    path_join(mem, sizeof(mem), fork_dir, "mem") < 0 || sh_quote(quoted, sizeof(quoted), mem) < 0)
+	    path_join(mem, sizeof(mem), fork_dir, "mem") < 0)
 		return -ENAMETOOLONG;
 	for (unsigned i = 1;; i++) {
 		snprintf(nname, sizeof(nname), "ws.%u.qcow2", i);
@@ -2009,18 +2294,7 @@ static int freeze_steps(struct qmp *qm, const char *parent, const char *fork_dir
 			return -EIO;
 		}
 	}
-	snprintf(uri, sizeof(uri), "exec:umask 077 && cat > %s", quoted);
-	json_t *caps = json_pack("{s:[{s:s, s:b}]}", "capabilities", "capability", "x-ignore-shared", "state", 0);
-	if (!caps || !(args = json_pack("{s:s}", "uri", uri))) {
-		json_decref(caps);
-		return -ENOMEM;
-	}
-	if ((r = qmp_call(qm, "migrate-set-capabilities", caps, NULL, 10000, err, errlen)) == 0 &&
-	    (r = qmp_call(qm, "migrate", args, NULL, 10000, err, errlen)) == 0)
-		r = migrate_wait(qm, "freezing the parent's memory", err, errlen);
-	json_decref(caps);
-	json_decref(args);
-	return r;
+	return freeze_memory(qm, parent, fork_dir, mem, err, errlen);
 }
 
 int sandbox_vm_fork_freeze(const char *parent, const char *fork_dir, char *err, size_t errlen)
@@ -2081,9 +2355,21 @@ int sandbox_vm_forks_make(const char *dir, const char *name, unsigned gen, int64
 	if (r < 0) {
 		if (!err[0])
 			errmsg_set(err, errlen, "freezing the parent VM for fork '%s': %s", name, strerror(-r));
-		(void)sandbox_fork_remove(dir, name, e2, sizeof(e2));
+		(void)sandbox_vm_fork_remove(dir, name, e2, sizeof(e2));
 	}
 	return r;
+}
+
+int sandbox_vm_fork_remove(const char *dir, const char *name, char *err, size_t errlen)
+{
+	char fdir[PATH_MAX], ram[PATH_MAX];
+
+	/* a fork that never started still has its memory file on tmpfs */
+	if (sandbox_fork_name_ok(name) &&
+	    (size_t)snprintf(fdir, sizeof(fdir), "%s/forks/%s", dir, name) < sizeof(fdir) &&
+	    ram_path(fdir, ram, sizeof(ram), false) == 0)
+		unlink(ram);
+	return sandbox_fork_remove(dir, name, err, errlen);
 }
 
 int sandbox_vm_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *err, size_t errlen)
