@@ -127,6 +127,19 @@ t_parent_write() {
 check "the parent's later write is absent from the fork; the parent goes on" t_parent_write
 t_rand() { [ "$(X "$W1" 'head -c 16 /dev/urandom | od -An -tx1')" != "$(X "$W2" 'head -c 16 /dev/urandom | od -An -tx1')" ]; }
 check "parent and fork read different random bytes" t_rand
+# ram_name DIR: the shared memory file of the VM of state directory DIR
+ram_name() { printf '/dev/shm/airlock-%s/vm-%x-%x.ram' "$(id -u)" $(stat -c '%d %i' "$1"); }
+t_shared_ram() {
+	local ppid fpid
+	ppid=$(cat "$P/run/qemu.pid") && fpid=$(cat "$F/run/qemu.pid") &&
+		grep -q '^airlock: memory: shared, a copy of the snapshot' "$P/qemu.log" &&
+		grep -q '^airlock: memory: shared, the parent.s copied at the freeze' "$F/qemu.log" &&
+		[ "$(stat -c %s "$F/mem")" -lt 1048576 ] &&
+		[ ! -e "$(ram_name "$P")" ] && [ ! -e "$(ram_name "$F")" ] &&
+		ls -l "/proc/$ppid/fd" | grep -qF "$(ram_name "$P") (deleted)" &&
+		ls -l "/proc/$fpid/fd" | grep -qF "$(ram_name "$F") (deleted)"
+}
+check "shared memory: the fork's mem is the device state alone, each qemu holds its own memory file, unlinked" t_shared_ram
 
 $TO 30 "$AIRLOCK" down "$W2" >/dev/null 2>&1
 t_fork_gone() {
@@ -146,7 +159,24 @@ dep" ]
 }
 check "the parent's next start merges its overlay into workspace.img and keeps its writes" t_merged
 $TO 30 "$AIRLOCK" down "$W1" >/dev/null 2>&1
-stop_harness hp2 >/dev/null
+# without shared memory (AIRLOCK_VM_SHARED_RAM=0 for the parent's start) a
+# freeze migrates all of the parent's memory into the fork's mem
+t_migrated() {
+	stop_harness hp2 && AIRLOCK_VM_SHARED_RAM=0 harness hp3 "$P" && up up5 "$W1" hp3 &&
+		grep -q '^airlock: memory: the snapshot.s file, copy on write' "$P/qemu.log" &&
+		X "$W1" "echo p3 >$H/p3" && mkdir -m 0700 "$F" && harness hf2 "$F" --fork "$P" &&
+		echo "# fork by migration: parent frozen in $(field hf2 freeze_ms) ms, fork ready $(field hf2 start_ms) ms after" &&
+		grep -q '^airlock: memory: migrated' "$F/qemu.log" && [ "$(stat -c %s "$F/mem")" -gt 10485760 ] &&
+		up up6 "$W2" hf2 && [ "$(X "$W2" "cat $H/p3; cut -d' ' -f1 /run/airlock-start")" = "p3
+fork" ] &&
+		X "$W2" "echo f2 >$H/f2" && X "$W1" "test ! -e $H/f2"
+}
+check "a fork of a parent without shared memory: its memory migrated, isolated" t_migrated
+$TO 30 "$AIRLOCK" down "$W2" >/dev/null 2>&1
+$TO 30 "$AIRLOCK" down "$W1" >/dev/null 2>&1
+stop_harness hf2 >/dev/null
+rm -rf "$F"
+stop_harness hp3 >/dev/null
 
 # ---- the user's path: `airlock up --sandbox vm` (the daemon's own VM,
 # restored from the template's snapshot), `airlock fork`, `exec --fork`,
@@ -170,6 +200,7 @@ if wait_line "$T/vup.out" "^airlock: $W3 in sync with sandbox vm\$" 150; then
 		[ "$($TO 60 "$AIRLOCK" exec -C "$W3" --fork f1 -- cat a </dev/null)" = x ] &&
 			$TO 60 "$AIRLOCK" exec -C "$W3" -- test ! -e a </dev/null && [ ! -e "$W3/a" ] &&
 			[ -f "$VSB/forks/f1/ws.qcow2" ] && [ -f "$VSB/forks/f1/mem" ] &&
+			grep -q '^airlock: memory: shared' "$VSB/forks/f1/qemu.log" && [ ! -e "$(ram_name "$VSB/forks/f1")" ] &&
 			"$AIRLOCK" fork -C "$W3" --list | grep -q '^f1 *ready'
 	}
 	check "airlock fork --name f1 of the vm sandbox; a write by exec --fork f1 is absent from the parent and the host" t_cli_fork
@@ -193,7 +224,7 @@ t_no_qemu() { ! pgrep -f "qemu-system.*$T" >/dev/null; }
 check "no qemu is left" t_no_qemu
 
 if [ "$FAIL" != 0 ]; then
-	for n in hp hf hp2; do echo "--- $n" && cat "$T/$n.err" 2>/dev/null; done
+	for n in hp hf hp2 hp3 hf2; do echo "--- $n" && cat "$T/$n.err" 2>/dev/null; done
 	echo "--- parent console" && tail -n 30 "$P/console.log" 2>/dev/null
 	echo "--- fork qemu.log" && cat "$F/qemu.log" 2>/dev/null
 fi
