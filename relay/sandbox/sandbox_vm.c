@@ -1754,20 +1754,48 @@ static int ram_write(int dst, const uint8_t *map, off_t from, off_t to)
 	return 0;
 }
 
+/* [from, to) of src into dst in the kernel (tmpfs to tmpfs: one copy, no
+ * pass over the pages here). 0, -EXDEV (and the like) when the two files
+ * cannot (the caller copies by hand), or -errno. */
+static int ram_copy_range(int src, int dst, off_t from, off_t to)
+{
+	loff_t a = from, b = from;
+
+	while (a < to) {
+		ssize_t k = copy_file_range(src, &a, dst, &b, (size_t)(to - a), 0);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return -errno;
+		if (k == 0)
+			return -EIO;
+	}
+	return 0;
+}
+
+static bool cannot_copy_range(int r)
+{
+	return r == -EXDEV || r == -EINVAL || r == -EOPNOTSUPP || r == -ENOSYS;
+}
+
 /* Copy the memory in src into dst (as large, sparse): only src's data
- * extents are read, and of them only the pages that are not all zero are
- * written (a zero page is a hole: the guest reads zeros there). */
+ * extents are read. Between files of one file system (a fork's copy of
+ * its parent's on tmpfs) the kernel copies them; else (the snapshot's
+ * file, on disk) only the pages that are not all zero are written: a
+ * zero page stays a hole, the guest reads zeros there. */
 static int ram_copy(int src, int dst)
 {
-	struct stat st;
+	struct stat st, dt;
 	uint8_t *map;
 	off_t off = 0;
+	bool in_kernel;
 	int r = 0;
 
-	if (fstat(src, &st) < 0)
+	if (fstat(src, &st) < 0 || fstat(dst, &dt) < 0)
 		return -errno;
 	if (st.st_size == 0)
 		return 0;
+	in_kernel = st.st_dev == dt.st_dev;
 	if ((map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, src, 0)) == MAP_FAILED)
 		return -errno;
 	while (r == 0 && off < st.st_size) {
@@ -1781,6 +1809,14 @@ static int ram_copy(int src, int dst)
 			break;
 		}
 		data &= ~(off_t)(RAM_PAGE - 1);
+		if (in_kernel) {
+			if ((r = ram_copy_range(src, dst, data, hole)) == 0 || !cannot_copy_range(r)) {
+				off = hole;
+				continue;
+			}
+			in_kernel = false; /* by hand from here on */
+			r = 0;
+		}
 		for (off_t p = data; r == 0; p += RAM_PAGE) {
 			bool end = p >= hole || p + RAM_PAGE > st.st_size;
 			if (!end && !page_zero(map + p)) {
@@ -2186,12 +2222,18 @@ static int fork_restore(struct sandbox *sb, struct vm *vm, const struct vm_templ
 	return vm_restore(sb, vm, &m, mem, m.ram_own, NULL, t, q, f, l, "fork", err, errlen);
 }
 
+/* When each step of a freeze ended (doc/VM.md "Forks": fork_dir/freeze.log). */
+struct freeze_times {
+	int64_t t0, planned, stopped, disk, copied, memory, cont;
+	bool shared;
+};
+
 /* The parent's memory into the fork's directory, while it is stopped: with
  * shared memory (its file open in its qemu), the device state alone into
  * mem (x-ignore-shared) and the file copied to the fork's own, both at
  * once; else all of it migrated into mem. */
-static int freeze_memory(struct qmp *qm, const char *parent, const char *fork_dir, const char *mem, char *err,
-			 size_t errlen)
+static int freeze_memory(struct qmp *qm, const char *parent, const char *fork_dir, const char *mem,
+			 struct freeze_times *ft, char *err, size_t errlen)
 {
 	char quoted[2 * PATH_MAX], uri[2 * PATH_MAX + 48], pram[PATH_MAX], fram[PATH_MAX];
 	json_t *caps = NULL, *params = NULL, *args = NULL;
@@ -2220,10 +2262,12 @@ static int freeze_memory(struct qmp *qm, const char *parent, const char *fork_di
 		 (r = qmp_call(qm, "migrate-set-parameters", params, NULL, 10000, err, errlen)) == 0 &&
 		 (r = qmp_call(qm, "migrate", args, NULL, 10000, err, errlen)) == 0) {
 		/* qemu writes the device state in its migration thread */
+		ft->shared = src >= 0;
 		if (src >= 0 && (rc = ram_copy(src, dst)) < 0) {
 			errmsg_set(err, errlen, "copying the parent's memory to %s: %s", fram, strerror(-rc));
 			r = rc;
 		}
+		ft->copied = now_ms();
 		rc = migrate_wait(qm, "freezing the parent's memory", r < 0 ? NULL : err, r < 0 ? 0 : errlen);
 		if (r == 0)
 			r = rc;
@@ -2241,66 +2285,109 @@ static int freeze_memory(struct qmp *qm, const char *parent, const char *fork_di
 	return r;
 }
 
-/* The parent's disk and memory frozen for the fork in fork_dir (made by
- * the caller, 0700), through the parent's monitor, while it is stopped. */
-static int freeze_steps(struct qmp *qm, const char *parent, const char *fork_dir, char *err, size_t errlen)
+/* The files of one freeze (doc/VM.md "Forks"). */
+struct freeze_plan {
+	char top[PATH_MAX];	/* the image the parent writes now: frozen by the freeze */
+	char next[PATH_MAX];	/* the overlay it writes from the freeze on */
+	char nname[64];		/* next's name, for ws-top */
+	char topf[PATH_MAX];	/* <parent>/ws-top */
+	char overlay[PATH_MAX]; /* the fork's overlay over top */
+	char mem[PATH_MAX];	/* the fork's memory: the device state, or all of it */
+};
+
+/* Before the parent stops: the names, and the fork's overlay over the
+ * image the freeze will freeze (-u: nothing opens the image qemu holds). */
+static int freeze_plan(const char *parent, const char *fork_dir, struct freeze_plan *fp, char *err, size_t errlen)
 {
-	char name[64], top[PATH_MAX], next[PATH_MAX], nname[64], tmp[PATH_MAX + 8], topf[PATH_MAX];
-	char overlay[PATH_MAX], mem[PATH_MAX], size[32], qimg[PATH_MAX];
-	json_t *args;
+	char name[64], base[PATH_MAX], size[32], qimg[PATH_MAX];
 	struct stat st;
-	FILE *fp;
 	int r;
 
 	if ((r = ws_top_name(parent, name, sizeof(name))) < 0)
 		return r;
-	if (path_join(top, sizeof(top), parent, name[0] ? name : "workspace.img") < 0 ||
-	    path_join(topf, sizeof(topf), parent, WS_TOP) < 0 ||
-	    path_join(overlay, sizeof(overlay), fork_dir, "ws.qcow2") < 0 ||
-	    path_join(mem, sizeof(mem), fork_dir, "mem") < 0)
+	if (path_join(fp->top, sizeof(fp->top), parent, name[0] ? name : "workspace.img") < 0 ||
+	    path_join(fp->topf, sizeof(fp->topf), parent, WS_TOP) < 0 ||
+	    path_join(fp->overlay, sizeof(fp->overlay), fork_dir, "ws.qcow2") < 0 ||
+	    path_join(fp->mem, sizeof(fp->mem), fork_dir, "mem") < 0 ||
+	    path_join(base, sizeof(base), parent, "workspace.img") < 0)
 		return -ENAMETOOLONG;
 	for (unsigned i = 1;; i++) {
-		snprintf(nname, sizeof(nname), "ws.%u.qcow2", i);
-		if (path_join(next, sizeof(next), parent, nname) < 0)
+		snprintf(fp->nname, sizeof(fp->nname), "ws.%u.qcow2", i);
+		if (path_join(fp->next, sizeof(fp->next), parent, fp->nname) < 0)
 			return -ENAMETOOLONG;
-		if (access(next, F_OK) < 0)
+		if (access(fp->next, F_OK) < 0)
 			break;
 	}
 	if (find_prog("qemu-img", qimg, sizeof(qimg)) < 0) {
 		errmsg_set(err, errlen, "qemu-img not found (apt-get install qemu-utils)");
 		return -ENOENT;
 	}
-	if (!(args = json_pack("{s:s, s:s, s:s}", "device", "ws", "snapshot-file", next, "format", "qcow2")))
+	if (stat(base, &st) < 0)
+		return -errno;
+	snprintf(size, sizeof(size), "%lld", (long long)st.st_size);
+	char *argv[] = {qimg, "create", "-q", "-f",	   "qcow2", "-F", name[0] ? "qcow2" : "raw",
+			"-b", fp->top,	"-u", fp->overlay, size,    NULL};
+	if (run_wait(argv, -1) < 0) {
+		errmsg_set(err, errlen, "qemu-img create %s over %s failed", fp->overlay, fp->top);
+		return -EIO;
+	}
+	return 0;
+}
+
+/* The parent's disk and memory frozen for the fork in fork_dir, through
+ * the parent's monitor, while it is stopped: its disk onto the planned
+ * overlay (the fork's is over the image below it), its memory. */
+static int freeze_steps(struct qmp *qm, const char *parent, const char *fork_dir, const struct freeze_plan *fp,
+			struct freeze_times *ft, char *err, size_t errlen)
+{
+	char tmp[PATH_MAX + 8];
+	json_t *args;
+	FILE *f;
+	int r;
+
+	if (!(args = json_pack("{s:s, s:s, s:s}", "device", "ws", "snapshot-file", fp->next, "format", "qcow2")))
 		return -ENOMEM;
 	r = qmp_call(qm, "blockdev-snapshot-sync", args, NULL, 10000, err, errlen);
 	json_decref(args);
 	if (r < 0)
 		return r;
 	/* the parent writes next from now on, its next start too */
-	snprintf(tmp, sizeof(tmp), "%s.tmp", topf);
-	if (!(fp = fopen(tmp, "we")) || fprintf(fp, "%s\n", nname) < 0 || fclose(fp) != 0 || rename(tmp, topf) < 0) {
-		errmsg_set(err, errlen, "%s: %s", topf, strerror(errno));
+	snprintf(tmp, sizeof(tmp), "%s.tmp", fp->topf);
+	if (!(f = fopen(tmp, "we")) || fprintf(f, "%s\n", fp->nname) < 0 || fclose(f) != 0 ||
+	    rename(tmp, fp->topf) < 0) {
+		errmsg_set(err, errlen, "%s: %s", fp->topf, strerror(errno));
 		return -EIO;
 	}
-	{
-		char base[PATH_MAX];
-		if (path_join(base, sizeof(base), parent, "workspace.img") < 0 || stat(base, &st) < 0)
-			return -errno;
-		snprintf(size, sizeof(size), "%lld", (long long)st.st_size);
-		char *argv[] = {qimg, "create", "-q", "-f",    "qcow2", "-F", name[0] ? "qcow2" : "raw",
-				"-b", top,	"-u", overlay, size,	NULL};
-		if (run_wait(argv, -1) < 0) {
-			errmsg_set(err, errlen, "qemu-img create %s over %s failed", overlay, top);
-			return -EIO;
-		}
-	}
-	return freeze_memory(qm, parent, fork_dir, mem, err, errlen);
+	ft->disk = now_ms();
+	r = freeze_memory(qm, parent, fork_dir, fp->mem, ft, err, errlen);
+	ft->memory = now_ms();
+	return r;
+}
+
+/* fork_dir/freeze.log: where the parent's pause went. */
+static void freeze_log(const char *fork_dir, const struct freeze_times *ft)
+{
+	char p[PATH_MAX];
+	FILE *f;
+
+	if (path_join(p, sizeof(p), fork_dir, "freeze.log") < 0 || !(f = fopen(p, "we")))
+		return;
+	fprintf(f,
+		"airlock: froze the parent: monitor and the fork's overlay %lld ms, then paused %lld ms: disk %lld ms, "
+		"memory %lld ms (%s%lld ms), cont %lld ms\n",
+		(long long)(ft->planned - ft->t0), (long long)(ft->cont - ft->stopped),
+		(long long)(ft->disk - ft->stopped), (long long)(ft->memory - ft->disk),
+		ft->shared ? "shared: its copy " : "migrated: the device state after ",
+		(long long)(ft->copied - ft->disk), (long long)(ft->cont - ft->memory));
+	fclose(f);
 }
 
 int sandbox_vm_fork_freeze(const char *parent, const char *fork_dir, char *err, size_t errlen)
 {
 	char qmp_path[PATH_MAX], e2[256];
 	struct qmp qm = {.fd = -1};
+	struct freeze_times ft = {.t0 = now_ms()};
+	struct freeze_plan plan;
 	int r;
 
 	if (path_join(qmp_path, sizeof(qmp_path), parent, "run/qmp.sock") < 0)
@@ -2312,12 +2399,21 @@ int sandbox_vm_fork_freeze(const char *parent, const char *fork_dir, char *err, 
 			   parent);
 		return -ENOTSUP;
 	}
+	if ((r = freeze_plan(parent, fork_dir, &plan, err, errlen)) < 0) {
+		qmp_close(&qm);
+		return r;
+	}
+	ft.planned = now_ms();
 	if ((r = qmp_call(&qm, "stop", NULL, NULL, 10000, err, errlen)) == 0) {
-		r = freeze_steps(&qm, parent, fork_dir, err, errlen);
+		ft.stopped = now_ms();
+		r = freeze_steps(&qm, parent, fork_dir, &plan, &ft, err, errlen);
 		if (qmp_call(&qm, "cont", NULL, NULL, 10000, e2, sizeof(e2)) < 0 && r == 0) {
 			errmsg_set(err, errlen, "the parent VM did not continue: %s", e2);
 			r = -EIO;
 		}
+		ft.cont = now_ms();
+		if (r == 0)
+			freeze_log(fork_dir, &ft);
 	}
 	qmp_close(&qm);
 	return r;
