@@ -1674,23 +1674,26 @@ out_lock:
  * which restores from it as from a snapshot. The file is unlinked as soon
  * as qemu has it open: qemu keeps the descriptor (a freeze reaches it
  * through /proc/PID/fd), and nothing of it outlives the VM.
- *   /dev/shm/airlock-<uid>/    0700, ours, tmpfs (else: no shared memory)
+ *   /dev/shm/airlock-<uid>/    0700, ours, tmpfs (else: no shared memory);
+ *                              $AIRLOCK_VM_RAM_DIR instead, if set
  *     vm-<dev>-<ino>.ram       a VM's memory (dev, ino: its state directory's)
  * AIRLOCK_VM_SHARED_RAM=0 turns it off: a private copy-on-write mapping of
  * the snapshot's file, a freeze migrates all of the memory (as before). */
 #define RAM_PAGE 4096
 
-/* The directory of shared memory files, made if needed: -errno when there
- * is none to use (not tmpfs, not ours; off, for a new start). */
+/* The directory of shared memory files ($AIRLOCK_VM_RAM_DIR, else
+ * /dev/shm/airlock-<uid>), made if needed: -errno when there is none to
+ * use (not tmpfs, not ours; off, for a new start). */
 static int ram_dir(char *out, size_t n, bool start)
 {
-	const char *e = getenv("AIRLOCK_VM_SHARED_RAM");
+	const char *e = getenv("AIRLOCK_VM_SHARED_RAM"), *d = getenv("AIRLOCK_VM_RAM_DIR");
 	struct statfs fs;
 	struct stat st;
 
 	if (start && e && !strcmp(e, "0"))
 		return -ENOTSUP;
-	if ((size_t)snprintf(out, n, "/dev/shm/airlock-%u", (unsigned)getuid()) >= n)
+	if ((size_t)(d && *d ? snprintf(out, n, "%s", d)
+			     : snprintf(out, n, "/dev/shm/airlock-%u", (unsigned)getuid())) >= n)
 		return -ENAMETOOLONG;
 	if (mkdir(out, 0700) < 0 && errno != EEXIST)
 		return -errno;
@@ -1735,6 +1738,16 @@ static int ram_create(const char *path, off_t size)
 		return r;
 	}
 	return fd;
+}
+
+/* Whether the file system of fd has room for size more bytes: a shared
+ * page the guest touches when tmpfs is full is a SIGBUS in qemu, so a VM
+ * gets shared memory only with room for all of it. */
+static bool ram_room(int fd, off_t size)
+{
+	struct statfs fs;
+
+	return fstatfs(fd, &fs) == 0 && (uint64_t)fs.f_bavail * (uint64_t)fs.f_bsize >= (uint64_t)size;
 }
 
 static bool page_zero(const uint8_t *p)
@@ -1996,36 +2009,49 @@ static struct vm_media restore_media(const struct vm *vm, const struct vm_files 
 				 .incoming = true};
 }
 
-/* Restore sn with this sandbox's disks attached. */
+/* Restore sn with this sandbox's disks attached: on its own shared memory
+ * (a copy of the snapshot's on tmpfs, filled as qemu starts) when it can
+ * have one; else, or when that restore fails, on the snapshot's file copy
+ * on write. */
 static int snap_restore(struct sandbox *sb, struct vm *vm, const struct vm_snap *sn, const struct vm_template *t,
 			struct qemu_cmd *q, const struct vm_files *f, struct vm_launch *l, const char *kind, char *err,
 			size_t errlen)
 {
 	struct vm_media m = restore_media(vm, f);
 	struct ram_fill fill = {.src = -1, .dst = -1};
+	off_t size = (off_t)sn->mem_mb << 20;
 	char ram[PATH_MAX];
 	int r;
 
-	m.ram = sn->ram;
 	m.append = sn->append;
 	m.mem_mb = sn->mem_mb;
-	/* its own shared memory, a copy of the snapshot's, when it can have
-	 * one; else the snapshot's file copy on write */
 	if (ram_path(sb->dir, ram, sizeof(ram), true) == 0 && (fill.src = open(sn->ram, O_RDONLY | O_CLOEXEC)) >= 0 &&
-	    (fill.dst = ram_create(ram, (off_t)sn->mem_mb << 20)) >= 0) {
-		m.ram = ram;
-		m.ram_shared = true;
-		m.ram_own = true;
-	}
-	dprintf(l->log_fd, "airlock: memory: %s\n",
-		m.ram_own ? "shared, a copy of the snapshot's on tmpfs (a fork copies it)"
-			  : "the snapshot's file, copy on write (a fork migrates it)");
-	r = vm_restore(sb, vm, &m, sn->state, true, m.ram_own ? &fill : NULL, t, q, f, l, kind, err, errlen);
-	if (fill.src >= 0)
+	    (fill.dst = ram_create(ram, size)) >= 0) {
+		if (ram_room(fill.dst, size)) {
+			m.ram = ram;
+			m.ram_shared = true;
+			m.ram_own = true;
+			dprintf(l->log_fd,
+				"airlock: memory: shared, a copy of the snapshot's on tmpfs (a fork copies it)\n");
+			r = vm_restore(sb, vm, &m, sn->state, true, &fill, t, q, f, l, kind, err, errlen);
+		} else {
+			unlink(ram);
+			r = -ENOSPC;
+			errmsg_set(err, errlen, "no room on tmpfs for %u MiB of shared memory", sn->mem_mb);
+		}
 		close(fill.src);
-	if (fill.dst >= 0)
 		close(fill.dst);
-	return r;
+		if (r == 0)
+			return 0;
+		dprintf(l->log_fd, "airlock: not on shared memory: %s; on the snapshot's file\n", err);
+	} else if (fill.src >= 0) {
+		close(fill.src);
+	}
+	m.ram = sn->ram;
+	m.ram_shared = false;
+	m.ram_own = false;
+	dprintf(l->log_fd, "airlock: memory: the snapshot's file, copy on write (a fork migrates it)\n");
+	return vm_restore(sb, vm, &m, sn->state, true, NULL, t, q, f, l, kind, err, errlen);
 }
 
 /* Snapshots are used unless AIRLOCK_VM_SNAPSHOT=0, and where the template
@@ -2251,6 +2277,13 @@ static int freeze_memory(struct qmp *qm, const char *parent, const char *fork_di
 		errmsg_set(err, errlen, "%s: %s", fram, strerror(-r));
 		close(src);
 		return r;
+	}
+	if (dst >= 0 && !ram_room(dst, st.st_size)) { /* no room for the fork's: all of it migrated */
+		close(dst);
+		unlink(fram);
+		close(src);
+		dst = -1;
+		src = -ENOSPC;
 	}
 	snprintf(uri, sizeof(uri), "exec:umask 077 && cat > %s", quoted);
 	caps = json_pack("{s:[{s:s, s:b}]}", "capabilities", "capability", "x-ignore-shared", "state", src >= 0);

@@ -159,11 +159,15 @@ dep" ]
 }
 check "the parent's next start merges its overlay into workspace.img and keeps its writes" t_merged
 $TO 30 "$AIRLOCK" down "$W1" >/dev/null 2>&1
-# without shared memory (AIRLOCK_VM_SHARED_RAM=0 for the parent's start) a
-# freeze migrates all of the parent's memory into the fork's mem
+# without shared memory a freeze migrates all of the parent's memory into
+# the fork's mem: here because the parent's start finds no room on the
+# tmpfs it is given (AIRLOCK_VM_RAM_DIR: 64 MiB for a 1024 MiB guest) and
+# falls back to the snapshot's file (AIRLOCK_VM_SHARED_RAM=0 does the same)
 t_migrated() {
-	stop_harness hp2 && AIRLOCK_VM_SHARED_RAM=0 harness hp3 "$P" && up up5 "$W1" hp3 &&
-		grep -q '^airlock: memory: the snapshot.s file, copy on write' "$P/qemu.log" &&
+	mkdir -p "$T/shm" && mount -t tmpfs -o size=64m,mode=0700 tmpfs "$T/shm" &&
+		stop_harness hp2 && AIRLOCK_VM_RAM_DIR=$T/shm harness hp3 "$P" && up up5 "$W1" hp3 &&
+		grep -q '^airlock: not on shared memory: no room on tmpfs for 1024 MiB' "$P/qemu.log" &&
+		grep -q '^airlock: memory: the snapshot.s file, copy on write' "$P/qemu.log" && [ -z "$(ls -A "$T/shm")" ] &&
 		X "$W1" "echo p3 >$H/p3" && mkdir -m 0700 "$F" && harness hf2 "$F" --fork "$P" &&
 		echo "# fork by migration: parent frozen in $(field hf2 freeze_ms) ms, fork ready $(field hf2 start_ms) ms after" &&
 		grep -q '^airlock: memory: migrated' "$F/qemu.log" && [ "$(stat -c %s "$F/mem")" -gt 10485760 ] &&
@@ -177,6 +181,7 @@ $TO 30 "$AIRLOCK" down "$W1" >/dev/null 2>&1
 stop_harness hf2 >/dev/null
 rm -rf "$F"
 stop_harness hp3 >/dev/null
+umount "$T/shm" 2>/dev/null
 
 # ---- the user's path: `airlock up --sandbox vm` (the daemon's own VM,
 # restored from the template's snapshot), `airlock fork`, `exec --fork`,
