@@ -54,7 +54,11 @@ one_start() {
 	done
 	"$AIRLOCK" exec -C "$T/w" -- true </dev/null || rc=$?
 	t1=$(ms)
-	[ "$rc" = 0 ] || { echo "bench/vmsnap.sh: exec failed ($rc)" >&2; return 1; }
+	[ "$rc" = 0 ] || {
+		echo "bench/vmsnap.sh: exec failed ($rc)" >&2
+		cat "$T/up.err" "$T"/data/airlock/sandboxes/*/qemu.log >&2
+		return 1
+	}
 	"$AIRLOCK" down "$T/w" >/dev/null
 	wait "$pid" || true
 	# the restore's parts (qemu.log): qemu up to the monitor's answer, the
@@ -87,6 +91,33 @@ printf '%-28s %s to the first command; sandbox start %s\n' "restored ($N starts)
 printf '%-28s qemu up %s; state loaded %s; start line -> agent ready %s\n' "  of which (p50 / p99 / max)" "$(pct "$T/restored" 4)" "$(pct "$T/restored" 5)" "$(pct "$T/restored" 6)"
 echo "# snapshot: $(du -sh --apparent-size "$T"/tpl/snapshots/*/ram | cut -f1) guest memory ($(du -sh "$T"/tpl/snapshots/*/ram | cut -f1) on disk), $(stat -c %s "$T"/tpl/snapshots/*/state) bytes of device state"
 
+# VM forks through the CLI: `airlock up --sandbox vm` (restored), a first
+# command, then FORKS times `airlock fork --name fI --json` (wall time, and
+# the op's own ms, freeze_ms: the parent's pause, start_ms: the fork's
+# start), `airlock exec --fork fI` (fork + first command in it), `fork --rm`.
+FORKS=${FORKS:-5}
+if command -v qemu-img >/dev/null 2>&1 && [ "$FORKS" -gt 0 ]; then
+	"$AIRLOCK" up "$T/w" --sandbox vm >"$T/up.out" 2>"$T/up.err" &
+	upid=$!
+	for _ in $(seq 18000); do grep -q "in sync with sandbox vm" "$T/up.out" 2>/dev/null && break; sleep 0.01; done
+	"$AIRLOCK" exec -C "$T/w" -- true </dev/null
+	: >"$T/cli"
+	js() { grep -o "\"$1\":[0-9.]*" "$T/cf.out" | head -n 1 | cut -d: -f2 | cut -d. -f1; }
+	for i in $(seq 1 "$FORKS"); do
+		t0=$(ms)
+		"$AIRLOCK" fork -C "$T/w" --name "f$i" --json >"$T/cf.out" 2>"$T/cf.err" || { cat "$T/cf.err" >&2; exit 1; }
+		t1=$(ms)
+		"$AIRLOCK" exec -C "$T/w" --fork "f$i" -- sh -c 'echo x >a' </dev/null
+		t2=$(ms)
+		echo "$(echo "$t1 - $t0" | bc) $(echo "$t2 - $t0" | bc) $(js ms) $(js freeze_ms) $(js start_ms)" >>"$T/cli"
+		"$AIRLOCK" fork -C "$T/w" --rm "f$i" >/dev/null
+	done
+	"$AIRLOCK" down "$T/w" >/dev/null
+	wait "$upid" || true
+	printf '%-28s airlock fork %s; fork + first command in it %s\n' "cli forks ($FORKS)" "$(pct "$T/cli" 1)" "$(pct "$T/cli" 2)"
+	printf '%-28s the op %s: parent paused %s, fork start %s\n' "  of which (p50 / p99 / max)" "$(pct "$T/cli" 3)" "$(pct "$T/cli" 4)" "$(pct "$T/cli" 5)"
+fi
+
 # VM forks (doc/VM.md "Forks"), through tests/harness/vm_harness: a parent
 # VM restored from the snapshot, then FORKS forks of it one after another
 # (each: the parent frozen, its disk onto a new overlay and its memory to a
@@ -96,7 +127,6 @@ echo "# snapshot: $(du -sh --apparent-size "$T"/tpl/snapshots/*/ram | cut -f1) g
 # and the start's parts from the fork's qemu.log. AIRLOCK_VM_SHARED_RAM=0:
 # the parent's memory is not shared, each freeze migrates all of it.
 H=$B/tests/harness/vm_harness
-FORKS=${FORKS:-5}
 if [ -x "$H" ] && command -v qemu-img >/dev/null 2>&1 && [ "$FORKS" -gt 0 ]; then
 	P=$T/p
 	mkfifo "$T/p.ctl"

@@ -127,6 +127,11 @@ t_parent_write() {
 check "the parent's later write is absent from the fork; the parent goes on" t_parent_write
 t_rand() { [ "$(X "$W1" 'head -c 16 /dev/urandom | od -An -tx1')" != "$(X "$W2" 'head -c 16 /dev/urandom | od -An -tx1')" ]; }
 check "parent and fork read different random bytes" t_rand
+t_clock() {
+	local g h
+	g=$(X "$W2" 'date +%s') && h=$(date +%s) && [ $((h - g)) -le 2 ] && [ $((g - h)) -le 2 ]
+}
+check "the fork's clock is the host's (within 2 s)" t_clock
 # ram_name DIR: the shared memory file of the VM of state directory DIR
 ram_name() { printf '/dev/shm/airlock-%s/vm-%x-%x.ram' "$(id -u)" $(stat -c '%d %i' "$1"); }
 t_shared_ram() {
