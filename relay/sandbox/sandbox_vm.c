@@ -2217,6 +2217,10 @@ static int ws_prepare(struct sandbox *sb, struct vm_files *f, bool fork, int log
 	return 0;
 }
 
+/* Under this, a fork's mem is the device state alone (66 KiB here): a
+ * migration of all of a guest's memory is tens of MiB at the least. */
+#define FORK_MEM_MIN (4 << 20)
+
 /* A fork's restore: its own overlay and config drive, the frozen memory. */
 static int fork_restore(struct sandbox *sb, struct vm *vm, const struct vm_template *t, struct qemu_cmd *q,
 			const struct vm_files *f, struct vm_launch *l, unsigned mem_mb, char *err, size_t errlen)
@@ -2242,6 +2246,12 @@ static int fork_restore(struct sandbox *sb, struct vm *vm, const struct vm_templ
 		m.ram = ram;
 		m.ram_shared = true;
 		m.ram_own = true;
+	} else if (stat(mem, &st) == 0 && st.st_size < FORK_MEM_MIN) {
+		/* the device state alone, its memory file gone (it is unlinked
+		 * by the fork's first start, taken or failed) */
+		errmsg_set(err, errlen,
+			   "%s: the fork's memory is gone (a vm fork starts once: remove it and fork again)", sb->dir);
+		return -ENOENT;
 	}
 	dprintf(l->log_fd, "airlock: memory: %s\n",
 		m.ram_own ? "shared, the parent's copied at the freeze" : "migrated, loaded from the stream");
