@@ -151,9 +151,11 @@ t_fork_gone() {
 	local pid
 	pid=$(cat "$F/run/qemu.pid" 2>/dev/null)
 	stop_harness hf && { [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; } &&
-		[ -z "$(find "$F/run" -type s 2>/dev/null)" ] && rm -rf "$F" && [ -z "$(ls -A "$P/forks")" ]
+		[ -z "$(find "$F/run" -type s 2>/dev/null)" ] &&
+		! $TO 60 "$HARNESS" "$F" "$TPL" --fork-again </dev/null >"$T/again.out" 2>"$T/again.err" &&
+		grep -q 'a vm fork starts once' "$T/again.err" && rm -rf "$F" && [ -z "$(ls -A "$P/forks")" ]
 }
-check "the fork stops: no qemu, no socket; its directory (overlay, memory) removed" t_fork_gone
+check "the fork stops: no qemu, no socket; started again it is refused (its memory is gone); its directory removed" t_fork_gone
 $TO 30 "$AIRLOCK" down "$W1" >/dev/null 2>&1
 t_merged() {
 	stop_harness hp && [ -e "$P/ws-top" ] && harness hp2 "$P" && [ ! -e "$P/ws-top" ] &&
