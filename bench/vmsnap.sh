@@ -12,10 +12,13 @@
 #                         from qemu.log: qemu's start to its monitor answering
 #                         migrate-incoming, the device state loaded, the guest's
 #                         work from the start line to the agent's ready line
+#   restored, private     PRIVATE=1: as many restores with AIRLOCK_VM_SHARED_RAM=0,
+#                         each right after one of the above (the cost of the
+#                         shared memory's copy)
 # The template is a private copy (fresh snapshots), used as installed
 # (AIRLOCK_VM_NO_BUILD=1: no builder run per start).
 #
-# usage: [FORKS=5] bench/vmsnap.sh BUILD [N]     (root + /dev/fuse + qemu; qemu-img for the fork rows)
+# usage: [FORKS=5] [PRIVATE=1] bench/vmsnap.sh BUILD [N]     (root + /dev/fuse + qemu; qemu-img for the fork rows)
 #   BUILD  a meson build dir with airlock and airlock-agent-static
 #   N      restored starts (default 10)
 set -euo pipefail
@@ -79,8 +82,10 @@ printf '%-28s %8s ms to the first command (sandbox %s ms, %s)\n' "cold, no snaps
 read -r cold_total cold_sb cold_kind < <(one_start)
 printf '%-28s %8s ms to the first command (sandbox %s ms, %s)\n' "cold, saving the snapshot" "$cold_total" "$cold_sb" "$cold_kind"
 : >"$T/restored"
+: >"$T/restored0"
 for i in $(seq 1 "$N"); do
 	one_start >>"$T/restored"
+	[ "${PRIVATE:-0}" = 1 ] && one_start AIRLOCK_VM_SHARED_RAM=0 >>"$T/restored0"
 done
 if awk '$3 != "restored" { bad = 1 } END { exit !bad }' "$T/restored"; then
 	echo "bench/vmsnap.sh: a start was not restored:" >&2
@@ -89,6 +94,10 @@ if awk '$3 != "restored" { bad = 1 } END { exit !bad }' "$T/restored"; then
 fi
 printf '%-28s %s to the first command; sandbox start %s\n' "restored ($N starts)" "$(pct "$T/restored" 1)" "$(pct "$T/restored" 2)"
 printf '%-28s qemu up %s; state loaded %s; start line -> agent ready %s\n' "  of which (p50 / p99 / max)" "$(pct "$T/restored" 4)" "$(pct "$T/restored" 5)" "$(pct "$T/restored" 6)"
+if [ -s "$T/restored0" ]; then
+	printf '%-28s %s to the first command; sandbox start %s\n' "restored, private memory" "$(pct "$T/restored0" 1)" "$(pct "$T/restored0" 2)"
+	printf '%-28s qemu up %s; state loaded %s; start line -> agent ready %s\n' "  of which (p50 / p99 / max)" "$(pct "$T/restored0" 4)" "$(pct "$T/restored0" 5)" "$(pct "$T/restored0" 6)"
+fi
 echo "# snapshot: $(du -sh --apparent-size "$T"/tpl/snapshots/*/ram | cut -f1) guest memory ($(du -sh "$T"/tpl/snapshots/*/ram | cut -f1) on disk), $(stat -c %s "$T"/tpl/snapshots/*/state) bytes of device state"
 
 # VM forks through the CLI: `airlock up --sandbox vm` (restored), a first
