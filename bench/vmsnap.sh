@@ -47,8 +47,12 @@ ms() { date +%s%N | awk '{ printf "%.1f", $1 / 1e6 }'; }
 # one_start ENV...: up, first exec, down; prints "TOTAL_MS SANDBOX_MS KIND"
 one_start() {
 	local t0 t1 rc=0
+	# emptied here: a background job's own redirection may come after the
+	# first grep below, which would then see the last start's "in sync"
+	: >"$T/up.out"
+	: >"$T/up.err"
 	t0=$(ms)
-	env "$@" "$AIRLOCK" up "$T/w" --sandbox vm >"$T/up.out" 2>"$T/up.err" &
+	env "$@" "$AIRLOCK" up "$T/w" --sandbox vm >>"$T/up.out" 2>>"$T/up.err" &
 	local pid=$!
 	for _ in $(seq 18000); do # 180 s: a cold boot that saves the snapshot takes a minute at load 16
 		grep -q "in sync with sandbox vm" "$T/up.out" 2>/dev/null && break
@@ -106,7 +110,8 @@ echo "# snapshot: $(du -sh --apparent-size "$T"/tpl/snapshots/*/ram | cut -f1) g
 # start), `airlock exec --fork fI` (fork + first command in it), `fork --rm`.
 FORKS=${FORKS:-5}
 if command -v qemu-img >/dev/null 2>&1 && [ "$FORKS" -gt 0 ]; then
-	"$AIRLOCK" up "$T/w" --sandbox vm >"$T/up.out" 2>"$T/up.err" &
+	: >"$T/up.out"
+	"$AIRLOCK" up "$T/w" --sandbox vm >>"$T/up.out" 2>"$T/up.err" &
 	upid=$!
 	for _ in $(seq 18000); do grep -q "in sync with sandbox vm" "$T/up.out" 2>/dev/null && break; sleep 0.01; done
 	"$AIRLOCK" exec -C "$T/w" -- true </dev/null

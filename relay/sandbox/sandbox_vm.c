@@ -69,6 +69,9 @@ struct vm {
 	char pidfile[PATH_MAX];
 	char qmp[PATH_MAX]; /* qemu's monitor, kept for forks (a restored VM); "" when none */
 	int ctl_fd;	    /* the control port, connected since the start line; -1 */
+	/* restored on shared memory: the snapshot's memory file and the
+	 * spare copy of it that its stop makes for the next restore; "" */
+	char spare_src[PATH_MAX], spare[PATH_MAX];
 };
 
 static int64_t now_ms(void)
@@ -1743,11 +1746,11 @@ static int ram_create(const char *path, off_t size)
 /* Whether the file system of fd has room for size more bytes: a shared
  * page the guest touches when tmpfs is full is a SIGBUS in qemu, so a VM
  * gets shared memory only with room for all of it. */
-static bool ram_room(int fd, off_t size)
+static bool ram_room(const char *path, off_t size)
 {
 	struct statfs fs;
 
-	return fstatfs(fd, &fs) == 0 && (uint64_t)fs.f_bavail * (uint64_t)fs.f_bsize >= (uint64_t)size;
+	return statfs(path, &fs) == 0 && (uint64_t)fs.f_bavail * (uint64_t)fs.f_bsize >= (uint64_t)size;
 }
 
 static bool page_zero(const uint8_t *p)
@@ -1893,6 +1896,98 @@ static pid_t qemu_pid_of(const char *dir)
 	return pid > 0 ? (pid_t)pid : -1;
 }
 
+/* The spare copy of the snapshot sn's memory (doc/VM.md "Shared memory"):
+ * spare-<key>-<ino>-<mtime>.ram in the shared memory directory, named by
+ * the snapshot file's identity (a snapshot made again under the same key
+ * is another file). */
+static int spare_path(const char *snap_ram, const char *key, char *out, size_t n)
+{
+	char rd[PATH_MAX];
+	struct stat st;
+	int r;
+
+	if ((r = ram_dir(rd, sizeof(rd), true)) < 0)
+		return r;
+	if (stat(snap_ram, &st) < 0)
+		return -errno;
+	if ((size_t)snprintf(out, n, "%s/spare-%s-%llx-%llx.ram", rd, key, (unsigned long long)st.st_ino,
+			     (unsigned long long)st.st_mtim.tv_sec * 1000000000ull +
+				 (unsigned long long)st.st_mtim.tv_nsec) >= n)
+		return -ENAMETOOLONG;
+	return 0;
+}
+
+/* Keep only the newest SPARE_KEEP spares of dir (the one just made among
+ * them): each is a copy of a snapshot's memory held on tmpfs. */
+#define SPARE_KEEP 2
+static void spare_prune(const char *dir)
+{
+	struct {
+		char name[NAME_MAX + 1];
+		struct timespec t;
+	} keep[SPARE_KEEP] = {0};
+	char p[PATH_MAX];
+	struct dirent *e;
+	struct stat st;
+	DIR *d;
+
+	for (int pass = 0; pass < 2; pass++) { /* the newest, then the others removed */
+		if (!(d = opendir(dir)))
+			return;
+		while ((e = readdir(d))) {
+			if (strncmp(e->d_name, "spare-", 6) || !strstr(e->d_name, ".ram") ||
+			    path_join(p, sizeof(p), dir, e->d_name) < 0 || stat(p, &st) < 0)
+				continue;
+			if (pass == 1) {
+				bool kept = false;
+				for (int i = 0; i < SPARE_KEEP; i++)
+					kept |= !strcmp(keep[i].name, e->d_name);
+				if (!kept)
+					unlink(p);
+				continue;
+			}
+			for (int i = 0; i < SPARE_KEEP; i++)
+				if (!keep[i].name[0] || st.st_mtim.tv_sec > keep[i].t.tv_sec ||
+				    (st.st_mtim.tv_sec == keep[i].t.tv_sec && st.st_mtim.tv_nsec > keep[i].t.tv_nsec)) {
+					memmove(&keep[i + 1], &keep[i], sizeof(keep[0]) * (size_t)(SPARE_KEEP - 1 - i));
+					snprintf(keep[i].name, sizeof(keep[i].name), "%s", e->d_name);
+					keep[i].t = st.st_mtim;
+					break;
+				}
+		}
+		closedir(d);
+	}
+}
+
+/* After a VM restored on shared memory stopped: a spare copy of its
+ * snapshot's memory for the next restore, unless one is there (written
+ * under a temporary name, renamed when whole). Best effort. */
+static void spare_make(const char *src_path, const char *spare)
+{
+	char tmp[PATH_MAX + 32], dir[PATH_MAX];
+	const char *slash = strrchr(spare, '/');
+	struct stat st;
+	int src, dst, r;
+
+	if (!slash || access(spare, F_OK) == 0 ||
+	    (size_t)snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", spare, (long)getpid()) >= sizeof(tmp) ||
+	    (src = open(src_path, O_RDONLY | O_CLOEXEC)) < 0)
+		return;
+	if (fstat(src, &st) < 0 || (dst = ram_create(tmp, st.st_size)) < 0) {
+		close(src);
+		return;
+	}
+	r = ram_room(tmp, st.st_size) ? ram_copy(src, dst) : -ENOSPC;
+	close(src);
+	close(dst);
+	if (r < 0 || rename(tmp, spare) < 0) {
+		unlink(tmp);
+		return;
+	}
+	snprintf(dir, sizeof(dir), "%.*s", (int)(slash - spare), spare);
+	spare_prune(dir);
+}
+
 /* A restore's memory to copy into the VM's own file as qemu starts. */
 struct ram_fill {
 	int src, dst;
@@ -2009,43 +2104,63 @@ static struct vm_media restore_media(const struct vm *vm, const struct vm_files 
 				 .incoming = true};
 }
 
+/* Restore sn on the shared memory file ram (0600, ours, sized), filled
+ * from fill as qemu starts, or already whole (fill NULL): only with room
+ * on its tmpfs for all of the guest's memory. */
+static int restore_shared(struct sandbox *sb, struct vm *vm, struct vm_media *m, const struct vm_snap *sn,
+			  const char *ram, const struct ram_fill *fill, const char *how, const struct vm_template *t,
+			  struct qemu_cmd *q, const struct vm_files *f, struct vm_launch *l, const char *kind,
+			  char *err, size_t errlen)
+{
+	if (!ram_room(ram, (off_t)sn->mem_mb << 20)) {
+		unlink(ram);
+		errmsg_set(err, errlen, "no room on tmpfs for %u MiB of shared memory", sn->mem_mb);
+		return -ENOSPC;
+	}
+	m->ram = ram;
+	m->ram_shared = true;
+	m->ram_own = true;
+	dprintf(l->log_fd, "airlock: memory: shared, %s\n", how);
+	return vm_restore(sb, vm, m, sn->state, true, fill, t, q, f, l, kind, err, errlen);
+}
+
 /* Restore sn with this sandbox's disks attached: on its own shared memory
- * (a copy of the snapshot's on tmpfs, filled as qemu starts) when it can
- * have one; else, or when that restore fails, on the snapshot's file copy
- * on write. */
+ * when it can have one (the spare copy the last stop made, else a copy of
+ * the snapshot's made as qemu starts; its stop makes the next spare); else,
+ * or when that restore fails, on the snapshot's file copy on write. */
 static int snap_restore(struct sandbox *sb, struct vm *vm, const struct vm_snap *sn, const struct vm_template *t,
 			struct qemu_cmd *q, const struct vm_files *f, struct vm_launch *l, const char *kind, char *err,
 			size_t errlen)
 {
 	struct vm_media m = restore_media(vm, f);
 	struct ram_fill fill = {.src = -1, .dst = -1};
-	off_t size = (off_t)sn->mem_mb << 20;
-	char ram[PATH_MAX];
-	int r;
+	char ram[PATH_MAX], spare[PATH_MAX];
+	int r = -ENOENT;
 
 	m.append = sn->append;
 	m.mem_mb = sn->mem_mb;
-	if (ram_path(sb->dir, ram, sizeof(ram), true) == 0 && (fill.src = open(sn->ram, O_RDONLY | O_CLOEXEC)) >= 0 &&
-	    (fill.dst = ram_create(ram, size)) >= 0) {
-		if (ram_room(fill.dst, size)) {
-			m.ram = ram;
-			m.ram_shared = true;
-			m.ram_own = true;
-			dprintf(l->log_fd,
-				"airlock: memory: shared, a copy of the snapshot's on tmpfs (a fork copies it)\n");
-			r = vm_restore(sb, vm, &m, sn->state, true, &fill, t, q, f, l, kind, err, errlen);
-		} else {
-			unlink(ram);
-			r = -ENOSPC;
-			errmsg_set(err, errlen, "no room on tmpfs for %u MiB of shared memory", sn->mem_mb);
-		}
-		close(fill.src);
-		close(fill.dst);
-		if (r == 0)
+	if (ram_path(sb->dir, ram, sizeof(ram), true) == 0) {
+		if (spare_path(sn->ram, sn->key, spare, sizeof(spare)) == 0 && rename(spare, ram) == 0)
+			r = restore_shared(sb, vm, &m, sn, ram, NULL,
+					   "the spare copy of the snapshot's made at the last stop", t, q, f, l, kind,
+					   err, errlen);
+		else if ((fill.src = open(sn->ram, O_RDONLY | O_CLOEXEC)) >= 0 &&
+			 (fill.dst = ram_create(ram, (off_t)sn->mem_mb << 20)) >= 0)
+			r = restore_shared(sb, vm, &m, sn, ram, &fill,
+					   "a copy of the snapshot's on tmpfs (a fork copies it)", t, q, f, l, kind,
+					   err, errlen);
+		if (fill.src >= 0)
+			close(fill.src);
+		if (fill.dst >= 0)
+			close(fill.dst);
+		if (r == 0) {
+			if (spare_path(sn->ram, sn->key, vm->spare, sizeof(vm->spare)) < 0)
+				vm->spare[0] = 0;
+			snprintf(vm->spare_src, sizeof(vm->spare_src), "%s", sn->ram);
 			return 0;
-		dprintf(l->log_fd, "airlock: not on shared memory: %s; on the snapshot's file\n", err);
-	} else if (fill.src >= 0) {
-		close(fill.src);
+		}
+		if (m.ram_own || r == -ENOSPC)
+			dprintf(l->log_fd, "airlock: not on shared memory: %s; on the snapshot's file\n", err);
 	}
 	m.ram = sn->ram;
 	m.ram_shared = false;
@@ -2288,7 +2403,7 @@ static int freeze_memory(struct qmp *qm, const char *parent, const char *fork_di
 		close(src);
 		return r;
 	}
-	if (dst >= 0 && !ram_room(dst, st.st_size)) { /* no room for the fork's: all of it migrated */
+	if (dst >= 0 && !ram_room(fram, st.st_size)) { /* no room for the fork's: all of it migrated */
 		close(dst);
 		unlink(fram);
 		close(src);
@@ -2667,6 +2782,8 @@ void sandbox_vm_stop(struct sandbox *sb)
 		unlink(vm->pidfile);
 		if (vm->qmp[0])
 			unlink(vm->qmp);
+		if (vm->spare[0])
+			spare_make(vm->spare_src, vm->spare);
 		mem_free(vm);
 	}
 	sb->impl = NULL;

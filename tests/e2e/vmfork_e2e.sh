@@ -157,14 +157,19 @@ t_fork_gone() {
 }
 check "the fork stops: no qemu, no socket; started again it is refused (its memory is gone); its directory removed" t_fork_gone
 $TO 30 "$AIRLOCK" down "$W1" >/dev/null 2>&1
+# the parent's stop made a spare copy of the snapshot's memory (0600, at
+# most two kept), and its next start takes it instead of copying
+spares() { find "/dev/shm/airlock-$(id -u)" -maxdepth 1 -name 'spare-*.ram' "$@"; }
 t_merged() {
-	stop_harness hp && [ -e "$P/ws-top" ] && harness hp2 "$P" && [ ! -e "$P/ws-top" ] &&
+	stop_harness hp && [ -n "$(spares -perm 0600)" ] && [ "$(spares | wc -l)" -le 2 ] &&
+		[ -e "$P/ws-top" ] && harness hp2 "$P" && [ ! -e "$P/ws-top" ] &&
+		grep -q '^airlock: memory: shared, the spare copy of the snapshot.s made at the last stop' "$P/qemu.log" &&
 		[ -z "$(find "$P" -maxdepth 1 -name 'ws.*.qcow2')" ] && up up3 "$W1" hp2 &&
 		[ "$(X "$W1" "cat node_modules/pa $H/pb node_modules/x/i.js")" = "parent-after
 parent-before
 dep" ]
 }
-check "the parent's next start merges its overlay into workspace.img and keeps its writes" t_merged
+check "the parent's next start takes the spare memory its stop made, merges its overlay into workspace.img and keeps its writes" t_merged
 $TO 30 "$AIRLOCK" down "$W1" >/dev/null 2>&1
 # without shared memory a freeze migrates all of the parent's memory into
 # the fork's mem: here because the parent's start finds no room on the
