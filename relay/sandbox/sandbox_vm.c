@@ -1680,6 +1680,8 @@ out_lock:
  *   /dev/shm/airlock-<uid>/    0700, ours, tmpfs (else: no shared memory);
  *                              $AIRLOCK_VM_RAM_DIR instead, if set
  *     vm-<dev>-<ino>.ram       a VM's memory (dev, ino: its state directory's)
+ *     spare-<key>-<ino>-<t>.ram a copy of a snapshot's memory made by a stop for
+ *                              the next restore (the newest two kept)
  * AIRLOCK_VM_SHARED_RAM=0 turns it off: a private copy-on-write mapping of
  * the snapshot's file, a freeze migrates all of the memory (as before). */
 #define RAM_PAGE 4096
