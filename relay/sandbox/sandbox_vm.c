@@ -1920,8 +1920,17 @@ static int spare_path(const char *snap_ram, const char *key, char *out, size_t n
 }
 
 /* Keep only the newest SPARE_KEEP spares of dir (the one just made among
- * them): each is a copy of a snapshot's memory held on tmpfs. */
-#define SPARE_KEEP 2
+ * them): each is a copy of a snapshot's memory held on tmpfs. A temporary
+ * one older than SPARE_TMP_S was left by a stop that did not finish. */
+#define SPARE_KEEP  2
+#define SPARE_TMP_S 600
+static bool name_ends(const char *name, const char *end)
+{
+	size_t n = strlen(name), k = strlen(end);
+
+	return n >= k && !strcmp(name + n - k, end);
+}
+
 static void spare_prune(const char *dir)
 {
 	struct {
@@ -1937,9 +1946,15 @@ static void spare_prune(const char *dir)
 		if (!(d = opendir(dir)))
 			return;
 		while ((e = readdir(d))) {
-			if (strncmp(e->d_name, "spare-", 6) || !strstr(e->d_name, ".ram") ||
+			bool tmp = name_ends(e->d_name, ".tmp");
+			if (strncmp(e->d_name, "spare-", 6) || (!tmp && !name_ends(e->d_name, ".ram")) ||
 			    path_join(p, sizeof(p), dir, e->d_name) < 0 || stat(p, &st) < 0)
 				continue;
+			if (tmp) {
+				if (pass == 1 && st.st_mtim.tv_sec < time(NULL) - SPARE_TMP_S)
+					unlink(p);
+				continue;
+			}
 			if (pass == 1) {
 				bool kept = false;
 				for (int i = 0; i < SPARE_KEEP; i++)

@@ -74,6 +74,7 @@ X() {
 }
 stop_harness() { # stop_harness NAME: close its fifo, wait for "stopped"
 	local fdv="${1}_fd"
+	[ -n "${!fdv:-}" ] || return 1 # never started
 	eval "exec ${!fdv}>&-"
 	wait_line "$T/$1.out" '^stopped' 60
 }
@@ -137,7 +138,7 @@ ram_name() { printf '/dev/shm/airlock-%s/vm-%x-%x.ram' "$(id -u)" $(stat -c '%d 
 t_shared_ram() {
 	local ppid fpid
 	ppid=$(cat "$P/run/qemu.pid") && fpid=$(cat "$F/run/qemu.pid") &&
-		grep -q '^airlock: memory: shared, a copy of the snapshot' "$P/qemu.log" &&
+		grep -q '^airlock: memory: shared, ' "$P/qemu.log" &&
 		grep -q '^airlock: memory: shared, the parent.s copied at the freeze' "$F/qemu.log" &&
 		[ "$(stat -c %s "$F/mem")" -lt 1048576 ] &&
 		[ ! -e "$(ram_name "$P")" ] && [ ! -e "$(ram_name "$F")" ] &&
@@ -159,9 +160,15 @@ check "the fork stops: no qemu, no socket; started again it is refused (its memo
 $TO 30 "$AIRLOCK" down "$W1" >/dev/null 2>&1
 # the parent's stop made a spare copy of the snapshot's memory (0600, at
 # most two kept), and its next start takes it instead of copying
+# (two old dummies and a stale temporary one: the stop keeps the newest two
+# spares, its own among them, and removes the rest)
 spares() { find "/dev/shm/airlock-$(id -u)" -maxdepth 1 -name 'spare-*.ram' "$@"; }
+SD=/dev/shm/airlock-$(id -u)
+for d in 1 2; do : >"$SD/spare-vmforktest$$-$d.ram" && touch -d "$((3 - d)) days ago" "$SD/spare-vmforktest$$-$d.ram"; done
+: >"$SD/spare-vmforktest$$-0.ram.1.tmp" && touch -d '1 hour ago' "$SD/spare-vmforktest$$-0.ram.1.tmp"
 t_merged() {
-	stop_harness hp && [ -n "$(spares -perm 0600)" ] && [ "$(spares | wc -l)" -le 2 ] &&
+	stop_harness hp && [ -n "$(spares -perm 0600 -size +1M -newer "$P/qemu.log")" ] && [ "$(spares | wc -l)" -le 2 ] &&
+		[ ! -e "$SD/spare-vmforktest$$-1.ram" ] && [ ! -e "$SD/spare-vmforktest$$-0.ram.1.tmp" ] &&
 		[ -e "$P/ws-top" ] && harness hp2 "$P" && [ ! -e "$P/ws-top" ] &&
 		grep -q '^airlock: memory: shared, the spare copy of the snapshot.s made at the last stop' "$P/qemu.log" &&
 		[ -z "$(find "$P" -maxdepth 1 -name 'ws.*.qcow2')" ] && up up3 "$W1" hp2 &&
@@ -169,7 +176,8 @@ t_merged() {
 parent-before
 dep" ]
 }
-check "the parent's next start takes the spare memory its stop made, merges its overlay into workspace.img and keeps its writes" t_merged
+check "the parent's stop makes a spare and keeps the newest two, its next start takes it, merges its overlay into workspace.img and keeps its writes" t_merged
+rm -f "$SD"/spare-vmforktest$$-*
 $TO 30 "$AIRLOCK" down "$W1" >/dev/null 2>&1
 # without shared memory a freeze migrates all of the parent's memory into
 # the fork's mem: here because the parent's start finds no room on the
