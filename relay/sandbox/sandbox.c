@@ -57,7 +57,7 @@ static const struct sandbox_backend {
     [SANDBOX_LOCAL] = {"local", sandbox_local_start, sandbox_local_stop, sandbox_local_halt, sandbox_fork_freeze,
 		       sandbox_fork_make, sandbox_fork_remove, SANDBOX_FORKS_UPPER},
     [SANDBOX_VM] = {"vm", sandbox_vm_start, sandbox_vm_stop, NULL, sandbox_vm_forks_freeze, sandbox_vm_forks_make,
-		    sandbox_fork_remove, SANDBOX_FORKS_LIVE},
+		    sandbox_vm_fork_remove, SANDBOX_FORKS_LIVE},
 };
 
 static const struct sandbox_backend *backend_of(enum sandbox_kind k)

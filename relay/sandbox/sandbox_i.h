@@ -153,7 +153,8 @@ int sandbox_vm_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *er
  * state directory parent runs (restored from a snapshot: it has a
  * monitor), stop it, move its workspace disk onto a new qcow2 overlay,
  * make fork_dir/ws.qcow2 over the frozen image and fork_dir/mem from its
- * memory, and let it continue. fork_dir exists (0700). sandbox_vm_start
+ * memory (with shared memory: mem its device state, the memory copied to
+ * the fork's file on tmpfs), and let it continue. fork_dir exists (0700). sandbox_vm_start
  * with cfg->fork then restores the fork from these, with its own keys.
  * 0 or -errno with err set. */
 int sandbox_vm_fork_freeze(const char *parent, const char *fork_dir, char *err, size_t errlen);
@@ -161,10 +162,13 @@ int sandbox_vm_fork_freeze(const char *parent, const char *fork_dir, char *err, 
  * only checks that the parent in dir runs with a monitor (*gen: 0, the
  * freeze is per fork); make is sandbox_fork_make (the fork's directory,
  * slot, TTL) and then sandbox_vm_fork_freeze into it, undone on failure.
- * Their removal is sandbox_fork_remove (the overlay and memory file are in
- * the fork's directory). */
+ * Their removal is sandbox_vm_fork_remove: sandbox_fork_remove (the overlay
+ * and the device state are in the fork's directory), and the fork's memory
+ * file on tmpfs when it never started (a started fork's is unlinked as its
+ * qemu opens it). */
 int sandbox_vm_forks_freeze(const char *dir, unsigned *gen, char *err, size_t errlen);
 int sandbox_vm_forks_make(const char *dir, const char *name, unsigned gen, int64_t ttl_s, char *err, size_t errlen);
+int sandbox_vm_fork_remove(const char *dir, const char *name, char *err, size_t errlen);
 void sandbox_vm_stop(struct sandbox *sb);
 
 #endif

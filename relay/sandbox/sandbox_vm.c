@@ -40,11 +40,13 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <linux/magic.h>
 #include <jansson.h>
 #include <sodium.h>
 #include <xxhash.h>
@@ -67,6 +69,9 @@ struct vm {
 	char pidfile[PATH_MAX];
 	char qmp[PATH_MAX]; /* qemu's monitor, kept for forks (a restored VM); "" when none */
 	int ctl_fd;	    /* the control port, connected since the start line; -1 */
+	/* restored on shared memory: the snapshot's memory file and the
+	 * spare copy of it that its stop makes for the next restore; "" */
+	char spare_src[PATH_MAX], spare[PATH_MAX];
 };
 
 static int64_t now_ms(void)
@@ -657,6 +662,7 @@ struct vm_media {
 	const char *ram;	/* a file behind the guest's memory; NULL: anonymous memory */
 	bool ram_shared;	/* share=on (a boot to be saved) or off (copy on write: a restore) */
 	bool ram_anon;		/* no file: anonymous memory under the same name (a fork's restore) */
+	bool ram_own;		/* ram is this start's own (shared memory): unlinked once qemu has it */
 	bool incoming;		/* -incoming defer: a restore */
 	const char *append;	/* the kernel command line */
 	unsigned mem_mb;
@@ -1467,6 +1473,11 @@ static int sh_quote(char *out, size_t n, const char *s)
 	return 0;
 }
 
+/* qemu caps a migration at 128 MiB/s by default (its max-bandwidth), a
+ * limit meant for live migration over a network: a stopped VM saved to a
+ * local file would wait on it (90 MiB of a parent's memory: 0.7 s). */
+#define MIGRATE_BANDWIDTH (1LL << 40)
+
 /* Until qemu's migration reached a final state: 0 when completed. */
 static int migrate_wait(struct qmp *qm, const char *what, char *err, size_t errlen)
 {
@@ -1657,13 +1668,355 @@ out_lock:
 	return r;
 }
 
+/* --------------------------------------------------------- shared memory */
+
+/* doc/VM.md "Forks": a restored VM's memory is a file of its own on tmpfs,
+ * mapped shared (share=on), filled from the snapshot's memory as qemu
+ * starts. A freeze then saves only the device state (x-ignore-shared: the
+ * shared memory is not in the stream) and copies that file for the fork,
+ * which restores from it as from a snapshot. The file is unlinked as soon
+ * as qemu has it open: qemu keeps the descriptor (a freeze reaches it
+ * through /proc/PID/fd), and nothing of it outlives the VM.
+ *   /dev/shm/airlock-<uid>/    0700, ours, tmpfs (else: no shared memory);
+ *                              $AIRLOCK_VM_RAM_DIR instead, if set
+ *     vm-<dev>-<ino>.ram       a VM's memory (dev, ino: its state directory's)
+ *     spare-<key>-<ino>-<t>.ram a copy of a snapshot's memory made by a stop for
+ *                              the next restore (the newest two kept)
+ * AIRLOCK_VM_SHARED_RAM=0 turns it off: a private copy-on-write mapping of
+ * the snapshot's file, a freeze migrates all of the memory (as before). */
+#define RAM_PAGE 4096
+
+/* The directory of shared memory files ($AIRLOCK_VM_RAM_DIR, else
+ * /dev/shm/airlock-<uid>), made if needed: -errno when there is none to
+ * use (not tmpfs, not ours; off, for a new start). */
+static int ram_dir(char *out, size_t n, bool start)
+{
+	const char *e = getenv("AIRLOCK_VM_SHARED_RAM"), *d = getenv("AIRLOCK_VM_RAM_DIR");
+	struct statfs fs;
+	struct stat st;
+
+	if (start && e && !strcmp(e, "0"))
+		return -ENOTSUP;
+	if ((size_t)(d && *d ? snprintf(out, n, "%s", d)
+			     : snprintf(out, n, "/dev/shm/airlock-%u", (unsigned)getuid())) >= n)
+		return -ENAMETOOLONG;
+	if (mkdir(out, 0700) < 0 && errno != EEXIST)
+		return -errno;
+	if (lstat(out, &st) < 0)
+		return -errno;
+	if (!S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077))
+		return -EPERM;
+	if (statfs(out, &fs) < 0 || fs.f_type != TMPFS_MAGIC)
+		return -ENOTSUP;
+	return 0;
+}
+
+/* The shared memory file of the VM whose state directory is dir (start:
+ * for a new VM's start, which AIRLOCK_VM_SHARED_RAM=0 turns off). */
+static int ram_path(const char *dir, char *out, size_t n, bool start)
+{
+	char rd[PATH_MAX];
+	struct stat st;
+	int r;
+
+	if ((r = ram_dir(rd, sizeof(rd), start)) < 0)
+		return r;
+	if (stat(dir, &st) < 0)
+		return -errno;
+	if ((size_t)snprintf(out, n, "%s/vm-%llx-%llx.ram", rd, (unsigned long long)st.st_dev,
+			     (unsigned long long)st.st_ino) >= n)
+		return -ENAMETOOLONG;
+	return 0;
+}
+
+/* A new memory file at path of size bytes (sparse), 0600; its descriptor. */
+static int ram_create(const char *path, off_t size)
+{
+	int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, size) < 0) {
+		int r = -errno;
+		close(fd);
+		unlink(path);
+		return r;
+	}
+	return fd;
+}
+
+/* Whether the file system of fd has room for size more bytes: a shared
+ * page the guest touches when tmpfs is full is a SIGBUS in qemu, so a VM
+ * gets shared memory only with room for all of it. */
+static bool ram_room(const char *path, off_t size)
+{
+	struct statfs fs;
+
+	return statfs(path, &fs) == 0 && (uint64_t)fs.f_bavail * (uint64_t)fs.f_bsize >= (uint64_t)size;
+}
+
+static bool page_zero(const uint8_t *p)
+{
+	return p[0] == 0 && !memcmp(p, p + 1, RAM_PAGE - 1);
+}
+
+static int ram_write(int dst, const uint8_t *map, off_t from, off_t to)
+{
+	while (from < to) {
+		ssize_t k = pwrite(dst, map + from, (size_t)(to - from), from);
+		if (k < 0 && errno != EINTR)
+			return -errno;
+		if (k > 0)
+			from += k;
+	}
+	return 0;
+}
+
+/* [from, to) of src into dst in the kernel (tmpfs to tmpfs: one copy, no
+ * pass over the pages here). 0, -EXDEV (and the like) when the two files
+ * cannot (the caller copies by hand), or -errno. */
+static int ram_copy_range(int src, int dst, off_t from, off_t to)
+{
+	loff_t a = from, b = from;
+
+	while (a < to) {
+		ssize_t k = copy_file_range(src, &a, dst, &b, (size_t)(to - a), 0);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return -errno;
+		if (k == 0)
+			return -EIO;
+	}
+	return 0;
+}
+
+static bool cannot_copy_range(int r)
+{
+	return r == -EXDEV || r == -EINVAL || r == -EOPNOTSUPP || r == -ENOSYS;
+}
+
+/* Copy the memory in src into dst (as large, sparse): only src's data
+ * extents are read. Between files of one file system (a fork's copy of
+ * its parent's on tmpfs) the kernel copies them; else (the snapshot's
+ * file, on disk) only the pages that are not all zero are written: a
+ * zero page stays a hole, the guest reads zeros there. */
+static int ram_copy(int src, int dst)
+{
+	struct stat st, dt;
+	uint8_t *map;
+	off_t off = 0;
+	bool in_kernel;
+	int r = 0;
+
+	if (fstat(src, &st) < 0 || fstat(dst, &dt) < 0)
+		return -errno;
+	if (st.st_size == 0)
+		return 0;
+	in_kernel = st.st_dev == dt.st_dev;
+	if ((map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, src, 0)) == MAP_FAILED)
+		return -errno;
+	while (r == 0 && off < st.st_size) {
+		off_t data = lseek(src, off, SEEK_DATA), hole, run = -1;
+		if (data < 0) {
+			r = errno == ENXIO ? 0 : -errno;
+			break;
+		}
+		if ((hole = lseek(src, data, SEEK_HOLE)) < 0) {
+			r = -errno;
+			break;
+		}
+		data &= ~(off_t)(RAM_PAGE - 1);
+		if (in_kernel) {
+			if ((r = ram_copy_range(src, dst, data, hole)) == 0 || !cannot_copy_range(r)) {
+				off = hole;
+				continue;
+			}
+			in_kernel = false; /* by hand from here on */
+			r = 0;
+		}
+		for (off_t p = data; r == 0; p += RAM_PAGE) {
+			bool end = p >= hole || p + RAM_PAGE > st.st_size;
+			if (!end && !page_zero(map + p)) {
+				if (run < 0)
+					run = p;
+				continue;
+			}
+			if (run >= 0) /* the run of non-zero pages [run, p) */
+				r = ram_write(dst, map, run, p);
+			run = -1;
+			if (end)
+				break;
+		}
+		off = hole;
+	}
+	munmap(map, (size_t)st.st_size);
+	return r;
+}
+
+/* The descriptor of qemu's (unlinked) shared memory file path, opened
+ * read-only through /proc/PID/fd; -errno when qemu has none. */
+static int ram_of_qemu(pid_t pid, const char *path)
+{
+	char fdp[64], want[PATH_MAX + 16], link[PATH_MAX + 16];
+	struct dirent *e;
+	int fd = -ENOENT;
+	DIR *d;
+
+	snprintf(want, sizeof(want), "%s (deleted)", path);
+	snprintf(fdp, sizeof(fdp), "/proc/%ld/fd", (long)pid);
+	if (!(d = opendir(fdp)))
+		return -errno;
+	while (fd < 0 && (e = readdir(d))) {
+		char p[64 + sizeof(e->d_name)];
+		ssize_t n;
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(p, sizeof(p), "%s/%s", fdp, e->d_name);
+		if ((n = readlink(p, link, sizeof(link) - 1)) < 0)
+			continue;
+		link[n] = 0;
+		if (!strcmp(link, want) && (fd = open(p, O_RDONLY | O_CLOEXEC)) < 0)
+			fd = -errno;
+	}
+	closedir(d);
+	return fd;
+}
+
+/* qemu's pid from the pidfile of dir's run/ (a running VM's). */
+static pid_t qemu_pid_of(const char *dir)
+{
+	char p[PATH_MAX];
+	long pid = 0;
+	FILE *f;
+
+	if (path_join(p, sizeof(p), dir, "run/qemu.pid") < 0 || !(f = fopen(p, "re")))
+		return -1;
+	if (fscanf(f, "%ld", &pid) != 1)
+		pid = 0;
+	fclose(f);
+	return pid > 0 ? (pid_t)pid : -1;
+}
+
+/* The spare copy of the snapshot sn's memory (doc/VM.md "Shared memory"):
+ * spare-<key>-<ino>-<mtime>.ram in the shared memory directory, named by
+ * the snapshot file's identity (a snapshot made again under the same key
+ * is another file). */
+static int spare_path(const char *snap_ram, const char *key, char *out, size_t n)
+{
+	char rd[PATH_MAX];
+	struct stat st;
+	int r;
+
+	if ((r = ram_dir(rd, sizeof(rd), true)) < 0)
+		return r;
+	if (stat(snap_ram, &st) < 0)
+		return -errno;
+	if ((size_t)snprintf(out, n, "%s/spare-%s-%llx-%llx.ram", rd, key, (unsigned long long)st.st_ino,
+			     (unsigned long long)st.st_mtim.tv_sec * 1000000000ull +
+				 (unsigned long long)st.st_mtim.tv_nsec) >= n)
+		return -ENAMETOOLONG;
+	return 0;
+}
+
+/* Keep only the newest SPARE_KEEP spares of dir (the one just made among
+ * them): each is a copy of a snapshot's memory held on tmpfs. A temporary
+ * one older than SPARE_TMP_S was left by a stop that did not finish. */
+#define SPARE_KEEP  2
+#define SPARE_TMP_S 600
+static bool name_ends(const char *name, const char *end)
+{
+	size_t n = strlen(name), k = strlen(end);
+
+	return n >= k && !strcmp(name + n - k, end);
+}
+
+static void spare_prune(const char *dir)
+{
+	struct {
+		char name[NAME_MAX + 1];
+		struct timespec t;
+	} keep[SPARE_KEEP] = {0};
+	char p[PATH_MAX];
+	struct dirent *e;
+	struct stat st;
+	DIR *d;
+
+	for (int pass = 0; pass < 2; pass++) { /* the newest, then the others removed */
+		if (!(d = opendir(dir)))
+			return;
+		while ((e = readdir(d))) {
+			bool tmp = name_ends(e->d_name, ".tmp");
+			if (strncmp(e->d_name, "spare-", 6) || (!tmp && !name_ends(e->d_name, ".ram")) ||
+			    path_join(p, sizeof(p), dir, e->d_name) < 0 || stat(p, &st) < 0)
+				continue;
+			if (tmp) {
+				if (pass == 1 && st.st_mtim.tv_sec < time(NULL) - SPARE_TMP_S)
+					unlink(p);
+				continue;
+			}
+			if (pass == 1) {
+				bool kept = false;
+				for (int i = 0; i < SPARE_KEEP; i++)
+					kept |= !strcmp(keep[i].name, e->d_name);
+				if (!kept)
+					unlink(p);
+				continue;
+			}
+			for (int i = 0; i < SPARE_KEEP; i++)
+				if (!keep[i].name[0] || st.st_mtim.tv_sec > keep[i].t.tv_sec ||
+				    (st.st_mtim.tv_sec == keep[i].t.tv_sec && st.st_mtim.tv_nsec > keep[i].t.tv_nsec)) {
+					memmove(&keep[i + 1], &keep[i], sizeof(keep[0]) * (size_t)(SPARE_KEEP - 1 - i));
+					snprintf(keep[i].name, sizeof(keep[i].name), "%s", e->d_name);
+					keep[i].t = st.st_mtim;
+					break;
+				}
+		}
+		closedir(d);
+	}
+}
+
+/* After a VM restored on shared memory stopped: a spare copy of its
+ * snapshot's memory for the next restore, unless one is there (written
+ * under a temporary name, renamed when whole). Best effort. */
+static void spare_make(const char *src_path, const char *spare)
+{
+	char tmp[PATH_MAX + 32], dir[PATH_MAX];
+	const char *slash = strrchr(spare, '/');
+	struct stat st;
+	int src, dst, r;
+
+	if (!slash || access(spare, F_OK) == 0 ||
+	    (size_t)snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", spare, (long)getpid()) >= sizeof(tmp) ||
+	    (src = open(src_path, O_RDONLY | O_CLOEXEC)) < 0)
+		return;
+	if (fstat(src, &st) < 0 || (dst = ram_create(tmp, st.st_size)) < 0) {
+		close(src);
+		return;
+	}
+	r = ram_room(tmp, st.st_size) ? ram_copy(src, dst) : -ENOSPC;
+	close(src);
+	close(dst);
+	if (r < 0 || rename(tmp, spare) < 0) {
+		unlink(tmp);
+		return;
+	}
+	snprintf(dir, sizeof(dir), "%.*s", (int)(slash - spare), spare);
+	spare_prune(dir);
+}
+
+/* A restore's memory to copy into the VM's own file as qemu starts. */
+struct ram_fill {
+	int src, dst;
+};
+
 /* Restore a saved VM onto media m (m->incoming): qemu waits for the
  * migration stream (-incoming defer) and reads it from the file state
  * (ignore_shared: the memory is not in it, m->ram is mapped copy on write);
  * then the start line of kind and `cont`. */
 static int vm_restore(struct sandbox *sb, struct vm *vm, const struct vm_media *m, const char *state,
-		      bool ignore_shared, const struct vm_template *t, struct qemu_cmd *q, const struct vm_files *f,
-		      struct vm_launch *l, const char *kind, char *err, size_t errlen)
+		      bool ignore_shared, const struct ram_fill *fill, const struct vm_template *t, struct qemu_cmd *q,
+		      const struct vm_files *f, struct vm_launch *l, const char *kind, char *err, size_t errlen)
 {
 	char quoted[2 * PATH_MAX], uri[2 * PATH_MAX + 32];
 	json_t *args = NULL, *st = NULL;
@@ -1683,6 +2036,13 @@ static int vm_restore(struct sandbox *sb, struct vm *vm, const struct vm_media *
 	}
 	l->launched = now_ms();
 	l->deadline = l->launched + SANDBOX_VM_START_MS / 4;
+	/* qemu maps the file as it starts and writes nothing to the guest's
+	 * memory before the migration (its ROMs are not loaded while it
+	 * waits for one): fill it meanwhile */
+	if (fill && (r = ram_copy(fill->src, fill->dst)) < 0) {
+		errmsg_set(err, errlen, "copying the memory into %s: %s", m->ram, strerror(-r));
+		goto out;
+	}
 	if ((r = qmp_open(&qm, f->qmp, 30000, err, errlen)) < 0 ||
 	    (ignore_shared && (r = set_ignore_shared(&qm, err, errlen)) < 0) ||
 	    !(args = json_pack("{s:s}", "uri", uri)) ||
@@ -1731,6 +2091,8 @@ out:
 	json_decref(st);
 	json_decref(args);
 	qmp_close(&qm);
+	if (m->ram_own) /* qemu has it open (or failed): nothing of it outlives the VM */
+		unlink(m->ram);
 	if (r == 0) /* kept while the VM runs: a fork freezes it through it */
 		snprintf(vm->qmp, sizeof(vm->qmp), "%s", f->qmp);
 	else
@@ -1759,17 +2121,69 @@ static struct vm_media restore_media(const struct vm *vm, const struct vm_files 
 				 .incoming = true};
 }
 
-/* Restore sn with this sandbox's disks attached. */
+/* Restore sn on the shared memory file ram (0600, ours, sized), filled
+ * from fill as qemu starts, or already whole (fill NULL): only with room
+ * on its tmpfs for all of the guest's memory. */
+static int restore_shared(struct sandbox *sb, struct vm *vm, struct vm_media *m, const struct vm_snap *sn,
+			  const char *ram, const struct ram_fill *fill, const char *how, const struct vm_template *t,
+			  struct qemu_cmd *q, const struct vm_files *f, struct vm_launch *l, const char *kind,
+			  char *err, size_t errlen)
+{
+	if (!ram_room(ram, (off_t)sn->mem_mb << 20)) {
+		unlink(ram);
+		errmsg_set(err, errlen, "no room on tmpfs for %u MiB of shared memory", sn->mem_mb);
+		return -ENOSPC;
+	}
+	m->ram = ram;
+	m->ram_shared = true;
+	m->ram_own = true;
+	dprintf(l->log_fd, "airlock: memory: shared, %s\n", how);
+	return vm_restore(sb, vm, m, sn->state, true, fill, t, q, f, l, kind, err, errlen);
+}
+
+/* Restore sn with this sandbox's disks attached: on its own shared memory
+ * when it can have one (the spare copy the last stop made, else a copy of
+ * the snapshot's made as qemu starts; its stop makes the next spare); else,
+ * or when that restore fails, on the snapshot's file copy on write. */
 static int snap_restore(struct sandbox *sb, struct vm *vm, const struct vm_snap *sn, const struct vm_template *t,
 			struct qemu_cmd *q, const struct vm_files *f, struct vm_launch *l, const char *kind, char *err,
 			size_t errlen)
 {
 	struct vm_media m = restore_media(vm, f);
+	struct ram_fill fill = {.src = -1, .dst = -1};
+	char ram[PATH_MAX], spare[PATH_MAX];
+	int r = -ENOENT;
 
-	m.ram = sn->ram;
 	m.append = sn->append;
 	m.mem_mb = sn->mem_mb;
-	return vm_restore(sb, vm, &m, sn->state, true, t, q, f, l, kind, err, errlen);
+	if (ram_path(sb->dir, ram, sizeof(ram), true) == 0) {
+		if (spare_path(sn->ram, sn->key, spare, sizeof(spare)) == 0 && rename(spare, ram) == 0)
+			r = restore_shared(sb, vm, &m, sn, ram, NULL,
+					   "the spare copy of the snapshot's made at the last stop", t, q, f, l, kind,
+					   err, errlen);
+		else if ((fill.src = open(sn->ram, O_RDONLY | O_CLOEXEC)) >= 0 &&
+			 (fill.dst = ram_create(ram, (off_t)sn->mem_mb << 20)) >= 0)
+			r = restore_shared(sb, vm, &m, sn, ram, &fill,
+					   "a copy of the snapshot's on tmpfs (a fork copies it)", t, q, f, l, kind,
+					   err, errlen);
+		if (fill.src >= 0)
+			close(fill.src);
+		if (fill.dst >= 0)
+			close(fill.dst);
+		if (r == 0) {
+			if (spare_path(sn->ram, sn->key, vm->spare, sizeof(vm->spare)) < 0)
+				vm->spare[0] = 0;
+			snprintf(vm->spare_src, sizeof(vm->spare_src), "%s", sn->ram);
+			return 0;
+		}
+		if (m.ram_own || r == -ENOSPC)
+			dprintf(l->log_fd, "airlock: not on shared memory: %s; on the snapshot's file\n", err);
+	}
+	m.ram = sn->ram;
+	m.ram_shared = false;
+	m.ram_own = false;
+	dprintf(l->log_fd, "airlock: memory: the snapshot's file, copy on write (a fork migrates it)\n");
+	return vm_restore(sb, vm, &m, sn->state, true, NULL, t, q, f, l, kind, err, errlen);
 }
 
 /* Snapshots are used unless AIRLOCK_VM_SNAPSHOT=0, and where the template
@@ -1935,11 +2349,15 @@ static int ws_prepare(struct sandbox *sb, struct vm_files *f, bool fork, int log
 	return 0;
 }
 
+/* Under this, a fork's mem is the device state alone (66 KiB here): a
+ * migration of all of a guest's memory is tens of MiB at the least. */
+#define FORK_MEM_MIN (4 << 20)
+
 /* A fork's restore: its own overlay and config drive, the frozen memory. */
 static int fork_restore(struct sandbox *sb, struct vm *vm, const struct vm_template *t, struct qemu_cmd *q,
 			const struct vm_files *f, struct vm_launch *l, unsigned mem_mb, char *err, size_t errlen)
 {
-	char mem[PATH_MAX], append[512];
+	char mem[PATH_MAX], append[512], ram[PATH_MAX];
 	struct stat st;
 	struct vm_media m = restore_media(vm, f);
 
@@ -1953,80 +2371,198 @@ static int fork_restore(struct sandbox *sb, struct vm *vm, const struct vm_templ
 		return -ENOENT;
 	}
 	kernel_append(append, sizeof(append), t->dir, l->kvm);
-	return vm_restore(sb, vm, &m, mem, false, t, q, f, l, "fork", err, errlen);
+	/* the parent's memory copied to a file of the fork's own by the
+	 * freeze, and mem only the device state; else mem is all of it */
+	if (ram_path(sb->dir, ram, sizeof(ram), false) == 0 && access(ram, F_OK) == 0) {
+		m.ram_anon = false;
+		m.ram = ram;
+		m.ram_shared = true;
+		m.ram_own = true;
+	} else if (stat(mem, &st) == 0 && st.st_size < FORK_MEM_MIN) {
+		/* the device state alone, its memory file gone (it is unlinked
+		 * by the fork's first start, taken or failed) */
+		errmsg_set(err, errlen,
+			   "%s: the fork's memory is gone (a vm fork starts once: remove it and fork again)", sb->dir);
+		return -ENOENT;
+	}
+	dprintf(l->log_fd, "airlock: memory: %s\n",
+		m.ram_own ? "shared, the parent's copied at the freeze" : "migrated, loaded from the stream");
+	return vm_restore(sb, vm, &m, mem, m.ram_own, NULL, t, q, f, l, "fork", err, errlen);
 }
 
-/* The parent's disk and memory frozen for the fork in fork_dir (made by
- * the caller, 0700), through the parent's monitor, while it is stopped. */
-static int freeze_steps(struct qmp *qm, const char *parent, const char *fork_dir, char *err, size_t errlen)
+/* When each step of a freeze ended (doc/VM.md "Forks": fork_dir/freeze.log). */
+struct freeze_times {
+	int64_t t0, planned, stopped, disk, copied, memory, cont;
+	bool shared;
+};
+
+/* The parent's memory into the fork's directory, while it is stopped: with
+ * shared memory (its file open in its qemu), the device state alone into
+ * mem (x-ignore-shared) and the file copied to the fork's own, both at
+ * once; else all of it migrated into mem. */
+static int freeze_memory(struct qmp *qm, const char *parent, const char *fork_dir, const char *mem,
+			 struct freeze_times *ft, char *err, size_t errlen)
 {
-	char name[64], top[PATH_MAX], next[PATH_MAX], nname[64], tmp[PATH_MAX + 8], topf[PATH_MAX];
-	char overlay[PATH_MAX], mem[PATH_MAX], quoted[2 * PATH_MAX], uri[2 * PATH_MAX + 48], size[32], qimg[PATH_MAX];
-	json_t *args;
+	char quoted[2 * PATH_MAX], uri[2 * PATH_MAX + 48], pram[PATH_MAX], fram[PATH_MAX];
+	json_t *caps = NULL, *params = NULL, *args = NULL;
+	pid_t pid = qemu_pid_of(parent);
+	int src = -ENOENT, dst = -1, r, rc;
 	struct stat st;
-	FILE *fp;
+
+	if (sh_quote(quoted, sizeof(quoted), mem) < 0)
+		return -ENAMETOOLONG;
+	if (pid > 0 && ram_path(parent, pram, sizeof(pram), false) == 0 &&
+	    ram_path(fork_dir, fram, sizeof(fram), false) == 0)
+		src = ram_of_qemu(pid, pram);
+	if (src >= 0 && (fstat(src, &st) < 0 || (dst = ram_create(fram, st.st_size)) < 0)) {
+		r = dst < 0 ? dst : -errno;
+		errmsg_set(err, errlen, "%s: %s", fram, strerror(-r));
+		close(src);
+		return r;
+	}
+	if (dst >= 0 && !ram_room(fram, st.st_size)) { /* no room for the fork's: all of it migrated */
+		close(dst);
+		unlink(fram);
+		close(src);
+		dst = -1;
+		src = -ENOSPC;
+	}
+	snprintf(uri, sizeof(uri), "exec:umask 077 && cat > %s", quoted);
+	caps = json_pack("{s:[{s:s, s:b}]}", "capabilities", "capability", "x-ignore-shared", "state", src >= 0);
+	params = json_pack("{s:I}", "max-bandwidth", (json_int_t)MIGRATE_BANDWIDTH);
+	args = json_pack("{s:s}", "uri", uri);
+	if (!caps || !params || !args)
+		r = -ENOMEM;
+	else if ((r = qmp_call(qm, "migrate-set-capabilities", caps, NULL, 10000, err, errlen)) == 0 &&
+		 (r = qmp_call(qm, "migrate-set-parameters", params, NULL, 10000, err, errlen)) == 0 &&
+		 (r = qmp_call(qm, "migrate", args, NULL, 10000, err, errlen)) == 0) {
+		/* qemu writes the device state in its migration thread */
+		ft->shared = src >= 0;
+		if (src >= 0 && (rc = ram_copy(src, dst)) < 0) {
+			errmsg_set(err, errlen, "copying the parent's memory to %s: %s", fram, strerror(-rc));
+			r = rc;
+		}
+		ft->copied = now_ms();
+		rc = migrate_wait(qm, "freezing the parent's memory", r < 0 ? NULL : err, r < 0 ? 0 : errlen);
+		if (r == 0)
+			r = rc;
+	}
+	json_decref(caps);
+	json_decref(params);
+	json_decref(args);
+	if (src >= 0)
+		close(src);
+	if (dst >= 0) {
+		close(dst);
+		if (r < 0)
+			unlink(fram);
+	}
+	return r;
+}
+
+/* The files of one freeze (doc/VM.md "Forks"). */
+struct freeze_plan {
+	char top[PATH_MAX];	/* the image the parent writes now: frozen by the freeze */
+	char next[PATH_MAX];	/* the overlay it writes from the freeze on */
+	char nname[64];		/* next's name, for ws-top */
+	char topf[PATH_MAX];	/* <parent>/ws-top */
+	char overlay[PATH_MAX]; /* the fork's overlay over top */
+	char mem[PATH_MAX];	/* the fork's memory: the device state, or all of it */
+};
+
+/* Before the parent stops: the names, and the fork's overlay over the
+ * image the freeze will freeze (-u: nothing opens the image qemu holds). */
+static int freeze_plan(const char *parent, const char *fork_dir, struct freeze_plan *fp, char *err, size_t errlen)
+{
+	char name[64], base[PATH_MAX], size[32], qimg[PATH_MAX];
+	struct stat st;
 	int r;
 
 	if ((r = ws_top_name(parent, name, sizeof(name))) < 0)
 		return r;
-	if (path_join(top, sizeof(top), parent, name[0] ? name : "workspace.img") < 0 ||
-	    path_join(topf, sizeof(topf), parent, WS_TOP) < 0 ||
-	    path_join(overlay, sizeof(overlay), fork_dir, "ws.qcow2") < 0 ||
-	    path_join(mem, sizeof(mem), fork_dir, "mem") < 0 || sh_quote(quoted, sizeof(quoted), mem) < 0)
+	if (path_join(fp->top, sizeof(fp->top), parent, name[0] ? name : "workspace.img") < 0 ||
+	    path_join(fp->topf, sizeof(fp->topf), parent, WS_TOP) < 0 ||
+	    path_join(fp->overlay, sizeof(fp->overlay), fork_dir, "ws.qcow2") < 0 ||
+	    path_join(fp->mem, sizeof(fp->mem), fork_dir, "mem") < 0 ||
+	    path_join(base, sizeof(base), parent, "workspace.img") < 0)
 		return -ENAMETOOLONG;
 	for (unsigned i = 1;; i++) {
-		snprintf(nname, sizeof(nname), "ws.%u.qcow2", i);
-		if (path_join(next, sizeof(next), parent, nname) < 0)
+		snprintf(fp->nname, sizeof(fp->nname), "ws.%u.qcow2", i);
+		if (path_join(fp->next, sizeof(fp->next), parent, fp->nname) < 0)
 			return -ENAMETOOLONG;
-		if (access(next, F_OK) < 0)
+		if (access(fp->next, F_OK) < 0)
 			break;
 	}
 	if (find_prog("qemu-img", qimg, sizeof(qimg)) < 0) {
 		errmsg_set(err, errlen, "qemu-img not found (apt-get install qemu-utils)");
 		return -ENOENT;
 	}
-	if (!(args = json_pack("{s:s, s:s, s:s}", "device", "ws", "snapshot-file", next, "format", "qcow2")))
+	if (stat(base, &st) < 0)
+		return -errno;
+	snprintf(size, sizeof(size), "%lld", (long long)st.st_size);
+	char *argv[] = {qimg, "create", "-q", "-f",	   "qcow2", "-F", name[0] ? "qcow2" : "raw",
+			"-b", fp->top,	"-u", fp->overlay, size,    NULL};
+	if (run_wait(argv, -1) < 0) {
+		errmsg_set(err, errlen, "qemu-img create %s over %s failed", fp->overlay, fp->top);
+		return -EIO;
+	}
+	return 0;
+}
+
+/* The parent's disk and memory frozen for the fork in fork_dir, through
+ * the parent's monitor, while it is stopped: its disk onto the planned
+ * overlay (the fork's is over the image below it), its memory. */
+static int freeze_steps(struct qmp *qm, const char *parent, const char *fork_dir, const struct freeze_plan *fp,
+			struct freeze_times *ft, char *err, size_t errlen)
+{
+	char tmp[PATH_MAX + 8];
+	json_t *args;
+	FILE *f;
+	int r;
+
+	if (!(args = json_pack("{s:s, s:s, s:s}", "device", "ws", "snapshot-file", fp->next, "format", "qcow2")))
 		return -ENOMEM;
 	r = qmp_call(qm, "blockdev-snapshot-sync", args, NULL, 10000, err, errlen);
 	json_decref(args);
 	if (r < 0)
 		return r;
 	/* the parent writes next from now on, its next start too */
-	snprintf(tmp, sizeof(tmp), "%s.tmp", topf);
-	if (!(fp = fopen(tmp, "we")) || fprintf(fp, "%s\n", nname) < 0 || fclose(fp) != 0 || rename(tmp, topf) < 0) {
-		errmsg_set(err, errlen, "%s: %s", topf, strerror(errno));
+	snprintf(tmp, sizeof(tmp), "%s.tmp", fp->topf);
+	if (!(f = fopen(tmp, "we")) || fprintf(f, "%s\n", fp->nname) < 0 || fclose(f) != 0 ||
+	    rename(tmp, fp->topf) < 0) {
+		errmsg_set(err, errlen, "%s: %s", fp->topf, strerror(errno));
 		return -EIO;
 	}
-	{
-		char base[PATH_MAX];
-		if (path_join(base, sizeof(base), parent, "workspace.img") < 0 || stat(base, &st) < 0)
-			return -errno;
-		snprintf(size, sizeof(size), "%lld", (long long)st.st_size);
-		char *argv[] = {qimg, "create", "-q", "-f",    "qcow2", "-F", name[0] ? "qcow2" : "raw",
-				"-b", top,	"-u", overlay, size,	NULL};
-		if (run_wait(argv, -1) < 0) {
-			errmsg_set(err, errlen, "qemu-img create %s over %s failed", overlay, top);
-			return -EIO;
-		}
-	}
-	snprintf(uri, sizeof(uri), "exec:umask 077 && cat > %s", quoted);
-	json_t *caps = json_pack("{s:[{s:s, s:b}]}", "capabilities", "capability", "x-ignore-shared", "state", 0);
-	if (!caps || !(args = json_pack("{s:s}", "uri", uri))) {
-		json_decref(caps);
-		return -ENOMEM;
-	}
-	if ((r = qmp_call(qm, "migrate-set-capabilities", caps, NULL, 10000, err, errlen)) == 0 &&
-	    (r = qmp_call(qm, "migrate", args, NULL, 10000, err, errlen)) == 0)
-		r = migrate_wait(qm, "freezing the parent's memory", err, errlen);
-	json_decref(caps);
-	json_decref(args);
+	ft->disk = now_ms();
+	r = freeze_memory(qm, parent, fork_dir, fp->mem, ft, err, errlen);
+	ft->memory = now_ms();
 	return r;
+}
+
+/* fork_dir/freeze.log: where the parent's pause went. */
+static void freeze_log(const char *fork_dir, const struct freeze_times *ft)
+{
+	char p[PATH_MAX];
+	FILE *f;
+
+	if (path_join(p, sizeof(p), fork_dir, "freeze.log") < 0 || !(f = fopen(p, "we")))
+		return;
+	fprintf(f,
+		"airlock: froze the parent: monitor and the fork's overlay %lld ms, then paused %lld ms: disk %lld ms, "
+		"memory %lld ms (%s%lld ms), cont %lld ms\n",
+		(long long)(ft->planned - ft->t0), (long long)(ft->cont - ft->stopped),
+		(long long)(ft->disk - ft->stopped), (long long)(ft->memory - ft->disk),
+		ft->shared ? "shared: its copy " : "migrated: the device state after ",
+		(long long)(ft->copied - ft->disk), (long long)(ft->cont - ft->memory));
+	fclose(f);
 }
 
 int sandbox_vm_fork_freeze(const char *parent, const char *fork_dir, char *err, size_t errlen)
 {
 	char qmp_path[PATH_MAX], e2[256];
 	struct qmp qm = {.fd = -1};
+	struct freeze_times ft = {.t0 = now_ms()};
+	struct freeze_plan plan;
 	int r;
 
 	if (path_join(qmp_path, sizeof(qmp_path), parent, "run/qmp.sock") < 0)
@@ -2038,12 +2574,21 @@ int sandbox_vm_fork_freeze(const char *parent, const char *fork_dir, char *err, 
 			   parent);
 		return -ENOTSUP;
 	}
+	if ((r = freeze_plan(parent, fork_dir, &plan, err, errlen)) < 0) {
+		qmp_close(&qm);
+		return r;
+	}
+	ft.planned = now_ms();
 	if ((r = qmp_call(&qm, "stop", NULL, NULL, 10000, err, errlen)) == 0) {
-		r = freeze_steps(&qm, parent, fork_dir, err, errlen);
+		ft.stopped = now_ms();
+		r = freeze_steps(&qm, parent, fork_dir, &plan, &ft, err, errlen);
 		if (qmp_call(&qm, "cont", NULL, NULL, 10000, e2, sizeof(e2)) < 0 && r == 0) {
 			errmsg_set(err, errlen, "the parent VM did not continue: %s", e2);
 			r = -EIO;
 		}
+		ft.cont = now_ms();
+		if (r == 0)
+			freeze_log(fork_dir, &ft);
 	}
 	qmp_close(&qm);
 	return r;
@@ -2081,9 +2626,21 @@ int sandbox_vm_forks_make(const char *dir, const char *name, unsigned gen, int64
 	if (r < 0) {
 		if (!err[0])
 			errmsg_set(err, errlen, "freezing the parent VM for fork '%s': %s", name, strerror(-r));
-		(void)sandbox_fork_remove(dir, name, e2, sizeof(e2));
+		(void)sandbox_vm_fork_remove(dir, name, e2, sizeof(e2));
 	}
 	return r;
+}
+
+int sandbox_vm_fork_remove(const char *dir, const char *name, char *err, size_t errlen)
+{
+	char fdir[PATH_MAX], ram[PATH_MAX];
+
+	/* a fork that never started still has its memory file on tmpfs */
+	if (sandbox_fork_name_ok(name) &&
+	    (size_t)snprintf(fdir, sizeof(fdir), "%s/forks/%s", dir, name) < sizeof(fdir) &&
+	    ram_path(fdir, ram, sizeof(ram), false) == 0)
+		unlink(ram);
+	return sandbox_fork_remove(dir, name, err, errlen);
 }
 
 int sandbox_vm_start(struct sandbox *sb, const struct sandbox_cfg *cfg, char *err, size_t errlen)
@@ -2242,6 +2799,8 @@ void sandbox_vm_stop(struct sandbox *sb)
 		unlink(vm->pidfile);
 		if (vm->qmp[0])
 			unlink(vm->qmp);
+		if (vm->spare[0])
+			spare_make(vm->spare_src, vm->spare);
 		mem_free(vm);
 	}
 	sb->impl = NULL;

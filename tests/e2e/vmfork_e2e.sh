@@ -74,6 +74,7 @@ X() {
 }
 stop_harness() { # stop_harness NAME: close its fifo, wait for "stopped"
 	local fdv="${1}_fd"
+	[ -n "${!fdv:-}" ] || return 1 # never started
 	eval "exec ${!fdv}>&-"
 	wait_line "$T/$1.out" '^stopped' 60
 }
@@ -127,26 +128,80 @@ t_parent_write() {
 check "the parent's later write is absent from the fork; the parent goes on" t_parent_write
 t_rand() { [ "$(X "$W1" 'head -c 16 /dev/urandom | od -An -tx1')" != "$(X "$W2" 'head -c 16 /dev/urandom | od -An -tx1')" ]; }
 check "parent and fork read different random bytes" t_rand
+t_clock() {
+	local g h
+	g=$(X "$W2" 'date +%s') && h=$(date +%s) && [ $((h - g)) -le 2 ] && [ $((g - h)) -le 2 ]
+}
+check "the fork's clock is the host's (within 2 s)" t_clock
+# ram_name DIR: the shared memory file of the VM of state directory DIR
+ram_name() { printf '/dev/shm/airlock-%s/vm-%x-%x.ram' "$(id -u)" $(stat -c '%d %i' "$1"); }
+t_shared_ram() {
+	local ppid fpid
+	ppid=$(cat "$P/run/qemu.pid") && fpid=$(cat "$F/run/qemu.pid") &&
+		grep -q '^airlock: memory: shared, ' "$P/qemu.log" &&
+		grep -q '^airlock: memory: shared, the parent.s copied at the freeze' "$F/qemu.log" &&
+		[ "$(stat -c %s "$F/mem")" -lt 1048576 ] &&
+		[ ! -e "$(ram_name "$P")" ] && [ ! -e "$(ram_name "$F")" ] &&
+		ls -l "/proc/$ppid/fd" | grep -qF "$(ram_name "$P") (deleted)" &&
+		ls -l "/proc/$fpid/fd" | grep -qF "$(ram_name "$F") (deleted)"
+}
+check "shared memory: the fork's mem is the device state alone, each qemu holds its own memory file, unlinked" t_shared_ram
 
 $TO 30 "$AIRLOCK" down "$W2" >/dev/null 2>&1
 t_fork_gone() {
 	local pid
 	pid=$(cat "$F/run/qemu.pid" 2>/dev/null)
 	stop_harness hf && { [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; } &&
-		[ -z "$(find "$F/run" -type s 2>/dev/null)" ] && rm -rf "$F" && [ -z "$(ls -A "$P/forks")" ]
+		[ -z "$(find "$F/run" -type s 2>/dev/null)" ] &&
+		! $TO 60 "$HARNESS" "$F" "$TPL" --fork-again </dev/null >"$T/again.out" 2>"$T/again.err" &&
+		grep -q 'a vm fork starts once' "$T/again.err" && rm -rf "$F" && [ -z "$(ls -A "$P/forks")" ]
 }
-check "the fork stops: no qemu, no socket; its directory (overlay, memory) removed" t_fork_gone
+check "the fork stops: no qemu, no socket; started again it is refused (its memory is gone); its directory removed" t_fork_gone
 $TO 30 "$AIRLOCK" down "$W1" >/dev/null 2>&1
+# the parent's stop made a spare copy of the snapshot's memory (0600, at
+# most two kept), and its next start takes it instead of copying
+# (two old dummies and a stale temporary one: the stop keeps the newest two
+# spares, its own among them, and removes the rest)
+spares() { find "/dev/shm/airlock-$(id -u)" -maxdepth 1 -name 'spare-*.ram' "$@"; }
+SD=/dev/shm/airlock-$(id -u)
+for d in 1 2; do : >"$SD/spare-vmforktest$$-$d.ram" && touch -d "$((3 - d)) days ago" "$SD/spare-vmforktest$$-$d.ram"; done
+: >"$SD/spare-vmforktest$$-0.ram.1.tmp" && touch -d '1 hour ago' "$SD/spare-vmforktest$$-0.ram.1.tmp"
 t_merged() {
-	stop_harness hp && [ -e "$P/ws-top" ] && harness hp2 "$P" && [ ! -e "$P/ws-top" ] &&
+	stop_harness hp && [ -n "$(spares -perm 0600 -size +1M -newer "$P/qemu.log")" ] && [ "$(spares | wc -l)" -le 2 ] &&
+		[ ! -e "$SD/spare-vmforktest$$-1.ram" ] && [ ! -e "$SD/spare-vmforktest$$-0.ram.1.tmp" ] &&
+		[ -e "$P/ws-top" ] && harness hp2 "$P" && [ ! -e "$P/ws-top" ] &&
+		grep -q '^airlock: memory: shared, the spare copy of the snapshot.s made at the last stop' "$P/qemu.log" &&
 		[ -z "$(find "$P" -maxdepth 1 -name 'ws.*.qcow2')" ] && up up3 "$W1" hp2 &&
 		[ "$(X "$W1" "cat node_modules/pa $H/pb node_modules/x/i.js")" = "parent-after
 parent-before
 dep" ]
 }
-check "the parent's next start merges its overlay into workspace.img and keeps its writes" t_merged
+check "the parent's stop makes a spare and keeps the newest two, its next start takes it, merges its overlay into workspace.img and keeps its writes" t_merged
+rm -f "$SD"/spare-vmforktest$$-*
 $TO 30 "$AIRLOCK" down "$W1" >/dev/null 2>&1
-stop_harness hp2 >/dev/null
+# without shared memory a freeze migrates all of the parent's memory into
+# the fork's mem: here because the parent's start finds no room on the
+# tmpfs it is given (AIRLOCK_VM_RAM_DIR: 64 MiB for a 1024 MiB guest) and
+# falls back to the snapshot's file (AIRLOCK_VM_SHARED_RAM=0 does the same)
+t_migrated() {
+	mkdir -p "$T/shm" && mount -t tmpfs -o size=64m,mode=0700 tmpfs "$T/shm" &&
+		stop_harness hp2 && AIRLOCK_VM_RAM_DIR=$T/shm harness hp3 "$P" && up up5 "$W1" hp3 &&
+		grep -q '^airlock: not on shared memory: no room on tmpfs for 1024 MiB' "$P/qemu.log" &&
+		grep -q '^airlock: memory: the snapshot.s file, copy on write' "$P/qemu.log" && [ -z "$(ls -A "$T/shm")" ] &&
+		X "$W1" "echo p3 >$H/p3" && mkdir -m 0700 "$F" && harness hf2 "$F" --fork "$P" &&
+		echo "# fork by migration: parent frozen in $(field hf2 freeze_ms) ms, fork ready $(field hf2 start_ms) ms after" &&
+		grep -q '^airlock: memory: migrated' "$F/qemu.log" && [ "$(stat -c %s "$F/mem")" -gt 10485760 ] &&
+		up up6 "$W2" hf2 && [ "$(X "$W2" "cat $H/p3; cut -d' ' -f1 /run/airlock-start")" = "p3
+fork" ] &&
+		X "$W2" "echo f2 >$H/f2" && X "$W1" "test ! -e $H/f2"
+}
+check "a fork of a parent without shared memory: its memory migrated, isolated" t_migrated
+$TO 30 "$AIRLOCK" down "$W2" >/dev/null 2>&1
+$TO 30 "$AIRLOCK" down "$W1" >/dev/null 2>&1
+stop_harness hf2 >/dev/null
+rm -rf "$F"
+stop_harness hp3 >/dev/null
+umount "$T/shm" 2>/dev/null
 
 # ---- the user's path: `airlock up --sandbox vm` (the daemon's own VM,
 # restored from the template's snapshot), `airlock fork`, `exec --fork`,
@@ -170,6 +225,7 @@ if wait_line "$T/vup.out" "^airlock: $W3 in sync with sandbox vm\$" 150; then
 		[ "$($TO 60 "$AIRLOCK" exec -C "$W3" --fork f1 -- cat a </dev/null)" = x ] &&
 			$TO 60 "$AIRLOCK" exec -C "$W3" -- test ! -e a </dev/null && [ ! -e "$W3/a" ] &&
 			[ -f "$VSB/forks/f1/ws.qcow2" ] && [ -f "$VSB/forks/f1/mem" ] &&
+			grep -q '^airlock: memory: shared' "$VSB/forks/f1/qemu.log" && [ ! -e "$(ram_name "$VSB/forks/f1")" ] &&
 			"$AIRLOCK" fork -C "$W3" --list | grep -q '^f1 *ready'
 	}
 	check "airlock fork --name f1 of the vm sandbox; a write by exec --fork f1 is absent from the parent and the host" t_cli_fork
@@ -193,7 +249,7 @@ t_no_qemu() { ! pgrep -f "qemu-system.*$T" >/dev/null; }
 check "no qemu is left" t_no_qemu
 
 if [ "$FAIL" != 0 ]; then
-	for n in hp hf hp2; do echo "--- $n" && cat "$T/$n.err" 2>/dev/null; done
+	for n in hp hf hp2 hp3 hf2; do echo "--- $n" && cat "$T/$n.err" 2>/dev/null; done
 	echo "--- parent console" && tail -n 30 "$P/console.log" 2>/dev/null
 	echo "--- fork qemu.log" && cat "$F/qemu.log" 2>/dev/null
 fi

@@ -76,15 +76,20 @@ int main(int argc, char **argv)
 	double t0, t1;
 
 	const char *parent = NULL;
+	bool fork_again = false;
 
 	/* --fork PARENT_DIR: DIR is a fork of the running VM of PARENT_DIR
-	 * (sandbox_vm_fork_freeze, then its own start with its own keys) */
+	 * (sandbox_vm_fork_freeze, then its own start with its own keys);
+	 * --fork-again: start the fork in DIR once more, with no freeze */
 	if (argc >= 5 && !strcmp(argv[argc - 2], "--fork")) {
 		parent = argv[argc - 1];
 		argc -= 2;
+	} else if (argc >= 4 && !strcmp(argv[argc - 1], "--fork-again")) {
+		fork_again = true;
+		argc -= 1;
 	}
 	if (argc < 3 || argc > 4 || (argc == 4 && strcmp(argv[3], "-v"))) {
-		fprintf(stderr, "usage: vm_harness DIR TEMPLATE_DIR [-v] [--fork PARENT_DIR]\n");
+		fprintf(stderr, "usage: vm_harness DIR TEMPLATE_DIR [-v] [--fork PARENT_DIR | --fork-again]\n");
 		return 2;
 	}
 	if (sodium_init() < 0)
@@ -117,6 +122,8 @@ int main(int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
 	t0 = now_ms();
+	if (fork_again)
+		cfg.fork = "fork";
 	if (parent) {
 		cfg.fork = "fork";
 		if (sandbox_vm_fork_freeze(parent, sb.dir, err, sizeof(err)) < 0) {
