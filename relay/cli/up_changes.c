@@ -892,21 +892,35 @@ bool up_changes_keep(void *ud, const struct manifest_change *c)
 	return true;
 }
 
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+	while (n > 0) {
+		ssize_t w = write(fd, p, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return w < 0 ? -errno : -ENOSPC;
+		p += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+/* fill(fd, ud) writes the file's bytes. */
+typedef int save_fill_fn(int fd, const void *ud);
+
 /* The confirmed state to CONFIRMED_FILE (temporary name, rename; no
  * fsync: a stale or lost one only turns an unreported guest change into
  * a conflict, or leaves it to the old behaviour, never loses a reported one). */
-static int save_bytes(struct up *u, const char *name, const void *p, size_t n)
+static int save_with(struct up *u, const char *name, save_fill_fn *fill, const void *ud)
 {
 	char tmp[64];
-	int r = 0;
+	int fd, r;
 
 	snprintf(tmp, sizeof(tmp), "%s.tmp", name);
-	int fd = openat(u->chg.state_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-	if (fd < 0)
+	if ((fd = openat(u->chg.state_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0)
 		return -errno;
-	errno = 0;
-	if (write(fd, p, n) != (ssize_t)n)
-		r = errno ? -errno : -ENOSPC;
+	r = fill(fd, ud);
 	if (close(fd) < 0 && r == 0)
 		r = -errno;
 	if (r == 0 && renameat(u->chg.state_fd, tmp, u->chg.state_fd, name) < 0)
@@ -916,19 +930,50 @@ static int save_bytes(struct up *u, const char *name, const void *p, size_t n)
 	return r;
 }
 
-/* 0 or -errno (m NULL: the file is removed). */
-static int save_manifest(struct up *u, const struct manifest *m, const char *name)
+struct bytes {
+	const void *p;
+	size_t n;
+};
+
+static int fill_bytes(int fd, const void *ud)
+{
+	const struct bytes *b = ud;
+	return write_all(fd, b->p, b->n);
+}
+
+static int save_bytes(struct up *u, const char *name, const void *p, size_t n)
+{
+	struct bytes b = {p, n};
+	return save_with(u, name, fill_bytes, &b);
+}
+
+static int write_piece(void *ud, struct buf *b)
+{
+	int r = write_all(*(const int *)ud, buf_ptr(b), buf_len(b));
+	buf_reset(b);
+	return r;
+}
+
+/* Written as it is encoded, a piece at a time (a whole-tree encoding is
+ * tens of MB at 100k files; it was built whole before the write). */
+static int fill_manifest(int fd, const void *ud)
 {
 	struct buf b;
 	int r;
 
-	if (!m)
-		return unlinkat(u->chg.state_fd, name, 0) < 0 && errno != ENOENT ? -errno : 0;
 	buf_init(&b, (size_t)1 << 31);
-	if ((r = manifest_encode(m, &b)) == 0)
-		r = save_bytes(u, name, buf_ptr(&b), buf_len(&b));
+	if ((r = manifest_encode_to(ud, &b, write_piece, &fd)) == 0)
+		r = write_piece(&fd, &b);
 	buf_clear(&b);
 	return r;
+}
+
+/* 0 or -errno (m NULL: the file is removed). */
+static int save_manifest(struct up *u, const struct manifest *m, const char *name)
+{
+	if (!m)
+		return unlinkat(u->chg.state_fd, name, 0) < 0 && errno != ENOENT ? -errno : 0;
+	return save_with(u, name, fill_manifest, m);
 }
 
 /* CONFIRMED_FILE.meta: whose and when (the guest's key, its sequence and
