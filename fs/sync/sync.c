@@ -2758,25 +2758,31 @@ static int feed_level(struct sync *s, const char *dir, const uint8_t *p, size_t 
 	return 0;
 }
 
-static int gentry_cmp(const void *a, const void *b)
+static int gentry_ptr_cmp(const void *a, const void *b)
 {
-	return manifest_path_cmp(((const struct gentry *)a)->e.path, ((const struct gentry *)b)->e.path);
+	return manifest_path_cmp((*(const struct gentry *const *)a)->e.path,
+				 (*(const struct gentry *const *)b)->e.path);
 }
 
 /* All levels are in: build s->gm. A conditional directory stays only when
- * something beneath it stays (tree order: its subtree follows it). */
+ * something beneath it stays (tree order: its subtree follows it). The
+ * entries move from the listing into the manifest, and the listing is
+ * freed (it was copied, and sorted in place: qsort's copy of it, then the
+ * manifest's, beside it). */
 static int build_guest_manifest(struct sync *s)
 {
-	int r;
-
-	if (s->nge)
-		qsort(s->ge, s->nge, sizeof(*s->ge), gentry_cmp);
+	struct gentry **v = mem_alloc((s->nge ? s->nge : 1) * sizeof(*v));
 	bool *keep = mem_calloc(s->nge ? s->nge : 1, sizeof(bool));
-	if (!keep)
-		return -ENOMEM;
+	int r = -ENOMEM;
+
+	if (!v || !keep)
+		goto out;
+	for (size_t i = 0; i < s->nge; i++)
+		v[i] = &s->ge[i];
+	qsort(v, s->nge, sizeof(*v), gentry_ptr_cmp);
 	const char *next_kept = NULL;
 	for (size_t i = s->nge; i-- > 0;) {
-		const struct gentry *g = &s->ge[i];
+		const struct gentry *g = v[i];
 		if (g->cond) {
 			size_t l = strlen(g->e.path);
 			keep[i] = next_kept && strncmp(next_kept, g->e.path, l) == 0 && next_kept[l] == '/';
@@ -2789,17 +2795,20 @@ static int build_guest_manifest(struct sync *s)
 	manifest_free(s->gm);
 	if ((r = manifest_new(&s->params, &s->gm)) < 0)
 		goto out;
-	for (size_t i = 0; i < s->nge; i++) {
-		if (!keep[i])
-			continue;
-		if ((r = manifest_add(s->gm, &s->ge[i].e)) < 0)
+	for (size_t i = 0; i < s->nge; i++)
+		if (keep[i] && (r = manifest_add_moved(s->gm, &v[i]->e)) < 0)
 			goto out;
-	}
 	r = manifest_seal(s->gm);
 	if (r == 0)
 		s->st.guest_entries = s->gm->n;
+	for (size_t i = 0; i < s->nge; i++)
+		mem_free(s->ge[i].e.path); /* those not kept */
+	mem_free(s->ge);
+	s->ge = NULL;
+	s->nge = s->capge = 0;
 out:
 	mem_free(keep);
+	mem_free(v);
 	return r;
 }
 

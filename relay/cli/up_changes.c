@@ -111,6 +111,7 @@ static int pull_start(struct up *u, struct upull *p);
 static void rejected_clear(struct up *u);
 static void save_confirmed(struct up *u, struct sync *engine, bool exact);
 static struct manifest *chg_base(struct up *u);
+static const struct manifest *base_known(struct up *u);
 
 void up_changes_clear(struct up *u)
 {
@@ -360,7 +361,7 @@ static void stash_group_done(struct upull *p, size_t n)
 			struct wire_chg_item it = {
 			    .path = c->path, .st_mode = c->st_mode, .size = c->size, .flags = WIRE_CHG_F_HASHED};
 			memcpy(it.hash, c->hash, CHUNK_HASH_LEN);
-			wb_note(u->chg.store, u->pol.policy, u->chg.pctx, chg_base(u), &it, w->by_id, w->by_argv);
+			wb_note(u->chg.store, u->pol.policy, u->chg.pctx, base_known(u), &it, w->by_id, w->by_argv);
 			wb_store_set_conflict(u->chg.store, c->path);
 		}
 		wb_store_set_stash(u->chg.store, c->path, name);
@@ -1122,6 +1123,28 @@ static struct manifest *chg_base(struct up *u)
 	return u->chg.base;
 }
 
+/* What the host knows the guest confirmed: the engine's, else the saved one. */
+static const struct manifest *base_known(struct up *u)
+{
+	if (u->sync.engine && sync_known(u->sync.engine))
+		return sync_known(u->sync.engine);
+	return chg_base(u);
+}
+
+/* After a whole-tree reconcile the engine's confirmed state is the one
+ * every later question goes to (base_usable, base_known): the copies
+ * loaded from disk for that reconcile are dropped, not kept for the
+ * session (two more whole-tree manifests). */
+static void base_drop(struct up *u)
+{
+	if (!u->sync.engine || !sync_known(u->sync.engine))
+		return;
+	base_wait(u);
+	manifest_free(u->chg.base);
+	manifest_free(u->chg.sending);
+	u->chg.base = u->chg.sending = NULL;
+}
+
 /* The saved confirmed state is already exactly the engine's: an exact
  * one for this guest at its sequence, of the same root (an unchanged up:
  * nothing to write). */
@@ -1155,6 +1178,8 @@ void up_changes_synced(struct up *u, bool full)
 		(void)save_meta(u, sync_get_stats(u->sync.engine), false, NULL);
 	if (wb_store_prune(u->chg.store, sync_known(u->sync.engine)))
 		save_store(u);
+	if (full)
+		base_drop(u);
 	if (!full || !u->chg.nrejects)
 		return;
 	if (u->chg.reject_pending) { /* that reconcile started before the reject */
