@@ -223,8 +223,12 @@ int hcache_load(struct hcache *c, int dirfd, const char *name)
 
 	drop_loaded(c);
 	spill_drop(c);
-	c->spill_dirfd = strlen(name) < sizeof(c->spill_name) ? dirfd : -1;
-	snprintf(c->spill_name, sizeof(c->spill_name), "%s", name);
+	size_t nl = strlen(name);
+	c->spill_dirfd = -1; /* a name too long to keep: nothing spilled */
+	if (nl < sizeof(c->spill_name)) {
+		memcpy(c->spill_name, name, nl + 1);
+		c->spill_dirfd = dirfd;
+	}
 	if ((fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)) < 0)
 		return errno == ENOENT ? -ENOENT : -EBADMSG;
 	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size < HDR_LEN + CHUNK_HASH_LEN ||
