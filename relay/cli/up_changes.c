@@ -134,7 +134,7 @@ void up_changes_clear(struct up *u)
 	mem_free(u->chg.rejects);
 	mem_free(u->chg.reject_bodies);
 	apply_free(u->chg.apply);
-	base_wait(u);
+	u->chg.base_pending = false; /* not loaded: nothing to free */
 	manifest_free(u->chg.base);
 	manifest_free(u->chg.sending);
 	rejected_clear(u);
@@ -785,7 +785,6 @@ static void rejected_clear(struct up *u)
  * batch it was saved at. */
 static const struct manifest *base_usable(struct up *u)
 {
-	base_wait(u);
 	/* a reconcile on a live connection (the journal overflowed): what
 	 * this engine knows the guest confirmed, exactly */
 	if (u->sync.engine && sync_known(u->sync.engine))
@@ -1061,30 +1060,31 @@ static struct manifest *load_manifest(struct up *u, const char *name)
 	return m;
 }
 
-/* The saved states are decoded on a thread while the reconcile scans (a
- * million entries take hundreds of milliseconds, which the loop would not
- * answer during); base_wait joins it before anything reads them. */
-static void *load_thread(void *arg)
-{
-	struct up *u = arg;
-
-	u->chg.base = load_manifest(u, CONFIRMED_FILE);
-	u->chg.sending = load_manifest(u, SENDING_FILE);
-	return NULL;
-}
+/* The saved states are loaded when a reconcile first asks for them (the
+ * three-way check of a difference no report named): a reconcile that
+ * finds none, an unchanged up among them, never reads them. They were
+ * decoded on a thread at every reconcile's start, beside the engine's own
+ * state: two whole-tree manifests more at the scan's peak. The question
+ * comes from the reconcile's diff, on the engine's job thread; the lock
+ * keeps a question from the loop at the same time from loading twice. */
+static pthread_mutex_t base_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void base_wait(struct up *u)
 {
-	if (u->chg.loading)
-		pthread_join(u->chg.loader, NULL);
-	u->chg.loading = false;
+	pthread_mutex_lock(&base_lock);
+	if (u->chg.base_pending) {
+		u->chg.base_pending = false;
+		u->chg.base = load_manifest(u, CONFIRMED_FILE);
+		u->chg.sending = load_manifest(u, SENDING_FILE);
+	}
+	pthread_mutex_unlock(&base_lock);
 }
 
 void up_changes_reconcile_begin(struct up *u)
 {
 	int fd;
 
-	base_wait(u);
+	u->chg.base_pending = false; /* the last reconcile's, if never asked for */
 	manifest_free(u->chg.base);
 	manifest_free(u->chg.sending);
 	u->chg.base = u->chg.sending = NULL;
@@ -1110,10 +1110,7 @@ void up_changes_reconcile_begin(struct up *u)
 	    sscanf(meta, "%*s %*s %*s %39s", root) == 1 &&
 	    sodium_hex2bin(u->chg.base_root, sizeof(u->chg.base_root), root, strlen(root), NULL, &got, NULL) == 0 &&
 	    got == sizeof(u->chg.base_root);
-	if (pthread_create(&u->chg.loader, NULL, load_thread, u) == 0)
-		u->chg.loading = true;
-	else
-		load_thread(u);
+	u->chg.base_pending = true;
 }
 
 /* The saved confirmed state (and the sending one), once loaded. */
@@ -1139,7 +1136,7 @@ static void base_drop(struct up *u)
 {
 	if (!u->sync.engine || !sync_known(u->sync.engine))
 		return;
-	base_wait(u);
+	u->chg.base_pending = false; /* not asked for: not loaded at all */
 	manifest_free(u->chg.base);
 	manifest_free(u->chg.sending);
 	u->chg.base = u->chg.sending = NULL;
