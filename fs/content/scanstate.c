@@ -34,15 +34,22 @@ enum {
 	F_ALL = 0x03,
 };
 
+/* One per name the scan saw: 64 bytes (it was 72: a size_t offset, a
+ * u32 name offset), held for every file of the tree from the scan to the
+ * save. Offsets fit: the paths and the loaded file are at most
+ * SCANSTATE_FILE_MAX bytes, a path MANIFEST_PATH_MAX. */
 struct ent {
-	size_t path;	/* offset of the NUL-terminated path in paths */
-	uint32_t name;	/* offset of its last component within the path */
-	uint32_t kids;	/* walked directories: first child in kids[] */
-	uint32_t nkids; /* and how many */
-	uint16_t plen;
-	uint8_t flags;
+	uint32_t path;	    /* offset of the NUL-terminated path in paths */
+	uint32_t kids;	    /* walked directories: first child in kids[] */
+	uint32_t nkids;	    /* and how many */
+	uint16_t name;	    /* offset of its last component within the path */
+	unsigned plen : 13; /* <= MANIFEST_PATH_MAX */
+	unsigned flags : 3; /* F_* */
 	struct hcache_key id;
 };
+_Static_assert(SCANSTATE_FILE_MAX <= UINT32_MAX && MANIFEST_PATH_MAX < (1u << 13) && F_ALL < (1u << 3),
+	       "struct ent's fields hold their values");
+_Static_assert(sizeof(struct ent) == 64, "struct ent stays 64 bytes");
 
 struct scanstate {
 	/* entries in tree order; their NUL-terminated paths at base + e->path:
@@ -179,10 +186,10 @@ void scanstate_seen(const char *relpath, const struct stat *sb, enum manifest_se
 	}
 	struct ent *e = &st->e[st->n];
 	memset(e, 0, sizeof(*e));
-	e->path = buf_len(&st->paths);
-	e->plen = (uint16_t)pl;
+	e->path = (uint32_t)buf_len(&st->paths);
+	e->plen = pl & 0x1fffu; /* <= MANIFEST_PATH_MAX: checked above */
 	const char *slash = strrchr(relpath, '/');
-	e->name = slash ? (uint32_t)(slash - relpath + 1) : 0;
+	e->name = slash ? (uint16_t)(slash - relpath + 1) : 0;
 	hcache_key_of(sb, &e->id);
 	if (e->id.mtime >= st->stamp || e->id.ctime >= st->stamp)
 		e->flags |= F_RACY;
@@ -422,15 +429,16 @@ static int parse(struct scanstate *st, const uint8_t fp[SCANSTATE_FP_LEN])
 		if (p[pl] != '\0' || manifest_path_check(p, pl) < 0)
 			return -EBADMSG;
 		struct ent *e = &st->e[i];
-		e->path = (size_t)((const uint8_t *)p - st->file);
-		e->plen = pl;
+		e->path = (uint32_t)((const uint8_t *)p - st->file);
+		e->plen = pl & 0x1fffu; /* <= MANIFEST_PATH_MAX: checked above */
 		const char *slash = memrchr(p, '/', pl);
-		e->name = slash ? (uint32_t)(slash - p + 1) : 0;
+		e->name = slash ? (uint16_t)(slash - p + 1) : 0;
 		buf_consume(&in, (size_t)pl + 1);
-		e->flags = *buf_ptr(&in);
+		uint8_t fl = *buf_ptr(&in);
 		buf_consume(&in, 1);
-		if (e->flags & ~F_ALL)
+		if (fl & ~F_ALL)
 			return -EBADMSG;
+		e->flags = fl & F_ALL;
 		id_decode(buf_ptr(&in), &e->id);
 		buf_consume(&in, SCANSTATE_ID_LEN);
 		st->n++;
