@@ -68,7 +68,10 @@ struct delta_builder {
 	struct delta_caps caps;
 	int level;
 	ZSTD_CCtx *cctx;
-	struct buf body; /* the ops; never consumed, so offsets are stable */
+	/* the batch as built: empty, or DELTA_HDR_LEN bytes for the header
+	 * (filled by finish) and the ops; never consumed, so offsets are
+	 * stable. finish hands this storage over (no copy of the batch). */
+	struct buf body;
 	uint32_t nops, nchunks;
 	/* the PUT being built */
 	bool in_put;
@@ -99,7 +102,7 @@ int delta_builder_new(uint64_t seq, const uint8_t scope[DELTA_SCOPE_LEN], const 
 	b->cp = *chunking;
 	b->caps = *caps;
 	b->level = 1;
-	buf_init(&b->body, caps->max_batch - DELTA_HDR_LEN - DELTA_SIG_LEN);
+	buf_init(&b->body, caps->max_batch - DELTA_SIG_LEN);
 	*out = b;
 	return 0;
 }
@@ -133,7 +136,7 @@ size_t delta_builder_ops(const struct delta_builder *b)
 
 size_t delta_builder_size(const struct delta_builder *b)
 {
-	return DELTA_HDR_LEN + buf_len(&b->body) + DELTA_SIG_LEN;
+	return (buf_len(&b->body) ? buf_len(&b->body) : DELTA_HDR_LEN) + DELTA_SIG_LEN;
 }
 
 /* Drop everything written since `mark` (an op that did not fit). The body
@@ -141,6 +144,14 @@ size_t delta_builder_size(const struct delta_builder *b)
 static void body_truncate(struct delta_builder *b, size_t mark)
 {
 	b->body.len = mark;
+}
+
+/* Room for the header before the first op. */
+static int body_header(struct delta_builder *b)
+{
+	static const uint8_t room[DELTA_HDR_LEN];
+
+	return buf_len(&b->body) ? 0 : buf_put(&b->body, room, sizeof(room));
 }
 
 static int check_path(const char *p)
@@ -158,6 +169,8 @@ static int op_start(struct delta_builder *b, uint8_t type, const char *path)
 		return r;
 	if (b->nops >= b->caps.max_ops)
 		return -ENOBUFS; /* full: finish this batch, start the next */
+	if ((r = body_header(b)) < 0)
+		return r;
 	if ((r = buf_put_u8(&b->body, type)) < 0)
 		return r;
 	return buf_put_str(&b->body, path);
@@ -598,13 +611,15 @@ int delta_sign_verify(const uint8_t *p, size_t n, const uint8_t pk[DELTA_PK_LEN]
 
 int delta_builder_finish(struct delta_builder *b, const uint8_t sk[DELTA_SK_LEN], uint8_t **out, size_t *n)
 {
+	uint8_t *d;
+	int r;
+
 	if (b->in_put)
 		return -EINVAL;
-	size_t body = buf_len(&b->body);
-	size_t total = DELTA_HDR_LEN + body + DELTA_SIG_LEN;
-	uint8_t *d = mem_alloc(total);
-	if (!d)
-		return -ENOMEM;
+	if ((r = body_header(b)) < 0 || (r = buf_reserve(&b->body, DELTA_SIG_LEN, &d)) < 0)
+		return r;
+	size_t body = buf_len(&b->body) - DELTA_HDR_LEN;
+	d = b->body.data; /* owned, never consumed: off is 0 */
 	/* header: magic, version, flags, reserved, scope, seq, op count */
 	memcpy(d, delta_magic, 4);
 	d[4] = DELTA_VERSION;
@@ -613,11 +628,13 @@ int delta_builder_finish(struct delta_builder *b, const uint8_t sk[DELTA_SK_LEN]
 	memcpy(d + 8, b->scope, DELTA_SCOPE_LEN);
 	buf_store_be64(d + 8 + DELTA_SCOPE_LEN, b->seq);
 	buf_store_be32(d + 16 + DELTA_SCOPE_LEN, (uint32_t)b->nops);
-	if (body)
-		memcpy(d + DELTA_HDR_LEN, buf_ptr(&b->body), body);
 	delta_sign(d, DELTA_HDR_LEN + body, sk, d + DELTA_HDR_LEN + body);
+	/* the storage is the caller's now; the next batch grows its own */
+	size_t max = b->body.max;
+	memset(&b->body, 0, sizeof(b->body));
+	buf_init(&b->body, max);
 	*out = d;
-	*n = total;
+	*n = DELTA_HDR_LEN + body + DELTA_SIG_LEN;
 	return 0;
 }
 

@@ -39,9 +39,19 @@ struct hcache {
 	size_t nents;
 	uint32_t *slots; /* open addressing: offset of a record in file, 0 = empty */
 	size_t nslots;	 /* power of two */
-	struct buf next; /* entries put during this scan, encoded */
+	struct buf next; /* entries put during this scan, encoded (not spilled yet) */
 	uint64_t nnext;
-	int64_t stamp; /* ns: entries with mtime or ctime >= stamp are racy */
+	/* The entries put are written out as the scan goes, once HCACHE_SPILL_AT
+	 * bytes are held (they were all held until the save: at the end of a
+	 * rescan, beside the loaded cache they mostly repeat). Into `name`.tmp
+	 * in the directory hcache_load was given, after a header left blank;
+	 * hcache_save finishes that file. */
+	int spill_dirfd; /* hcache_load's (not owned); -1: none given */
+	char spill_name[201];
+	int spill_fd;	/* -1: nothing spilled */
+	size_t spilled; /* entry bytes in it */
+	int spill_err;	/* a failed spill: the save fails (the entries are lost) */
+	int64_t stamp;	/* ns: entries with mtime or ctime >= stamp are racy */
 	uint64_t hits, misses, racy;
 };
 
@@ -88,14 +98,30 @@ int hcache_new(const struct chunk_params *p, struct hcache **out)
 	c->p = p ? *p : chunk_params_default;
 	buf_init(&c->next, HCACHE_FILE_MAX);
 	c->stamp = INT64_MIN; /* nothing is kept before hcache_begin */
+	c->spill_dirfd = c->spill_fd = -1;
 	*out = c;
 	return 0;
+}
+
+/* Forget what was spilled (its file too). */
+static void spill_drop(struct hcache *c)
+{
+	if (c->spill_fd >= 0) {
+		char tmp[300];
+		close(c->spill_fd);
+		snprintf(tmp, sizeof(tmp), "%s.tmp", c->spill_name);
+		unlinkat(c->spill_dirfd, tmp, 0);
+	}
+	c->spill_fd = -1;
+	c->spilled = 0;
+	c->spill_err = 0;
 }
 
 void hcache_free(struct hcache *c)
 {
 	if (!c)
 		return;
+	spill_drop(c);
 	drop_loaded(c);
 	buf_clear(&c->next);
 	mem_free(c);
@@ -196,6 +222,13 @@ int hcache_load(struct hcache *c, int dirfd, const char *name)
 	int fd, r = 0;
 
 	drop_loaded(c);
+	spill_drop(c);
+	size_t nl = strlen(name);
+	c->spill_dirfd = -1; /* a name too long to keep: nothing spilled */
+	if (nl < sizeof(c->spill_name)) {
+		memcpy(c->spill_name, name, nl + 1);
+		c->spill_dirfd = dirfd;
+	}
 	if ((fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)) < 0)
 		return errno == ENOENT ? -ENOENT : -EBADMSG;
 	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size < HDR_LEN + CHUNK_HASH_LEN ||
@@ -242,6 +275,7 @@ int64_t hcache_stamp(int dirfd)
 
 void hcache_begin(struct hcache *c, int scan_dirfd)
 {
+	spill_drop(c);
 	buf_reset(&c->next);
 	c->nnext = c->hits = c->misses = c->racy = 0;
 	c->stamp = hcache_stamp(scan_dirfd);
@@ -298,6 +332,31 @@ int hcache_get(struct hcache *c, const char *path, const struct stat *st, struct
 	return 0;
 }
 
+static int write_all(int fd, const uint8_t *p, size_t n);
+
+/* c->next to the spill file (opened, its header left blank, the first
+ * time). */
+static int spill(struct hcache *c)
+{
+	static const uint8_t blank[HDR_LEN];
+	char tmp[300];
+	int r;
+
+	if (c->spill_fd < 0) {
+		snprintf(tmp, sizeof(tmp), "%s.tmp", c->spill_name);
+		c->spill_fd = openat(c->spill_dirfd, tmp, O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (c->spill_fd < 0)
+			return -errno;
+		if ((r = write_all(c->spill_fd, blank, sizeof(blank))) < 0)
+			return r;
+	}
+	if ((r = write_all(c->spill_fd, buf_ptr(&c->next), buf_len(&c->next))) < 0)
+		return r;
+	c->spilled += buf_len(&c->next);
+	buf_reset(&c->next);
+	return 0;
+}
+
 int hcache_put(struct hcache *c, const char *path, const struct stat *st, const struct manifest_entry *e)
 {
 	struct hcache_key k;
@@ -323,6 +382,8 @@ int hcache_put(struct hcache *c, const char *path, const struct stat *st, const 
 		    (r = buf_put(&c->next, e->chunks[i].hash, CHUNK_HASH_LEN)) < 0)
 			goto fail;
 	c->nnext++;
+	if (buf_len(&c->next) >= HCACHE_SPILL_AT && c->spill_dirfd >= 0 && !c->spill_err && (r = spill(c)) < 0)
+		c->spill_err = r; /* this scan's cache is not saved; the scan goes on */
 	return 0;
 fail:
 	buf_truncate(&c->next, mark); /* drop the partial entry */
@@ -345,9 +406,59 @@ static int write_all(int fd, const uint8_t *p, size_t n)
 	return 0;
 }
 
+static int put_header(const struct hcache *c, struct buf *hdr)
+{
+	int r;
+
+	if ((r = buf_put(hdr, hcache_magic, 4)) < 0 || (r = buf_put_u8(hdr, HCACHE_VERSION)) < 0 ||
+	    (r = buf_put_u8(hdr, 0)) < 0 || (r = buf_put_u16(hdr, 0)) < 0 || (r = buf_put_u32(hdr, c->p.min)) < 0 ||
+	    (r = buf_put_u32(hdr, c->p.avg)) < 0 || (r = buf_put_u32(hdr, c->p.max)) < 0 ||
+	    (r = buf_put_u32(hdr, c->p.whole_max)) < 0 || (r = buf_put_u64(hdr, c->nnext)) < 0)
+		return r;
+	return 0;
+}
+
+/* The spill file finished: the rest of the entries, the header in its
+ * place, the checksum of both read back from the file (the page cache) a
+ * piece at a time. */
+static int spill_finish(struct hcache *c, const struct buf *hdr, int fd)
+{
+	struct chunk_hasher h;
+	uint8_t sum[CHUNK_HASH_LEN];
+	size_t n = HDR_LEN + c->spilled + buf_len(&c->next);
+	uint8_t *piece = mem_alloc(HCACHE_SPILL_AT);
+	int r;
+
+	if (!piece)
+		return -ENOMEM;
+	if ((r = write_all(fd, buf_ptr(&c->next), buf_len(&c->next))) < 0)
+		goto out;
+	if (pwrite(fd, buf_ptr(hdr), buf_len(hdr), 0) != (ssize_t)buf_len(hdr)) {
+		r = -EIO;
+		goto out;
+	}
+	chunk_hasher_init(&h);
+	for (size_t off = 0; off < n;) {
+		size_t want = n - off < HCACHE_SPILL_AT ? n - off : HCACHE_SPILL_AT;
+		ssize_t k = pread(fd, piece, want, (off_t)off);
+		if (k <= 0) {
+			r = k < 0 ? -errno : -EIO;
+			goto out;
+		}
+		chunk_hasher_update(&h, piece, (size_t)k);
+		off += (size_t)k;
+	}
+	chunk_hasher_final(&h, sum);
+	r = write_all(fd, sum, CHUNK_HASH_LEN);
+out:
+	mem_free(piece);
+	return r;
+}
+
 /* The header, then the entries straight from c->next (no copy of them:
  * at a million files that copy was the daemon's largest allocation),
- * then the checksum over both, hashed as they are written. */
+ * then the checksum over both, hashed as they are written; or, when the
+ * scan spilled them, its file finished (spill_finish). */
 int hcache_save(struct hcache *c, int dirfd, const char *name)
 {
 	struct buf hdr;
@@ -358,32 +469,39 @@ int hcache_save(struct hcache *c, int dirfd, const char *name)
 
 	if (strlen(name) > 200)
 		return -ENAMETOOLONG;
-	if (HDR_LEN + buf_len(&c->next) + CHUNK_HASH_LEN > HCACHE_FILE_MAX)
+	if (HDR_LEN + c->spilled + buf_len(&c->next) + CHUNK_HASH_LEN > HCACHE_FILE_MAX)
 		return -ENOBUFS;
+	if (c->spill_err)
+		return c->spill_err;
+	if (c->spill_fd >= 0 && (dirfd != c->spill_dirfd || strcmp(name, c->spill_name) != 0))
+		return -EINVAL; /* spilled beside another file */
 	buf_init(&hdr, HDR_LEN);
-	if ((r = buf_put(&hdr, hcache_magic, 4)) < 0 || (r = buf_put_u8(&hdr, HCACHE_VERSION)) < 0 ||
-	    (r = buf_put_u8(&hdr, 0)) < 0 || (r = buf_put_u16(&hdr, 0)) < 0 || (r = buf_put_u32(&hdr, c->p.min)) < 0 ||
-	    (r = buf_put_u32(&hdr, c->p.avg)) < 0 || (r = buf_put_u32(&hdr, c->p.max)) < 0 ||
-	    (r = buf_put_u32(&hdr, c->p.whole_max)) < 0 || (r = buf_put_u64(&hdr, c->nnext)) < 0)
+	if ((r = put_header(c, &hdr)) < 0)
 		goto out;
-	chunk_hasher_init(&h);
-	chunk_hasher_update(&h, buf_ptr(&hdr), buf_len(&hdr));
-	chunk_hasher_update(&h, buf_ptr(&c->next), buf_len(&c->next));
-	chunk_hasher_final(&h, sum);
 	snprintf(tmp, sizeof(tmp), "%s.tmp", name);
-	if ((fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0) {
+	if (c->spill_fd >= 0) {
+		r = spill_finish(c, &hdr, c->spill_fd);
+		fd = c->spill_fd;
+		c->spill_fd = -1;
+	} else if ((fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0) {
 		r = -errno;
 		goto out;
+	} else {
+		chunk_hasher_init(&h);
+		chunk_hasher_update(&h, buf_ptr(&hdr), buf_len(&hdr));
+		chunk_hasher_update(&h, buf_ptr(&c->next), buf_len(&c->next));
+		chunk_hasher_final(&h, sum);
+		if ((r = write_all(fd, buf_ptr(&hdr), buf_len(&hdr))) == 0 &&
+		    (r = write_all(fd, buf_ptr(&c->next), buf_len(&c->next))) == 0)
+			r = write_all(fd, sum, CHUNK_HASH_LEN);
 	}
-	if ((r = write_all(fd, buf_ptr(&hdr), buf_len(&hdr))) == 0 &&
-	    (r = write_all(fd, buf_ptr(&c->next), buf_len(&c->next))) == 0)
-		r = write_all(fd, sum, CHUNK_HASH_LEN);
 	/* No fsync: a torn cache fails its checksum and is ignored. */
 	close(fd);
 	if (r == 0 && renameat(dirfd, tmp, dirfd, name) < 0)
 		r = -errno;
 	if (r < 0)
 		unlinkat(dirfd, tmp, 0);
+	c->spilled = 0;
 out:
 	buf_clear(&hdr);
 	return r;
@@ -393,6 +511,7 @@ void hcache_trim(struct hcache *c)
 {
 	if (!c)
 		return;
+	spill_drop(c);
 	drop_loaded(c);
 	buf_clear(&c->next);
 	buf_init(&c->next, HCACHE_FILE_MAX);

@@ -248,6 +248,33 @@ int manifest_add(struct manifest *m, const struct manifest_entry *e)
 	return add_owned(m, &c);
 }
 
+void manifest_remove_marked(struct manifest *m, const bool *drop, struct manifest_entry *out)
+{
+	size_t k = 0, o = 0;
+
+	for (size_t i = 0; i < m->n; i++) {
+		if (!drop[i])
+			m->e[k++] = m->e[i];
+		else if (out)
+			out[o++] = m->e[i];
+		else
+			manifest_entry_clear(&m->e[i]);
+	}
+	m->n = k;
+	m->sealed = false;
+}
+
+int manifest_add_moved(struct manifest *m, struct manifest_entry *e)
+{
+	int r;
+
+	if ((r = entry_check(&m->params, e)) < 0) {
+		manifest_entry_clear(e);
+		return r;
+	}
+	return add_owned(m, e);
+}
+
 /* ---- sealing: order, parents, digests ---- */
 
 static int entry_cmp(const void *a, const void *b)
@@ -299,7 +326,27 @@ int manifest_seal(struct manifest *m)
 	size_t in_order = 1;
 	while (in_order < m->n && manifest_path_cmp(m->e[in_order - 1].path, m->e[in_order].path) < 0)
 		in_order++;
-	if (in_order < m->n) {
+	if (in_order < m->n && m->n - in_order <= m->n / 8) {
+		/* a few entries added to a sealed manifest: sort them alone and
+		 * merge them in from the back (qsort of the whole array takes a
+		 * copy of it: tens of MB for a large tree) */
+		size_t nt = m->n - in_order, i = in_order, j = nt, o = m->n;
+		struct manifest_entry *t = mem_alloc(nt * sizeof(*t));
+		if (!t)
+			return -ENOMEM;
+		memcpy(t, m->e + in_order, nt * sizeof(*t));
+		qsort(t, nt, sizeof(*t), entry_cmp);
+		while (j > 0) {
+			if (i > 0 && entry_cmp(&m->e[i - 1], &t[j - 1]) > 0)
+				m->e[--o] = m->e[--i];
+			else
+				m->e[--o] = t[--j];
+		}
+		mem_free(t);
+		for (size_t k = 1; k < m->n; k++)
+			if (manifest_path_cmp(m->e[k - 1].path, m->e[k].path) == 0)
+				return -EEXIST;
+	} else if (in_order < m->n) {
 		qsort(m->e, m->n, sizeof(*m->e), entry_cmp);
 		for (size_t i = 1; i < m->n; i++)
 			if (manifest_path_cmp(m->e[i - 1].path, m->e[i].path) == 0)
@@ -636,7 +683,22 @@ fail:
 	return r;
 }
 
-int manifest_encode(const struct manifest *m, struct buf *out)
+size_t manifest_encoded_size(const struct manifest *m)
+{
+	size_t n = 4 + 1 + 1 + 2 + 4 * 4 + 4 + CHUNK_HASH_LEN;
+
+	for (size_t i = 0; i < m->n; i++) {
+		const struct manifest_entry *e = &m->e[i];
+		n += 4 + strlen(e->path) + 1 + 4 + 8 + CHUNK_HASH_LEN;
+		if (e->type == MANIFEST_SYMLINK)
+			n += 4 + (e->target ? strlen(e->target) : 0);
+		else if (e->type == MANIFEST_FILE)
+			n += 4 + e->nchunks * CHUNK_REC_LEN;
+	}
+	return n;
+}
+
+int manifest_encode_to(const struct manifest *m, struct buf *out, manifest_flush_fn *flush, void *ud)
 {
 	int r;
 
@@ -648,10 +710,18 @@ int manifest_encode(const struct manifest *m, struct buf *out)
 	    (r = buf_put_u32(out, m->params.max)) < 0 || (r = buf_put_u32(out, m->params.whole_max)) < 0 ||
 	    (r = buf_put_u32(out, (uint32_t)m->n)) < 0)
 		return r;
-	for (size_t i = 0; i < m->n; i++)
+	for (size_t i = 0; i < m->n; i++) {
 		if ((r = manifest_entry_encode(&m->e[i], out)) < 0)
 			return r;
+		if (flush && buf_len(out) >= MANIFEST_FLUSH_AT && (r = flush(ud, out)) < 0)
+			return r;
+	}
 	return buf_put(out, m->root, CHUNK_HASH_LEN);
+}
+
+int manifest_encode(const struct manifest *m, struct buf *out)
+{
+	return manifest_encode_to(m, out, NULL, NULL);
 }
 
 int manifest_decode(const uint8_t *p, size_t n, size_t max_entries, struct manifest **out)

@@ -3,6 +3,7 @@
  * verification (scanstate.h, doc/SYNC.md "Unchanged trees"). */
 #include "airlock/content/scanstate.h"
 
+#include <assert.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -33,15 +34,22 @@ enum {
 	F_ALL = 0x03,
 };
 
+/* One per name the scan saw: 64 bytes (it was 72: a size_t offset, a
+ * u32 name offset), held for every file of the tree from the scan to the
+ * save. Offsets fit: the paths and the loaded file are at most
+ * SCANSTATE_FILE_MAX bytes, a path MANIFEST_PATH_MAX. */
 struct ent {
-	size_t path;	/* offset of the NUL-terminated path in paths */
-	uint32_t name;	/* offset of its last component within the path */
-	uint32_t kids;	/* walked directories: first child in kids[] */
-	uint32_t nkids; /* and how many */
-	uint16_t plen;
-	uint8_t flags;
+	uint32_t path;	    /* offset of the NUL-terminated path in paths */
+	uint32_t kids;	    /* walked directories: first child in kids[] */
+	uint32_t nkids;	    /* and how many */
+	uint16_t name;	    /* offset of its last component within the path */
+	unsigned plen : 13; /* <= MANIFEST_PATH_MAX */
+	unsigned flags : 3; /* F_* */
 	struct hcache_key id;
 };
+_Static_assert(SCANSTATE_FILE_MAX <= UINT32_MAX && MANIFEST_PATH_MAX < (1u << 13) && F_ALL < (1u << 3),
+	       "struct ent's fields hold their values");
+_Static_assert(sizeof(struct ent) == 64, "struct ent stays 64 bytes");
 
 struct scanstate {
 	/* entries in tree order; their NUL-terminated paths at base + e->path:
@@ -178,10 +186,10 @@ void scanstate_seen(const char *relpath, const struct stat *sb, enum manifest_se
 	}
 	struct ent *e = &st->e[st->n];
 	memset(e, 0, sizeof(*e));
-	e->path = buf_len(&st->paths);
-	e->plen = (uint16_t)pl;
+	e->path = (uint32_t)buf_len(&st->paths);
+	e->plen = pl & 0x1fffu; /* <= MANIFEST_PATH_MAX: checked above */
 	const char *slash = strrchr(relpath, '/');
-	e->name = slash ? (uint32_t)(slash - relpath + 1) : 0;
+	e->name = slash ? (uint16_t)(slash - relpath + 1) : 0;
 	hcache_key_of(sb, &e->id);
 	if (e->id.mtime >= st->stamp || e->id.ctime >= st->stamp)
 		e->flags |= F_RACY;
@@ -213,30 +221,57 @@ static void mac_of(const uint8_t key[SCANSTATE_KEY_LEN], const uint8_t *p, size_
 	crypto_generichash(out, MAC_LEN, p, n, key, SCANSTATE_KEY_LEN);
 }
 
-static int encode(struct scanstate *st, const struct manifest *m, const uint8_t fp[SCANSTATE_FP_LEN], const void *extra,
-		  size_t extra_len, struct buf *out)
+/* The file is written as it is encoded, through one piece of at most
+ * about MANIFEST_FLUSH_AT bytes (a whole-tree state is tens of MB at 100k
+ * files: it was built whole in memory, the daemon's largest allocation at
+ * the end of an initial sync); the MAC is computed over the same pieces. */
+struct sink {
+	int fd;
+	size_t written;
+	crypto_generichash_state mac;
+};
+
+static int sink_flush(void *ud, struct buf *b)
 {
-	size_t at;
+	struct sink *k = ud;
 	int r;
 
+	if (buf_len(b) > SCANSTATE_FILE_MAX - MAC_LEN - k->written)
+		return -E2BIG; /* the loader would refuse it */
+	k->written += buf_len(b);
+	crypto_generichash_update(&k->mac, buf_ptr(b), buf_len(b));
+	r = write_all(k->fd, buf_ptr(b), buf_len(b));
+	buf_reset(b);
+	return r;
+}
+
+static int encode(struct scanstate *st, const struct manifest *m, const uint8_t fp[SCANSTATE_FP_LEN], const void *extra,
+		  size_t extra_len, struct buf *out, struct sink *k)
+{
+	size_t mlen = manifest_encoded_size(m);
+	int r;
+
+	if (mlen > UINT32_MAX)
+		return -E2BIG;
 	if ((r = buf_put(out, scanstate_magic, 4)) < 0 || (r = buf_put_u8(out, SCANSTATE_VERSION)) < 0 ||
 	    (r = buf_put_u8(out, 0)) < 0 || (r = buf_put_u16(out, 0)) < 0 ||
 	    (r = buf_put(out, fp, SCANSTATE_FP_LEN)) < 0 || (r = buf_put(out, m->root, CHUNK_HASH_LEN)) < 0 ||
-	    (r = buf_put_u32(out, (uint32_t)m->n)) < 0 || (r = buf_put_u64(out, (uint64_t)st->stamp)) < 0)
+	    (r = buf_put_u32(out, (uint32_t)m->n)) < 0 || (r = buf_put_u64(out, (uint64_t)st->stamp)) < 0 ||
+	    (r = buf_put_u32(out, (uint32_t)mlen)) < 0)
 		return r;
-	at = buf_len(out);
-	if ((r = buf_put_u32(out, 0)) < 0 || (r = manifest_encode(m, out)) < 0)
+	size_t at = k->written + buf_len(out);
+	if ((r = manifest_encode_to(m, out, sink_flush, k)) < 0)
 		return r;
-	if (buf_len(out) - at - 4 > UINT32_MAX)
-		return -E2BIG;
-	if ((r = buf_poke_u32(out, at, (uint32_t)(buf_len(out) - at - 4))) < 0 ||
-	    (r = buf_put_bytes(out, extra, extra_len)) < 0 || (r = buf_put_u32(out, (uint32_t)st->n)) < 0)
+	assert(k->written + buf_len(out) - at == mlen);
+	if ((r = buf_put_bytes(out, extra, extra_len)) < 0 || (r = buf_put_u32(out, (uint32_t)st->n)) < 0)
 		return r;
 	for (size_t i = 0; i < st->n; i++) {
 		const struct ent *e = &st->e[i];
 		const char *p = ent_path(st, i);
 		size_t pl = strlen(p);
 		uint8_t *d;
+		if (buf_len(out) >= MANIFEST_FLUSH_AT && (r = sink_flush(k, out)) < 0)
+			return r;
 		if ((r = buf_reserve(out, 2 + pl + 2 + SCANSTATE_ID_LEN, &d)) < 0)
 			return r;
 		buf_store_be16(d, (uint16_t)pl);
@@ -252,17 +287,18 @@ static int encode(struct scanstate *st, const struct manifest *m, const uint8_t 
 		buf_store_be64(d + 36, (uint64_t)e->id.ctime);
 		buf_commit(out, 2 + pl + 2 + SCANSTATE_ID_LEN);
 	}
-	return 0;
+	return sink_flush(k, out);
 }
 
 int scanstate_save(struct scanstate *st, int dirfd, const char *name, const struct manifest *m,
 		   const uint8_t key[SCANSTATE_KEY_LEN], const uint8_t fp[SCANSTATE_FP_LEN], const void *extra,
 		   size_t extra_len)
 {
+	struct sink k = {.fd = -1};
 	struct buf out;
 	uint8_t mac[MAC_LEN];
 	char tmp[300];
-	int fd, r;
+	int r;
 
 	if (strlen(name) > 200)
 		return -ENAMETOOLONG;
@@ -270,19 +306,16 @@ int scanstate_save(struct scanstate *st, int dirfd, const char *name, const stru
 		unlinkat(dirfd, name, 0); /* the earlier one describes an older tree */
 		return -ESTALE;
 	}
-	buf_init(&out, SCANSTATE_FILE_MAX);
-	if ((r = encode(st, m, fp, extra, extra_len, &out)) < 0)
-		goto out;
-	mac_of(key, buf_ptr(&out), buf_len(&out), mac);
-	if ((r = buf_put(&out, mac, MAC_LEN)) < 0)
-		goto out;
 	snprintf(tmp, sizeof(tmp), "%s.tmp", name);
-	if ((fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0) {
-		r = -errno;
-		goto out;
+	if ((k.fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0)
+		return -errno;
+	buf_init(&out, SCANSTATE_FILE_MAX); /* one piece at a time (sink_flush) */
+	crypto_generichash_init(&k.mac, key, SCANSTATE_KEY_LEN, MAC_LEN);
+	if ((r = encode(st, m, fp, extra, extra_len, &out, &k)) == 0) {
+		crypto_generichash_final(&k.mac, mac, MAC_LEN);
+		r = write_all(k.fd, mac, MAC_LEN);
 	}
-	r = write_all(fd, buf_ptr(&out), buf_len(&out));
-	if (close(fd) < 0 && r == 0)
+	if (close(k.fd) < 0 && r == 0)
 		r = -errno;
 	if (r == 0 && renameat(dirfd, tmp, dirfd, name) < 0)
 		r = -errno;
@@ -290,8 +323,8 @@ int scanstate_save(struct scanstate *st, int dirfd, const char *name, const stru
 		unlinkat(dirfd, tmp, 0);
 		unlinkat(dirfd, name, 0);
 	}
-out:
 	buf_clear(&out);
+	sodium_memzero(&k.mac, sizeof(k.mac));
 	return r;
 }
 
@@ -396,15 +429,16 @@ static int parse(struct scanstate *st, const uint8_t fp[SCANSTATE_FP_LEN])
 		if (p[pl] != '\0' || manifest_path_check(p, pl) < 0)
 			return -EBADMSG;
 		struct ent *e = &st->e[i];
-		e->path = (size_t)((const uint8_t *)p - st->file);
-		e->plen = pl;
+		e->path = (uint32_t)((const uint8_t *)p - st->file);
+		e->plen = pl & 0x1fffu; /* <= MANIFEST_PATH_MAX: checked above */
 		const char *slash = memrchr(p, '/', pl);
-		e->name = slash ? (uint32_t)(slash - p + 1) : 0;
+		e->name = slash ? (uint16_t)(slash - p + 1) : 0;
 		buf_consume(&in, (size_t)pl + 1);
-		e->flags = *buf_ptr(&in);
+		uint8_t fl = *buf_ptr(&in);
 		buf_consume(&in, 1);
-		if (e->flags & ~F_ALL)
+		if (fl & ~F_ALL)
 			return -EBADMSG;
+		e->flags = fl & F_ALL;
 		id_decode(buf_ptr(&in), &e->id);
 		buf_consume(&in, SCANSTATE_ID_LEN);
 		st->n++;

@@ -1428,41 +1428,80 @@ static void state_save(struct sync *s, const struct manifest *m)
 	buf_clear(&x);
 }
 
+/* The entries of s->known the send withheld (s->withheld from the mark)
+ * are moved out of it into *out (*nout of them) and known is sealed
+ * without them: 1, or 0 when there is nothing to save (best effort: an
+ * allocation failed, known untouched), -errno when known could not be
+ * sealed without them (it is not saved; restore it all the same). */
+static int known_take_withheld(struct sync *s, struct manifest_entry **out, size_t *nout)
+{
+	struct manifest *m = s->known;
+	size_t from = s->withheld_mark, nw = s->withheld.n - from, nd = 0, k = 0;
+	const char **wp = mem_calloc(nw ? nw : 1, sizeof(*wp));
+	bool *drop = mem_calloc(m->n ? m->n : 1, sizeof(*drop));
+	int r = 0;
+
+	*out = NULL;
+	*nout = 0;
+	if (!wp || !drop)
+		goto out;
+	for (size_t i = 0; i < nw; i++)
+		wp[i] = s->withheld.v[from + i].path;
+	qsort(wp, nw, sizeof(*wp), str_tree_cmp);
+	for (size_t i = 0; i < m->n; i++) {
+		while (k < nw && manifest_path_cmp(wp[k], m->e[i].path) < 0)
+			k++;
+		nd += drop[i] = k < nw && !strcmp(wp[k], m->e[i].path);
+	}
+	if (nd && !(*out = mem_calloc(nd, sizeof(**out))))
+		goto out;
+	manifest_remove_marked(m, drop, *out);
+	*nout = nd;
+	r = manifest_seal(m) < 0 ? -EINVAL : 1;
+out:
+	mem_free(drop);
+	mem_free(wp);
+	return r;
+}
+
 /* The operation's scan is confirmed by the guest (s->known is it): keep
  * it for the next up when it is new, or when the send withheld files the
  * scan had kept (their contents, judged as sent): those leave the saved
- * manifest, so the next up starts with the guest's tree. */
-static void state_confirmed(struct sync *s)
+ * manifest, so the next up starts with the guest's tree. They are taken
+ * out of known for the save and put back after (a copy of the whole
+ * manifest was the peak of an initial sync). 0, or -errno when known
+ * could not be put back together (it is then wrong: the caller drops it). */
+static int state_confirmed(struct sync *s, size_t nvan)
 {
-	struct manifest *m = NULL;
-	size_t from = s->withheld_mark;
+	struct manifest_entry *moved = NULL;
+	size_t nmoved = 0;
 	bool more = s->withheld.total != s->withheld_mark_total;
+	int r = 0;
 
 	if (!s->sstate || !s->known || (!s->sstate_new && !more))
 		goto out;
 	/* each file the send withheld is one skipped change and one record */
 	uint64_t added = s->withheld.total - s->withheld_mark_total;
-	if (s->nvan != added || added != s->withheld.n - from)
+	if (nvan != added || added != s->withheld.n - s->withheld_mark)
 		scanstate_distrust(s->sstate); /* changed while sent; or records past their cap */
 	if (!more) {
 		state_save(s, s->known);
 		goto out;
 	}
-	if (manifest_new(&s->params, &m) < 0)
-		goto out;
-	for (size_t i = 0; i < s->known->n; i++) {
-		const struct manifest_entry *e = &s->known->e[i];
-		bool gone = false;
-		for (size_t k = from; k < s->withheld.n && !gone; k++)
-			gone = !strcmp(s->withheld.v[k].path, e->path);
-		if (!gone && manifest_add(m, e) < 0)
-			goto out;
-	}
-	if (manifest_seal(m) == 0)
-		state_save(s, m);
+	int t = known_take_withheld(s, &moved, &nmoved);
+	if (t == 1)
+		state_save(s, s->known);
+	for (size_t i = 0; i < nmoved; i++)
+		if (manifest_add_moved(s->known, &moved[i]) < 0 && r == 0)
+			r = -ENOMEM;
+	if (nmoved && r == 0)
+		r = manifest_seal(s->known);
 out:
-	manifest_free(m);
+	for (size_t i = 0; i < nmoved; i++)
+		manifest_entry_clear(&moved[i]);
+	mem_free(moved);
 	state_drop(s);
+	return r;
 }
 
 /* The state's extra bytes: do the rule files and include targets match
@@ -2291,45 +2330,50 @@ static int kept_entries(struct sync *s, const char **vp, const struct manifest_e
 	return 0;
 }
 
-static int known_without_vanished(struct sync *s, struct manifest **out)
+/* s->hm without the changes that vanished while sent, plus the old
+ * entries the guest kept for them: edited in place (a copy of the whole
+ * tree was the largest allocation at the end of an initial sync). */
+static int known_without_vanished(struct sync *s)
 {
-	struct manifest *m = NULL;
+	struct manifest *m = s->hm;
 	const struct manifest_entry **kept = NULL;
-	size_t k = 0, nkept = 0;
+	bool *drop = NULL;
+	size_t k = 0, nkept = 0, nadd = 0;
 	int r;
 
-	*out = NULL;
-	/* s->van is in change order; look paths up by a sorted copy */
+	/* s->van is in change order; look paths up by a sorted copy (its
+	 * strings are the entries' own: nothing is freed until the end) */
 	const char **vp = mem_calloc(s->nvan, sizeof(*vp));
 	if (!vp)
 		return -ENOMEM;
 	for (size_t i = 0; i < s->nvan; i++)
 		vp[i] = change_path(&s->changes[s->van[i]]);
 	qsort(vp, s->nvan, sizeof(*vp), str_tree_cmp);
-	if ((r = kept_entries(s, vp, &kept, &nkept)) < 0 || (r = manifest_new(&s->params, &m)) < 0)
+	if ((r = kept_entries(s, vp, &kept, &nkept)) < 0)
 		goto out;
-	for (size_t i = 0; i < s->hm->n; i++) {
-		const struct manifest_entry *e = &s->hm->e[i];
+	if (!(drop = mem_calloc(m->n ? m->n : 1, sizeof(*drop)))) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < m->n; i++) {
+		const struct manifest_entry *e = &m->e[i];
 		while (k < s->nvan && manifest_path_cmp(vp[k], e->path) < 0)
 			k++;
-		if (k < s->nvan && !strcmp(vp[k], e->path))
-			continue;
-		if ((r = manifest_add(m, e)) < 0)
-			goto out;
+		drop[i] = k < s->nvan && !strcmp(vp[k], e->path);
 	}
 	for (size_t i = 0; i < nkept; i++) {
-		long hi = manifest_find(s->hm, kept[i]->path);
+		long hi = manifest_find(m, kept[i]->path);
 		if (hi >= 0 && !in_sorted(vp, s->nvan, kept[i]->path))
 			continue; /* an ancestor the new state holds itself */
-		if ((r = manifest_add(m, kept[i])) < 0)
-			goto out;
+		kept[nadd++] = kept[i];
 	}
-	if ((r = manifest_seal(m)) < 0)
-		goto out;
-	*out = m;
-	m = NULL;
+	manifest_remove_marked(m, drop, NULL); /* vp's strings are gone from here on */
+	for (size_t i = 0; i < nadd && r == 0; i++)
+		r = manifest_add(m, kept[i]);
+	if (r == 0)
+		r = manifest_seal(m);
 out:
-	manifest_free(m);
+	mem_free(drop);
 	mem_free(kept);
 	mem_free(vp);
 	return r;
@@ -2497,11 +2541,10 @@ static void maybe_done(struct sync *s)
 	/* The guest confirmed everything: what it has is now this scan (minus
 	 * what could not be read while sending). */
 	if (s->nvan) {
-		struct manifest *m;
-		int r = known_without_vanished(s, &m);
-		manifest_free(s->hm);
-		s->hm = m;
+		int r = known_without_vanished(s);
 		if (r < 0) {
+			manifest_free(s->hm);
+			s->hm = NULL;
 			/* no confirmed state: the caller reconnects and reconciles */
 			manifest_free(s->known);
 			s->known = NULL;
@@ -2524,8 +2567,15 @@ static void maybe_done(struct sync *s)
 		s->known = s->hm;
 		s->hm = NULL;
 	}
-	state_confirmed(s);
-	reconcile_clear(s);
+	size_t nvan = s->nvan;
+	reconcile_clear(s); /* before the state is saved: the change list goes */
+	int rc = state_confirmed(s, nvan);
+	if (rc < 0) {
+		manifest_free(s->known);
+		s->known = NULL;
+		fail(s, rc, "recording what the guest holds: %s", strerror(-rc));
+		return;
+	}
 	failures_commit(s);
 	if (whole)
 		mem_release(); /* after a whole-tree sync: its scan, diff and batches */
@@ -2708,25 +2758,31 @@ static int feed_level(struct sync *s, const char *dir, const uint8_t *p, size_t 
 	return 0;
 }
 
-static int gentry_cmp(const void *a, const void *b)
+static int gentry_ptr_cmp(const void *a, const void *b)
 {
-	return manifest_path_cmp(((const struct gentry *)a)->e.path, ((const struct gentry *)b)->e.path);
+	return manifest_path_cmp((*(const struct gentry *const *)a)->e.path,
+				 (*(const struct gentry *const *)b)->e.path);
 }
 
 /* All levels are in: build s->gm. A conditional directory stays only when
- * something beneath it stays (tree order: its subtree follows it). */
+ * something beneath it stays (tree order: its subtree follows it). The
+ * entries move from the listing into the manifest, and the listing is
+ * freed (it was copied, and sorted in place: qsort's copy of it, then the
+ * manifest's, beside it). */
 static int build_guest_manifest(struct sync *s)
 {
-	int r;
-
-	if (s->nge)
-		qsort(s->ge, s->nge, sizeof(*s->ge), gentry_cmp);
+	struct gentry **v = mem_alloc((s->nge ? s->nge : 1) * sizeof(*v));
 	bool *keep = mem_calloc(s->nge ? s->nge : 1, sizeof(bool));
-	if (!keep)
-		return -ENOMEM;
+	int r = -ENOMEM;
+
+	if (!v || !keep)
+		goto out;
+	for (size_t i = 0; i < s->nge; i++)
+		v[i] = &s->ge[i];
+	qsort(v, s->nge, sizeof(*v), gentry_ptr_cmp);
 	const char *next_kept = NULL;
 	for (size_t i = s->nge; i-- > 0;) {
-		const struct gentry *g = &s->ge[i];
+		const struct gentry *g = v[i];
 		if (g->cond) {
 			size_t l = strlen(g->e.path);
 			keep[i] = next_kept && strncmp(next_kept, g->e.path, l) == 0 && next_kept[l] == '/';
@@ -2739,17 +2795,20 @@ static int build_guest_manifest(struct sync *s)
 	manifest_free(s->gm);
 	if ((r = manifest_new(&s->params, &s->gm)) < 0)
 		goto out;
-	for (size_t i = 0; i < s->nge; i++) {
-		if (!keep[i])
-			continue;
-		if ((r = manifest_add(s->gm, &s->ge[i].e)) < 0)
+	for (size_t i = 0; i < s->nge; i++)
+		if (keep[i] && (r = manifest_add_moved(s->gm, &v[i]->e)) < 0)
 			goto out;
-	}
 	r = manifest_seal(s->gm);
 	if (r == 0)
 		s->st.guest_entries = s->gm->n;
+	for (size_t i = 0; i < s->nge; i++)
+		mem_free(s->ge[i].e.path); /* those not kept */
+	mem_free(s->ge);
+	s->ge = NULL;
+	s->nge = s->capge = 0;
 out:
 	mem_free(keep);
+	mem_free(v);
 	return r;
 }
 

@@ -111,6 +111,7 @@ static int pull_start(struct up *u, struct upull *p);
 static void rejected_clear(struct up *u);
 static void save_confirmed(struct up *u, struct sync *engine, bool exact);
 static struct manifest *chg_base(struct up *u);
+static const struct manifest *base_known(struct up *u);
 
 void up_changes_clear(struct up *u)
 {
@@ -133,7 +134,7 @@ void up_changes_clear(struct up *u)
 	mem_free(u->chg.rejects);
 	mem_free(u->chg.reject_bodies);
 	apply_free(u->chg.apply);
-	base_wait(u);
+	u->chg.base_pending = false; /* not loaded: nothing to free */
 	manifest_free(u->chg.base);
 	manifest_free(u->chg.sending);
 	rejected_clear(u);
@@ -360,7 +361,7 @@ static void stash_group_done(struct upull *p, size_t n)
 			struct wire_chg_item it = {
 			    .path = c->path, .st_mode = c->st_mode, .size = c->size, .flags = WIRE_CHG_F_HASHED};
 			memcpy(it.hash, c->hash, CHUNK_HASH_LEN);
-			wb_note(u->chg.store, u->pol.policy, u->chg.pctx, chg_base(u), &it, w->by_id, w->by_argv);
+			wb_note(u->chg.store, u->pol.policy, u->chg.pctx, base_known(u), &it, w->by_id, w->by_argv);
 			wb_store_set_conflict(u->chg.store, c->path);
 		}
 		wb_store_set_stash(u->chg.store, c->path, name);
@@ -784,7 +785,6 @@ static void rejected_clear(struct up *u)
  * batch it was saved at. */
 static const struct manifest *base_usable(struct up *u)
 {
-	base_wait(u);
 	/* a reconcile on a live connection (the journal overflowed): what
 	 * this engine knows the guest confirmed, exactly */
 	if (u->sync.engine && sync_known(u->sync.engine))
@@ -892,21 +892,35 @@ bool up_changes_keep(void *ud, const struct manifest_change *c)
 	return true;
 }
 
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+	while (n > 0) {
+		ssize_t w = write(fd, p, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return w < 0 ? -errno : -ENOSPC;
+		p += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+/* fill(fd, ud) writes the file's bytes. */
+typedef int save_fill_fn(int fd, const void *ud);
+
 /* The confirmed state to CONFIRMED_FILE (temporary name, rename; no
  * fsync: a stale or lost one only turns an unreported guest change into
  * a conflict, or leaves it to the old behaviour, never loses a reported one). */
-static int save_bytes(struct up *u, const char *name, const void *p, size_t n)
+static int save_with(struct up *u, const char *name, save_fill_fn *fill, const void *ud)
 {
 	char tmp[64];
-	int r = 0;
+	int fd, r;
 
 	snprintf(tmp, sizeof(tmp), "%s.tmp", name);
-	int fd = openat(u->chg.state_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-	if (fd < 0)
+	if ((fd = openat(u->chg.state_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0)
 		return -errno;
-	errno = 0;
-	if (write(fd, p, n) != (ssize_t)n)
-		r = errno ? -errno : -ENOSPC;
+	r = fill(fd, ud);
 	if (close(fd) < 0 && r == 0)
 		r = -errno;
 	if (r == 0 && renameat(u->chg.state_fd, tmp, u->chg.state_fd, name) < 0)
@@ -916,19 +930,50 @@ static int save_bytes(struct up *u, const char *name, const void *p, size_t n)
 	return r;
 }
 
-/* 0 or -errno (m NULL: the file is removed). */
-static int save_manifest(struct up *u, const struct manifest *m, const char *name)
+struct bytes {
+	const void *p;
+	size_t n;
+};
+
+static int fill_bytes(int fd, const void *ud)
+{
+	const struct bytes *b = ud;
+	return write_all(fd, b->p, b->n);
+}
+
+static int save_bytes(struct up *u, const char *name, const void *p, size_t n)
+{
+	struct bytes b = {p, n};
+	return save_with(u, name, fill_bytes, &b);
+}
+
+static int write_piece(void *ud, struct buf *b)
+{
+	int r = write_all(*(const int *)ud, buf_ptr(b), buf_len(b));
+	buf_reset(b);
+	return r;
+}
+
+/* Written as it is encoded, a piece at a time (a whole-tree encoding is
+ * tens of MB at 100k files; it was built whole before the write). */
+static int fill_manifest(int fd, const void *ud)
 {
 	struct buf b;
 	int r;
 
-	if (!m)
-		return unlinkat(u->chg.state_fd, name, 0) < 0 && errno != ENOENT ? -errno : 0;
 	buf_init(&b, (size_t)1 << 31);
-	if ((r = manifest_encode(m, &b)) == 0)
-		r = save_bytes(u, name, buf_ptr(&b), buf_len(&b));
+	if ((r = manifest_encode_to(ud, &b, write_piece, &fd)) == 0)
+		r = write_piece(&fd, &b);
 	buf_clear(&b);
 	return r;
+}
+
+/* 0 or -errno (m NULL: the file is removed). */
+static int save_manifest(struct up *u, const struct manifest *m, const char *name)
+{
+	if (!m)
+		return unlinkat(u->chg.state_fd, name, 0) < 0 && errno != ENOENT ? -errno : 0;
+	return save_with(u, name, fill_manifest, m);
 }
 
 /* CONFIRMED_FILE.meta: whose and when (the guest's key, its sequence and
@@ -1015,30 +1060,31 @@ static struct manifest *load_manifest(struct up *u, const char *name)
 	return m;
 }
 
-/* The saved states are decoded on a thread while the reconcile scans (a
- * million entries take hundreds of milliseconds, which the loop would not
- * answer during); base_wait joins it before anything reads them. */
-static void *load_thread(void *arg)
-{
-	struct up *u = arg;
-
-	u->chg.base = load_manifest(u, CONFIRMED_FILE);
-	u->chg.sending = load_manifest(u, SENDING_FILE);
-	return NULL;
-}
+/* The saved states are loaded when a reconcile first asks for them (the
+ * three-way check of a difference no report named): a reconcile that
+ * finds none, an unchanged up among them, never reads them. They were
+ * decoded on a thread at every reconcile's start, beside the engine's own
+ * state: two whole-tree manifests more at the scan's peak. The question
+ * comes from the reconcile's diff, on the engine's job thread; the lock
+ * keeps a question from the loop at the same time from loading twice. */
+static pthread_mutex_t base_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void base_wait(struct up *u)
 {
-	if (u->chg.loading)
-		pthread_join(u->chg.loader, NULL);
-	u->chg.loading = false;
+	pthread_mutex_lock(&base_lock);
+	if (u->chg.base_pending) {
+		u->chg.base_pending = false;
+		u->chg.base = load_manifest(u, CONFIRMED_FILE);
+		u->chg.sending = load_manifest(u, SENDING_FILE);
+	}
+	pthread_mutex_unlock(&base_lock);
 }
 
 void up_changes_reconcile_begin(struct up *u)
 {
 	int fd;
 
-	base_wait(u);
+	u->chg.base_pending = false; /* the last reconcile's, if never asked for */
 	manifest_free(u->chg.base);
 	manifest_free(u->chg.sending);
 	u->chg.base = u->chg.sending = NULL;
@@ -1064,10 +1110,7 @@ void up_changes_reconcile_begin(struct up *u)
 	    sscanf(meta, "%*s %*s %*s %39s", root) == 1 &&
 	    sodium_hex2bin(u->chg.base_root, sizeof(u->chg.base_root), root, strlen(root), NULL, &got, NULL) == 0 &&
 	    got == sizeof(u->chg.base_root);
-	if (pthread_create(&u->chg.loader, NULL, load_thread, u) == 0)
-		u->chg.loading = true;
-	else
-		load_thread(u);
+	u->chg.base_pending = true;
 }
 
 /* The saved confirmed state (and the sending one), once loaded. */
@@ -1075,6 +1118,28 @@ static struct manifest *chg_base(struct up *u)
 {
 	base_wait(u);
 	return u->chg.base;
+}
+
+/* What the host knows the guest confirmed: the engine's, else the saved one. */
+static const struct manifest *base_known(struct up *u)
+{
+	if (u->sync.engine && sync_known(u->sync.engine))
+		return sync_known(u->sync.engine);
+	return chg_base(u);
+}
+
+/* After a whole-tree reconcile the engine's confirmed state is the one
+ * every later question goes to (base_usable, base_known): the copies
+ * loaded from disk for that reconcile are dropped, not kept for the
+ * session (two more whole-tree manifests). */
+static void base_drop(struct up *u)
+{
+	if (!u->sync.engine || !sync_known(u->sync.engine))
+		return;
+	u->chg.base_pending = false; /* not asked for: not loaded at all */
+	manifest_free(u->chg.base);
+	manifest_free(u->chg.sending);
+	u->chg.base = u->chg.sending = NULL;
 }
 
 /* The saved confirmed state is already exactly the engine's: an exact
@@ -1110,6 +1175,8 @@ void up_changes_synced(struct up *u, bool full)
 		(void)save_meta(u, sync_get_stats(u->sync.engine), false, NULL);
 	if (wb_store_prune(u->chg.store, sync_known(u->sync.engine)))
 		save_store(u);
+	if (full)
+		base_drop(u);
 	if (!full || !u->chg.nrejects)
 		return;
 	if (u->chg.reject_pending) { /* that reconcile started before the reject */

@@ -239,13 +239,13 @@ struct up_changes {
 	size_t nrejects;
 	bool reject_pending; /* the reconcile running at the reject does not count */
 	/* the confirmed state as last saved (CONFIRMED_FILE), for the
-	 * reconcile's three-way check; loaded when a reconcile starts */
+	 * reconcile's three-way check; loaded when the reconcile first asks
+	 * for it (a reconcile that finds no difference never does) */
 	struct manifest *base;
 	struct manifest *sending; /* what was being sent when the connection dropped (SENDING_FILE) */
 	uint8_t base_root[16];	  /* the saved confirmed state's root digest (from the .meta) */
 	bool base_root_known;
-	pthread_t loader; /* loading base and sending while `loading` (up_changes.c base_wait) */
-	bool loading;
+	bool base_pending;	/* base and sending are on disk, not loaded yet (up_changes.c base_wait) */
 	bool exact_on_disk;	/* the saved confirmed state is marked exact: re-mark it at the next push */
 	uint64_t base_seq;	/* the guest's sequence when it was saved (0: unusable) */
 	char **rejected;	/* rejected paths (sorted) until their reconcile is done: the */

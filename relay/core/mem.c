@@ -11,8 +11,18 @@
 #include <string.h>
 
 static atomic_ulong alloc_count;
+static atomic_size_t largest; /* mem_largest */
 static unsigned long fail_at; /* absolute count at which to fail; 0 = off */
 static int fail_sticky;
+
+static void note_size(size_t n)
+{
+	size_t l = atomic_load_explicit(&largest, memory_order_relaxed);
+
+	while (n > l &&
+	       !atomic_compare_exchange_weak_explicit(&largest, &l, n, memory_order_relaxed, memory_order_relaxed))
+		;
+}
 
 static int should_fail(void)
 {
@@ -27,6 +37,7 @@ static int should_fail(void)
 
 void *mem_alloc(size_t n)
 {
+	note_size(n);
 	if (should_fail())
 		return NULL;
 	return malloc(n ? n : 1);
@@ -36,6 +47,7 @@ void *mem_calloc(size_t nmemb, size_t size)
 {
 	if (size && nmemb > SIZE_MAX / size)
 		return NULL;
+	note_size(nmemb * size);
 	if (should_fail())
 		return NULL;
 	return calloc(nmemb ? nmemb : 1, size ? size : 1);
@@ -43,6 +55,7 @@ void *mem_calloc(size_t nmemb, size_t size)
 
 void *mem_realloc(void *p, size_t n)
 {
+	note_size(n);
 	if (should_fail())
 		return NULL;
 	return realloc(p, n ? n : 1);
@@ -74,6 +87,16 @@ void mem_fail_at(unsigned long n, int sticky)
 {
 	fail_at = n ? atomic_load(&alloc_count) + n : 0;
 	fail_sticky = sticky;
+}
+
+size_t mem_largest(void)
+{
+	return atomic_load_explicit(&largest, memory_order_relaxed);
+}
+
+void mem_largest_reset(void)
+{
+	atomic_store_explicit(&largest, 0, memory_order_relaxed);
 }
 
 unsigned long mem_count(void)

@@ -156,8 +156,11 @@ int delta_put_chunks(struct delta_builder *b, const char *path, uint32_t mode, i
 int delta_add_change(struct delta_builder *b, int host_dirfd, const struct manifest_change *c);
 
 /* Sign with sk (Ed25519, 64 bytes) and hand out the encoded batch as a
- * mem_alloc'd array (caller frees with mem_free). The builder keeps its
- * contents (reset or free it afterwards). -EINVAL inside a PUT. */
+ * mem_alloc'd array (caller frees with mem_free): the builder's own
+ * storage, no copy (a batch is up to SYNC_BATCH_TARGET, and a copy of it
+ * was alive beside the next batch being built). The builder's bytes are
+ * empty after it (its op count and sequence are kept: reset it before the
+ * next batch). -EINVAL inside a PUT. */
 int delta_builder_finish(struct delta_builder *b, const uint8_t sk[DELTA_SK_LEN], uint8_t **out, size_t *n);
 
 /* ---- verifying (guest) ---- */

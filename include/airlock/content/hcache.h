@@ -83,7 +83,12 @@ int hcache_get(struct hcache *c, const char *path, const struct stat *st, struct
 int hcache_put(struct hcache *c, const char *path, const struct stat *st, const struct manifest_entry *e);
 
 /* Write the entries put since hcache_begin to `name` in dirfd (temporary
- * file, rename). 0 or -errno. */
+ * file, rename). 0 or -errno. After an hcache_load, the entries put are
+ * written out to that load's `name`.tmp as the scan goes (HCACHE_SPILL_AT
+ * bytes at a time: a scan holds no more than that of them), and the save
+ * must then name the same dirfd and name (-EINVAL otherwise); a failed
+ * spill fails the save. */
+#define HCACHE_SPILL_AT (256u << 10)
 int hcache_save(struct hcache *c, int dirfd, const char *name);
 
 /* Forget the loaded entries and the ones put since hcache_begin, giving

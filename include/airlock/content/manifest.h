@@ -93,6 +93,16 @@ int manifest_path_cmp(const char *a, const char *b);
 int manifest_new(const struct chunk_params *params, struct manifest **out);
 void manifest_free(struct manifest *m);
 
+/* Remove, in place, the entries i with drop[i] set (drop has m->n
+ * flags); the others keep their order. The removed entries are moved to
+ * out[0..] in order (the caller owns them then: manifest_entry_clear each),
+ * or freed when out is NULL. The manifest is unsealed after: seal it
+ * again before use. Pointers into m->e do not survive it. No allocation. */
+void manifest_remove_marked(struct manifest *m, const bool *drop, struct manifest_entry *out);
+/* Append *e like manifest_add, taking what it owns instead of a copy
+ * (freed on failure too; *e is zeroed). */
+int manifest_add_moved(struct manifest *m, struct manifest_entry *e);
+
 /*
  * Add a deep copy of *e (any order; unseals the manifest). Checks the
  * path and the fields for the type: mode <= 0777 (0 for symlinks); dir:
@@ -133,6 +143,16 @@ long manifest_find(const struct manifest *m, const char *path);
  * equal manifests encode to identical bytes. Appends to out.
  */
 int manifest_encode(const struct manifest *m, struct buf *out);
+/* The same bytes, handed out in pieces: once out holds MANIFEST_FLUSH_AT
+ * bytes or more (after an entry), flush(ud, out) is called and must empty
+ * it (write it somewhere, buf_reset); what is left at the end stays in
+ * out. So a writer of a whole-tree manifest holds one piece, never the
+ * whole encoding. An error of flush is returned as it is. */
+#define MANIFEST_FLUSH_AT (64u << 10)
+typedef int manifest_flush_fn(void *ud, struct buf *out);
+int manifest_encode_to(const struct manifest *m, struct buf *out, manifest_flush_fn *flush, void *ud);
+/* The length of manifest_encode's bytes for m (sealed), without encoding. */
+size_t manifest_encoded_size(const struct manifest *m);
 /* Parse and fully check an encoding; the result is sealed. max_entries
  * (0 = MANIFEST_ENTRIES_MAX) is checked before allocating. */
 int manifest_decode(const uint8_t *p, size_t n, size_t max_entries, struct manifest **out);

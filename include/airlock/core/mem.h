@@ -30,6 +30,13 @@ void mem_fail_at(unsigned long n, int sticky);
 /* Number of allocations made since start (for tests that loop over N). */
 unsigned long mem_count(void);
 
+/* The largest single request (bytes asked of mem_alloc, mem_calloc or
+ * mem_realloc) since start or since mem_largest_reset: lets a test check
+ * that an operation on a whole tree never holds a buffer of the tree's
+ * size (a streamed save, a batch handed over instead of copied). */
+size_t mem_largest(void);
+void mem_largest_reset(void);
+
 /* Install mem_* as jansson's allocator. Call once at start of any program
  * that uses jansson. */
 void mem_init_json(void);

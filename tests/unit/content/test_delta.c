@@ -62,8 +62,22 @@ static void build_sample(uint64_t seq, uint8_t **out, size_t *n)
 	assert_int_equal(delta_add_chmod(b, "existing", 0700), 0);
 	assert_int_equal(delta_add_delete(b, "old", DELTA_DELETE_TREE), 0);
 	assert_int_equal(delta_builder_ops(b), 8);
+	size_t size = delta_builder_size(b);
 	assert_int_equal(delta_builder_finish(b, sk, out, n), 0);
-	assert_int_equal(delta_builder_size(b), *n);
+	assert_int_equal(size, *n);
+	/* the bytes were handed over: the builder is empty, and builds the
+	 * next batch from nothing */
+	assert_int_equal(delta_builder_size(b), DELTA_HDR_LEN + DELTA_SIG_LEN);
+	delta_builder_reset(b, 8);
+	assert_int_equal(delta_add_mkdir(b, "next", 0755), 0);
+	uint8_t *x2;
+	size_t n2;
+	assert_int_equal(delta_builder_finish(b, sk, &x2, &n2), 0);
+	struct delta_batch *b2 = NULL;
+	assert_int_equal(delta_batch_verify(x2, n2, pk, scope, 7, NULL, &b2, NULL, 0), 0);
+	assert_int_equal(delta_batch_count(b2), 1);
+	delta_batch_free(b2);
+	mem_free(x2);
 	delta_builder_free(b);
 }
 

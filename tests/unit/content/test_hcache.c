@@ -288,6 +288,45 @@ static void test_trim_reload(void **state)
 	hcache_free(c);
 }
 
+/* A scan that puts more than HCACHE_SPILL_AT bytes of entries writes
+ * them out as it goes (the temporary file holds them before the save);
+ * the saved cache has them all: a second scan hits every file. */
+static void test_spill(void **state)
+{
+	struct env *e = *state;
+	char name[128], tmp[64];
+	struct stat st;
+	enum { N = 6000 };
+
+	for (int i = 0; i < N; i++) {
+		snprintf(name, sizeof(name), "a-rather-long-file-name-so-that-entries-add-up-%05d", i);
+		put_file(e, name, name, strlen(name));
+	}
+	struct timespec g = {0, 50 * 1000 * 1000}; /* past the files' timestamp granule */
+	nanosleep(&g, NULL);
+	for (int round = 0; round < 2; round++) {
+		struct hcache *c;
+		struct manifest *m;
+		uint64_t hits, miss, racy;
+		assert_int_equal(hcache_new(NULL, &c), 0);
+		int r = hcache_load(c, e->sfd, HCACHE_FILE);
+		assert_int_equal(r, round ? 0 : -ENOENT);
+		struct manifest_scan_opts o = {.chunking = &chunk_params_default, .cache = c};
+		assert_int_equal(manifest_scan(e->dfd, &o, &m), 0);
+		snprintf(tmp, sizeof(tmp), "%s.tmp", HCACHE_FILE);
+		assert_int_equal(fstatat(e->sfd, tmp, &st, 0), 0); /* spilled before the save */
+		assert_true(st.st_size > (off_t)HCACHE_SPILL_AT);
+		assert_int_equal(hcache_save(c, e->sfd, "another"), -EINVAL);
+		assert_int_equal(hcache_save(c, e->sfd, HCACHE_FILE), 0);
+		assert_int_equal(fstatat(e->sfd, tmp, &st, 0), -1);
+		hcache_counts(c, &hits, &miss, &racy);
+		assert_int_equal(hits, round ? N : 0);
+		assert_int_equal(miss, round ? 0 : N);
+		manifest_free(m);
+		hcache_free(c);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -296,6 +335,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_racy, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_guest_edit, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_trim_reload, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_spill, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

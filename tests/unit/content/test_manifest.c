@@ -1070,6 +1070,123 @@ static void test_swap_subtree_empty(void **state)
 	manifest_free(m);
 }
 
+/* ---- in-place removal and re-adding (manifest_remove_marked,
+ * manifest_add_moved, a small unsorted tail merged by the seal) against a
+ * full rebuild ---- */
+
+static void test_remove_readd_random(void **state)
+{
+	(void)state;
+	uint64_t rs = 0x3e3e0104ULL;
+	struct manifest *m = big_tree();
+
+	for (int round = 0; round < 40; round++) {
+		bool *drop = calloc(m->n, sizeof(*drop));
+		assert_non_null(drop);
+		/* whole subtrees (a file, or a directory with everything under
+		 * it), so that every kept entry keeps its parent */
+		size_t nd = 0, picks = 1 + tu_rand(&rs, 8);
+		for (size_t k = 0; k < picks; k++) {
+			size_t i = tu_rand(&rs, (uint32_t)m->n);
+			if (m->e[i].type == MANIFEST_DIR && tu_rand(&rs, 4))
+				continue; /* mostly files */
+			for (size_t j = i; j < m->end[i]; j++)
+				nd += !drop[j], drop[j] = true;
+		}
+		struct manifest_entry *out = calloc(nd ? nd : 1, sizeof(*out));
+		assert_non_null(out);
+		size_t before = m->n;
+		manifest_remove_marked(m, drop, out);
+		assert_int_equal(m->n, before - nd);
+		assert_int_equal(manifest_seal(m), 0);
+		check_rebuild(m);
+		for (size_t k = 0; k < nd; k++)
+			assert_int_equal(manifest_find(m, out[k].path), -1);
+		/* put back a prefix of them (parents come first in tree order),
+		 * free the rest; sometimes a new file too */
+		size_t back = tu_rand(&rs, 2) ? nd : tu_rand(&rs, (uint32_t)nd + 1);
+		for (size_t k = 0; k < nd; k++) {
+			if (k < back)
+				assert_int_equal(manifest_add_moved(m, &out[k]), 0);
+			else
+				manifest_entry_clear(&out[k]);
+		}
+		if (tu_rand(&rs, 2)) { /* a name no round used, in the first directory */
+			char p[64];
+			snprintf(p, sizeof(p), "%s/new%02d", m->e[0].path, round);
+			struct manifest_entry e = ent(p, MANIFEST_FILE, 0644, 7, 1, NULL);
+			assert_int_equal(manifest_add(m, &e), 0);
+		}
+		assert_int_equal(manifest_seal(m), 0);
+		check_rebuild(m);
+		free(out);
+		free(drop);
+	}
+	/* a moved entry the manifest refuses is freed, not kept */
+	struct manifest_entry bad = ent("ok", MANIFEST_DIR, 0755, 5, 0, NULL);
+	bad.path = strdup("ok");
+	assert_non_null(bad.path);
+	assert_int_equal(manifest_add_moved(m, &bad), -EINVAL);
+	assert_null(bad.path);
+	manifest_free(m);
+}
+
+/* ---- the streamed encoding: the same bytes, in pieces ---- */
+
+struct pieces {
+	struct buf all;
+	size_t calls, largest;
+};
+
+static int collect(void *ud, struct buf *b)
+{
+	struct pieces *p = ud;
+	p->calls++;
+	if (buf_len(b) > p->largest)
+		p->largest = buf_len(b);
+	assert_int_equal(buf_put(&p->all, buf_ptr(b), buf_len(b)), 0);
+	buf_reset(b);
+	return 0;
+}
+
+static int refuse(void *ud, struct buf *b)
+{
+	(void)ud;
+	(void)b;
+	return -ENOSPC;
+}
+
+static void test_encode_stream(void **state)
+{
+	(void)state;
+	struct manifest *ms[2] = {sample_manifest(), big_tree()};
+
+	for (size_t t = 0; t < 2; t++) {
+		struct buf whole, piece;
+		struct pieces p = {0};
+		buf_init(&whole, 64u << 20);
+		buf_init(&piece, 64u << 20);
+		buf_init(&p.all, 64u << 20);
+		assert_int_equal(manifest_encode(ms[t], &whole), 0);
+		assert_int_equal(manifest_encoded_size(ms[t]), buf_len(&whole));
+		assert_int_equal(manifest_encode_to(ms[t], &piece, collect, &p), 0);
+		assert_int_equal(collect(&p, &piece), 0);
+		assert_int_equal(buf_len(&p.all), buf_len(&whole));
+		assert_memory_equal(buf_ptr(&p.all), buf_ptr(&whole), buf_len(&whole));
+		/* pieces stay near MANIFEST_FLUSH_AT: never the whole encoding */
+		assert_true(p.largest < MANIFEST_FLUSH_AT + 8192);
+		if (t == 1) {
+			assert_true(p.calls > buf_len(&whole) / MANIFEST_FLUSH_AT);
+			buf_reset(&piece);
+			assert_int_equal(manifest_encode_to(ms[t], &piece, refuse, NULL), -ENOSPC);
+		}
+		buf_clear(&whole);
+		buf_clear(&piece);
+		buf_clear(&p.all);
+		manifest_free(ms[t]);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1080,6 +1197,7 @@ int main(void)
 	    cmocka_unit_test(test_level_reader),	 cmocka_unit_test(test_tree_reconcile),
 	    cmocka_unit_test(test_recon_rejects),	 cmocka_unit_test(test_alloc_failures),
 	    cmocka_unit_test(test_swap_subtree_random),	 cmocka_unit_test(test_swap_subtree_empty),
+	    cmocka_unit_test(test_remove_readd_random),	 cmocka_unit_test(test_encode_stream),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -108,12 +108,50 @@ static void test_fail_at(void **state)
 	mem_release(); /* harmless at any time */
 }
 
+/* mem_largest: the largest single request, through every entry point,
+ * until reset. */
+static void test_largest(void **state)
+{
+	(void)state;
+	static const size_t sizes[] = {100, 3u << 20, 17, 5u << 20, 64};
+	mem_largest_reset();
+	assert_int_equal(mem_largest(), 0);
+	size_t want = 0;
+	void *p = NULL;
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		void *q;
+		switch (i % 3) {
+		case 0:
+			q = mem_alloc(sizes[i]);
+			break;
+		case 1:
+			q = mem_calloc(sizes[i] / 8, 8);
+			break;
+		default:
+			q = mem_realloc(p, sizes[i]);
+			p = NULL;
+			break;
+		}
+		assert_non_null(q);
+		mem_free(p);
+		p = q;
+		if (sizes[i] > want)
+			want = sizes[i];
+		assert_int_equal(mem_largest(), want);
+	}
+	mem_free(p);
+	mem_largest_reset();
+	mem_free(mem_alloc(10));
+	assert_int_equal(mem_largest(), 10);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_tune_threshold),
 	    cmocka_unit_test(test_release),
 	    cmocka_unit_test(test_fail_at),
+	    cmocka_unit_test(test_largest),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
