@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -43,16 +44,20 @@
 #define STAGE_GROUP_MAX	  32u
 #define PEND_MAX	  4096u
 #define DIRFDS_MAX	  64u
+/* Most unnamed temporaries a batch holds open for the commit. */
+#define HOLD_MAX 16384u
 
 struct apply {
 	int rootfd;
 	struct apply_opts o;
-	bool tmpfile_ok;   /* O_TMPFILE + linkat works here */
-	bool exchange_ok;  /* renameat2(RENAME_EXCHANGE) works here (replace_entry) */
-	bool fchmodat2_ok; /* relaxed atomic: stagers read it, chmod_nofollow may clear it */
-	bool noreplace_ok; /* renameat2(RENAME_NOREPLACE) works here (commit of a new name) */
-	unsigned threads;  /* stagers per batch (apply_opts.threads, or the CPUs online up to 4) */
-	unsigned par_min;  /* fewest PUTs staged on more than one thread */
+	bool tmpfile_ok;    /* O_TMPFILE + linkat works here */
+	bool exchange_ok;   /* renameat2(RENAME_EXCHANGE) works here (replace_entry) */
+	bool fchmodat2_ok;  /* relaxed atomic: stagers read it, chmod_nofollow may clear it */
+	bool noreplace_ok;  /* renameat2(RENAME_NOREPLACE) works here (commit of a new name) */
+	unsigned threads;   /* stagers per batch (apply_opts.threads, or the CPUs online up to 4) */
+	unsigned par_min;   /* fewest PUTs staged on more than one thread */
+	size_t hold_max;    /* O_TMPFILEs a batch may hold open for the commit (RLIMIT_NOFILE) */
+	bool empty_path_ok; /* linkat(AT_EMPTY_PATH) works for us (else /proc/self/fd); relaxed atomic */
 	uint64_t last_seq;
 	char err[ERR_LEN];
 	char why[APPLY_FAIL_MSG_MAX + 1]; /* the last op failure, without its path */
@@ -66,12 +71,14 @@ enum where {
 	STAGE_NONE = 0,
 	STAGE_TARGET = 1, /* temp is in the target's own directory */
 	STAGE_DIR = 2,	  /* temp is in the batch's staging directory */
+	STAGE_HELD = 3,	  /* an unnamed O_TMPFILE held open (hfd), linked at its name by the commit */
 };
 
 struct step {
 	uint8_t where;
 	uint8_t target; /* enum state of the path at the check (ST_ABSENT: a new name) */
 	bool failed;	/* failed on its own (apply_failures); not committed */
+	int hfd;	/* STAGE_HELD: the file */
 	char tmp[TMPNAME_LEN];
 };
 
@@ -128,6 +135,7 @@ struct run {
 	size_t *groups; /* stage_pending: work items, as start indices into pend */
 	size_t ngroups, next_group;
 	bool stop;	      /* a stager failed for the batch (not on its own): stop early */
+	size_t nheld;	      /* steps STAGE_HELD (atomic while stagers run) */
 	pthread_mutex_t lock; /* the staging directory while stagers run */
 	struct stager *stagers;
 	size_t nstagers;
@@ -518,6 +526,26 @@ static int dir_unlock(int dfd, mode_t *saved)
 
 enum dirop { DIROP_MKDIR, DIROP_UNLINK, DIROP_RMDIR, DIROP_RENAME, DIROP_EXCHANGE, DIROP_NOREPLACE };
 
+/* linkat of the unnamed file open at fd as name in dfd: AT_EMPTY_PATH
+ * (CAP_DAC_READ_SEARCH before Linux 6.10), else through procfs. */
+static int link_fd(int fd, int dfd, const char *name, bool *empty_path_ok)
+{
+	char proc[64];
+
+	if (__atomic_load_n(empty_path_ok, __ATOMIC_RELAXED)) {
+		if (linkat(fd, "", dfd, name, AT_EMPTY_PATH) == 0)
+			return 0;
+		if (errno != ENOENT)
+			return -1;
+		struct stat st; /* ENOENT: no right to AT_EMPTY_PATH, unless dfd itself is gone */
+		if (fstat(dfd, &st) < 0 || st.st_nlink == 0)
+			return -1;
+		__atomic_store_n(empty_path_ok, false, __ATOMIC_RELAXED);
+	}
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	return linkat(AT_FDCWD, proc, dfd, name, AT_SYMLINK_FOLLOW);
+}
+
 static int dirop_do(enum dirop k, int dfd, const char *name, int from, const char *fromname)
 {
 	int r = 0;
@@ -555,6 +583,20 @@ static int in_dir(enum dirop k, int dfd, const char *name, int from, const char 
 	if (r != -EACCES || dir_unlock(dfd, &saved) != 1)
 		return r;
 	r = dirop_do(k, dfd, name, from, fromname);
+	int rr = fd_chmod(dfd, saved);
+	return r < 0 ? r : rr;
+}
+
+/* The held unnamed file fd becomes `name` in dfd, which must be free
+ * (-EEXIST), with dfd made writable for it when that is what refused it. */
+static int link_held(struct apply *a, int dfd, const char *name, int fd)
+{
+	mode_t saved = 0;
+	int r = link_fd(fd, dfd, name, &a->empty_path_ok) < 0 ? -errno : 0;
+
+	if (r != -EACCES || dir_unlock(dfd, &saved) != 1)
+		return r;
+	r = link_fd(fd, dfd, name, &a->empty_path_ok) < 0 ? -errno : 0;
 	int rr = fd_chmod(dfd, saved);
 	return r < 0 ? r : rr;
 }
@@ -1041,6 +1083,15 @@ static int fill_file(struct run *rn, size_t i, const struct delta_op *op, int fd
 	return finish_file(rn, i, op, fd);
 }
 
+/* May one more unnamed temporary stay open until the commit? */
+static bool hold(struct run *m)
+{
+	if (__atomic_fetch_add(&m->nheld, 1, __ATOMIC_RELAXED) < m->a->hold_max)
+		return true;
+	__atomic_fetch_sub(&m->nheld, 1, __ATOMIC_RELAXED);
+	return false;
+}
+
 /* Stage PUT i in dirfd (apart: the staging directory). Touches only its
  * own step, its own temporary and rn's stager state: runs on any stager. */
 static int stage_put(struct run *rn, size_t i, const struct delta_op *op, int dirfd, bool apart)
@@ -1062,6 +1113,13 @@ static int stage_put(struct run *rn, size_t i, const struct delta_op *op, int di
 	if (named)
 		s->where = apart ? STAGE_DIR : STAGE_TARGET;
 	r = fill_file(rn, i, op, fd);
+	if (r == 0 && !named && s->target == ST_ABSENT && hold(rn->main)) {
+		/* a new name: no temporary name, the commit links it there (one
+		 * directory change instead of a link and a rename) */
+		s->hfd = fd;
+		s->where = STAGE_HELD;
+		return 0;
+	}
 	if (r == 0 && !named) {
 		if ((r = temp_link(rn, fd, dirfd, s->tmp)) < 0)
 			op_fail(rn, i, r, "linking the temporary file");
@@ -1182,7 +1240,9 @@ static void unstage(struct run *rn)
 		struct step *s = &rn->steps[i];
 		const struct delta_op *op = delta_batch_op(rn->b, i);
 		const char *name;
-		if (s->where == STAGE_DIR) {
+		if (s->where == STAGE_HELD) {
+			close(s->hfd); /* never named: gone with it */
+		} else if (s->where == STAGE_DIR) {
 			unlinkat(rn->stagefd, s->tmp, 0);
 		} else if (s->where == STAGE_TARGET) {
 			int pfd = open_parent(rn->a, op->path, rn->path, &name);
@@ -1228,10 +1288,31 @@ static int commit_op(struct run *rn, size_t i)
 		break;
 	case DELTA_PUT:
 	case DELTA_SYMLINK: {
-		int from = s->where == STAGE_DIR ? rn->stagefd : pfd;
-		if ((r = replace_entry(rn->a, pfd, name, from, s->tmp, s->target == ST_ABSENT)) < 0) {
-			op_fail(rn, i, r, "renaming into place");
-			break;
+		if (s->where == STAGE_HELD) {
+			/* a new name: linked there, unless something appeared
+			 * since the check; then as any other, through a temporary */
+			if ((r = link_held(rn->a, pfd, name, s->hfd)) == -EEXIST) {
+				if ((r = temp_link(rn, s->hfd, pfd, s->tmp)) == 0) {
+					close(s->hfd);
+					s->where = STAGE_TARGET;
+					s->target = ST_OTHER;
+				}
+			}
+			if (r < 0) {
+				op_fail(
+				    rn, i, r,
+				    "renaming into place"); /* the same words as a rename: what users and tests match */
+				break;
+			}
+		}
+		if (s->where != STAGE_HELD) {
+			int from = s->where == STAGE_DIR ? rn->stagefd : pfd;
+			if ((r = replace_entry(rn->a, pfd, name, from, s->tmp, s->target == ST_ABSENT)) < 0) {
+				op_fail(rn, i, r, "renaming into place");
+				break;
+			}
+		} else {
+			close(s->hfd);
 		}
 		s->where = STAGE_NONE;
 		if (op->type == DELTA_PUT)
@@ -1797,6 +1878,13 @@ int apply_open(const char *root, const struct apply_opts *opts, struct apply **o
 	if (a->threads > STAGE_THREADS_MAX)
 		a->threads = STAGE_THREADS_MAX;
 	a->par_min = a->o.threads ? 2 : STAGE_PAR_MIN;
+	/* half of what is left of the fd limit, for files held open between
+	 * staging and commit; the rest of a larger batch gets temporary names */
+	struct rlimit nf;
+	a->hold_max = getrlimit(RLIMIT_NOFILE, &nf) == 0 && nf.rlim_cur > 512 ? (size_t)(nf.rlim_cur - 256) / 2 : 0;
+	if (a->hold_max > HOLD_MAX)
+		a->hold_max = HOLD_MAX;
+	a->empty_path_ok = true;
 	*out = a;
 	return 0;
 }
