@@ -9,11 +9,13 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -33,15 +35,31 @@
 #define TMPNAME_LEN  (RESERVED_LEN + 16 + 1)
 /* How deep a DELETE_TREE may go: one fd per level. */
 #define RMTREE_DEPTH_MAX 256
+#define ERR_LEN		 512
+/* Parallel staging (stage_pending): most threads, fewest PUTs worth a
+ * thread, PUTs of one directory per work item, and when the check pass
+ * stops to stage what it has (PUTs waiting, parent fds held open). */
+#define STAGE_THREADS_MAX 4u
+#define STAGE_PAR_MIN	  32u
+#define STAGE_GROUP_MAX	  32u
+#define PEND_MAX	  4096u
+#define DIRFDS_MAX	  64u
+/* Most unnamed temporaries a batch holds open for the commit. */
+#define HOLD_MAX 16384u
 
 struct apply {
 	int rootfd;
 	struct apply_opts o;
-	bool tmpfile_ok;  /* O_TMPFILE + linkat works here */
-	bool exchange_ok; /* renameat2(RENAME_EXCHANGE) works here (replace_entry) */
-	bool fchmodat2_ok;
+	bool tmpfile_ok;    /* O_TMPFILE + linkat works here */
+	bool exchange_ok;   /* renameat2(RENAME_EXCHANGE) works here (replace_entry) */
+	bool fchmodat2_ok;  /* relaxed atomic: stagers read it, chmod_nofollow may clear it */
+	bool noreplace_ok;  /* renameat2(RENAME_NOREPLACE) works here (commit of a new name) */
+	unsigned threads;   /* stagers per batch (apply_opts.threads, or the CPUs online up to 4) */
+	unsigned par_min;   /* fewest PUTs staged on more than one thread */
+	size_t hold_max;    /* O_TMPFILEs a batch may hold open for the commit (RLIMIT_NOFILE) */
+	bool empty_path_ok; /* linkat(AT_EMPTY_PATH) works for us (else /proc/self/fd); relaxed atomic */
 	uint64_t last_seq;
-	char err[512];
+	char err[ERR_LEN];
 	char why[APPLY_FAIL_MSG_MAX + 1]; /* the last op failure, without its path */
 	/* ops of the last batch that failed on their own (apply_failures) */
 	struct apply_failure *fails;
@@ -53,13 +71,25 @@ enum where {
 	STAGE_NONE = 0,
 	STAGE_TARGET = 1, /* temp is in the target's own directory */
 	STAGE_DIR = 2,	  /* temp is in the batch's staging directory */
+	STAGE_HELD = 3,	  /* an unnamed O_TMPFILE held open (hfd), linked at its name by the commit */
 };
 
 struct step {
 	uint8_t where;
-	bool failed; /* failed on its own (apply_failures); not committed */
+	uint8_t target; /* enum state of the path at the check (ST_ABSENT: a new name) */
+	bool failed;	/* failed on its own (apply_failures); not committed */
+	int hfd;	/* STAGE_HELD: the file */
 	char tmp[TMPNAME_LEN];
 };
+
+/* A PUT checked in order and waiting to be staged (stage_pending). */
+struct pend {
+	uint32_t op;
+	int dirfd;  /* where its temporary goes: its parent, or the staging directory */
+	bool apart; /* dirfd is the staging directory */
+};
+
+struct stager;
 
 /* One path an op touches, for "does an earlier op delete/make this?" */
 struct pref {
@@ -87,6 +117,28 @@ struct run {
 	size_t ndirmodes;
 	char path[MANIFEST_PATH_MAX + 1]; /* working copy for prefixes */
 	bool whole;			  /* apply_batch_whole: any failure is the batch's */
+	/* A stager's copy of the run has its own of these: */
+	struct run *main;	 /* the batch's run (itself in the main one) */
+	char *err, *why;	 /* where op_fail writes: a->err and a->why, or a stager's own */
+	struct delta_dctx *dctx; /* a stager's decompression context; NULL: the batch's */
+	uint8_t rnd[64];	 /* random bytes for temporary names, */
+	size_t rnd_used;	 /* one getrandom per 8 names */
+	/* One-entry parent cache (parent_get): ops come sorted, runs share a parent. */
+	char pc_path[MANIFEST_PATH_MAX + 1];
+	int pc_fd;    /* -1: empty */
+	bool pc_used; /* a pending PUT stages in pc_fd: keep it open until stage_pending */
+	/* Phase 1's PUTs, checked and waiting to be staged (main run only). */
+	struct pend *pend;
+	size_t npend;
+	int *dirfds; /* parents they stage in, closed by stage_pending */
+	size_t ndirfds;
+	size_t *groups; /* stage_pending: work items, as start indices into pend */
+	size_t ngroups, next_group;
+	bool stop;	      /* a stager failed for the batch (not on its own): stop early */
+	size_t nheld;	      /* steps STAGE_HELD (atomic while stagers run) */
+	pthread_mutex_t lock; /* the staging directory while stagers run */
+	struct stager *stagers;
+	size_t nstagers;
 };
 
 #if defined(__GNUC__)
@@ -122,19 +174,30 @@ static const char *op_word(uint8_t t)
 static int op_fail(struct run *rn, size_t i, int r, const char *what)
 {
 	const struct delta_op *op = delta_batch_op(rn->b, i);
-	fail_msg(rn->a, "op %zu (%s %s): %s: %s", i, op_word(op->type), op->path, what, strerror(-r));
-	snprintf(rn->a->why, sizeof(rn->a->why), "%s: %s: %s", op_word(op->type), what, strerror(-r));
+	snprintf(rn->err, ERR_LEN, "op %zu (%s %s): %s: %s", i, op_word(op->type), op->path, what, strerror(-r));
+	snprintf(rn->why, APPLY_FAIL_MSG_MAX + 1, "%s: %s: %s", op_word(op->type), what, strerror(-r));
 	return r;
 }
 
-static void tmp_name(char out[TMPNAME_LEN])
+/* A fresh random temporary name; rn NULL: straight from the kernel, else
+ * from rn's pool (one getrandom per 8 names, not one per file). */
+static void tmp_name(struct run *rn, char out[TMPNAME_LEN])
 {
 	static const char hex[] = "0123456789abcdef";
-	uint8_t rnd[8];
+	uint8_t own[8], *rnd = own;
 
-	randombytes_buf(rnd, sizeof(rnd));
+	if (!rn) {
+		randombytes_buf(own, sizeof(own));
+	} else {
+		if (rn->rnd_used + 8 > sizeof(rn->rnd)) {
+			randombytes_buf(rn->rnd, sizeof(rn->rnd));
+			rn->rnd_used = 0;
+		}
+		rnd = rn->rnd + rn->rnd_used;
+		rn->rnd_used += 8;
+	}
 	memcpy(out, RESERVED, RESERVED_LEN);
-	for (size_t i = 0; i < sizeof(rnd); i++) {
+	for (size_t i = 0; i < 8; i++) {
 		out[RESERVED_LEN + 2 * i] = hex[rnd[i] >> 4];
 		out[RESERVED_LEN + 2 * i + 1] = hex[rnd[i] & 15];
 	}
@@ -195,6 +258,51 @@ static int open_parent(struct apply *a, const char *path, char *scratch, const c
 	*name = slash + 1;
 	fd = manifest_open_beneath(a->rootfd, scratch, O_PATH | O_DIRECTORY, walk_only(a));
 	return fd < 0 ? classify(a, scratch, fd) : fd;
+}
+
+/*
+ * The parent of `path` through rn's one-entry cache, *name its last
+ * component; the fd stays rn's (parent_drop). The ops of a batch come
+ * sorted, so a directory's files are one run: one lookup per run instead
+ * of one per op. Only where nothing since the lookup can have moved that
+ * parent: in phase 1 nothing but temporaries changes, and in phase 2 an
+ * op changes entries of its own parent only (an op that changes the
+ * resolution of P is on P or above it, so its parent is not P, and it
+ * evicts P from the cache first).
+ */
+static int parent_get(struct run *rn, const char *path, const char **name)
+{
+	const char *slash = strrchr(path, '/');
+	size_t pl = slash ? (size_t)(slash - path) : 0;
+
+	*name = slash ? slash + 1 : path;
+	if (rn->pc_fd >= 0 && strlen(rn->pc_path) == pl && memcmp(rn->pc_path, path, pl) == 0)
+		return rn->pc_fd;
+	const char *nm;
+	int fd = open_parent(rn->a, path, rn->path, &nm);
+	if (fd < 0)
+		return fd;
+	if (rn->pc_fd >= 0) {
+		if (rn->pc_used) /* a pending PUT stages there: closed by stage_pending */
+			rn->dirfds[rn->ndirfds++] = rn->pc_fd;
+		else
+			close(rn->pc_fd);
+	}
+	memcpy(rn->pc_path, path, pl);
+	rn->pc_path[pl] = '\0';
+	rn->pc_fd = fd;
+	rn->pc_used = false;
+	return fd;
+}
+
+static void parent_drop(struct run *rn)
+{
+	if (rn->pc_fd >= 0 && !rn->pc_used)
+		close(rn->pc_fd);
+	else if (rn->pc_fd >= 0)
+		rn->dirfds[rn->ndirfds++] = rn->pc_fd;
+	rn->pc_fd = -1;
+	rn->pc_used = false;
 }
 
 /* ---- the op index ---- */
@@ -294,7 +402,15 @@ struct sparse_out {
 	int fd;
 	bool fresh;
 	uint64_t zs, ze; /* pending zero run [zs, ze); empty when equal */
+	uint64_t end;	 /* end of the last data written: a fresh file's size */
 };
+
+static int sparse_data(struct sparse_out *so, const uint8_t *p, size_t n, uint64_t off)
+{
+	if (off + n > so->end)
+		so->end = off + n;
+	return pwrite_all(so->fd, p, n, off);
+}
 
 static int sparse_zero_write(int fd, uint64_t off, uint64_t n)
 {
@@ -340,7 +456,7 @@ static int sparse_write(struct sparse_out *so, const uint8_t *p, size_t n, uint6
 		if (k > n - done)
 			k = n - done;
 		if (all_zero(p + done, k)) {
-			if ((ds < done && (r = pwrite_all(so->fd, p + ds, done - ds, off + ds)) < 0) ||
+			if ((ds < done && (r = sparse_data(so, p + ds, done - ds, off + ds)) < 0) ||
 			    (so->ze != at && (r = sparse_flush(so)) < 0))
 				return r;
 			if (so->zs == so->ze)
@@ -352,7 +468,7 @@ static int sparse_write(struct sparse_out *so, const uint8_t *p, size_t n, uint6
 		}
 		done += k;
 	}
-	return ds < n ? pwrite_all(so->fd, p + ds, n - ds, off + ds) : 0;
+	return ds < n ? sparse_data(so, p + ds, n - ds, off + ds) : 0;
 }
 
 static int dir_fsync(int pathfd)
@@ -408,7 +524,27 @@ static int dir_unlock(int dfd, mode_t *saved)
 	return r < 0 ? r : 1;
 }
 
-enum dirop { DIROP_MKDIR, DIROP_UNLINK, DIROP_RMDIR, DIROP_RENAME, DIROP_EXCHANGE };
+enum dirop { DIROP_MKDIR, DIROP_UNLINK, DIROP_RMDIR, DIROP_RENAME, DIROP_EXCHANGE, DIROP_NOREPLACE };
+
+/* linkat of the unnamed file open at fd as name in dfd: AT_EMPTY_PATH
+ * (CAP_DAC_READ_SEARCH before Linux 6.10), else through procfs. */
+static int link_fd(int fd, int dfd, const char *name, bool *empty_path_ok)
+{
+	char proc[64];
+
+	if (__atomic_load_n(empty_path_ok, __ATOMIC_RELAXED)) {
+		if (linkat(fd, "", dfd, name, AT_EMPTY_PATH) == 0)
+			return 0;
+		if (errno != ENOENT)
+			return -1;
+		struct stat st; /* ENOENT: no right to AT_EMPTY_PATH, unless dfd itself is gone */
+		if (fstat(dfd, &st) < 0 || st.st_nlink == 0)
+			return -1;
+		__atomic_store_n(empty_path_ok, false, __ATOMIC_RELAXED);
+	}
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	return linkat(AT_FDCWD, proc, dfd, name, AT_SYMLINK_FOLLOW);
+}
 
 static int dirop_do(enum dirop k, int dfd, const char *name, int from, const char *fromname)
 {
@@ -430,6 +566,9 @@ static int dirop_do(enum dirop k, int dfd, const char *name, int from, const cha
 	case DIROP_EXCHANGE:
 		r = renameat2(from, fromname, dfd, name, RENAME_EXCHANGE);
 		break;
+	case DIROP_NOREPLACE:
+		r = renameat2(from, fromname, dfd, name, RENAME_NOREPLACE);
+		break;
 	}
 	return r < 0 ? -errno : 0;
 }
@@ -448,6 +587,20 @@ static int in_dir(enum dirop k, int dfd, const char *name, int from, const char 
 	return r < 0 ? r : rr;
 }
 
+/* The held unnamed file fd becomes `name` in dfd, which must be free
+ * (-EEXIST), with dfd made writable for it when that is what refused it. */
+static int link_held(struct apply *a, int dfd, const char *name, int fd)
+{
+	mode_t saved = 0;
+	int r = link_fd(fd, dfd, name, &a->empty_path_ok) < 0 ? -errno : 0;
+
+	if (r != -EACCES || dir_unlock(dfd, &saved) != 1)
+		return r;
+	r = link_fd(fd, dfd, name, &a->empty_path_ok) < 0 ? -errno : 0;
+	int rr = fd_chmod(dfd, saved);
+	return r < 0 ? r : rr;
+}
+
 /*
  * The staged temporary `tmp` (in directory from) becomes `name` in dfd.
  * Over an existing entry: an exchange, then the old entry (now under the
@@ -460,10 +613,19 @@ static int in_dir(enum dirop k, int dfd, const char *name, int from, const char 
  * or wholly new, and our own durability is the fsync policy's. Where the
  * filesystem has no exchange: a plain rename.
  */
-static int replace_entry(struct apply *a, int dfd, const char *name, int from, const char *tmp)
+static int replace_entry(struct apply *a, int dfd, const char *name, int from, const char *tmp, bool absent)
 {
 	int r;
 
+	/* A name that was free at the check: one rename that must not replace
+	 * anything; something that appeared there since takes the path below. */
+	if (absent && a->noreplace_ok) {
+		if ((r = in_dir(DIROP_NOREPLACE, dfd, name, from, tmp)) != -EEXIST && r != -EINVAL &&
+		    r != -EOPNOTSUPP && r != -ENOSYS)
+			return r;
+		if (r != -EEXIST)
+			a->noreplace_ok = false;
+	}
 	if (a->exchange_ok) {
 		if ((r = in_dir(DIROP_EXCHANGE, dfd, name, from, tmp)) == 0) {
 			if ((r = in_dir(DIROP_UNLINK, from, tmp, -1, NULL)) != -EISDIR)
@@ -560,12 +722,12 @@ static int chmod_nofollow(struct apply *a, int pfd, const char *name, uint32_t m
 		return -errno;
 	if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
 		return -EPERM;
-	if (a->fchmodat2_ok && !walk_only(a)) {
+	if (__atomic_load_n(&a->fchmodat2_ok, __ATOMIC_RELAXED) && !walk_only(a)) {
 		if (syscall(SYS_fchmodat2, pfd, name, (mode_t)mode, AT_SYMLINK_NOFOLLOW) == 0)
 			return 0;
 		if (errno != ENOSYS)
 			return -errno;
-		a->fchmodat2_ok = false;
+		__atomic_store_n(&a->fchmodat2_ok, false, __ATOMIC_RELAXED);
 	}
 	/* Pin the inode with O_PATH, check it, chmod through procfs; without
 	 * procfs reopen it and check it is still the same inode. */
@@ -597,8 +759,10 @@ static int chmod_nofollow(struct apply *a, int pfd, const char *name, uint32_t m
 
 /* A new file for content in dirfd: an unnamed O_TMPFILE (*named false)
  * or a fresh ".airlock-tmp-*" name (*named true, name in tmp). */
-static int temp_open(struct apply *a, int dirfd, char tmp[TMPNAME_LEN], bool *named)
+static int temp_open(struct run *rn, int dirfd, char tmp[TMPNAME_LEN], bool *named)
 {
+	const struct apply *a = rn->a;
+
 	if (a->tmpfile_ok) {
 		int fd = openat(dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
 		if (fd >= 0) {
@@ -610,7 +774,7 @@ static int temp_open(struct apply *a, int dirfd, char tmp[TMPNAME_LEN], bool *na
 		/* this filesystem has no O_TMPFILE: named it is */
 	}
 	for (int tries = 0; tries < 16; tries++) {
-		tmp_name(tmp);
+		tmp_name(rn, tmp);
 		int fd = openat(dirfd, tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 		if (fd >= 0) {
 			*named = true;
@@ -622,14 +786,14 @@ static int temp_open(struct apply *a, int dirfd, char tmp[TMPNAME_LEN], bool *na
 	return -EEXIST;
 }
 
-/* Give an O_TMPFILE file a temporary name in dirfd. */
-static int temp_link(int fd, int dirfd, char tmp[TMPNAME_LEN])
+/* Give an O_TMPFILE file a temporary name in dirfd (rn: tmp_name). */
+static int temp_link(struct run *rn, int fd, int dirfd, char tmp[TMPNAME_LEN])
 {
 	char proc[64];
 
 	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
 	for (int tries = 0; tries < 16; tries++) {
-		tmp_name(tmp);
+		tmp_name(rn, tmp);
 		if (linkat(fd, "", dirfd, tmp, AT_EMPTY_PATH) == 0)
 			return 0;
 		if (errno == EEXIST)
@@ -643,28 +807,39 @@ static int temp_link(int fd, int dirfd, char tmp[TMPNAME_LEN])
 	return -EEXIST;
 }
 
-static int stage_dir(struct run *rn)
+/* The batch's staging directory, made on first use; from any stager. */
+static int stage_dir_locked(struct run *m)
 {
-	if (rn->stagefd >= 0)
-		return rn->stagefd;
+	if (m->stagefd >= 0)
+		return m->stagefd;
 	for (int tries = 0; tries < 16; tries++) {
-		tmp_name(rn->stagename);
-		if (mkdirat(rn->a->rootfd, rn->stagename, 0700) == 0)
+		tmp_name(m, m->stagename);
+		if (mkdirat(m->a->rootfd, m->stagename, 0700) == 0)
 			break;
 		if (errno != EEXIST)
 			return -errno;
-		rn->stagename[0] = '\0';
+		m->stagename[0] = '\0';
 	}
-	if (rn->stagename[0] == '\0')
+	if (m->stagename[0] == '\0')
 		return -EEXIST;
-	rn->stagefd = openat(rn->a->rootfd, rn->stagename, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (rn->stagefd < 0) {
+	m->stagefd = openat(m->a->rootfd, m->stagename, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (m->stagefd < 0) {
 		int r = -errno;
-		unlinkat(rn->a->rootfd, rn->stagename, AT_REMOVEDIR);
-		rn->stagename[0] = '\0';
+		unlinkat(m->a->rootfd, m->stagename, AT_REMOVEDIR);
+		m->stagename[0] = '\0';
 		return r;
 	}
-	return rn->stagefd;
+	return m->stagefd;
+}
+
+static int stage_dir(struct run *rn)
+{
+	struct run *m = rn->main;
+
+	pthread_mutex_lock(&m->lock);
+	int r = stage_dir_locked(m);
+	pthread_mutex_unlock(&m->lock);
+	return r;
 }
 
 /* ---- phase 1: check and stage ---- */
@@ -680,6 +855,14 @@ static enum state state_of(const struct stat *st)
 	if (S_ISLNK(st->st_mode))
 		return ST_LINK;
 	return ST_OTHER;
+}
+
+/* An inline chunk's bytes, through the stager's own decompression context. */
+static int chunk_data(struct run *rn, const struct delta_chunk *ch, const uint8_t **data)
+{
+	if (rn->dctx)
+		return delta_chunk_data_dctx(rn->b, rn->dctx, ch, rn->scratch, data);
+	return delta_chunk_data(rn->b, ch, rn->scratch, data);
 }
 
 /* Mode and durability of a filled file. */
@@ -782,7 +965,7 @@ static int fill_clone(struct run *rn, size_t i, const struct delta_op *op, int f
 			rn->st->ref_bytes += ch->raw_len;
 			rn->st->bytes += ch->raw_len;
 		} else {
-			if ((r = delta_chunk_data(rn->b, ch, rn->scratch, &data)) < 0)
+			if ((r = chunk_data(rn, ch, &data)) < 0)
 				return op_fail(rn, i, r, "inline chunk");
 			if ((r = sparse_write(&so, data, ch->raw_len, out)) < 0)
 				return op_fail(rn, i, r, "writing the new content");
@@ -878,7 +1061,7 @@ static int fill_file(struct run *rn, size_t i, const struct delta_op *op, int fd
 			}
 			data = rn->scratch;
 			rn->st->ref_bytes += ch->raw_len;
-		} else if ((r = delta_chunk_data(rn->b, ch, rn->scratch, &data)) < 0) {
+		} else if ((r = chunk_data(rn, ch, &data)) < 0) {
 			op_fail(rn, i, r, "inline chunk");
 			break;
 		}
@@ -894,52 +1077,73 @@ static int fill_file(struct run *rn, size_t i, const struct delta_op *op, int fd
 		return r;
 	if ((r = sparse_flush(&so)) < 0)
 		return op_fail(rn, i, r, "writing the new content");
-	if (ftruncate(fd, (off_t)op->size) < 0) /* a file that ends in a hole */
+	/* a fresh file is as long as its last data; one that ends in a hole is set */
+	if (so.end != op->size && ftruncate(fd, (off_t)op->size) < 0)
 		return op_fail(rn, i, -errno, "setting the size");
 	return finish_file(rn, i, op, fd);
 }
 
-static int stage_put(struct run *rn, size_t i, const struct delta_op *op, int dirfd)
+/* May one more unnamed temporary stay open until the commit? */
+static bool hold(struct run *m)
+{
+	if (__atomic_fetch_add(&m->nheld, 1, __ATOMIC_RELAXED) < m->a->hold_max)
+		return true;
+	__atomic_fetch_sub(&m->nheld, 1, __ATOMIC_RELAXED);
+	return false;
+}
+
+/* Stage PUT i in dirfd (apart: the staging directory). Touches only its
+ * own step, its own temporary and rn's stager state: runs on any stager. */
+static int stage_put(struct run *rn, size_t i, const struct delta_op *op, int dirfd, bool apart)
 {
 	struct step *s = &rn->steps[i];
 	bool named;
 	int fd, r;
 
-	if ((fd = temp_open(rn->a, dirfd, s->tmp, &named)) == -EACCES && dirfd != rn->stagefd) {
+	if ((fd = temp_open(rn, dirfd, s->tmp, &named)) == -EACCES && !apart) {
 		/* a directory we may not write now (read-only on the host):
 		 * stage apart, the commit opens it for the rename */
 		if ((dirfd = stage_dir(rn)) < 0)
 			return op_fail(rn, i, dirfd, "creating the staging directory");
-		fd = temp_open(rn->a, dirfd, s->tmp, &named);
+		apart = true;
+		fd = temp_open(rn, dirfd, s->tmp, &named);
 	}
 	if (fd < 0)
 		return op_fail(rn, i, fd, "creating a temporary file");
 	if (named)
-		s->where = dirfd == rn->stagefd ? STAGE_DIR : STAGE_TARGET;
+		s->where = apart ? STAGE_DIR : STAGE_TARGET;
 	r = fill_file(rn, i, op, fd);
+	if (r == 0 && !named && s->target == ST_ABSENT && hold(rn->main)) {
+		/* a new name: no temporary name, the commit links it there (one
+		 * directory change instead of a link and a rename) */
+		s->hfd = fd;
+		s->where = STAGE_HELD;
+		return 0;
+	}
 	if (r == 0 && !named) {
-		if ((r = temp_link(fd, dirfd, s->tmp)) < 0)
+		if ((r = temp_link(rn, fd, dirfd, s->tmp)) < 0)
 			op_fail(rn, i, r, "linking the temporary file");
 		else
-			s->where = dirfd == rn->stagefd ? STAGE_DIR : STAGE_TARGET;
+			s->where = apart ? STAGE_DIR : STAGE_TARGET;
 	}
 	close(fd);
 	return r;
 }
 
-static int stage_symlink(struct run *rn, size_t i, const struct delta_op *op, int dirfd)
+static int stage_symlink(struct run *rn, size_t i, const struct delta_op *op, int dirfd, bool apart)
 {
 	struct step *s = &rn->steps[i];
 
 	for (int tries = 0; tries < 16; tries++) {
-		tmp_name(s->tmp);
+		tmp_name(rn, s->tmp);
 		if (symlinkat(op->target, dirfd, s->tmp) == 0) {
-			s->where = dirfd == rn->stagefd ? STAGE_DIR : STAGE_TARGET;
+			s->where = apart ? STAGE_DIR : STAGE_TARGET;
 			return 0;
 		}
-		if (errno == EACCES && dirfd != rn->stagefd) { /* as stage_put */
+		if (errno == EACCES && !apart) { /* as stage_put */
 			if ((dirfd = stage_dir(rn)) < 0)
 				return op_fail(rn, i, dirfd, "creating the staging directory");
+			apart = true;
 			continue;
 		}
 		if (errno != EEXIST)
@@ -963,11 +1167,9 @@ static int prepare_op(struct run *rn, size_t i)
 		 * symlink: refuse that now rather than halfway through. */
 		if (deleted_before(rn, op->path, i) || (parent[0] && op_before(rn, parent, DELTA_MKDIR, i)))
 			return 0;
-		pfd = open_parent(rn->a, op->path, rn->path, &name);
+		pfd = parent_get(rn, op->path, &name);
 		if (pfd == -ELOOP || pfd == -EXDEV)
 			return op_fail(rn, i, pfd, "refused: a directory on its path is a symlink");
-		if (pfd >= 0)
-			close(pfd);
 		return 0;
 	}
 	/* Where does the parent stand at this point of the batch? */
@@ -976,7 +1178,7 @@ static int prepare_op(struct run *rn, size_t i)
 	if (parent_gone && !op_before(rn, parent, DELTA_MKDIR, i))
 		return op_fail(rn, i, -ENOENT, "its directory is deleted earlier in the batch");
 	if (!parent_gone) {
-		pfd = open_parent(rn->a, op->path, rn->path, &name);
+		pfd = parent_get(rn, op->path, &name);
 		if (pfd == -ELOOP || pfd == -EXDEV)
 			return op_fail(rn, i, pfd, "refused: a directory on its path is a symlink");
 		if (pfd < 0 && !(pfd == -ENOENT && op_before(rn, parent, DELTA_MKDIR, i)))
@@ -989,6 +1191,7 @@ static int prepare_op(struct run *rn, size_t i)
 		else if (errno != ENOENT)
 			r = op_fail(rn, i, -errno, "looking at the current entry");
 	}
+	rn->steps[i].target = (uint8_t)target; /* absent: a name free at the check, or not made yet */
 	if (r == 0) {
 		switch (op->type) {
 		case DELTA_MKDIR:
@@ -1010,19 +1213,23 @@ static int prepare_op(struct run *rn, size_t i)
 			 * nothing earlier in the batch replaces it; else in the
 			 * staging directory. */
 			int dirfd = pfd;
-			if (pfd < 0 || parent_reborn) {
-				if ((dirfd = stage_dir(rn)) < 0) {
-					r = op_fail(rn, i, dirfd, "creating the staging directory");
-					break;
-				}
+			bool apart = pfd < 0 || parent_reborn;
+			if (apart && (dirfd = stage_dir(rn)) < 0) {
+				r = op_fail(rn, i, dirfd, "creating the staging directory");
+				break;
 			}
-			r = op->type == DELTA_PUT ? stage_put(rn, i, op, dirfd) : stage_symlink(rn, i, op, dirfd);
+			if (op->type == DELTA_SYMLINK) {
+				r = stage_symlink(rn, i, op, dirfd, apart);
+				break;
+			}
+			/* the content is written later, on the stagers (stage_pending) */
+			rn->pend[rn->npend++] = (struct pend){.op = (uint32_t)i, .dirfd = dirfd, .apart = apart};
+			if (!apart)
+				rn->pc_used = true;
 			break;
 		}
 		}
 	}
-	if (pfd >= 0)
-		close(pfd);
 	return r;
 }
 
@@ -1033,7 +1240,9 @@ static void unstage(struct run *rn)
 		struct step *s = &rn->steps[i];
 		const struct delta_op *op = delta_batch_op(rn->b, i);
 		const char *name;
-		if (s->where == STAGE_DIR) {
+		if (s->where == STAGE_HELD) {
+			close(s->hfd); /* never named: gone with it */
+		} else if (s->where == STAGE_DIR) {
 			unlinkat(rn->stagefd, s->tmp, 0);
 		} else if (s->where == STAGE_TARGET) {
 			int pfd = open_parent(rn->a, op->path, rn->path, &name);
@@ -1056,7 +1265,7 @@ static int commit_op(struct run *rn, size_t i)
 	struct stat st;
 	int r = 0;
 
-	int pfd = open_parent(rn->a, op->path, rn->path, &name);
+	int pfd = parent_get(rn, op->path, &name);
 	if (pfd < 0) {
 		if (op->type == DELTA_DELETE && (pfd == -ENOENT || pfd == -ENOTDIR))
 			return 0; /* nothing there to delete */
@@ -1079,10 +1288,31 @@ static int commit_op(struct run *rn, size_t i)
 		break;
 	case DELTA_PUT:
 	case DELTA_SYMLINK: {
-		int from = s->where == STAGE_DIR ? rn->stagefd : pfd;
-		if ((r = replace_entry(rn->a, pfd, name, from, s->tmp)) < 0) {
-			op_fail(rn, i, r, "renaming into place");
-			break;
+		if (s->where == STAGE_HELD) {
+			/* a new name: linked there, unless something appeared
+			 * since the check; then as any other, through a temporary */
+			if ((r = link_held(rn->a, pfd, name, s->hfd)) == -EEXIST) {
+				if ((r = temp_link(rn, s->hfd, pfd, s->tmp)) == 0) {
+					close(s->hfd);
+					s->where = STAGE_TARGET;
+					s->target = ST_OTHER;
+				}
+			}
+			if (r < 0) {
+				op_fail(
+				    rn, i, r,
+				    "renaming into place"); /* the same words as a rename: what users and tests match */
+				break;
+			}
+		}
+		if (s->where != STAGE_HELD) {
+			int from = s->where == STAGE_DIR ? rn->stagefd : pfd;
+			if ((r = replace_entry(rn->a, pfd, name, from, s->tmp, s->target == ST_ABSENT)) < 0) {
+				op_fail(rn, i, r, "renaming into place");
+				break;
+			}
+		} else {
+			close(s->hfd);
 		}
 		s->where = STAGE_NONE;
 		if (op->type == DELTA_PUT)
@@ -1130,7 +1360,6 @@ static int commit_op(struct run *rn, size_t i)
 		}
 		break;
 	}
-	close(pfd);
 	return r;
 }
 
@@ -1171,6 +1400,207 @@ static void note_failed(struct run *rn, size_t i, int r)
 	f->op = (uint32_t)i;
 	f->err = -r;
 	snprintf(f->msg, sizeof(f->msg), "%s", a->why[0] ? a->why : strerror(-r));
+}
+
+/* ---- phase 1, staging: the PUTs' content on several threads ----
+ * The check pass runs in op order on one thread and only notes each PUT
+ * (its op, the directory its temporary goes in); stage_pending then writes
+ * them, on up to a->threads stagers, each taking the next run of PUTs of
+ * one directory. A PUT's staging touches only its own step, its own
+ * temporary and its stager's copy of the run (scratch, decompression
+ * context, stats, messages, random pool); the staging directory is made
+ * under the run's lock. Failures are collected per stager and noted in op
+ * order afterwards, so the failure list is the one a single thread gives;
+ * a failure that stops the batch (out of memory, any in apply_batch_whole)
+ * stops the stagers at their next run, and the first such in op order is
+ * the batch's error. */
+
+struct sfail {
+	uint32_t op;
+	int r;
+	char why[APPLY_FAIL_MSG_MAX + 1];
+	char err[ERR_LEN];
+};
+
+struct stager {
+	struct run rn; /* a copy of the batch's run, with its own stager state */
+	struct apply_stats st;
+	char err[ERR_LEN];
+	char why[APPLY_FAIL_MSG_MAX + 1];
+	struct sfail *fails; /* in op order */
+	size_t nfails, capfails;
+	bool oom; /* a failure could not be recorded */
+};
+
+static void stager_failed(struct stager *sg, uint32_t i, int r)
+{
+	struct run *m = sg->rn.main;
+
+	if (!op_isolated(m, r))
+		__atomic_store_n(&m->stop, true, __ATOMIC_RELAXED);
+	if (sg->nfails == sg->capfails) {
+		size_t nc = sg->capfails ? sg->capfails * 2 : 8;
+		struct sfail *nv = mem_realloc(sg->fails, nc * sizeof(*nv));
+		if (!nv) {
+			sg->oom = true;
+			__atomic_store_n(&m->stop, true, __ATOMIC_RELAXED);
+			return;
+		}
+		sg->fails = nv;
+		sg->capfails = nc;
+	}
+	struct sfail *f = &sg->fails[sg->nfails++];
+	f->op = i;
+	f->r = r;
+	snprintf(f->why, sizeof(f->why), "%s", sg->why);
+	snprintf(f->err, sizeof(f->err), "%s", sg->err);
+}
+
+static void *stager_main(void *arg)
+{
+	struct stager *sg = arg;
+	struct run *m = sg->rn.main;
+
+	while (!__atomic_load_n(&m->stop, __ATOMIC_RELAXED)) {
+		size_t g = __atomic_fetch_add(&m->next_group, 1, __ATOMIC_RELAXED);
+		if (g >= m->ngroups)
+			break;
+		for (size_t k = m->groups[g]; k < m->groups[g + 1]; k++) {
+			const struct pend *p = &m->pend[k];
+			sg->why[0] = '\0';
+			int r = stage_put(&sg->rn, p->op, delta_batch_op(m->b, p->op), p->dirfd, p->apart);
+			if (r < 0)
+				stager_failed(sg, p->op, r);
+		}
+	}
+	return NULL;
+}
+
+static void stagers_free(struct run *m)
+{
+	for (size_t t = 0; t < m->nstagers; t++) {
+		struct stager *sg = &m->stagers[t];
+		mem_free(sg->rn.scratch);
+		delta_dctx_free(sg->rn.dctx);
+		mem_free(sg->fails);
+	}
+	mem_free(m->stagers);
+	m->stagers = NULL;
+	m->nstagers = 0;
+}
+
+/* The batch's stagers, made on first use (one per thread, the calling
+ * thread's too). */
+static int stagers_setup(struct run *m)
+{
+	size_t n = m->a->threads ? m->a->threads : 1;
+
+	if (m->stagers)
+		return 0;
+	if (!(m->stagers = mem_calloc(n, sizeof(*m->stagers))))
+		return -ENOMEM;
+	for (size_t t = 0; t < n; t++) {
+		struct stager *sg = &m->stagers[t];
+		sg->rn = *m;
+		sg->rn.main = m;
+		sg->rn.st = &sg->st;
+		sg->rn.err = sg->err;
+		sg->rn.why = sg->why;
+		sg->rn.rnd_used = sizeof(sg->rn.rnd); /* its own random bytes, not a copy */
+		sg->rn.pc_fd = -1;
+		sg->rn.stagers = NULL;
+		m->nstagers = t + 1;
+		if (!(sg->rn.scratch = mem_alloc(m->scratch_len ? m->scratch_len : 1)) ||
+		    !(sg->rn.dctx = delta_dctx_new())) {
+			stagers_free(m);
+			return -ENOMEM;
+		}
+	}
+	return 0;
+}
+
+/* Note the stagers' failures in op order (a k-way merge of their sorted
+ * lists); the first that stops the batch is its error. */
+static int stagers_merge(struct run *m)
+{
+	size_t at[STAGE_THREADS_MAX] = {0};
+	int r = 0;
+
+	for (;;) {
+		struct stager *best = NULL;
+		size_t bt = 0;
+		for (size_t t = 0; t < m->nstagers; t++) {
+			struct stager *sg = &m->stagers[t];
+			if (at[t] < sg->nfails && (!best || sg->fails[at[t]].op < best->fails[at[bt]].op))
+				best = sg, bt = t;
+		}
+		if (!best)
+			break;
+		const struct sfail *f = &best->fails[at[bt]++];
+		snprintf(m->why, APPLY_FAIL_MSG_MAX + 1, "%s", f->why);
+		snprintf(m->err, ERR_LEN, "%s", f->err); /* apply_error: the last failure, as on one thread */
+		if (!op_isolated(m, f->r)) {
+			r = f->r;
+			break;
+		}
+		note_failed(m, f->op, f->r);
+	}
+	for (size_t t = 0; t < m->nstagers; t++) {
+		struct stager *sg = &m->stagers[t];
+		if (sg->oom && r == 0) {
+			fail_msg(m->a, "out of memory staging a batch of %zu ops", m->nops);
+			r = -ENOMEM;
+		}
+		m->st->bytes += sg->st.bytes;
+		m->st->ref_bytes += sg->st.ref_bytes;
+		m->st->cloned += sg->st.cloned;
+		memset(&sg->st, 0, sizeof(sg->st));
+		sg->nfails = 0;
+		sg->oom = false;
+	}
+	return r;
+}
+
+/* Stage the PUTs the check pass noted, then close the parents it held
+ * open for them. */
+static int stage_pending(struct run *m)
+{
+	size_t n = m->npend, nt = 1, started = 0;
+	pthread_t th[STAGE_THREADS_MAX];
+	int r = 0;
+
+	if (n == 0)
+		goto out;
+	m->ngroups = 0;
+	for (size_t k = 0; k < n; k++)
+		if (k == 0 || m->pend[k].dirfd != m->pend[k - 1].dirfd ||
+		    k - m->groups[m->ngroups - 1] >= STAGE_GROUP_MAX)
+			m->groups[m->ngroups++] = k;
+	m->groups[m->ngroups] = n;
+	m->next_group = 0;
+	m->stop = false;
+	if ((r = stagers_setup(m)) < 0) {
+		fail_msg(m->a, "out of memory for the stagers of a batch of %zu ops", m->nops);
+		goto out;
+	}
+	if (n >= m->a->par_min)
+		nt = m->nstagers < m->ngroups ? m->nstagers : m->ngroups;
+	for (size_t t = 1; t < nt; t++) {
+		if (pthread_create(&th[t], NULL, stager_main, &m->stagers[t]) != 0)
+			break; /* fewer threads it is */
+		started = t;
+	}
+	stager_main(&m->stagers[0]);
+	for (size_t t = 1; t <= started; t++)
+		pthread_join(th[t], NULL);
+	r = stagers_merge(m);
+out:
+	for (size_t k = 0; k < m->ndirfds; k++)
+		close(m->dirfds[k]);
+	m->ndirfds = 0;
+	m->npend = 0;
+	m->pc_used = false;
+	return r;
 }
 
 /* ---- phase 3 ---- */
@@ -1222,12 +1652,27 @@ static int stage_all(struct run *rn)
 	int r = 0;
 
 	for (size_t i = 0; i < rn->nops; i++) {
-		if ((r = prepare_op(rn, i)) == 0)
+		if ((r = prepare_op(rn, i)) == 0) {
+			if ((rn->npend >= PEND_MAX || rn->ndirfds >= DIRFDS_MAX) && (r = stage_pending(rn)) < 0)
+				return r;
 			continue;
-		if (!op_isolated(rn, r))
+		}
+		if (!op_isolated(rn, r)) {
+			/* the batch's error is its first in op order: stage the
+			 * PUTs before this one, which may fail first */
+			char err[ERR_LEN];
+			memcpy(err, rn->err, ERR_LEN);
+			int rr = stage_pending(rn);
+			if (rr < 0)
+				return rr;
+			memcpy(rn->err, err, ERR_LEN);
 			return r;
+		}
 		note_failed(rn, i, r);
 	}
+	if ((r = stage_pending(rn)) < 0)
+		return r;
+	parent_drop(rn);
 	return sync_root(rn);
 }
 
@@ -1250,13 +1695,14 @@ static int commit_all(struct run *rn, size_t *done)
 		}
 		rn->st->ops++;
 	}
+	parent_drop(rn);
 	return 0;
 }
 
 static int batch_run(struct apply *a, struct delta_batch *b, struct apply_stats *st, bool whole)
 {
 	struct apply_stats dummy;
-	struct run rn = {.a = a, .b = b, .stagefd = -1, .whole = whole};
+	struct run rn = {.a = a, .b = b, .stagefd = -1, .whole = whole, .pc_fd = -1};
 	size_t i;
 	int r = 0;
 
@@ -1264,19 +1710,28 @@ static int batch_run(struct apply *a, struct delta_batch *b, struct apply_stats 
 		st = &dummy;
 	memset(st, 0, sizeof(*st));
 	rn.st = st;
+	rn.main = &rn;
+	rn.err = a->err;
+	rn.why = a->why;
+	rn.rnd_used = sizeof(rn.rnd);
+	pthread_mutex_init(&rn.lock, NULL);
 	a->err[0] = a->why[0] = '\0';
 	a->nfails = 0;
 	a->fails_total = 0;
 	if (delta_batch_seq(b) <= a->last_seq) {
 		fail_msg(a, "batch %llu is not newer than the last applied %llu",
 			 (unsigned long long)delta_batch_seq(b), (unsigned long long)a->last_seq);
-		return -ESTALE;
+		r = -ESTALE;
+		goto out;
 	}
 	rn.nops = delta_batch_count(b);
 	rn.scratch_len = delta_batch_chunk_max(b);
 	if (!(rn.steps = mem_calloc(rn.nops ? rn.nops : 1, sizeof(*rn.steps))) ||
 	    !(rn.index = mem_calloc(rn.nops ? rn.nops : 1, sizeof(*rn.index))) ||
 	    !(rn.dirmodes = mem_calloc(rn.nops ? rn.nops : 1, sizeof(*rn.dirmodes))) ||
+	    !(rn.pend = mem_calloc(rn.nops < PEND_MAX ? rn.nops + 1 : PEND_MAX, sizeof(*rn.pend))) ||
+	    !(rn.groups = mem_calloc(rn.nops < PEND_MAX ? rn.nops + 2 : PEND_MAX + 1, sizeof(*rn.groups))) ||
+	    !(rn.dirfds = mem_calloc(DIRFDS_MAX + 2, sizeof(*rn.dirfds))) ||
 	    !(rn.scratch = mem_alloc(rn.scratch_len ? rn.scratch_len : 1))) {
 		fail_msg(a, "out of memory for a batch of %zu ops", rn.nops);
 		r = -ENOMEM;
@@ -1320,10 +1775,19 @@ static int batch_run(struct apply *a, struct delta_batch *b, struct apply_stats 
 		qsort(a->fails, a->nfails, sizeof(*a->fails), fail_cmp);
 	a->last_seq = delta_batch_seq(b);
 out:
+	for (size_t k = 0; k < rn.ndirfds; k++)
+		close(rn.dirfds[k]);
+	if (rn.pc_fd >= 0)
+		close(rn.pc_fd);
+	stagers_free(&rn);
+	pthread_mutex_destroy(&rn.lock);
 	mem_free(rn.steps);
 	mem_free(rn.index);
 	mem_free(rn.dirmodes);
 	mem_free(rn.scratch);
+	mem_free(rn.pend);
+	mem_free(rn.groups);
+	mem_free(rn.dirfds);
 	return r;
 }
 
@@ -1382,7 +1846,7 @@ static bool probe_tmpfile(struct apply *a)
 	int fd = openat(a->rootfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return false;
-	bool ok = temp_link(fd, a->rootfd, tmp) == 0;
+	bool ok = temp_link(NULL, fd, a->rootfd, tmp) == 0;
 	close(fd);
 	if (ok)
 		unlinkat(a->rootfd, tmp, 0);
@@ -1408,6 +1872,19 @@ int apply_open(const char *root, const struct apply_opts *opts, struct apply **o
 	clean_root(a);
 	a->tmpfile_ok = !(a->o.flags & APPLY_NO_TMPFILE) && probe_tmpfile(a);
 	a->exchange_ok = !(a->o.flags & APPLY_NO_EXCHANGE);
+	a->noreplace_ok = !(a->o.flags & APPLY_NO_EXCHANGE);
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	a->threads = a->o.threads ? a->o.threads : cpus > 1 ? (unsigned)cpus : 1;
+	if (a->threads > STAGE_THREADS_MAX)
+		a->threads = STAGE_THREADS_MAX;
+	a->par_min = a->o.threads ? 2 : STAGE_PAR_MIN;
+	/* half of what is left of the fd limit, for files held open between
+	 * staging and commit; the rest of a larger batch gets temporary names */
+	struct rlimit nf;
+	a->hold_max = getrlimit(RLIMIT_NOFILE, &nf) == 0 && nf.rlim_cur > 512 ? (size_t)(nf.rlim_cur - 256) / 2 : 0;
+	if (a->hold_max > HOLD_MAX)
+		a->hold_max = HOLD_MAX;
+	a->empty_path_ok = true;
 	*out = a;
 	return 0;
 }

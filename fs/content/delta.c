@@ -780,12 +780,12 @@ static int zstd_frame_check(struct parse *ps, const uint8_t *p, size_t n, uint32
 	return 0;
 }
 
-static int chunk_bytes(struct delta_batch *b, const struct delta_chunk *c, uint8_t *scratch, const uint8_t **out)
+static int chunk_bytes(ZSTD_DCtx *dctx, const struct delta_chunk *c, uint8_t *scratch, const uint8_t **out)
 {
 	if (c->kind == DELTA_CHUNK_RAW) {
 		*out = c->data;
 	} else if (c->kind == DELTA_CHUNK_ZSTD) {
-		size_t k = ZSTD_decompressDCtx(b->dctx, scratch, c->raw_len, c->data, c->data_len);
+		size_t k = ZSTD_decompressDCtx(dctx, scratch, c->raw_len, c->data, c->data_len);
 		if (ZSTD_isError(k) || k != c->raw_len)
 			return -EBADMSG;
 		*out = scratch;
@@ -799,7 +799,24 @@ static int chunk_bytes(struct delta_batch *b, const struct delta_chunk *c, uint8
 
 int delta_chunk_data(struct delta_batch *b, const struct delta_chunk *c, uint8_t *scratch, const uint8_t **out)
 {
-	return chunk_bytes(b, c, scratch, out);
+	return chunk_bytes(b->dctx, c, scratch, out);
+}
+
+struct delta_dctx *delta_dctx_new(void)
+{
+	return (struct delta_dctx *)ZSTD_createDCtx();
+}
+
+void delta_dctx_free(struct delta_dctx *d)
+{
+	ZSTD_freeDCtx((ZSTD_DCtx *)d);
+}
+
+int delta_chunk_data_dctx(const struct delta_batch *b, struct delta_dctx *d, const struct delta_chunk *c,
+			  uint8_t *scratch, const uint8_t **out)
+{
+	(void)b; /* the chunk's bytes live in b; kept for symmetry with delta_chunk_data */
+	return chunk_bytes((ZSTD_DCtx *)d, c, scratch, out);
 }
 
 static int parse_put(struct parse *ps, struct delta_op *op)
@@ -880,7 +897,7 @@ static int parse_put(struct parse *ps, struct delta_op *op)
 			continue;
 		if (c.kind != DELTA_CHUNK_REF && !ps->defer) {
 			const uint8_t *raw;
-			if ((r = chunk_bytes(ps->b, &c, ps->scratch, &raw)) < 0)
+			if ((r = chunk_bytes(ps->b->dctx, &c, ps->scratch, &raw)) < 0)
 				FAIL(ps, -EBADMSG, "chunk %u: %s", i,
 				     r == -EBADMSG && c.kind == DELTA_CHUNK_ZSTD
 					 ? "bad zstd data or content hash mismatch"

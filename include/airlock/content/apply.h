@@ -41,7 +41,8 @@
  *    EACCES, only for inodes the agent owns.
  *  - Nothing creates special files; mode bits are <= 0777 (delta.h).
  *
- * An apply handle is used from one thread at a time.
+ * An apply handle is used from one thread at a time (apply_batch may
+ * start threads of its own for staging and joins them before it returns).
  * Errors are -errno; apply_error() has a message naming the op and path.
  */
 
@@ -69,6 +70,12 @@ enum apply_fsync {
 struct apply_opts {
 	enum apply_fsync fsync;
 	unsigned flags;
+	/* Threads that write a batch's files (phase 1): 0 = the CPUs online,
+	 * at most 4, and only for batches of 32 files or more; n (tests) = n
+	 * threads for any batch of 2 files or more; 1 = the calling thread
+	 * alone. The check before and the commit after are in op order on the
+	 * calling thread either way. */
+	unsigned threads;
 };
 
 struct apply_stats {

@@ -240,4 +240,16 @@ uint32_t delta_batch_chunk_max(const struct delta_batch *b);
  * again. -EINVAL for a REF chunk. Not thread-safe per batch. */
 int delta_chunk_data(struct delta_batch *b, const struct delta_chunk *c, uint8_t *scratch, const uint8_t **out);
 
+/* A decompression context of one thread's own, for reading one batch's
+ * chunks from several threads at once (apply's parallel staging). Free
+ * with delta_dctx_free (NULL is a no-op); NULL from new: out of memory. */
+struct delta_dctx;
+struct delta_dctx *delta_dctx_new(void);
+void delta_dctx_free(struct delta_dctx *d);
+/* delta_chunk_data through d instead of the batch's own context: safe
+ * from several threads at once on the same batch, each with its own d
+ * and scratch. */
+int delta_chunk_data_dctx(const struct delta_batch *b, struct delta_dctx *d, const struct delta_chunk *c,
+			  uint8_t *scratch, const uint8_t **out);
+
 #endif

@@ -578,6 +578,8 @@ static void raw_put(struct raw *r, const char *path, size_t pl, uint32_t mode, c
 	assert_int_equal(buf_put_u32(&r->b, (uint32_t)n), 0);
 	assert_int_equal(buf_put(&r->b, h, sizeof(h)), 0);
 	assert_int_equal(buf_put(&r->b, text, n), 0);
+	if (corrupt == 3) /* the bytes, not the hashes: found only when staged (verify_deferred) */
+		((uint8_t *)buf_ptr(&r->b))[buf_len(&r->b) - 1] ^= 1;
 }
 
 static void raw_put_ref(struct raw *r, const char *path, uint64_t off, const char *claimed)
@@ -1141,6 +1143,270 @@ static void test_rsync_modes(void **state)
 	assert_int_equal(WEXITSTATUS(status), 0);
 }
 
+/* ---- parallel staging ----
+ * The same batch applied with one stager and with four (forced for any
+ * batch, apply_opts.threads) must give the same tree, the same stats and
+ * the same per-op failures in op order, with failures in the middle of
+ * the batch (in the check and in the staging), a read-only directory,
+ * hard links, symlinks and NAME_MAX names; and apply_batch_whole the same
+ * error for the first failing op with the tree untouched. As root and, in
+ * a child, as an unprivileged owner (where the read-only directory really
+ * refuses and its files are staged apart). */
+
+static const struct apply_opts par_one = {.fsync = APPLY_FSYNC_NONE, .threads = 1};
+static const struct apply_opts par_four = {.fsync = APPLY_FSYNC_NONE, .threads = 4};
+
+struct par_result {
+	int r;
+	struct apply_stats st;
+	size_t nf;
+	uint64_t total;
+	struct apply_failure f[32];
+	char err[512];
+	struct buf tree;
+};
+
+static void par_prestate(int g)
+{
+	CK(mkdirat(g, "ro", 0755) == 0);
+	tu_put_file(g, "ro/old", "old", 3, 0644);
+	CK(fchmodat(g, "ro", 0555, 0) == 0);
+	CK(mkdirat(g, "isdir", 0755) == 0);
+	CK(mkdirat(g, "gone", 0755) == 0);
+	tu_put_file(g, "gone/x", "x", 1, 0644);
+	tu_put_file(g, "edit.txt", "old content", 11, 0644);
+	tu_put_file(g, "bad.txt", "aaa", 3, 0644);
+	CK(mkdirat(g, "p", 0755) == 0);
+	tu_put_file(g, "p/x", "unmanaged", 9, 0644);
+}
+
+/* The tree under dfd, encoded, or NULL with a temporary lying around. */
+static bool par_tree(int dfd, struct buf *out)
+{
+	struct counted c = {0};
+	struct manifest_scan_opts o = {.chunking = &small, .skipped = count_reserved, .skipped_ud = &c};
+	struct manifest *m;
+	buf_init(out, 64u << 20);
+	if (manifest_scan(dfd, &o, &m) < 0)
+		return false;
+	bool ok = manifest_encode(m, out) == 0 && c.reserved == 0;
+	manifest_free(m);
+	return ok;
+}
+
+/* Apply the batches in order to a fresh root (prestate or empty) with
+ * opts; the result of the last one. */
+static bool par_apply(const char *root, const struct apply_opts *opts, bool prestate, struct buf *batches, size_t nb,
+		      bool whole, struct par_result *res)
+{
+	struct apply *a;
+	int g;
+
+	if (mkdir(root, 0755) < 0 || (g = open(root, O_RDONLY | O_DIRECTORY)) < 0)
+		return false;
+	if (prestate)
+		par_prestate(g);
+	if (apply_open(root, opts, &a) < 0)
+		return false;
+	memset(res, 0, sizeof(*res));
+	for (size_t k = 0; k < nb; k++) {
+		struct delta_batch *b;
+		char err[256];
+		/* content checked while staged, as the agent does */
+		if (delta_batch_verify_deferred(buf_ptr(&batches[k]), buf_len(&batches[k]), pk, scope,
+						apply_last_seq(a), NULL, &b, err, sizeof(err)) < 0) {
+			fprintf(stderr, "batch refused: %s\n", err);
+			return false;
+		}
+		res->r = whole ? apply_batch_whole(a, b, &res->st) : apply_batch(a, b, &res->st);
+		delta_batch_free(b);
+	}
+	const struct apply_failure *f = apply_failures(a, &res->nf, &res->total);
+	if (res->nf > 32)
+		return false;
+	if (res->nf)
+		memcpy(res->f, f, res->nf * sizeof(*f));
+	snprintf(res->err, sizeof(res->err), "%s", apply_error(a));
+	apply_free(a);
+	bool ok = par_tree(g, &res->tree);
+	close(g);
+	return ok;
+}
+
+static bool par_same(const struct par_result *x, const struct par_result *y, bool same_err)
+{
+	/* a failed batch's byte counts say how far its staging got: not compared */
+	if (x->r != y->r || (x->r == 0 && memcmp(&x->st, &y->st, sizeof(x->st)) != 0) || x->st.ops != y->st.ops ||
+	    x->st.partial != y->st.partial || x->nf != y->nf || x->total != y->total ||
+	    buf_len(&x->tree) != buf_len(&y->tree) || memcmp(buf_ptr(&x->tree), buf_ptr(&y->tree), buf_len(&x->tree)))
+		return false;
+	for (size_t k = 0; k < x->nf; k++)
+		if (x->f[k].op != y->f[k].op || x->f[k].err != y->f[k].err || strcmp(x->f[k].msg, y->f[k].msg) != 0)
+			return false;
+	return !same_err || strcmp(x->err, y->err) == 0;
+}
+
+/* The crafted batch: failures in the check and in the staging, spread
+ * over the batch. */
+static void par_crafted(struct buf *out, uint64_t seq)
+{
+	static char maxname[256];
+	struct raw r;
+	char p[64], text[128];
+
+	memset(maxname, 'n', 255);
+	raw_begin(&r, seq);
+	raw_path(&r, DELTA_MKDIR, "d", 1); /* 0 */
+	raw_u32(&r, 0755);
+	for (int k = 0; k < 60; k++) { /* 1..60; 8, 24, 42 have bytes that do not match */
+		snprintf(p, sizeof(p), "d/f%02d", k);
+		snprintf(text, sizeof(text), "file %d of the batch, with some text to write %0*d", k, k % 50 + 1, k);
+		raw_put(&r, p, strlen(p), k % 3 ? 0644 : 0755, text, k == 7 || k == 23 || k == 41 ? 3 : 0);
+	}
+	raw_put(&r, "isdir", 5, 0644, "over a directory", 0);  /* 61: EISDIR in the check */
+	raw_put(&r, maxname, 255, 0600, "a NAME_MAX name", 0); /* 62 */
+	raw_path(&r, DELTA_SYMLINK, "d/ln", 4);		       /* 63 */
+	raw_str(&r, "f01");
+	raw_put(&r, "ro/new", 6, 0644, "into the read-only directory", 0); /* 64 */
+	raw_put_ref(&r, "edit.txt", 0, "old content");			   /* 65: references, right */
+	raw_put_ref(&r, "bad.txt", 0, "bbb");				   /* 66: references, wrong */
+	raw_path(&r, DELTA_DELETE, "gone", 4);				   /* 67 */
+	raw_u8(&r, DELTA_DELETE_TREE);
+	raw_put(&r, "gone/y", 6, 0644, "its directory is gone", 0); /* 68: ENOENT in the check */
+	raw_path(&r, DELTA_MKDIR, "e", 1);			    /* 69 */
+	raw_u32(&r, 0700);
+	for (int k = 0; k < 40; k++) { /* 70..109: staged apart (e is made in the batch); 90 bad */
+		snprintf(p, sizeof(p), "e/g%02d", k);
+		snprintf(text, sizeof(text), "in e: %d", k);
+		raw_put(&r, p, strlen(p), 0644, text, k == 20 ? 3 : 0);
+	}
+	raw_put(&r, "ro/old", 6, 0444, "replaced in the read-only directory", 0); /* 110 */
+	/* a name not looked at by the check (its directory is deleted and
+	 * made again first) that is taken at the commit (the delete kept the
+	 * directory for a file the host does not manage): the new-name link
+	 * finds it taken and the file is replaced as any other */
+	raw_path(&r, DELTA_DELETE, "p", 1); /* 111 */
+	raw_u8(&r, 0);
+	raw_path(&r, DELTA_MKDIR, "p", 1); /* 112 */
+	raw_u32(&r, 0755);
+	raw_put(&r, "p/x", 3, 0600, "new x", 0); /* 113 */
+	raw_finish(&r, -1);
+	*out = r.b;
+}
+
+/* A host tree synced whole: many directories, hard links, a sparse file,
+ * empty files, NAME_MAX names, symlinks. */
+static void par_host_batch(struct env *e, struct buf *out)
+{
+	static uint8_t data[9000];
+	char p[300];
+
+	memset(p, 'h', 255);
+	p[255] = '\0';
+	tu_put_file(e->hfd, p, "long", 4, 0644);
+	for (int d = 0; d < 6; d++) {
+		snprintf(p, sizeof(p), "dir%d", d);
+		assert_int_equal(mkdirat(e->hfd, p, d == 5 ? 0555 : 0755), 0);
+		for (int k = 0; k < 30; k++) {
+			snprintf(p, sizeof(p), "dir%d/file%02d.c", d, k);
+			tu_fill(data, sizeof(data), (uint32_t)(d * 100 + k));
+			size_t n = (size_t)(k * 277 % 9000);
+			if (k % 7 == 0)
+				memset(data + n / 2, 0, n - n / 2); /* ends in zeros */
+			tu_put_file(e->hfd, p, data, n, k % 4 ? 0644 : 0600);
+		}
+		if (d == 5)
+			assert_int_equal(fchmodat(e->hfd, "dir5", 0755, 0), 0);
+	}
+	assert_int_equal(linkat(e->hfd, "dir0/file01.c", e->hfd, "dir1/hardlink.c", 0), 0);
+	assert_int_equal(linkat(e->hfd, "dir0/file01.c", e->hfd, "hardlink-top", 0), 0);
+	assert_int_equal(symlinkat("dir0/file02.c", e->hfd, "dir2/ln"), 0);
+	int fd = openat(e->hfd, "sparse.img", O_WRONLY | O_CREAT, 0644);
+	assert_true(fd >= 0);
+	assert_int_equal(ftruncate(fd, 1 << 20), 0);
+	assert_int_equal(pwrite(fd, "x", 1, 4096), 1);
+	close(fd);
+	assert_int_equal(fchmodat(e->hfd, "dir5", 0555, 0), 0);
+	uint8_t *bytes;
+	size_t n;
+	make_sync_batch(e, &bytes, &n);
+	buf_init(out, 64u << 20);
+	assert_int_equal(buf_put(out, bytes, n), 0);
+	mem_free(bytes);
+}
+
+/* Every comparison under `base`; "" or what differed. */
+static const char *par_compare(const char *base, struct buf *cb, struct buf *host)
+{
+	struct par_result x, y;
+	char r1[160], r2[160];
+	static const char *why[] = {"the crafted batch", "apply_batch_whole", "the host tree"};
+
+	for (int c = 0; c < 3; c++) {
+		snprintf(r1, sizeof(r1), "%s/one%d", base, c);
+		snprintf(r2, sizeof(r2), "%s/four%d", base, c);
+		struct buf *bt = c < 2 ? cb : host;
+		if (!par_apply(r1, &par_one, c < 2, bt, 1, c == 1, &x) ||
+		    !par_apply(r2, &par_four, c < 2, bt, 1, c == 1, &y))
+			return why[c];
+		bool ok = par_same(&x, &y, c == 1);
+		int g1 = open(r1, O_RDONLY | O_DIRECTORY);
+		if (c == 0) /* the failures it was built with, all of them; p/x replaced */
+			ok = ok && x.r == 0 && x.nf == 7 && x.st.files == 101 && x.st.kept_dirs == 1 &&
+			     text_at(g1, "p/x", "new x") && mode_at(g1, "p/x") == 0600 && x.f[0].op == 8 &&
+			     x.f[1].op == 24 && x.f[2].op == 42 && x.f[3].op == 61 && x.f[4].op == 66 &&
+			     x.f[5].op == 68 && x.f[6].op == 90;
+		if (c == 1) /* the first failure is the batch's, nothing applied */
+			ok = ok && x.r == -EBADMSG && strstr(x.err, "op 8 ") != NULL && x.st.ops == 0;
+		if (c == 2)
+			ok = ok && x.r == 0 && x.nf == 0;
+		close(g1);
+		buf_clear(&x.tree);
+		buf_clear(&y.tree);
+		if (!ok)
+			return why[c];
+	}
+	return "";
+}
+
+static void test_parallel_same_as_serial(void **state)
+{
+	struct env *e = *state;
+	struct buf cbatch, host;
+	char base[128];
+	int status;
+
+	par_crafted(&cbatch, 1);
+	par_host_batch(e, &host);
+	snprintf(base, sizeof(base), "%s/par", e->base);
+	assert_int_equal(mkdir(base, 0755), 0);
+	const char *d = par_compare(base, &cbatch, &host);
+	if (*d)
+		fail_msg("one stager and four differ on %s", d);
+	if (geteuid() == 0) { /* again as an owner the read-only directory refuses */
+		snprintf(base, sizeof(base), "%s/paru", e->base);
+		assert_int_equal(mkdir(base, 0755), 0);
+		assert_int_equal(chown(e->base, MODES_UID, MODES_UID), 0); /* to reach base */
+		assert_int_equal(chown(base, MODES_UID, MODES_UID), 0);
+		fflush(NULL);
+		pid_t pid = fork();
+		assert_true(pid >= 0);
+		if (pid == 0) {
+			CK(setresgid(MODES_UID, MODES_UID, MODES_UID) == 0 &&
+			   setresuid(MODES_UID, MODES_UID, MODES_UID) == 0);
+			d = par_compare(base, &cbatch, &host);
+			if (*d)
+				fprintf(stderr, "as uid %u: one stager and four differ on %s\n", MODES_UID, d);
+			_exit(*d ? 1 : 0);
+		}
+		assert_int_equal(waitpid(pid, &status, 0), pid);
+		assert_true(WIFEXITED(status));
+		assert_int_equal(WEXITSTATUS(status), 0);
+	}
+	buf_clear(&cbatch);
+	buf_clear(&host);
+}
+
 #define BOTH(t)                                                                                                        \
 	cmocka_unit_test_prestate_setup_teardown(t, setup, teardown, (void *)&mode_default),                           \
 	    cmocka_unit_test_prestate_setup_teardown(t, setup, teardown, (void *)&mode_fallback)
@@ -1162,6 +1428,7 @@ int main(void)
 	    BOTH(test_staging_dir),
 	    BOTH(test_rsync_modes),
 	    BOTH(test_apply_alloc_failures),
+	    BOTH(test_parallel_same_as_serial),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
