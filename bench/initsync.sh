@@ -63,7 +63,7 @@ fi
 up "unchanged up"
 "$AIRLOCK" down "$W" >/dev/null
 W=
-if [ -n "${RSYNC:-}" ]; then
+if [ "${RSYNC:-0}" != 0 ]; then
 	sync
 	l0=$(load)
 	t0=$(now)
