@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "airlock/core/buf.h"
+#include "airlock/core/io.h"
 #include "airlock/core/mem.h"
 
 /* CHANGE HCACHE_VERSION IF THE FILE FORMAT CHANGES (doc/SYNC.md §3). */
@@ -332,8 +333,6 @@ int hcache_get(struct hcache *c, const char *path, const struct stat *st, struct
 	return 0;
 }
 
-static int write_all(int fd, const uint8_t *p, size_t n);
-
 /* c->next to the spill file (opened, its header left blank, the first
  * time). */
 static int spill(struct hcache *c)
@@ -347,10 +346,10 @@ static int spill(struct hcache *c)
 		c->spill_fd = openat(c->spill_dirfd, tmp, O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
 		if (c->spill_fd < 0)
 			return -errno;
-		if ((r = write_all(c->spill_fd, blank, sizeof(blank))) < 0)
+		if ((r = io_write_all(c->spill_fd, blank, sizeof(blank))) < 0)
 			return r;
 	}
-	if ((r = write_all(c->spill_fd, buf_ptr(&c->next), buf_len(&c->next))) < 0)
+	if ((r = io_write_all(c->spill_fd, buf_ptr(&c->next), buf_len(&c->next))) < 0)
 		return r;
 	c->spilled += buf_len(&c->next);
 	buf_reset(&c->next);
@@ -390,22 +389,6 @@ fail:
 	return r == -ENOBUFS ? -E2BIG : r;
 }
 
-/* write(2) all of p[0..n), retrying short writes. */
-static int write_all(int fd, const uint8_t *p, size_t n)
-{
-	size_t off = 0;
-
-	while (off < n) {
-		ssize_t w = write(fd, p + off, n - off);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return w < 0 ? -errno : -EIO;
-		off += (size_t)w;
-	}
-	return 0;
-}
-
 static int put_header(const struct hcache *c, struct buf *hdr)
 {
 	int r;
@@ -431,7 +414,7 @@ static int spill_finish(struct hcache *c, const struct buf *hdr, int fd)
 
 	if (!piece)
 		return -ENOMEM;
-	if ((r = write_all(fd, buf_ptr(&c->next), buf_len(&c->next))) < 0)
+	if ((r = io_write_all(fd, buf_ptr(&c->next), buf_len(&c->next))) < 0)
 		goto out;
 	if (pwrite(fd, buf_ptr(hdr), buf_len(hdr), 0) != (ssize_t)buf_len(hdr)) {
 		r = -EIO;
@@ -449,7 +432,7 @@ static int spill_finish(struct hcache *c, const struct buf *hdr, int fd)
 		off += (size_t)k;
 	}
 	chunk_hasher_final(&h, sum);
-	r = write_all(fd, sum, CHUNK_HASH_LEN);
+	r = io_write_all(fd, sum, CHUNK_HASH_LEN);
 out:
 	mem_free(piece);
 	return r;
@@ -491,9 +474,9 @@ int hcache_save(struct hcache *c, int dirfd, const char *name)
 		chunk_hasher_update(&h, buf_ptr(&hdr), buf_len(&hdr));
 		chunk_hasher_update(&h, buf_ptr(&c->next), buf_len(&c->next));
 		chunk_hasher_final(&h, sum);
-		if ((r = write_all(fd, buf_ptr(&hdr), buf_len(&hdr))) == 0 &&
-		    (r = write_all(fd, buf_ptr(&c->next), buf_len(&c->next))) == 0)
-			r = write_all(fd, sum, CHUNK_HASH_LEN);
+		if ((r = io_write_all(fd, buf_ptr(&hdr), buf_len(&hdr))) == 0 &&
+		    (r = io_write_all(fd, buf_ptr(&c->next), buf_len(&c->next))) == 0)
+			r = io_write_all(fd, sum, CHUNK_HASH_LEN);
 	}
 	/* No fsync: a torn cache fails its checksum and is ignored. */
 	close(fd);

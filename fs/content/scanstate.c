@@ -18,6 +18,7 @@
 
 #include "airlock/content/hcache.h"
 #include "airlock/core/buf.h"
+#include "airlock/core/io.h"
 #include "airlock/core/mem.h"
 
 /* CHANGE SCANSTATE_VERSION IF THE FILE FORMAT CHANGES (scanstate.h). */
@@ -202,20 +203,6 @@ void scanstate_seen(const char *relpath, const struct stat *sb, enum manifest_se
 
 /* ---- the file ---- */
 
-static int write_all(int fd, const uint8_t *p, size_t n)
-{
-	while (n > 0) {
-		ssize_t w = write(fd, p, n);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return w < 0 ? -errno : -EIO;
-		p += w;
-		n -= (size_t)w;
-	}
-	return 0;
-}
-
 static void mac_of(const uint8_t key[SCANSTATE_KEY_LEN], const uint8_t *p, size_t n, uint8_t out[MAC_LEN])
 {
 	crypto_generichash(out, MAC_LEN, p, n, key, SCANSTATE_KEY_LEN);
@@ -240,7 +227,7 @@ static int sink_flush(void *ud, struct buf *b)
 		return -E2BIG; /* the loader would refuse it */
 	k->written += buf_len(b);
 	crypto_generichash_update(&k->mac, buf_ptr(b), buf_len(b));
-	r = write_all(k->fd, buf_ptr(b), buf_len(b));
+	r = io_write_all(k->fd, buf_ptr(b), buf_len(b));
 	buf_reset(b);
 	return r;
 }
@@ -313,7 +300,7 @@ int scanstate_save(struct scanstate *st, int dirfd, const char *name, const stru
 	crypto_generichash_init(&k.mac, key, SCANSTATE_KEY_LEN, MAC_LEN);
 	if ((r = encode(st, m, fp, extra, extra_len, &out, &k)) == 0) {
 		crypto_generichash_final(&k.mac, mac, MAC_LEN);
-		r = write_all(k.fd, mac, MAC_LEN);
+		r = io_write_all(k.fd, mac, MAC_LEN);
 	}
 	if (close(k.fd) < 0 && r == 0)
 		r = -errno;

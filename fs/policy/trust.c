@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "airlock/core/errmsg.h"
+#include "airlock/core/io.h"
 
 #define MAGIC	    "airlock-trust 1\n"
 #define DOMAIN	    "airlock trust v1" /* hashed with its NUL */
@@ -182,20 +183,6 @@ static int make_store(char *dir, char *err, size_t errlen)
 	return 0;
 }
 
-static int write_all(int fd, const char *p, size_t n)
-{
-	while (n) {
-		ssize_t k = write(fd, p, n);
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k < 0)
-			return -errno;
-		p += k;
-		n -= (size_t)k;
-	}
-	return 0;
-}
-
 int trust_approve(const char *ws, const uint8_t digest[TRUST_DIGEST_LEN], char *err, size_t errlen)
 {
 	char path[PATH_BUF], tmp[PATH_BUF + 32], hex[TRUST_DIGEST_LEN * 2 + 1];
@@ -224,9 +211,9 @@ int trust_approve(const char *ws, const uint8_t digest[TRUST_DIGEST_LEN], char *
 		return r;
 	}
 	sodium_bin2hex(hex, sizeof(hex), digest, TRUST_DIGEST_LEN);
-	if ((r = write_all(fd, MAGIC, strlen(MAGIC))) < 0 || (r = write_all(fd, hex, strlen(hex))) < 0 ||
-	    (r = write_all(fd, "\n", 1)) < 0 || (r = write_all(fd, ws, strlen(ws))) < 0 ||
-	    (r = write_all(fd, "\n", 1)) < 0 || (fsync(fd) < 0 && (r = -errno) < 0)) {
+	if ((r = io_write_all(fd, MAGIC, strlen(MAGIC))) < 0 || (r = io_write_all(fd, hex, strlen(hex))) < 0 ||
+	    (r = io_write_all(fd, "\n", 1)) < 0 || (r = io_write_all(fd, ws, strlen(ws))) < 0 ||
+	    (r = io_write_all(fd, "\n", 1)) < 0 || (fsync(fd) < 0 && (r = -errno) < 0)) {
 		close(fd);
 		unlink(tmp);
 		errmsg_set(err, errlen, "%s: %s", tmp, strerror(-r));

@@ -49,6 +49,7 @@
 #include <sodium.h>
 
 #include "airlock/core/buf.h"
+#include "airlock/core/io.h"
 #include "airlock/core/mem.h"
 #include "airlock/mount/mount.h"
 #include "airlock/server/relay.h"
@@ -90,22 +91,6 @@ static uint64_t now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-int cmd_write_all(int fd, const void *p, size_t n)
-{
-	const char *c = p;
-
-	while (n > 0) {
-		ssize_t w = write(fd, c, n);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0)
-			return -errno;
-		c += w;
-		n -= (size_t)w;
-	}
-	return 0;
-}
-
 /* Send one request object (consumed). */
 static int send_req(struct xc *x, json_t *o)
 {
@@ -119,9 +104,9 @@ static int send_req(struct xc *x, json_t *o)
 	if (!line)
 		return -ENOMEM;
 	size_t n = strlen(line);
-	r = cmd_write_all(x->fd, line, n);
+	r = io_write_all(x->fd, line, n);
 	if (r == 0)
-		r = cmd_write_all(x->fd, "\n", 1);
+		r = io_write_all(x->fd, "\n", 1);
 	mem_free(line); /* jansson allocates through mem_* (mem_init_json) */
 	return r;
 }
@@ -151,7 +136,7 @@ static int out_write(struct xc *x, int fd, const void *p, size_t n)
 {
 	if (x->cwd)
 		return shell_cwd_filter(x->cwd, fd, p, n);
-	return cmd_write_all(fd, p, n);
+	return io_write_all(fd, p, n);
 }
 
 /* Output data of an stdout/stderr event to fd. */
@@ -777,7 +762,7 @@ static int guard_start(const struct xc *x, pid_t *pid)
 			char line[160];
 			int fd = cmd_connect_relay(x->sock);
 			int k = snprintf(line, sizeof(line), "{\"id\":\"%s\",\"op\":\"cancel\"}\n", x->id);
-			if (fd >= 0 && k > 0 && (size_t)k < sizeof(line) && cmd_write_all(fd, line, (size_t)k) == 0)
+			if (fd >= 0 && k > 0 && (size_t)k < sizeof(line) && io_write_all(fd, line, (size_t)k) == 0)
 				while (read(fd, line, sizeof(line)) < 0 && errno == EINTR) /* the hello: it was read */
 					;
 		}

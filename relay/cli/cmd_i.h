@@ -121,6 +121,5 @@ int cmd_print_json(json_t *o);
 
 /* Print "airlock: " + message to stderr. */
 void cmd_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-int cmd_write_all(int fd, const void *p, size_t n); /* cmd_exec.c: all of it, 0 or -errno */
 
 #endif

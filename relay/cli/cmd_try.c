@@ -24,6 +24,7 @@
 #include <jansson.h>
 
 #include "airlock/server/relay.h"
+#include "airlock/core/io.h"
 #include "cmd_i.h"
 
 #define TRY_MAX	     RELAY_TRY_VARIANTS_MAX
@@ -260,7 +261,7 @@ static json_t *try_run(int fd, json_t *rq, struct variant *vs, int nv)
 	json_t *ans = NULL;
 	int dfd;
 
-	if (!line || cmd_write_all(fd, line, strlen(line)) < 0 || cmd_write_all(fd, "\n", 1) < 0 ||
+	if (!line || io_write_all(fd, line, strlen(line)) < 0 || io_write_all(fd, "\n", 1) < 0 ||
 	    (dfd = dup(fd)) < 0 || !(f = fdopen(dfd, "r"))) {
 		free(line);
 		return NULL;

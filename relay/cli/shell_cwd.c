@@ -10,6 +10,7 @@
 
 #include <sodium.h>
 
+#include "airlock/core/io.h"
 #include "cmd_i.h"
 #include "shell_cwd_i.h"
 
@@ -72,7 +73,7 @@ int shell_cwd_filter(struct shell_cwd *c, int fd, const uint8_t *p, size_t n)
 				keep = mark_prefix_tail(c, c->pend, c->pend_n);
 			} else {
 				char *nl = memchr(m, '\n', c->pend_n - (size_t)(m - c->pend));
-				if ((r = cmd_write_all(fd, c->pend, (size_t)(m - c->pend))) < 0)
+				if ((r = io_write_all(fd, c->pend, (size_t)(m - c->pend))) < 0)
 					return r;
 				if (!nl && c->pend_n < sizeof(c->pend)) { /* the line goes on in the next chunk */
 					memmove(c->pend, m, c->pend_n - (size_t)(m - c->pend));
@@ -94,7 +95,7 @@ int shell_cwd_filter(struct shell_cwd *c, int fd, const uint8_t *p, size_t n)
 				c->pend_n -= (size_t)(nl - c->pend);
 				continue;
 			}
-			if ((r = cmd_write_all(fd, c->pend, c->pend_n - keep)) < 0)
+			if ((r = io_write_all(fd, c->pend, c->pend_n - keep)) < 0)
 				return r;
 			memmove(c->pend, c->pend + c->pend_n - keep, keep);
 			c->pend_n = keep;
@@ -106,7 +107,7 @@ int shell_cwd_filter(struct shell_cwd *c, int fd, const uint8_t *p, size_t n)
 
 int shell_cwd_flush(struct shell_cwd *c, int fd)
 {
-	int r = cmd_write_all(fd, c->pend, c->pend_n);
+	int r = io_write_all(fd, c->pend, c->pend_n);
 
 	c->pend_n = 0;
 	return r;
@@ -155,9 +156,9 @@ int shell_cwd_write(const struct shell_cwd *c, const char *root, const char *fil
 		cmd_err("shell: --cwd-file %s: %s", file, strerror(errno));
 		return -1;
 	}
-	r = cmd_write_all(fd, real, strlen(real));
+	r = io_write_all(fd, real, strlen(real));
 	if (r == 0)
-		r = cmd_write_all(fd, "\n", 1);
+		r = io_write_all(fd, "\n", 1);
 	if (close(fd) < 0 && r == 0)
 		r = -errno;
 	if (r < 0) {

@@ -28,6 +28,7 @@
 #include "airlock/core/buf.h"
 #include "airlock/core/chan.h"
 #include "airlock/core/errmsg.h"
+#include "airlock/core/io.h"
 #include "airlock/core/mem.h"
 #include "airlock/core/wire.h"
 #include "airlock/policy/policy.h"
@@ -892,20 +893,6 @@ bool up_changes_keep(void *ud, const struct manifest_change *c)
 	return true;
 }
 
-static int write_all(int fd, const uint8_t *p, size_t n)
-{
-	while (n > 0) {
-		ssize_t w = write(fd, p, n);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return w < 0 ? -errno : -ENOSPC;
-		p += w;
-		n -= (size_t)w;
-	}
-	return 0;
-}
-
 /* fill(fd, ud) writes the file's bytes. */
 typedef int save_fill_fn(int fd, const void *ud);
 
@@ -938,7 +925,7 @@ struct bytes {
 static int fill_bytes(int fd, const void *ud)
 {
 	const struct bytes *b = ud;
-	return write_all(fd, b->p, b->n);
+	return io_write_all(fd, b->p, b->n);
 }
 
 static int save_bytes(struct up *u, const char *name, const void *p, size_t n)
@@ -949,7 +936,7 @@ static int save_bytes(struct up *u, const char *name, const void *p, size_t n)
 
 static int write_piece(void *ud, struct buf *b)
 {
-	int r = write_all(*(const int *)ud, buf_ptr(b), buf_len(b));
+	int r = io_write_all(*(const int *)ud, buf_ptr(b), buf_len(b));
 	buf_reset(b);
 	return r;
 }

@@ -18,6 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "airlock/core/io.h"
+
 #include "cmd_i.h"
 #include "up_i.h"
 
@@ -38,22 +40,6 @@ static void log_open(void)
 	lg.log = open(lg.path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
 	lg.err = lg.log < 0 ? -errno : 0;
 	lg.size = lg.log >= 0 && fstat(lg.log, &st) == 0 ? st.st_size : 0;
-}
-
-/* 0, or -errno (a full or read-only disk: the log's writes are checked,
- * the terminal's are not). */
-static int write_all(int fd, const char *p, size_t n)
-{
-	while (fd >= 0 && n > 0) {
-		ssize_t w = write(fd, p, n);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return w < 0 ? -errno : -ENOSPC;
-		p += w;
-		n -= (size_t)w;
-	}
-	return 0;
 }
 
 /* "YYYY-MM-DDTHH:MM:SS.mmmZ " of now, computed here (no libc time zone
@@ -81,7 +67,8 @@ static ssize_t log_write(void *cookie, const char *buf, size_t n)
 	size_t done = 0;
 	(void)cookie;
 
-	write_all(lg.term, buf, n);
+	if (lg.term >= 0)
+		io_write_all(lg.term, buf, n); /* the terminal's writes are not checked */
 	while (done < n) {
 		const char *nl = memchr(buf + done, '\n', n - done);
 		size_t len = nl ? (size_t)(nl - (buf + done)) + 1 : n - done;
@@ -96,11 +83,11 @@ static ssize_t log_write(void *cookie, const char *buf, size_t n)
 			}
 			size_t k = stamp(ts, sizeof(ts));
 			if (lg.log >= 0)
-				lg.err = write_all(lg.log, ts, k);
+				lg.err = io_write_all(lg.log, ts, k);
 			lg.size += (off_t)k;
 		}
 		if (lg.log >= 0 && lg.err == 0)
-			lg.err = write_all(lg.log, buf + done, len);
+			lg.err = io_write_all(lg.log, buf + done, len);
 		lg.size += (off_t)len;
 		lg.line_start = nl != NULL;
 		done += len;

@@ -10,6 +10,7 @@
  * file.
  */
 #include "airlock/core/errmsg.h"
+#include "airlock/core/io.h"
 #include "airlock/core/keys.h"
 
 #include <errno.h>
@@ -73,24 +74,6 @@ int keys_generate(struct noise_keypair *kp)
 	return r;
 }
 
-/* write(2) all of p, retrying on EINTR and short writes. */
-static int write_all(int fd, const void *p, size_t n)
-{
-	const uint8_t *q = p;
-
-	while (n) {
-		ssize_t w = write(fd, q, n);
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		q += w;
-		n -= (size_t)w;
-	}
-	return 0;
-}
-
 /* Give the new file mode 0600 exactly (the umask can only remove bits, and
  * the owner must be able to read the key back), write it, and sync it. */
 static int write_key_fd(int fd, const char *text, size_t n)
@@ -99,7 +82,7 @@ static int write_key_fd(int fd, const char *text, size_t n)
 
 	if (fchmod(fd, 0600) != 0)
 		return -errno;
-	if ((r = write_all(fd, text, n)) < 0)
+	if ((r = io_write_all(fd, text, n)) < 0)
 		return r;
 	if (fsync(fd) != 0)
 		return -errno;

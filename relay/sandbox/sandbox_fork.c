@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "airlock/core/errmsg.h"
+#include "airlock/core/io.h"
 #include "airlock/core/mem.h"
 #include "airlock/sandbox/sandbox_fork.h"
 #include "sandbox_i.h"
@@ -892,17 +893,7 @@ int sandbox_fork_seed(const char *dir, const char *name, const char *file, const
 		errmsg_set(err, errlen, "%s: %s", path, strerror(errno));
 		return r;
 	}
-	for (const char *p = data; r == 0 && n > 0;) {
-		ssize_t k = write(fd, p, n);
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k <= 0)
-			r = k < 0 ? -errno : -EIO;
-		else {
-			p += k;
-			n -= (size_t)k;
-		}
-	}
+	r = io_write_all(fd, data, n);
 	if (r == 0 && uid && fchown(fd, uid, uid) < 0)
 		r = -errno;
 	if (close(fd) < 0 && r == 0)

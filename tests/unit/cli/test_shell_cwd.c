@@ -20,7 +20,7 @@
 #include "../../../relay/cli/cmd_i.h"
 #include "../../../relay/cli/shell_cwd_i.h"
 
-/* The two cmd_* the module uses, without the rest of the CLI. */
+/* The one cmd_* the module uses, without the rest of the CLI. */
 void cmd_err(const char *fmt, ...)
 {
 	va_list ap;
@@ -29,11 +29,6 @@ void cmd_err(const char *fmt, ...)
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
 	fputc('\n', stderr);
-}
-
-int cmd_write_all(int fd, const void *p, size_t n)
-{
-	return write(fd, p, n) == (ssize_t)n ? 0 : -EIO;
 }
 
 /* Everything the filter let through, fed in pieces of `step` bytes. */
