@@ -242,9 +242,11 @@ while True:
     if ev.get("id") == 1: break
 assert ev["event"] == "fork_changes" and ev["changes"] == [{"path": "a", "deleted": False}] and "upper" not in ev, ev
 PY
-		[ "$($TO 60 "$AIRLOCK" exec -C "$W3" --fork f1 -- cat a </dev/null)" = x ]
+		[ "$($TO 60 "$AIRLOCK" exec -C "$W3" --fork f1 -- cat a </dev/null)" = x ] &&
+			[ "$($TO 60 "$AIRLOCK" exec -C "$W3" --fork f1 -- sh -c "grep -l 'settle-report[s]' /proc/[0-9]*/cmdline | wc -l" </dev/null)" = 1 ] &&
+			[ "$($TO 60 "$AIRLOCK" exec -C "$W3" -- sh -c "grep -l 'settle-report[s]' /proc/[0-9]*/cmdline | wc -l" </dev/null)" = 0 ]
 	}
-	check "fork_changes of a vm fork: what its agent reported, the fork still running" t_cli_fork_changes
+	check "fork_changes of a vm fork: what its agent reported, the fork still running; its agent settles lost events before each report, the sandbox's does not" t_cli_fork_changes
 	# try: three patches of which B passes; B's run also deletes a file and
 	# makes a file and a symlink. (At the top level: the synced directories
 	# are the VM's agent's, root's, and commands run as uid 1000.)
