@@ -90,6 +90,7 @@ struct agent {
 	uint64_t file_max;	      /* --file-max: RLIMIT_FSIZE of confined commands, 0: none */
 	bool init;		      /* PID 1 of a pid namespace (the local sandbox) */
 	struct track *track;	      /* guest changes (track.h); NULL: not tracked */
+	bool settle_reports;	      /* --settle-reports: a report waits for lost events' recovery */
 	uint64_t starts;	      /* commands started, for "the latest running" */
 };
 
@@ -380,6 +381,7 @@ static void sweep_strays(struct agent *a);
 /* ---- guest changes: reported on the command's stream before its EXIT ---- */
 
 #define REPORT_FILL_BYTES (256u * 1024u) /* CHG_ITEMs made per refill of the queue */
+#define SETTLE_ROUNDS	  3		 /* --settle-reports: recoveries per report, events lost again meanwhile */
 
 /* The command running that started last (0: none): who a change belongs to. */
 static uint32_t running_by(struct agent *a)
@@ -442,6 +444,14 @@ static int expand_each(const char *path, const struct stat *st, void *ud)
 	return expand_add(x, path, x->by);
 }
 
+static bool track_lost(const struct track *t)
+{
+	struct track_stats st;
+
+	track_get_stats(t, &st);
+	return st.lost_now;
+}
+
 /* The command's changes, taken from the tracker: every dirty path, each
  * directory created or moved in walked to its contents. */
 static int gx_report_take(struct gexec *g)
@@ -453,6 +463,15 @@ static int gx_report_take(struct gexec *g)
 	int r;
 
 	track_read(a->track, g->stream); /* everything it did is queued by now */
+	/* a vm fork's reports are all the host learns of its changes (doc/VM.md
+	 * "fork_changes and try"): what the tracker lost is recovered first,
+	 * not left for a later report that may never come */
+	if (a->settle_reports && track_lost(a->track)) {
+		logmsg("session %u: exec stream %u: the tracker lost events: recovered before its report", g->s->id,
+		       g->stream);
+		for (int i = 0; i < SETTLE_ROUNDS && track_lost(a->track); i++)
+			track_settle(a->track);
+	}
 	if ((r = track_take(a->track, &d, &n)) < 0)
 		return r;
 	for (size_t i = 0; i < n && r == 0; i++) {
@@ -1319,6 +1338,8 @@ static void usage(FILE *f)
 	      "             --file-max: the largest file they may write (RLIMIT_FSIZE)\n"
 	      "  --no-track: do not track guest changes (no watch on every directory: a start that does\n"
 	      "              not grow with the tree; commands report none)\n"
+	      "  --settle-reports: a command's report of its changes waits for the recovery of events\n"
+	      "              the tracker lost (a vm fork's: the host keeps its reports as its changes)\n"
 	      "  --run-as: who runs commands when the agent is root (default: the owner of ROOT\n"
 	      "            when that is not root, else nobody, 65534:65534)\n"
 	      "  --state DIR: where the last applied sync sequence is kept (default ROOT.airlock-state;\n"
@@ -1398,6 +1419,7 @@ static int parse_options(struct agent *a, struct agent_args *o, int argc, char *
 	    {"confine", no_argument, NULL, 'C'},
 	    {"file-max", required_argument, NULL, 'X'},
 	    {"no-track", no_argument, NULL, 'N'},
+	    {"settle-reports", no_argument, NULL, 'R'},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
@@ -1460,6 +1482,9 @@ static int parse_options(struct agent *a, struct agent_args *o, int argc, char *
 			break;
 		case 'N':
 			o->no_track = true;
+			break;
+		case 'R':
+			a->settle_reports = true;
 			break;
 		case 'X': {
 			char *end;

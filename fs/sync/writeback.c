@@ -20,6 +20,7 @@
 #include "airlock/content/delta.h"
 #include "airlock/core/buf.h"
 #include "airlock/core/errmsg.h"
+#include "airlock/core/io.h"
 #include "airlock/core/mem.h"
 #include "airlock/core/wire.h"
 #include "airlock/policy/policy.h"
@@ -992,4 +993,314 @@ out:
 	delta_builder_free(b);
 	mem_free(ord);
 	return r;
+}
+
+/* ---- a vm fork's changes, as its agent reported them ---- */
+
+struct forkset_entry {
+	char *path;
+	uint32_t st_mode;
+	uint64_t seq; /* report order: the last report of a path wins */
+};
+
+struct wb_forkset {
+	struct forkset_entry *v;
+	size_t n, cap;
+	uint64_t bytes, next_seq;
+	int lost; /* -E2BIG or -ENOMEM: a report was not kept */
+};
+
+int wb_forkset_new(struct wb_forkset **out)
+{
+	return (*out = mem_calloc(1, sizeof(**out))) ? 0 : -ENOMEM;
+}
+
+void wb_forkset_free(struct wb_forkset *s)
+{
+	if (!s)
+		return;
+	for (size_t i = 0; i < s->n; i++)
+		mem_free(s->v[i].path);
+	mem_free(s->v);
+	mem_free(s);
+}
+
+static int forkset_cmp(const void *a, const void *b)
+{
+	const struct forkset_entry *x = a, *y = b;
+	int c = manifest_path_cmp(x->path, y->path);
+	return c ? c : x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* Sorted, each path once (its last report). */
+static void forkset_compact(struct wb_forkset *s)
+{
+	size_t m = 0;
+
+	if (s->n)
+		qsort(s->v, s->n, sizeof(*s->v), forkset_cmp);
+	for (size_t i = 0; i < s->n; i++) {
+		if (i + 1 < s->n && !strcmp(s->v[i].path, s->v[i + 1].path)) {
+			s->bytes -= strlen(s->v[i].path);
+			mem_free(s->v[i].path);
+			continue;
+		}
+		s->v[m++] = s->v[i];
+	}
+	s->n = m;
+}
+
+int wb_forkset_note(struct wb_forkset *s, const char *path, uint32_t st_mode)
+{
+	size_t len = strlen(path);
+
+	if (manifest_path_check(path, len) < 0)
+		return -EBADMSG;
+	if (s->lost)
+		return s->lost;
+	if (s->n == s->cap) {
+		if (s->n >= WB_FORKSET_MAX)
+			forkset_compact(s); /* the same paths reported again and again */
+		size_t nc = s->cap ? s->cap * 2 : 256;
+		if (nc > WB_FORKSET_MAX)
+			nc = WB_FORKSET_MAX;
+		if (s->n == nc)
+			return s->lost = -E2BIG;
+		if (nc > s->cap) {
+			void *nv = mem_realloc(s->v, nc * sizeof(*s->v));
+			if (!nv)
+				return s->lost = -ENOMEM;
+			s->v = nv;
+			s->cap = nc;
+		}
+	}
+	if (s->bytes + len > WB_FORKSET_BYTES_MAX)
+		return s->lost = -E2BIG;
+	if (!(s->v[s->n].path = mem_strdup(path)))
+		return s->lost = -ENOMEM;
+	s->v[s->n].st_mode = st_mode;
+	s->v[s->n].seq = s->next_seq++;
+	s->n++;
+	s->bytes += len;
+	return 0;
+}
+
+int wb_forkset_list(struct wb_forkset *s, int (*fn)(const char *path, bool deleted, void *ud), void *ud, char *err,
+		    size_t errlen)
+{
+	int r = 0;
+
+	if (s->lost) {
+		if (s->lost == -E2BIG)
+			errmsg_set(err, errlen,
+				   "its agent reported more changed paths than the host keeps for a fork (%u paths, "
+				   "%u MiB)",
+				   WB_FORKSET_MAX, WB_FORKSET_BYTES_MAX >> 20);
+		else
+			errmsg_set(err, errlen, "the host ran out of memory keeping its agent's reports");
+		return s->lost;
+	}
+	forkset_compact(s);
+	for (size_t i = 0; r == 0 && i < s->n; i++) {
+		uint32_t m = s->v[i].st_mode;
+		if (!m || S_ISREG(m) || S_ISLNK(m))
+			r = fn(s->v[i].path, !m, ud);
+	}
+	return r;
+}
+
+/* ---- a replay: pulled changes as a tar stream ---- */
+
+#define TAR_BLOCK    512u
+#define TAR_NAME_MAX 100u	     /* ustar name and linkname fields */
+#define TAR_SIZE_MAX 077777777777ull /* 11 octal digits */
+
+struct wb_replay {
+	int fd;
+	struct buf files, deleted; /* NUL-separated paths */
+	size_t nfiles, ndeleted;
+};
+
+int wb_replay_new(int fd, struct wb_replay **out)
+{
+	struct wb_replay *r = mem_calloc(1, sizeof(*r));
+
+	*out = NULL;
+	if (!r)
+		return -ENOMEM;
+	r->fd = fd;
+	buf_init(&r->files, (size_t)WB_FORKSET_BYTES_MAX + WB_FORKSET_MAX);
+	buf_init(&r->deleted, (size_t)WB_FORKSET_BYTES_MAX + WB_FORKSET_MAX);
+	*out = r;
+	return 0;
+}
+
+void wb_replay_free(struct wb_replay *r)
+{
+	if (!r)
+		return;
+	buf_clear(&r->files);
+	buf_clear(&r->deleted);
+	mem_free(r);
+}
+
+static void tar_octal(uint8_t *field, size_t width, uint64_t v)
+{
+	/* width - 1 digits and a NUL */
+	for (size_t i = width - 1; i-- > 0; v >>= 3)
+		field[i] = (uint8_t)('0' + (v & 7));
+	field[width - 1] = '\0';
+}
+
+/* One ustar header: name and linkname must fit their fields. */
+static int tar_header(int fd, const char *name, char type, unsigned mode, uint64_t size, const char *link)
+{
+	uint8_t h[TAR_BLOCK] = {0};
+	unsigned sum = 0;
+
+	memcpy(h, name, strlen(name));
+	tar_octal(h + 100, 8, mode);
+	tar_octal(h + 108, 8, 0);
+	tar_octal(h + 116, 8, 0);
+	tar_octal(h + 124, 12, size);
+	tar_octal(h + 136, 12, 0);
+	h[156] = (uint8_t)type;
+	if (link)
+		memcpy(h + 157, link, strlen(link));
+	memcpy(h + 257, "ustar", 6);
+	memcpy(h + 263, "00", 2);
+	memset(h + 148, ' ', 8);
+	for (size_t i = 0; i < TAR_BLOCK; i++)
+		sum += h[i];
+	tar_octal(h + 148, 7, sum);
+	h[155] = ' ';
+	return io_write_all(fd, h, sizeof(h));
+}
+
+static int tar_pad(int fd, uint64_t size)
+{
+	static const uint8_t zero[TAR_BLOCK];
+	size_t k = (size_t)((TAR_BLOCK - size % TAR_BLOCK) % TAR_BLOCK);
+	return k ? io_write_all(fd, zero, k) : 0;
+}
+
+/* "LEN key=value\n", LEN counting itself. */
+static int pax_record(struct buf *b, const char *key, const char *value)
+{
+	size_t body = 1 + strlen(key) + 1 + strlen(value) + 1, len = body + 1;
+	char num[24];
+
+	while ((size_t)snprintf(num, sizeof(num), "%zu", len) + body != len)
+		len = body + (size_t)snprintf(num, sizeof(num), "%zu", len);
+	int r;
+	if ((r = buf_put(b, num, strlen(num))) < 0 || (r = buf_put(b, " ", 1)) < 0 ||
+	    (r = buf_put(b, key, strlen(key))) < 0 || (r = buf_put(b, "=", 1)) < 0 ||
+	    (r = buf_put(b, value, strlen(value))) < 0 || (r = buf_put(b, "\n", 1)) < 0)
+		return r;
+	return 0;
+}
+
+/* A member's header, preceded by a pax header when its name or link does
+ * not fit ustar's fields. */
+static int tar_member_head(int fd, const char *name, char type, unsigned mode, uint64_t size, const char *link)
+{
+	bool long_name = strlen(name) >= TAR_NAME_MAX, long_link = link && strlen(link) >= TAR_NAME_MAX;
+	struct buf pax;
+	int r = 0;
+
+	if (size > TAR_SIZE_MAX)
+		return -EFBIG;
+	if (long_name || long_link) {
+		buf_init(&pax, 3 * WIRE_PATH_MAX);
+		if ((long_name && (r = pax_record(&pax, "path", name)) < 0) ||
+		    (long_link && (r = pax_record(&pax, "linkpath", link)) < 0) ||
+		    (r = tar_header(fd, "PaxHeader", 'x', 0644, buf_len(&pax), NULL)) < 0 ||
+		    (r = io_write_all(fd, buf_ptr(&pax), buf_len(&pax))) < 0 || (r = tar_pad(fd, buf_len(&pax))) < 0) {
+			buf_clear(&pax);
+			return r;
+		}
+		buf_clear(&pax);
+	}
+	return tar_header(fd, long_name ? "PaxHeader/name" : name, type, mode, size, long_link ? "" : link);
+}
+
+/* Its bytes from the pull's staged copy. */
+static int tar_copy(int fd, int in, uint64_t size)
+{
+	uint8_t chunk[64 * 1024];
+	int r;
+
+	for (uint64_t off = 0; off < size;) {
+		size_t want = size - off < sizeof(chunk) ? (size_t)(size - off) : sizeof(chunk);
+		ssize_t k = pread(in, chunk, want, (off_t)off);
+		if (k <= 0)
+			return k < 0 ? -errno : -EIO; /* the staged copy is ours: it does not shrink */
+		if ((r = io_write_all(fd, chunk, (size_t)k)) < 0)
+			return r;
+		off += (uint64_t)k;
+	}
+	return tar_pad(fd, size);
+}
+
+int wb_replay_add(struct wb_replay *r, const struct wb_pull *p, char *err, size_t errlen)
+{
+	char name[WIRE_PATH_MAX + 16];
+	int rc;
+
+	if (!p->ended) {
+		errmsg_set(err, errlen, "the pull is not complete: %s", wb_pull_error(p));
+		return -EINVAL;
+	}
+	for (size_t i = 0; i < p->cfg.n; i++) {
+		const char *why;
+		const struct wb_change *c = wb_pull_got(p, i, &why);
+		if (!c) {
+			errmsg_set(err, errlen, "%.300s: %s", p->paths[i], why);
+			return -EINVAL;
+		}
+		if (!c->st_mode) {
+			if ((rc = buf_put(&r->deleted, c->path, strlen(c->path) + 1)) < 0)
+				return rc;
+			r->ndeleted++;
+			continue;
+		}
+		if (!S_ISREG(c->st_mode) && !S_ISLNK(c->st_mode))
+			continue; /* as the local fork's replay: files and symlinks */
+		snprintf(name, sizeof(name), "files/%s", c->path);
+		if (S_ISLNK(c->st_mode))
+			rc = tar_member_head(r->fd, name, '2', 0777, 0, c->target);
+		else if ((rc = tar_member_head(r->fd, name, '0', c->st_mode & 0777, c->size, NULL)) == 0)
+			rc = tar_copy(r->fd, wb_pull_fd(p, i), c->size);
+		if (rc == 0)
+			rc = buf_put(&r->files, c->path, strlen(c->path) + 1);
+		if (rc < 0) {
+			errmsg_set(err, errlen, "%.300s: %s", c->path, strerror(-rc));
+			return rc;
+		}
+		r->nfiles++;
+	}
+	return 0;
+}
+
+static int tar_list(int fd, const char *name, const struct buf *b)
+{
+	int r;
+
+	if ((r = tar_member_head(fd, name, '0', 0600, buf_len(b), NULL)) < 0 ||
+	    (r = io_write_all(fd, buf_ptr(b), buf_len(b))) < 0)
+		return r;
+	return tar_pad(fd, buf_len(b));
+}
+
+int wb_replay_finish(struct wb_replay *r, size_t *nfiles, size_t *ndeleted)
+{
+	static const uint8_t end[2 * TAR_BLOCK];
+	int rc;
+
+	if ((rc = tar_list(r->fd, "files.list", &r->files)) < 0 || (rc = tar_list(r->fd, "deleted", &r->deleted)) < 0 ||
+	    (rc = io_write_all(r->fd, end, sizeof(end))) < 0)
+		return rc;
+	*nfiles = r->nfiles;
+	*ndeleted = r->ndeleted;
+	return 0;
 }

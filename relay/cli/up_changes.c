@@ -237,36 +237,48 @@ static void pull_unlink(struct up *u, struct upull *p)
 
 static void pull_finish(struct upull *p, int err);
 
-/* The next group of paths that fits one CHG_PULL frame, asked. */
-static int pull_next_group(struct upull *p)
+int up_changes_ask(struct up *u, struct chan *c, char **paths, size_t from, size_t n, uint64_t max_bytes,
+		   const char *cap_name, size_t *end, struct wb_pull **wp, uint32_t *stream)
 {
-	struct up *u = p->u;
-	size_t bytes = 4, k = p->gend;
+	size_t bytes = 4, k = from;
 	struct buf b;
 	int r;
 
-	while (k < p->n && k - p->gend < PULL_GROUP && bytes + 4 + strlen(p->paths[k]) <= WIRE_PAYLOAD_MAX)
-		bytes += 4 + strlen(p->paths[k++]);
-	p->gstart = p->gend;
-	p->gend = k;
-	wb_pull_free(p->wp);
-	p->wp = NULL;
-	struct wb_pull_cfg cfg = {.paths = (const char *const *)p->paths + p->gstart,
-				  .n = p->gend - p->gstart,
-				  .max_bytes = p->kind == PULL_SHOW ? SHOW_MAX : p->cap_left,
-				  .cap_name = p->kind == PULL_SHOW ? "the review's size limit (32 MiB)" : CAP_NAME,
+	while (k < n && k - from < PULL_GROUP && bytes + 4 + strlen(paths[k]) <= WIRE_PAYLOAD_MAX)
+		bytes += 4 + strlen(paths[k++]);
+	*end = k;
+	struct wb_pull_cfg cfg = {.paths = (const char *const *)paths + from,
+				  .n = k - from,
+				  .max_bytes = max_bytes,
+				  .cap_name = cap_name,
 				  .tmp_dirfd = u->chg.state_fd,
 				  .chunking = &chunk_params_default};
-	if ((r = wb_pull_new(&cfg, &p->wp)) < 0)
+	if ((r = wb_pull_new(&cfg, wp)) < 0)
 		return r;
-	if (!u->conn.chan || !(p->stream = chan_stream_open(u->conn.chan, 0)))
+	if (!c || !(*stream = chan_stream_open(c, 0)))
 		return -ENOTCONN;
-	struct wire_sync_req q = {.n = (uint32_t)(p->gend - p->gstart), .names = p->paths + p->gstart};
+	struct wire_sync_req q = {.n = (uint32_t)(k - from), .names = paths + from};
 	buf_init(&b, WIRE_PAYLOAD_MAX);
 	if ((r = wire_sync_req_encode(&b, &q)) == 0)
-		r = chan_send(u->conn.chan, WIRE_CHG_PULL, p->stream, buf_ptr(&b), buf_len(&b));
+		r = chan_send(c, WIRE_CHG_PULL, *stream, buf_ptr(&b), buf_len(&b));
 	buf_clear(&b);
 	return r == -EAGAIN ? -EBUSY : r;
+}
+
+uint64_t up_changes_cap(const struct up *u)
+{
+	return cap_bytes(u);
+}
+
+/* The next group of paths that fits one CHG_PULL frame, asked. */
+static int pull_next_group(struct upull *p)
+{
+	p->gstart = p->gend;
+	wb_pull_free(p->wp);
+	p->wp = NULL;
+	return up_changes_ask(
+	    p->u, p->u->conn.chan, p->paths, p->gstart, p->n, p->kind == PULL_SHOW ? SHOW_MAX : p->cap_left,
+	    p->kind == PULL_SHOW ? "the review's size limit (32 MiB)" : CAP_NAME, &p->gend, &p->wp, &p->stream);
 }
 
 static int pull_start(struct up *u, struct upull *p)

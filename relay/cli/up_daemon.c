@@ -262,6 +262,7 @@ static void on_writable(struct chan *c, void *ud)
 	if (u->sync.engine)
 		sync_on_writable(u->sync.engine);
 	egress_link_writable(u->exec.egress);
+	up_exec_writable(u, NULL);
 }
 
 /* ---- the connection: reconnect with backoff ---- */

@@ -14,9 +14,11 @@
  * runs on the host: without a guest the request fails.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -49,6 +51,8 @@ static void xcmd_free(struct up *u, struct xcmd *x)
 	}
 	if (x->stream && xchan(u, x))
 		chan_stream_close(xchan(u, x), x->stream);
+	if (x->feeding)
+		close(x->feed_fd);
 	buf_clear(&x->start);
 	for (size_t i = 0; i < x->nrep; i++)
 		mem_free(x->rep[i]);
@@ -80,6 +84,71 @@ void up_exec_fail_some(struct up *u, int which, const char *code, const char *ms
 static bool guest_usable(const struct up *u)
 {
 	return u->conn.chan && !u->stopping && (u->conn.state == UP_LIVE || u->conn.state == UP_RECONCILING);
+}
+
+/* The next pieces of x's stdin file, as far as its stdin window (the
+ * guest's STDIN_ACKs) and the channel take them; EOF with the last. A
+ * file that cannot be read ends the stdin early: the command sees its
+ * input cut short and fails on its own. */
+static void feed_pump(struct up *u, struct xcmd *x)
+{
+	struct chan *c = xchan(u, x);
+	uint8_t data[WIRE_PAYLOAD_MAX - 1];
+	struct buf b;
+
+	buf_init(&b, WIRE_PAYLOAD_MAX);
+	while (x->feeding && x->stream && c) {
+		uint64_t left = x->feed_size - x->feed_off;
+		size_t room = WIRE_EXEC_STDIN_WINDOW - x->stdin_inflight;
+		size_t k = left < room ? (size_t)left : room;
+		if (k > sizeof(data))
+			k = sizeof(data);
+		if (!k && left)
+			break; /* the next STDIN_ACK */
+		ssize_t got = k ? pread(x->feed_fd, data, k, (off_t)x->feed_off) : 0;
+		if (got < 0 || (size_t)got < k) {
+			k = 0;
+			left = 0;
+		}
+		struct wire_exec_stdin m = {.eof = k == left, .data = data, .len = k};
+		buf_reset(&b);
+		int r = wire_exec_stdin_encode(&b, &m);
+		if (r == 0 && (r = chan_send(c, WIRE_EXEC_STDIN, x->stream, buf_ptr(&b), buf_len(&b))) == -EAGAIN)
+			break; /* on_writable: up_exec_writable */
+		if (r == 0) {
+			x->stdin_inflight += k;
+			x->feed_off += k;
+		}
+		if (r < 0 || m.eof) {
+			close(x->feed_fd);
+			x->feeding = false;
+		}
+	}
+	buf_clear(&b);
+}
+
+int up_exec_stdin_feed(struct up *u, struct relay_cmd *cmd, int fd, uint64_t size)
+{
+	struct xcmd *x = cmd ? relay_cmd_data(cmd) : NULL;
+
+	if (!x)
+		return -ENOENT;
+	if (x->fed)
+		return -EBUSY;
+	if ((x->feed_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0)
+		return -errno;
+	x->fed = x->feeding = true;
+	x->feed_off = 0;
+	x->feed_size = size;
+	feed_pump(u, x);
+	return 0;
+}
+
+void up_exec_writable(struct up *u, const struct up_fork *f)
+{
+	for (struct xcmd *x = u->exec.xcmds; x; x = x->next)
+		if (x->feeding && x->fork == f)
+			feed_pump(u, x);
 }
 
 void up_exec_kick(struct up *u)
@@ -140,6 +209,7 @@ void up_exec_kick(struct up *u)
 			continue;
 		}
 		buf_clear(&x->start);
+		feed_pump(u, x);
 		if (u->sync.trace)
 			fprintf(stderr, "airlock: trace: exec barrier_us=%.1f\n",
 				(double)(loop_now_ns() - x->t_req_ns) / 1e3);
@@ -245,6 +315,8 @@ static int be_stdin_write(void *ud, struct relay_cmd *cmd, const void *data, siz
 
 	if (!x || !xchan(u, x))
 		return -ENOTCONN;
+	if (x->fed)
+		return -EAGAIN; /* its stdin is the daemon's file */
 	if (!x->stream || x->stdin_inflight + n > WIRE_EXEC_STDIN_WINDOW ||
 	    chan_send_space(xchan(u, x), x->stream) < n + nframes)
 		return -EAGAIN;
@@ -413,8 +485,10 @@ void up_exec_chg_item(struct up *u, struct up_fork *f, uint32_t stream, const ui
 
 	if (c)
 		chan_consume(c, stream, n); /* every frame on the stream counts against its window */
-	if (x && !f) /* a fork's changes stay in the fork (try takes the winner's from its upper) */
+	if (x && !f)
 		up_changes_item(u, x, data, n);
+	else if (x) /* a fork's changes stay in the fork: kept for try (a vm fork's, up_fork.c) */
+		up_fork_chg_item(f, data, n);
 }
 
 void up_exec_frame(struct up *u, struct up_fork *f, uint8_t type, uint32_t stream, const uint8_t *data, size_t n)
@@ -458,6 +532,7 @@ void up_exec_frame(struct up *u, struct up_fork *f, uint8_t type, uint32_t strea
 			goto bad;
 		x->stdin_inflight -= m.bytes;
 		chan_consume(c, stream, n);
+		feed_pump(u, x);
 		return;
 	}
 	case WIRE_EXEC_EXIT: {

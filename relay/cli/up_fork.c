@@ -18,8 +18,10 @@
  * xcmds (up_exec.c) on its channel; its egress goes through an egress link
  * of its own over the parent's policy, so the allow-list and the audit are
  * the parent's. What its commands change stays in its upper: try reads the
- * winner's from there (fork_changes) and replays it in the parent; a vm
- * fork has no upper, so fork_changes and try refuse it (-ENOTSUP).
+ * winner's from there (fork_changes) and replays it in the parent. A vm
+ * fork has no upper: what its agent reports its commands changed (CHG_ITEM,
+ * as the sandbox's agent reports them) is kept per fork (f->reported),
+ * and try pulls the winner's from its agent (up_forkpull.c).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -41,6 +43,7 @@
 #include "airlock/sandbox/sandbox.h"
 #include "airlock/sandbox/sandbox_fork.h"
 #include "airlock/server/relay.h"
+#include "airlock/sync/writeback.h"
 #include "cmd_i.h"
 #include "up_i.h"
 
@@ -50,7 +53,7 @@
 _Static_assert(RELAY_FORK_NAME_MAX == SANDBOX_FORK_NAME_MAX, "one limit for fork names");
 _Static_assert(RELAY_FORKS_MAX == SANDBOX_FORK_MAX, "one limit for forks");
 
-static struct up_fork *fork_find(struct up *u, const char *name)
+struct up_fork *up_fork_find(struct up *u, const char *name)
 {
 	for (struct up_fork *f = u->forks.list; f; f = f->next)
 		if (!strcmp(f->name, name))
@@ -95,9 +98,23 @@ static void fork_on_frame(struct chan *c, uint8_t type, uint32_t stream, const u
 	case WIRE_GROUP_EXEC:
 		up_exec_frame(u, f, type, stream, data, n);
 		return;
-	case WIRE_GROUP_CHANGES: /* its tracked changes: only the credit matters */
-		if (up_exec_find(u, f, stream))
+	case WIRE_GROUP_CHANGES:
+		if (up_forkpull_frame(f, type, stream, data, n))
+			return;
+		if (type == WIRE_CHG_ITEM && up_exec_find(u, f, stream)) { /* its tracked changes */
 			up_exec_chg_item(u, f, stream, data, n);
+			return;
+		}
+		if (type != WIRE_CHG_PULL) {
+			/* a released command's items, the rest of a pull given
+			 * up: forgotten (the pull's stream at its end) */
+			chan_consume(c, stream, n);
+			if (type == WIRE_CHG_END)
+				chan_stream_close(c, stream);
+			return;
+		}
+		snprintf(why, sizeof(why), "%s (%u) from its agent", wire_type_name(type), type);
+		up_fork_drop(f, why);
 		return;
 	case WIRE_GROUP_PROXY:
 		if (!f->egress || egress_link_frame(f->egress, type, stream, data, n) < 0) {
@@ -136,6 +153,7 @@ static void fork_on_writable(struct chan *c, void *ud)
 
 	if (f->egress)
 		egress_link_writable(f->egress);
+	up_exec_writable(f->u, f);
 }
 
 static void fork_on_close(struct chan *c, int err, const char *why, void *ud)
@@ -144,6 +162,7 @@ static void fork_on_close(struct chan *c, int err, const char *why, void *ud)
 
 	if (err < 0 && !f->why[0])
 		snprintf(f->why, sizeof(f->why), "%s", why ? why : strerror(-err));
+	up_forkpull_cancel(f, "its agent went away");
 	f->chan = NULL;
 	f->ready = false;
 	if (f->egress)
@@ -233,6 +252,7 @@ fail:
 /* Its agent and namespaces end; its state stays. */
 static void fork_stop(struct up_fork *f)
 {
+	up_forkpull_cancel(f, "the fork was stopped");
 	if (f->chan) {
 		struct chan *c = f->chan;
 		f->chan = NULL;
@@ -248,6 +268,7 @@ static void fork_stop(struct up_fork *f)
 
 static void fork_free(struct up_fork *f)
 {
+	wb_forkset_free(f->reported);
 	egress_link_free(f->egress);
 	guest_opts_clear(&f->g);
 	mem_free(f);
@@ -284,7 +305,11 @@ static struct up_fork *fork_new(struct up *u, const char *name, int64_t ttl_s, c
 	guest_opts_init(&f->g, "fork", 0);
 	f->ttl_s = ttl_s;
 	f->created_ms = f->last_active_ms = loop_now_ms();
-	if (u->exec.egress && egress_link_new(u->loop, &ec, &fork_link_ops, f, &f->egress, err, errlen) < 0) {
+	if (!up_fork_upper(u) && wb_forkset_new(&f->reported) < 0)
+		errmsg_set(err, errlen, "out of memory");
+	if ((!up_fork_upper(u) && !f->reported) ||
+	    (u->exec.egress && egress_link_new(u->loop, &ec, &fork_link_ops, f, &f->egress, err, errlen) < 0)) {
+		wb_forkset_free(f->reported);
 		guest_opts_clear(&f->g);
 		mem_free(f);
 		return NULL;
@@ -416,8 +441,8 @@ int up_fork_make(struct up *u, const struct relay_fork_req *q, up_fork_seed_fn *
 		else
 			do
 				snprintf(names[i], sizeof(names[i]), "f%u", ++u->forks.next);
-			while (fork_find(u, names[i]));
-		if (fork_find(u, names[i])) {
+			while (up_fork_find(u, names[i]));
+		if (up_fork_find(u, names[i])) {
 			errmsg_set(err, errlen, "a fork named '%s' exists already", names[i]);
 			return -EEXIST;
 		}
@@ -495,7 +520,7 @@ undo : {
 
 int up_fork_rm(struct up *u, const char *name, char *err, size_t errlen)
 {
-	struct up_fork *f = fork_find(u, name);
+	struct up_fork *f = up_fork_find(u, name);
 
 	if (!f) {
 		errmsg_set(err, errlen, "no fork named '%s'", name);
@@ -526,13 +551,13 @@ static int op_fork_rm(struct up *u, const struct relay_fork_req *q, json_t *out,
 	int r = 0;
 
 	for (size_t i = 0; i < q->nnames; i++)
-		if (!fork_find(u, q->names[i])) {
+		if (!up_fork_find(u, q->names[i])) {
 			json_decref(arr);
 			errmsg_set(err, errlen, "no fork named '%s'", q->names[i]);
 			return -ENOENT;
 		}
 	for (size_t i = 0; r == 0 && (q->all ? u->forks.list != NULL : i < q->nnames); i++) {
-		struct up_fork *f = q->all ? u->forks.list : fork_find(u, q->names[i]);
+		struct up_fork *f = q->all ? u->forks.list : up_fork_find(u, q->names[i]);
 		json_array_append_new(arr, json_string(f->name));
 		r = fork_remove(u, f, err, errlen);
 	}
@@ -545,29 +570,43 @@ static int change_add(const char *path, bool deleted, void *ud)
 	return json_array_append_new(ud, json_pack("{s:s, s:b}", "path", path, "deleted", deleted)) < 0 ? -ENOMEM : 0;
 }
 
-/* fork_changes: stop the fork (nothing writes its upper any more), list
- * what it changed. */
+/* fork_changes: what the fork changed (a local fork is stopped first:
+ * nothing writes its upper any more). */
 static int op_fork_changes(struct up *u, const struct relay_fork_req *q, json_t *out, char *err, size_t errlen)
 {
 	return up_fork_changes(u, q->names[0], out, err, errlen);
 }
 
-int up_fork_changes_readable(struct up *u, char *err, size_t errlen)
+bool up_fork_upper(const struct up *u)
 {
-	enum sandbox_kind k = u->sandbox.cfg.kind;
+	return sandbox_kind_fork_flags(u->sandbox.cfg.kind) & SANDBOX_FORKS_UPPER;
+}
 
-	if (sandbox_kind_fork_flags(k) & SANDBOX_FORKS_UPPER)
-		return 0;
-	errmsg_set(err, errlen,
-		   "a %s sandbox's fork keeps its changes in its own disk image (a qcow2 overlay), not in an overlay "
-		   "upper the host can read: fork_changes and try need a local sandbox (doc/VM.md \"Forks\")",
-		   sandbox_kind_name(k));
-	return -ENOTSUP;
+void up_fork_chg_item(struct up_fork *f, const uint8_t *data, size_t n)
+{
+	struct wire_chg_item it;
+	struct buf in;
+	char why[160];
+
+	if (!f->reported) /* a fork with an upper: its changes are read from there */
+		return;
+	buf_view(&in, data, n);
+	if (wire_chg_item_decode(&in, &it) < 0) {
+		up_fork_drop(f, "malformed CHG_ITEM");
+		return;
+	}
+	/* -E2BIG, -ENOMEM: the set says so when it is read */
+	if (wb_forkset_note(f->reported, it.path, it.st_mode) == -EBADMSG) {
+		snprintf(why, sizeof(why), "its agent reported a change of '%.60s', which is not a workspace path",
+			 it.path);
+		up_fork_drop(f, why);
+	}
+	wire_chg_item_clear(&it);
 }
 
 int up_fork_changes(struct up *u, const char *name, json_t *out, char *err, size_t errlen)
 {
-	struct up_fork *f = fork_find(u, name);
+	struct up_fork *f = up_fork_find(u, name);
 	char dir[PATH_MAX + 64];
 	json_t *arr;
 	int r;
@@ -576,12 +615,22 @@ int up_fork_changes(struct up *u, const char *name, json_t *out, char *err, size
 		errmsg_set(err, errlen, "no fork named '%s'", name);
 		return -ENOENT;
 	}
-	if ((r = up_fork_changes_readable(u, err, errlen)) < 0)
-		return r;
-	fork_stop(f);
-	snprintf(f->why, sizeof(f->why), "stopped to read its changes");
 	if (!(arr = json_array()))
 		return -ENOMEM;
+	if (!up_fork_upper(u)) { /* vm: what its agent reported; it runs on */
+		char why[300] = "";
+		if (f->reported && (r = wb_forkset_list(f->reported, change_add, arr, why, sizeof(why))) < 0) {
+			json_decref(arr);
+			errmsg_set(err, errlen, "reading the changes of fork '%s': %s", f->name,
+				   why[0] ? why : strerror(-r));
+			return r;
+		}
+		json_object_set_new(out, "name", json_string(f->name));
+		json_object_set_new(out, "changes", arr);
+		return 0;
+	}
+	fork_stop(f);
+	snprintf(f->why, sizeof(f->why), "stopped to read its changes");
 	if ((r = sandbox_fork_changes(u->sandbox.dir, f->name, change_add, arr)) < 0) {
 		json_decref(arr);
 		errmsg_set(err, errlen, "reading the changes of fork '%s': %s", f->name, strerror(-r));
@@ -654,7 +703,7 @@ const struct relay_fork_ops up_fork_ops = {.request = fork_request, .try_start =
 
 struct up_fork *up_fork_for_exec(struct up *u, const char *name, struct relay_cmd *cmd)
 {
-	struct up_fork *f = fork_find(u, name);
+	struct up_fork *f = up_fork_find(u, name);
 	char err[1024], msg[1100];
 
 	if (!f) {

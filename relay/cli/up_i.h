@@ -66,6 +66,8 @@ struct journal;
 struct mount;
 struct mount_keep;
 struct chan;
+struct wb_forkset;
+struct wb_pull;
 struct relay;
 struct relay_cmd;
 struct relay_exit;
@@ -98,8 +100,13 @@ struct xcmd {
 	bool paused;	   /* the relay holds output back: credit is owed, not returned */
 	bool gated;	   /* up_paths_gate was asked (once per command) */
 	size_t owed;
-	size_t stdin_inflight;		 /* stdin bytes sent, not yet acknowledged
-					    (WIRE_EXEC_STDIN_WINDOW) */
+	size_t stdin_inflight; /* stdin bytes sent, not yet acknowledged
+				  (WIRE_EXEC_STDIN_WINDOW) */
+	/* stdin from a file of the daemon's (up_exec_stdin_feed: try's patch
+	 * and replay); fed: no client's stdin is taken */
+	int feed_fd;
+	uint64_t feed_off, feed_size;
+	bool feeding, fed;
 	char desc[EGRESS_LINK_DESC_MAX]; /* "id argv..." for egress denial records */
 	char *by_argv;			 /* its argv as a JSON array, for guest changes */
 	char **rep;			 /* paths of the changes it reported (CHG_ITEM), up_changes.c */
@@ -438,6 +445,12 @@ bool up_exec_barrier_waiting(const struct up *u);
  * (which = 0), only those sent to the guest (1), or only those still
  * waiting to be sent (2). */
 void up_exec_fail_some(struct up *u, int which, const char *code, const char *msg);
+/* A command of the daemon's own (relay_cmd_spawn with stdin_open) gets
+ * its stdin from fd's first size bytes (dup'ed), sent as the stream's
+ * windows allow, then EOF. 0, or -ENOENT when cmd has ended already. */
+int up_exec_stdin_feed(struct up *u, struct relay_cmd *cmd, int fd, uint64_t size);
+/* Room on the channel of fork f (NULL: the sandbox's): feeds go on. */
+void up_exec_writable(struct up *u, const struct up_fork *f);
 /* CHG_ITEM on a command's stream (up_changes_item for its command). */
 void up_exec_chg_item(struct up *u, struct up_fork *f, uint32_t stream, const uint8_t *data, size_t n);
 /* Frames 80..111 from the guest. */
@@ -471,6 +484,11 @@ struct up_fork {
 	uint64_t created_ms, last_active_ms;
 	double start_ms; /* its sandbox's start */
 	char why[256];	 /* why it stopped, for status */
+	/* a fork without an overlay upper (vm): what its agent reported its
+	 * commands changed since the fork (NULL: nothing yet), and the pull
+	 * of those paths under way (up_forkpull.c) */
+	struct wb_forkset *reported;
+	struct up_forkpull *pull;
 };
 
 extern const struct relay_fork_ops up_fork_ops;
@@ -491,11 +509,39 @@ typedef int up_fork_seed_fn(void *ud, unsigned i, const char *dir, const char *n
  * make), q->count forks made and started; their figures into out. -EAGAIN when the sandbox is busy. */
 int up_fork_make(struct up *u, const struct relay_fork_req *q, up_fork_seed_fn *seed, void *seed_ud, struct json_t *out,
 		 char *err, size_t errlen);
-/* The fork named name stopped and its changes listed into out ("changes",
- * "upper"); -ENOTSUP (said in err) for a kind whose forks have no overlay
- * upper (vm), as up_fork_changes_readable, which try asks first. */
-int up_fork_changes_readable(struct up *u, char *err, size_t errlen);
+/* Whether kind's forks' changes are an overlay upper the host reads
+ * (local), else what each fork's agent reported (vm). */
+bool up_fork_upper(const struct up *u);
+/* The changes of the fork named name into out ("name", "changes"): with
+ * an upper, the fork stopped first and "upper" its path; without, what its
+ * agent reported (the fork goes on running). -ENOENT, -E2BIG (its reports
+ * overflowed), -ENOMEM, with err. */
 int up_fork_changes(struct up *u, const char *name, struct json_t *out, char *err, size_t errlen);
+/* A CHG_ITEM of fork f's agent (on a command's stream): kept in
+ * f->reported when f has no upper; a path that is not a workspace path
+ * drops f's channel. */
+void up_fork_chg_item(struct up_fork *f, const uint8_t *data, size_t n);
+/* The fork named name, or NULL. */
+struct up_fork *up_fork_find(struct up *u, const char *name);
+
+/* ---- up_forkpull.c: a vm fork's reported changes pulled for a replay ---- */
+
+/* The pull ended: err 0 and the archive (wb_replay: fd, size bytes, the
+ * caller's to close) with its counts, or -errno with why. Called exactly
+ * once, from the loop, never from inside up_forkpull_start. */
+typedef void up_forkpull_done_fn(void *ud, int err, const char *why, int fd, uint64_t size, size_t nfiles,
+				 size_t ndeleted);
+/* Pull the paths fork f's agent reported (f->reported) over its channel,
+ * every guest byte through the pull decoder (wb_pull: paths as asked,
+ * sizes under workspace.writeback_max_mib, hashes), into a replay archive
+ * (wb_replay) in an unnamed temporary of the state directory. 0 or -errno
+ * with err (nothing started, done never called). */
+int up_forkpull_start(struct up_fork *f, up_forkpull_done_fn *done, void *ud, char *err, size_t errlen);
+/* A changes frame on f's channel: its pull's (true), or not (false). */
+bool up_forkpull_frame(struct up_fork *f, uint8_t type, uint32_t stream, const uint8_t *data, size_t n);
+/* End f's pull, if any, with why (its channel closed, it is removed):
+ * done is told (err -ENOTCONN) from the loop. */
+void up_forkpull_cancel(struct up_fork *f, const char *why);
 /* Remove one fork (-ENOENT: none of that name). */
 int up_fork_rm(struct up *u, const char *name, char *err, size_t errlen);
 /* The parent's sandbox stopped and reaped (its state is nobody's mount
@@ -525,6 +571,15 @@ int up_changes_init(struct up *u);
 void up_changes_clear(struct up *u);
 /* CHG_ITEM on command x's stream. */
 void up_changes_item(struct up *u, struct xcmd *x, const uint8_t *data, size_t n);
+/* Ask the agent on c for paths[from..]: as many as one CHG_PULL carries
+ * (*end: one past the last), their pull decoder (*wp, capped at max_bytes,
+ * refusals naming cap_name, staged in the state directory) and the new
+ * stream (*stream; 0 when none was opened). 0 or -errno (-EBUSY: no room
+ * on c now); *wp and *stream are the caller's to free and close either way. */
+int up_changes_ask(struct up *u, struct chan *c, char **paths, size_t from, size_t n, uint64_t max_bytes,
+		   const char *cap_name, size_t *end, struct wb_pull **wp, uint32_t *stream);
+/* workspace.writeback_max_mib in bytes: the cap on guest bytes pulled at once. */
+uint64_t up_changes_cap(const struct up *u);
 /* Frames of the changes group on a pull stream. */
 void up_changes_frame(struct up *u, uint8_t type, uint32_t stream, const uint8_t *data, size_t n);
 /* x exited: write back what auto mode takes, then relay_cmd_exit(cmd, ex)

@@ -8,8 +8,11 @@
  * it ended; the winner (the request's pick, else the first to exit 0) has
  * its changes staged in the parent's home (hard links, sandbox_fork_stage)
  * and replayed in the parent by one ordinary command, so they become the
- * parent's guest changes like any other (changes, accept). The other forks
- * are removed unless kept by name.
+ * parent's guest changes like any other (changes, accept). A vm fork has
+ * no upper and the parent's home is in its own disk: the patch comes on
+ * the patch command's stdin, and the winner's reported changes are pulled
+ * from its agent into an archive (up_forkpull.c) that is the replay's
+ * stdin. The other forks are removed unless kept by name.
  *
  * Every command is the relay's (relay_cmd_spawn: status lists them as
  * "try<token>-<variant>-patch" / "-run" / "try<token>-apply"); their ends
@@ -21,10 +24,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
 #include "airlock/core/errmsg.h"
+#include "airlock/core/io.h"
 #include "airlock/core/loop.h"
 #include "airlock/core/mem.h"
 #include "airlock/policy/policy.h"
@@ -72,6 +78,11 @@ struct up_try {
 	/* the replay in the parent */
 	struct try_variant apply; /* its command, its exit */
 	bool applying, applied;
+	/* a vm winner: its changes pulled into an archive (up_forkpull.c),
+	 * the replay's stdin */
+	bool pulling, pulled;
+	int archive_fd;
+	uint64_t archive_size;
 	size_t nfiles, ndeleted;
 	char apply_why[768];
 };
@@ -194,6 +205,13 @@ static void try_free(struct up_try *t)
 	}
 	if (t->apply.cmd)
 		relay_cmd_unwatch(t->apply.cmd);
+	if (t->pulling) { /* its done is called now, into t */
+		struct up_fork *f = up_fork_find(t->u, t->v[t->winner].fork);
+		if (f)
+			up_forkpull_cancel(f, "the try ended");
+	}
+	if (t->archive_fd >= 0)
+		close(t->archive_fd);
 	if (t->timer && t->u->loop)
 		loop_del_timer(t->u->loop, t->timer);
 	argv_free(t->argv);
@@ -277,12 +295,18 @@ static const struct relay_cmd_watch try_watch = {.output = on_output, .ended = o
 
 /* ---- the steps ---- */
 
-/* The command of v's phase (or the replay, for &t->apply). */
+/* The command of v's phase (or the replay, for &t->apply); its stdin the
+ * first stdin_size bytes of stdin_fd (-1: none). */
 static int spawn(struct up_try *t, struct try_variant *v, const char *id_tail, const char *const *argv, size_t argc,
-		 const char *fork)
+		 const char *fork, int stdin_fd, uint64_t stdin_size)
 {
 	char id[96];
-	struct relay_exec_req req = {.argv = argv, .argc = argc, .cwd = "", .timeout_ms = t->timeout_ms, .fork = fork};
+	struct relay_exec_req req = {.argv = argv,
+				     .argc = argc,
+				     .cwd = "",
+				     .timeout_ms = t->timeout_ms,
+				     .fork = fork,
+				     .stdin_open = stdin_fd >= 0};
 	int r;
 
 	snprintf(id, sizeof(id), "try%llu-%s", (unsigned long long)t->token, id_tail);
@@ -293,6 +317,8 @@ static int spawn(struct up_try *t, struct try_variant *v, const char *id_tail, c
 		v->ended = true;
 		v->failed = true;
 		snprintf(v->why, sizeof(v->why), "starting %s: %s", id, strerror(-r));
+	} else if (stdin_fd >= 0 && v->cmd) {
+		(void)up_exec_stdin_feed(t->u, v->cmd, stdin_fd, stdin_size); /* ended already: nothing to feed */
 	}
 	return r;
 }
@@ -302,11 +328,26 @@ static void variant_start(struct up_try *t, struct try_variant *v)
 	static const char *const patch_argv[] = {"sh", "-c",
 						 "patch -p1 --batch --forward --silent -i \"$HOME/" TRY_PATCH_FILE
 						 "\"; r=$?; rm -f \"$HOME/" TRY_PATCH_FILE "\"; exit $r"};
+	/* a vm fork's patch comes on stdin (its home is in its own disk), to
+	 * the template's busybox patch */
+	static const char *const patch_stdin_argv[] = {"patch", "-p1", "-N"};
 	char tail[64];
 
 	if (v->phase == PH_PATCH && v->patch) {
 		snprintf(tail, sizeof(tail), "%s-patch", v->name);
-		(void)spawn(t, v, tail, patch_argv, 3, v->fork);
+		if (up_fork_upper(t->u)) {
+			(void)spawn(t, v, tail, patch_argv, 3, v->fork, -1, 0);
+			return;
+		}
+		int fd = memfd_create("airlock-try-patch", MFD_CLOEXEC);
+		if (fd < 0 || io_write_all(fd, v->patch, v->patch_len) < 0) {
+			v->ended = v->failed = true;
+			snprintf(v->why, sizeof(v->why), "a memory file for the patch: %s", strerror(errno));
+		} else {
+			(void)spawn(t, v, tail, patch_stdin_argv, 3, v->fork, fd, v->patch_len);
+		}
+		if (fd >= 0)
+			close(fd);
 		return;
 	}
 	v->phase = PH_RUN;
@@ -314,7 +355,7 @@ static void variant_start(struct up_try *t, struct try_variant *v)
 	snprintf(tail, sizeof(tail), "%s-run", v->name);
 	v->ran = true;
 	(void)spawn(t, v, tail, (const char *const *)(v->argv ? v->argv : t->argv), v->argv ? v->argc : t->argc,
-		    v->fork);
+		    v->fork, -1, 0);
 }
 
 static json_t *variant_json(const struct try_variant *v)
@@ -384,6 +425,98 @@ static void try_finish(struct up_try *t)
 	try_free(t);
 }
 
+/* The replay: sh -c script sh t<N> in the sandbox, its stdin the first
+ * size bytes of fd (-1: none). false when there is nothing to replay, or
+ * (said in apply_why, the winner's fork kept) when it could not start. */
+static bool replay_spawn(struct up_try *t, const char *script, int fd, uint64_t size)
+{
+	struct try_variant *w = &t->v[t->winner];
+	char stage[48];
+	const char *argv[5] = {"sh", "-c", script, "sh", stage};
+
+	if (t->nfiles + t->ndeleted == 0) {
+		t->applied = true;
+		return false;
+	}
+	snprintf(stage, sizeof(stage), "t%llu", (unsigned long long)t->token);
+	t->apply.t = t;
+	t->applying = true;
+	if (spawn(t, &t->apply, "apply", argv, 5, NULL, fd, size) == 0)
+		return true;
+	t->applying = false;
+	snprintf(t->apply_why, sizeof(t->apply_why), "%.600s; the winner's fork %s is kept", t->apply.why, w->fork);
+	w->kept = true;
+	return false;
+}
+
+/* A vm winner: the changes its agent reported pulled from it into an
+ * archive (up_forkpull.c), its fork running meanwhile. */
+static void on_pulled(void *ud, int err, const char *why, int fd, uint64_t size, size_t nfiles, size_t ndeleted)
+{
+	struct up_try *t = ud;
+	struct try_variant *w = &t->v[t->winner];
+
+	t->pulling = false;
+	t->pulled = true;
+	if (err < 0) {
+		snprintf(t->apply_why, sizeof(t->apply_why), "%.600s; the winner's fork %s is kept", why, w->fork);
+		w->kept = true;
+	} else {
+		t->archive_fd = fd;
+		t->archive_size = size;
+		t->nfiles = nfiles;
+		t->ndeleted = ndeleted;
+	}
+	try_kick(t);
+}
+
+static bool pull_start(struct up_try *t)
+{
+	struct try_variant *w = &t->v[t->winner];
+	struct up_fork *f = up_fork_find(t->u, w->fork);
+	char err[512] = "";
+	int r;
+
+	if (!w->changes || json_array_size(w->changes) == 0) {
+		t->applied = w->changes != NULL; /* nothing to replay */
+		if (!w->changes) {
+			snprintf(t->apply_why, sizeof(t->apply_why),
+				 "its changes could not be read; the winner's fork %s is kept", w->fork);
+			w->kept = true;
+		}
+		return false;
+	}
+	if (!f || (r = up_forkpull_start(f, on_pulled, t, err, sizeof(err))) < 0) {
+		snprintf(t->apply_why, sizeof(t->apply_why), "%.600s; the winner's fork %s is kept",
+			 f ? err : "its fork is gone", w->fork);
+		w->kept = true;
+		return false;
+	}
+	t->pulling = true;
+	return true;
+}
+
+/* The pull ended: the replay, its stdin the archive (unpacked in the
+ * sandbox's home, then deletions, then each file alone: busybox's tools,
+ * as the local replay does with coreutils). false when there is nothing
+ * to replay (said in apply_why). */
+static bool replay_start(struct up_try *t)
+{
+	static const char script[] =
+	    "S=\"$HOME/.airlock-try/$1\"; W=\"$PWD\"; rm -rf \"$S\" && mkdir -p \"$S\" && "
+	    "tar -x -m -o -f - -C \"$S\" || exit 1; "
+	    "if [ -s \"$S/deleted\" ]; then xargs -0 -r rm -rf -- <\"$S/deleted\" || exit 1; fi; "
+	    "if [ -s \"$S/files.list\" ]; then cd \"$S/files\" && xargs -0 -r sh -c 'W=$1; shift; for f; do "
+	    "case $f in */*) mkdir -p -- \"$W/${f%/*}\" || exit 1;; esac; "
+	    "rm -rf -- \"$W/$f\" && cp -p -P -- \"$f\" \"$W/$f\" || exit 1; done' sh \"$W\" <\"$S/files.list\" || exit "
+	    "1; fi; "
+	    "cd \"$W\" && rm -rf \"$S\"";
+
+	if (t->archive_fd < 0)
+		return false; /* apply_why says why */
+	return replay_spawn(t, script, t->archive_fd, t->archive_size);
+}
+
 /* The winner's changes staged in the parent's home, then one command of
  * the parent's replays them (deletions, then the files, cp -a: links stay
  * links) and removes the stage. false when there is nothing to replay
@@ -402,10 +535,11 @@ static bool apply_start(struct up_try *t)
 	    "|| exit 1; done' sh \"$W\" {} + || exit 1; cd \"$W\" && rm -rf \"$S\"";
 	struct try_variant *w = &t->v[t->winner];
 	char stage[48], err[512];
-	const char *argv[5];
 	int r;
 
 	snprintf(stage, sizeof(stage), "t%llu", (unsigned long long)t->token);
+	if (!up_fork_upper(t->u))
+		return pull_start(t);
 	if (!w->changes || (r = up_fork_parent_quiesce(t->u, err, sizeof(err))) < 0 ||
 	    (r = sandbox_fork_stage(t->u->sandbox.dir, w->fork, stage, &t->nfiles, &t->ndeleted, err, sizeof(err))) <
 		0) {
@@ -414,25 +548,7 @@ static bool apply_start(struct up_try *t)
 		w->kept = true;
 		return false;
 	}
-	if (t->nfiles + t->ndeleted == 0) {
-		t->applied = true; /* nothing to replay */
-		return false;
-	}
-	argv[0] = "sh";
-	argv[1] = "-c";
-	argv[2] = script;
-	argv[3] = "sh";
-	argv[4] = stage;
-	t->apply.t = t;
-	t->applying = true;
-	if (spawn(t, &t->apply, "apply", argv, 5, NULL) < 0) {
-		t->applying = false;
-		snprintf(t->apply_why, sizeof(t->apply_why), "%.600s; the winner's fork %s is kept", t->apply.why,
-			 w->fork);
-		w->kept = true;
-		return false;
-	}
-	return true;
+	return replay_spawn(t, script, -1, 0);
 }
 
 static int winner_of(const struct up_try *t)
@@ -477,6 +593,14 @@ static void on_step(struct loop *l, void *ud)
 		try_finish(t);
 		return;
 	}
+	if (t->pulling)
+		return;
+	if (t->pulled) { /* a vm winner's archive: replayed now */
+		t->pulled = false;
+		if (!replay_start(t))
+			try_finish(t);
+		return;
+	}
 	if (t->apply.t) /* the replay ran already */
 		return;
 	t->apply.t = t;
@@ -496,7 +620,7 @@ static int seed_patch(void *ud, unsigned i, const char *dir, const char *name, c
 {
 	struct up_try *t = ud;
 
-	if (!t->v[i].patch)
+	if (!t->v[i].patch || !up_fork_upper(t->u)) /* vm: the patch comes on stdin */
 		return 0;
 	return sandbox_fork_seed(dir, name, TRY_PATCH_FILE, t->v[i].patch, t->v[i].patch_len, err, errlen);
 }
@@ -515,6 +639,7 @@ static struct up_try *try_new(struct up *u, uint64_t token, const struct relay_t
 	t->timeout_ms = q->timeout_ms;
 	t->keep_all = q->keep_all;
 	t->winner = -1;
+	t->archive_fd = -1;
 	t->nv = q->nvariants;
 	snprintf(t->pick, sizeof(t->pick), "%s", q->pick ? q->pick : "");
 	if (q->argc && !(t->argv = argv_dup(q->argv, q->argc)))
@@ -565,10 +690,6 @@ int up_try_start(void *ud, uint64_t token, const struct relay_try_req *q)
 
 	if (!made)
 		return -ENOMEM;
-	if (u->sandbox.use && (r = up_fork_changes_readable(u, err, sizeof(err))) < 0) {
-		t = NULL;
-		goto fail;
-	}
 	if (!(t = try_new(u, token, q, err, sizeof(err), &r)))
 		goto fail;
 	for (size_t i = 0; i < t->nv; i++)

@@ -7,8 +7,9 @@
 # a fork restored from that with its own keys. Isolation both ways and from
 # the host, the fork's own identity and start kind, the parent's overlay
 # merged back at its next start, nothing left behind. Then the user's path:
-# `airlock up --sandbox vm`, `airlock fork`, `exec --fork`, try refused,
-# `down --destroy` leaving nothing. Plain build only
+# `airlock up --sandbox vm`, `airlock fork`, `exec --fork`, `fork_changes`,
+# `try` (the winner's changes, and only those, the sandbox's guest changes),
+# `accept`, `down --destroy` leaving nothing. Plain build only
 # (about a minute of VMs under TCG here); vm_e2e covers the vm sandbox under
 # the sanitizers.
 #
@@ -205,10 +206,12 @@ umount "$T/shm" 2>/dev/null
 
 # ---- the user's path: `airlock up --sandbox vm` (the daemon's own VM,
 # restored from the template's snapshot), `airlock fork`, `exec --fork`,
-# `down --destroy` (one fork: each VM here costs seconds under TCG) ----
+# try (three forks), `down --destroy` ----
 export XDG_DATA_HOME=$T/data
 W3=$T/w3
 cp -a "$W1" "$W3"
+echo "file 1" >"$W3/m.txt"
+echo del >"$W3/del.txt"
 start_bg vup "$AIRLOCK" up "$W3" --sandbox vm 7>&- 8>&-
 if wait_line "$T/vup.out" "^airlock: $W3 in sync with sandbox vm\$" 150; then
 	VSB=$(sed -n 's/^airlock: sandbox started .*; state in //p' "$T/vup.err")
@@ -229,11 +232,65 @@ if wait_line "$T/vup.out" "^airlock: $W3 in sync with sandbox vm\$" 150; then
 			"$AIRLOCK" fork -C "$W3" --list | grep -q '^f1 *ready'
 	}
 	check "airlock fork --name f1 of the vm sandbox; a write by exec --fork f1 is absent from the parent and the host" t_cli_fork
-	t_cli_refused() {
-		printf -- '--- /dev/null\n+++ b/t\n@@ -0,0 +1 @@\n+t\n' >"$T/t.diff"
-		! $TO 30 "$AIRLOCK" try -C "$W3" --patch "$T/t.diff" -- true >"$T/try.out" 2>&1 && grep -q 'qcow2' "$T/try.out"
+	t_cli_fork_changes() { # the fork_changes op: what f1's agent reported; f1 runs on
+		python3 - "$($TO 10 "$AIRLOCK" status -C "$W3" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["socket"])')" <<'PY' >"$T/fc.out" 2>&1 || { cat "$T/fc.out" >&2; return 1; }
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); f = s.makefile("rw")
+f.write(json.dumps({"id": 1, "op": "fork_changes", "names": ["f1"]}) + "\n"); f.flush()
+while True:
+    ev = json.loads(f.readline())
+    if ev.get("id") == 1: break
+assert ev["event"] == "fork_changes" and ev["changes"] == [{"path": "a", "deleted": False}] and "upper" not in ev, ev
+PY
+		[ "$($TO 60 "$AIRLOCK" exec -C "$W3" --fork f1 -- cat a </dev/null)" = x ] &&
+			[ "$($TO 60 "$AIRLOCK" exec -C "$W3" --fork f1 -- sh -c "grep -l 'settle-report[s]' /proc/[0-9]*/cmdline | wc -l" </dev/null)" = 1 ] &&
+			[ "$($TO 60 "$AIRLOCK" exec -C "$W3" -- sh -c "grep -l 'settle-report[s]' /proc/[0-9]*/cmdline | wc -l" </dev/null)" = 0 ]
 	}
-	check "try on a vm sandbox is refused, saying why (no overlay upper)" t_cli_refused
+	check "fork_changes of a vm fork: what its agent reported, the fork still running; its agent settles lost events before each report, the sandbox's does not" t_cli_fork_changes
+	# try: three patches of which B passes; B's run also deletes a file and
+	# makes a file and a symlink. (At the top level: the synced directories
+	# are the VM's agent's, root's, and commands run as uid 1000.)
+	for v in a b c; do
+		printf -- '--- a/m.txt\n+++ b/m.txt\n@@ -1 +1 @@\n-file 1\n+%s\n' "$v" >"$T/p$v.diff"
+	done
+	t_cli_try() {
+		$TO 10 "$AIRLOCK" changes -C "$W3" --json >"$T/before.json" || return 1
+		$TO 300 "$AIRLOCK" try -C "$W3" --json --patch "$T/pa.diff" --patch "$T/pb.diff" --patch "$T/pc.diff" -- \
+			sh -c 'grep -qx b m.txt || { echo bad >&2; exit 3; }; rm del.txt; echo new >new.txt; mkdir -p d/e; ln -s ../../new.txt d/e/l; echo ok' \
+			>"$T/try.json" 2>"$T/try.err" </dev/null || { cat "$T/try.err" "$T/try.json" >&2; return 1; }
+		$TO 10 "$AIRLOCK" changes -C "$W3" --json >"$T/after.json" || return 1
+		python3 - "$T/try.json" "$T/before.json" "$T/after.json" <<'PY' || { cat "$T/try.json" "$T/try.err" >&2; return 1; }
+import json, sys
+t = json.load(open(sys.argv[1]))
+assert t["winner"] == "B" and t["applied"] and not t["kept"], t
+v = {x["name"]: x for x in t["variants"]}
+assert v["B"]["exit_code"] == 0 and v["A"]["exit_code"] == 3 and v["C"]["exit_code"] == 3, v
+assert v["A"]["patch_applied"] and v["B"]["patch_applied"] and v["C"]["patch_applied"], v
+# listed as deleted too: what a fork made and removed again (patch's temporary m.txtXXXXXX)
+def made(x): return {c["path"] for c in x["changes"] if not c["deleted"]}
+def gone(x): return {c["path"] for c in x["changes"] if c["deleted"] and not c["path"].startswith("m.txt")}
+assert made(v["B"]) == {"d/e/l", "new.txt", "m.txt"} and gone(v["B"]) == {"del.txt"}, v["B"]
+assert made(v["C"]) == {"m.txt"} and gone(v["C"]) == set(), v["C"]
+before = {c["path"] for c in json.load(open(sys.argv[2]))["changes"]}
+after = {c["path"]: c for c in json.load(open(sys.argv[3]))["changes"]}
+assert set(after) - before - {"d", "d/e"} == {"d/e/l", "new.txt", "m.txt", "del.txt"}, after
+assert after["del.txt"]["kind"] == "delete" and after["new.txt"]["kind"] == "create", after
+assert after["m.txt"]["kind"] == "modify" and after["d/e/l"]["kind"] == "symlink", after
+PY
+		grep -q '^\[B\] ok$' "$T/try.err" && grep -q '^\[A\] bad$' "$T/try.err" && grep -q '^\[C\] bad$' "$T/try.err" &&
+			[ "$(cat "$W3/m.txt")" = "file 1" ] && [ -e "$W3/del.txt" ] && [ ! -e "$W3/new.txt" ] &&
+			[ ! -e "$W3/d" ] && [ "$($TO 60 "$AIRLOCK" exec -C "$W3" -- sh -c 'cat m.txt new.txt d/e/l; test ! -e del.txt && echo gone' </dev/null)" = "b
+new
+new
+gone" ] && ! ls -d "$VSB/forks"/try* >/dev/null 2>&1 && [ -z "$(find "$T/data" -path '*/.airlock-try*' 2>/dev/null)" ]
+	}
+	check "try on a vm sandbox: three patches, B passes; only B's changes (a changed, a deleted, a new file, a symlink) are the sandbox's guest changes; the host untouched; the forks removed" t_cli_try
+	t_cli_try_accept() {
+		$TO 60 "$AIRLOCK" accept -C "$W3" m.txt del.txt new.txt >"$T/acc.out" 2>&1 || { cat "$T/acc.out" >&2; return 1; }
+		[ "$(cat "$W3/m.txt" "$W3/new.txt")" = "b
+new" ] && [ ! -e "$W3/del.txt" ] && [ ! -e "$W3/d" ]
+	}
+	check "the winner's changes are accepted like any other: on the host now (and only those accepted)" t_cli_try_accept
 	t_cli_destroy() {
 		$TO 60 "$AIRLOCK" down "$W3" --destroy >"$T/destroy.out" 2>&1 || { cat "$T/destroy.out" >&2; return 1; }
 		! pgrep -f "qemu-system.*$VSB" >/dev/null && [ ! -e "$VSB" ] &&

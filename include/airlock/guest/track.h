@@ -123,7 +123,8 @@ bool track_applied_read(struct track *t);
 void track_applied_path(struct track *t, int rootfd, const char *path);
 
 /* Read the queue, and when events were lost, run the recovery to its end
- * now (tests, and an agent that wants an exact set at a quiet point). */
+ * now (tests, and an agent that wants an exact set at a quiet point: a vm
+ * fork's, --settle-reports, before each command's report). */
 void track_settle(struct track *t);
 
 /* The state of one path beneath rootfd, as CHG_ITEM reports it: st_mode 0

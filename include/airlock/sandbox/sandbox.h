@@ -130,7 +130,8 @@ bool sandbox_kind_forks(enum sandbox_kind kind);
  *                        halted) before the freeze (local);
  *   SANDBOX_FORKS_UPPER  a fork's changes are files in its overlay upper
  *                        (sandbox_fork_changes, the try op); a vm fork's are
- *                        blocks in its qcow2 disk, which the host cannot list. */
+ *                        blocks in its qcow2 disk, which the host cannot list:
+ *                        its agent reports them (doc/VM.md "Forks"). */
 #define SANDBOX_FORKS_LIVE  1u
 #define SANDBOX_FORKS_UPPER 2u
 unsigned sandbox_kind_fork_flags(enum sandbox_kind kind);

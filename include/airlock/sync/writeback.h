@@ -166,4 +166,58 @@ int wb_pull_local(struct wb_pull *p, size_t i, const struct wb_change *c, int fd
 int wb_pull_write(struct wb_pull *p, struct apply *a, const uint8_t sk[64], const uint8_t pk[32],
 		  const uint8_t scope[32], bool *done, char *err, size_t errlen);
 
+/* ---- a vm fork's changes, as its agent reported them ----
+ *
+ * A vm fork's changes are blocks in its own disk, which the host cannot
+ * read (doc/VM.md "Forks"); its agent tracks what its commands change and
+ * reports it on each command's stream (CHG_ITEM) as the sandbox's agent
+ * does. Its agent started at the fork with an empty dirty set, so what it
+ * reported since is what the fork changed. The set keeps each reported
+ * path once, with the last state reported for it. Every path is the
+ * guest's word: checked (manifest_path_check) before it is kept, and the
+ * set is bounded. */
+#define WB_FORKSET_MAX	     (1u << 18)	 /* paths kept for one fork */
+#define WB_FORKSET_BYTES_MAX (64u << 20) /* and their bytes */
+
+struct wb_forkset;
+
+int wb_forkset_new(struct wb_forkset **out); /* 0 or -ENOMEM */
+void wb_forkset_free(struct wb_forkset *s);  /* NULL is a no-op */
+/* One reported path state (st_mode 0: the path is gone). -EBADMSG for a
+ * path manifest_path_check refuses (nothing kept: the caller drops the
+ * reporter); -E2BIG once a bound is passed, -ENOMEM: the set is incomplete
+ * from then on and wb_forkset_list refuses it, saying why. */
+int wb_forkset_note(struct wb_forkset *s, const char *path, uint32_t st_mode);
+/* Every kept path once, in tree order, as the local fork's upper lists
+ * them (sandbox_fork_changes): fn(path, deleted, ud) for a file, a symlink
+ * or a path gone (deleted: it may also be one the fork made and removed
+ * again: removing it changes nothing); directories and special files are
+ * left out. Stops at fn's first non-zero return and returns it; -E2BIG
+ * (with err) when the set overflowed, -ENOMEM. */
+int wb_forkset_list(struct wb_forkset *s, int (*fn)(const char *path, bool deleted, void *ud), void *ud, char *err,
+		    size_t errlen);
+
+/* ---- a replay: pulled changes as a tar stream for a sandbox ----
+ *
+ * The try op replays a vm fork's changes in the sandbox by one command of
+ * the sandbox's own (doc/RELAY.md "try"); its stdin is this archive
+ * (POSIX ustar, pax headers for long names: busybox and GNU tar read it):
+ * "files/<path>" for each file (its permission bits, never a set-id or
+ * sticky bit; owner 0, time 0) and symlink, then "files.list" and
+ * "deleted", each the NUL-separated workspace paths. Written to a file of
+ * the caller's (fd, at its current offset). Nothing of it is ever
+ * extracted on the host. */
+struct wb_replay;
+
+int wb_replay_new(int fd, struct wb_replay **out); /* 0 or -ENOMEM */
+void wb_replay_free(struct wb_replay *r);	   /* NULL is a no-op */
+/* Every path of a complete pull: a file or symlink archived, a gone path
+ * listed for deletion, a directory or special file left out. -EINVAL with
+ * err naming the path when the pull refused one (a hash mismatch, a cap)
+ * or is not complete; -EFBIG for a file over ustar's 8 GiB; -errno of the
+ * write. */
+int wb_replay_add(struct wb_replay *r, const struct wb_pull *p, char *err, size_t errlen);
+/* The two lists and the end of the archive; the counts. 0 or -errno. */
+int wb_replay_finish(struct wb_replay *r, size_t *nfiles, size_t *ndeleted);
+
 #endif

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -361,13 +362,221 @@ static void test_store(void **state)
 	tu_rm_rf(dir);
 }
 
+/* ---- a vm fork's reported changes ---- */
+
+static int list_into(const char *path, bool deleted, void *ud)
+{
+	struct buf *b = ud;
+	assert_int_equal(buf_put(b, deleted ? "-" : "+", 1), 0);
+	assert_int_equal(buf_put(b, path, strlen(path)), 0);
+	return buf_put(b, ";", 1);
+}
+
+static void test_forkset(void **state)
+{
+	struct wb_forkset *s;
+	struct buf out;
+	char err[256] = "", *longp;
+	(void)state;
+
+	assert_int_equal(wb_forkset_new(&s), 0);
+	/* the guest's word: paths that are not workspace paths are refused, nothing kept */
+	static const char *const hostile[] = {
+	    "../x", "/etc/passwd", "", "a//b", "a/./b", "x/..", "a/", "..", "a/../../.git/hooks/pre-commit"};
+	for (size_t i = 0; i < sizeof(hostile) / sizeof(hostile[0]); i++)
+		assert_int_equal(wb_forkset_note(s, hostile[i], S_IFREG | 0644), -EBADMSG);
+	longp = mem_alloc(MANIFEST_PATH_MAX + 2);
+	memset(longp, 'a', MANIFEST_PATH_MAX + 1);
+	for (size_t i = 100; i < MANIFEST_PATH_MAX; i += 100)
+		longp[i] = '/';
+	longp[MANIFEST_PATH_MAX + 1] = '\0';
+	assert_int_equal(wb_forkset_note(s, longp, S_IFREG | 0644), -EBADMSG);
+	mem_free(longp);
+	/* the last state reported wins; directories and special files are left out */
+	assert_int_equal(wb_forkset_note(s, "src/b.c", S_IFREG | 0644), 0);
+	assert_int_equal(wb_forkset_note(s, "src", S_IFDIR | 0755), 0);
+	assert_int_equal(wb_forkset_note(s, "old.txt", 0), 0);
+	assert_int_equal(wb_forkset_note(s, "src/a.c", 0), 0);
+	assert_int_equal(wb_forkset_note(s, "src/a.c", S_IFREG | 0644), 0);
+	assert_int_equal(wb_forkset_note(s, "src/b.c", 0), 0);
+	assert_int_equal(wb_forkset_note(s, "fifo", S_IFIFO | 0644), 0);
+	assert_int_equal(wb_forkset_note(s, "ln", S_IFLNK | 0777), 0);
+	assert_int_equal(wb_forkset_note(s, ".git/hooks/pre-commit", S_IFREG | 0755), 0); /* review's business */
+	buf_init(&out, 4096);
+	assert_int_equal(wb_forkset_list(s, list_into, &out, err, sizeof(err)), 0);
+	assert_int_equal(buf_put(&out, "", 1), 0);
+	assert_string_equal((const char *)buf_ptr(&out), "+.git/hooks/pre-commit;+ln;-old.txt;+src/a.c;-src/b.c;");
+	/* listed twice: the same */
+	buf_reset(&out);
+	assert_int_equal(wb_forkset_list(s, list_into, &out, err, sizeof(err)), 0);
+	assert_int_equal(buf_put(&out, "", 1), 0);
+	assert_string_equal((const char *)buf_ptr(&out), "+.git/hooks/pre-commit;+ln;-old.txt;+src/a.c;-src/b.c;");
+	buf_clear(&out);
+	wb_forkset_free(s);
+
+	/* bounded: one path reported again and again is kept once ... */
+	assert_int_equal(wb_forkset_new(&s), 0);
+	for (unsigned i = 0; i < WB_FORKSET_MAX + 10; i++)
+		assert_int_equal(wb_forkset_note(s, "again", S_IFREG | 0644), 0);
+	/* ... but more distinct paths than the bound make the set incomplete, and it says so */
+	char name[32];
+	int r = 0;
+	for (unsigned i = 0; i < WB_FORKSET_MAX && r == 0; i++) {
+		snprintf(name, sizeof(name), "f%u", i);
+		r = wb_forkset_note(s, name, S_IFREG | 0644);
+	}
+	assert_int_equal(r, -E2BIG);
+	assert_int_equal(wb_forkset_note(s, "late", S_IFREG | 0644), -E2BIG);
+	buf_init(&out, 64);
+	assert_int_equal(wb_forkset_list(s, list_into, &out, err, sizeof(err)), -E2BIG);
+	assert_non_null(strstr(err, "more changed paths"));
+	buf_clear(&out);
+	wb_forkset_free(s);
+	wb_forkset_free(NULL);
+}
+
+/* ---- a replay archive ---- */
+
+/* One ustar header at h: its name, type, size; the checksum checked. */
+static void tar_hdr(const uint8_t *h, const char *name, char type, uint64_t size)
+{
+	unsigned sum = 0, want = 0;
+	for (size_t i = 0; i < 512; i++)
+		sum += i >= 148 && i < 156 ? ' ' : h[i];
+	sscanf((const char *)h + 148, "%o", &want);
+	assert_int_equal(sum, want);
+	assert_string_equal((const char *)h, name);
+	assert_int_equal(h[156], type);
+	assert_int_equal(strtoull((const char *)h + 124, NULL, 8), size);
+	assert_memory_equal(h + 257, "ustar", 6);
+}
+
+static void test_replay(void **state)
+{
+	char dir[256], longp[400], path[600], cmd[1200], err[512] = "";
+	const char *paths[5] = {"a.txt", "d", "d/link", "gone", longp};
+	struct frames f = {0};
+	(void)state;
+
+	tu_tmpdir(dir, sizeof(dir), "wb-replay");
+	/* a path longer than ustar's name field */
+	snprintf(longp, sizeof(longp), "deep/%0150d/%0150d/x.sh", 0, 1);
+	item(frame(&f, WIRE_CHG_FILE), "a.txt", S_IFREG | 04755, "hello", 5, NULL); /* no set-id bit comes out */
+	buf_put(frame(&f, WIRE_CHG_DATA), "hello", 5);
+	item(frame(&f, WIRE_CHG_FILE), "d", S_IFDIR | 0750, NULL, 0, NULL);
+	item(frame(&f, WIRE_CHG_FILE), "d/link", S_IFLNK | 0777, NULL, 0, "../a.txt");
+	item(frame(&f, WIRE_CHG_FILE), "gone", 0, NULL, 0, NULL);
+	item(frame(&f, WIRE_CHG_FILE), longp, S_IFREG | 0700, "#!/bin/sh\n", 10, NULL);
+	buf_put(frame(&f, WIRE_CHG_DATA), "#!/bin/sh\n", 10);
+	end(&f);
+	struct wb_pull_cfg cfg = {.paths = paths,
+				  .n = 5,
+				  .max_bytes = 1 << 20,
+				  .cap_name = "workspace.writeback_max_mib",
+				  .chunking = &chunk_params_default};
+	struct wb_pull *p;
+	struct wb_replay *r;
+	size_t nf = 0, nd = 0;
+	int rc = 0;
+	cfg.tmp_dirfd = open(dir, O_RDONLY | O_DIRECTORY);
+	assert_int_equal(wb_pull_new(&cfg, &p), 0);
+	for (size_t i = 0; i < f.n && rc == 0; i++)
+		rc = wb_pull_frame(p, f.type[i], buf_ptr(&f.b[i]), buf_len(&f.b[i]));
+	assert_int_equal(rc, 1);
+	snprintf(path, sizeof(path), "%s/a.tar", dir);
+	int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+	assert_true(fd >= 0);
+	assert_int_equal(wb_replay_new(fd, &r), 0);
+	assert_int_equal(wb_replay_add(r, p, err, sizeof(err)), 0);
+	assert_int_equal(wb_replay_finish(r, &nf, &nd), 0);
+	assert_int_equal(nf, 3);
+	assert_int_equal(nd, 1);
+	wb_replay_free(r);
+	wb_pull_free(p);
+
+	/* its layout, block by block */
+	off_t size = lseek(fd, 0, SEEK_END);
+	assert_int_equal(size % 512, 0);
+	uint8_t *t = mem_alloc((size_t)size);
+	assert_int_equal(pread(fd, t, (size_t)size, 0), size);
+	size_t o = 0;
+	tar_hdr(t + o, "files/a.txt", '0', 5);
+	assert_int_equal(strtoul((const char *)t + o + 100, NULL, 8), 0755);
+	assert_memory_equal(t + o + 512, "hello", 5);
+	o += 1024;
+	tar_hdr(t + o, "files/d/link", '2', 0);
+	assert_string_equal((const char *)t + o + 157, "../a.txt");
+	o += 512;
+	char rec[400];
+	int reclen = snprintf(rec, sizeof(rec), "path=files/%s\n", longp);
+	int total = reclen + 1 + (int)snprintf(NULL, 0, "%d", reclen + 4); /* "NNN " */
+	tar_hdr(t + o, "PaxHeader", 'x', (uint64_t)total);
+	assert_int_equal(strtol((const char *)t + o + 512, NULL, 10), total);
+	assert_non_null(memmem(t + o + 512, (size_t)total, rec, (size_t)reclen));
+	o += 512 + ((size_t)total + 511) / 512 * 512;
+	tar_hdr(t + o, "PaxHeader/name", '0', 10);
+	o += 1024;
+	size_t listlen = strlen("a.txt") + strlen("d/link") + strlen(longp) + 3;
+	tar_hdr(t + o, "files.list", '0', listlen);
+	assert_memory_equal(t + o + 512, "a.txt\0d/link\0", 13);
+	o += 512 + (listlen + 511) / 512 * 512;
+	tar_hdr(t + o, "deleted", '0', 5);
+	assert_memory_equal(t + o + 512, "gone", 5);
+	o += 1024;
+	assert_int_equal((size_t)size, o + 1024);
+	for (size_t i = o; i < (size_t)size; i++)
+		assert_int_equal(t[i], 0);
+	mem_free(t);
+	close(fd);
+
+	/* and a tar program reads it as meant */
+	snprintf(cmd, sizeof(cmd), "mkdir %s/x && tar -x -m -o -f %s -C %s/x", dir, path, dir);
+	assert_int_equal(system(cmd), 0);
+	char got[64] = "";
+	struct stat st;
+	snprintf(path, sizeof(path), "%s/x/files/a.txt", dir);
+	assert_int_equal(lstat(path, &st), 0);
+	assert_int_equal(st.st_mode & 07777, 0755);
+	snprintf(path, sizeof(path), "%s/x/files/d/link", dir);
+	assert_int_equal(readlink(path, got, sizeof(got) - 1), 8);
+	assert_string_equal(got, "../a.txt");
+	snprintf(path, sizeof(path), "%s/x/files/%s", dir, longp);
+	assert_int_equal(lstat(path, &st), 0);
+	assert_int_equal(st.st_size, 10);
+
+	/* a path the pull refused (bytes that do not match their hash) is not archived: the replay fails, naming it */
+	frames_clear(&f);
+	item(frame(&f, WIRE_CHG_FILE), "a.txt", S_IFREG | 0644, "hello", 5, NULL);
+	buf_put(frame(&f, WIRE_CHG_DATA), "HELLO", 5);
+	item(frame(&f, WIRE_CHG_FILE), "d", S_IFDIR | 0750, NULL, 0, NULL);
+	item(frame(&f, WIRE_CHG_FILE), "d/link", S_IFLNK | 0777, NULL, 0, "../a.txt");
+	item(frame(&f, WIRE_CHG_FILE), "gone", 0, NULL, 0, NULL);
+	item(frame(&f, WIRE_CHG_FILE), longp, 0, NULL, 0, NULL);
+	end(&f);
+	assert_int_equal(wb_pull_new(&cfg, &p), 0);
+	rc = 0;
+	for (size_t i = 0; i < f.n && rc == 0; i++)
+		rc = wb_pull_frame(p, f.type[i], buf_ptr(&f.b[i]), buf_len(&f.b[i]));
+	assert_int_equal(rc, 1);
+	fd = open(dir, O_TMPFILE | O_RDWR, 0600);
+	assert_true(fd >= 0);
+	assert_int_equal(wb_replay_new(fd, &r), 0);
+	assert_int_equal(wb_replay_add(r, p, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "a.txt: its bytes do not match"));
+	wb_replay_free(r);
+	wb_pull_free(p);
+	close(fd);
+	frames_clear(&f);
+	close(cfg.tmp_dirfd);
+	tu_rm_rf(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_store),
-	    cmocka_unit_test(test_pull_good),
-	    cmocka_unit_test(test_pull_crafted),
-	    cmocka_unit_test(test_pull_no_follow),
+	    cmocka_unit_test(test_store),	 cmocka_unit_test(test_pull_good),
+	    cmocka_unit_test(test_pull_crafted), cmocka_unit_test(test_pull_no_follow),
+	    cmocka_unit_test(test_forkset),	 cmocka_unit_test(test_replay),
 	};
 	if (sodium_init() < 0)
 		return 1;
