@@ -1516,7 +1516,8 @@ static int parse_options(struct agent *a, struct agent_args *o, int argc, char *
 /* Who runs commands. Commands never run as root: as --run-as, else as
  * the owner of the workspace (so they can write it) when that is not root,
  * else as nobody (the workspace is then read-only to them). A non-root
- * agent runs them as itself. 0 or the exit status. */
+ * agent runs them as itself. What the sync writes is given to that user
+ * (but not to nobody). 0 or the exit status. */
 static int setup_run_as(struct agent *a, const char *run_as)
 {
 	struct stat rst;
@@ -1535,9 +1536,16 @@ static int setup_run_as(struct agent *a, const char *run_as)
 		a->run_gid = rst.st_gid;
 	} else {
 		a->run_uid = a->run_gid = 65534;
+		return 0; /* nobody: the workspace stays read-only to commands */
 	}
-	if (a->run_uid == 0)
+	if (a->run_uid == 0) {
 		logmsg("warning: --run-as root: commands run with the agent's full privileges");
+		return 0;
+	}
+	/* the host's files are the command user's to change, as theirs are */
+	a->apply_opts.own = true;
+	a->apply_opts.uid = a->run_uid;
+	a->apply_opts.gid = a->run_gid;
 	return 0;
 }
 
@@ -1563,16 +1571,16 @@ static int setup_workspace(struct agent *a, const struct agent_args *o)
 		logmsg("--root %s: %s", a->root, strerror(errno));
 		return 1;
 	}
-	if (syncg_open(a->root, a->state_dir, &a->apply_opts, a->key.pub, &a->sync, err, sizeof(err)) < 0) {
-		logmsg("%s", err);
-		return 1;
-	}
 	if ((a->root_fd = open(a->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
 		logmsg("--root %s: %s", a->root, strerror(errno));
 		return 1;
 	}
 	if ((st = setup_run_as(a, o->run_as)) != 0)
 		return st;
+	if (syncg_open(a->root, a->state_dir, &a->apply_opts, a->key.pub, &a->sync, err, sizeof(err)) < 0) {
+		logmsg("%s", err);
+		return 1;
+	}
 	if ((r = exec_sys_new(NULL, &a->xsys)) < 0) {
 		logmsg("exec: %s", strerror(-r));
 		return 1;

@@ -757,6 +757,28 @@ static int chmod_nofollow(struct apply *a, int pfd, const char *name, uint32_t m
 
 /* ---- temporaries ---- */
 
+/* A file the apply just made (fd; named `tmp` in dirfd, or unnamed) to
+ * its owner (apply_opts.own): fd, or -errno with the file closed and gone. */
+static int give_fd(const struct apply *a, int fd, int dirfd, const char *tmp)
+{
+	if (!a->o.own || fchown(fd, a->o.uid, a->o.gid) == 0)
+		return fd;
+	int r = -errno;
+	close(fd);
+	if (tmp)
+		unlinkat(dirfd, tmp, 0);
+	return r;
+}
+
+/* An entry the apply just made at name in dirfd (a directory, a link) to
+ * its owner (apply_opts.own). 0 or -errno. */
+static int give_at(const struct apply *a, int dirfd, const char *name)
+{
+	if (!a->o.own || fchownat(dirfd, name, a->o.uid, a->o.gid, AT_SYMLINK_NOFOLLOW) == 0)
+		return 0;
+	return -errno;
+}
+
 /* A new file for content in dirfd: an unnamed O_TMPFILE (*named false)
  * or a fresh ".airlock-tmp-*" name (*named true, name in tmp). */
 static int temp_open(struct run *rn, int dirfd, char tmp[TMPNAME_LEN], bool *named)
@@ -767,7 +789,7 @@ static int temp_open(struct run *rn, int dirfd, char tmp[TMPNAME_LEN], bool *nam
 		int fd = openat(dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
 		if (fd >= 0) {
 			*named = false;
-			return fd;
+			return give_fd(a, fd, dirfd, NULL);
 		}
 		if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL)
 			return -errno;
@@ -778,7 +800,7 @@ static int temp_open(struct run *rn, int dirfd, char tmp[TMPNAME_LEN], bool *nam
 		int fd = openat(dirfd, tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 		if (fd >= 0) {
 			*named = true;
-			return fd;
+			return give_fd(a, fd, dirfd, tmp);
 		}
 		if (errno != EEXIST)
 			return -errno;
@@ -1138,7 +1160,8 @@ static int stage_symlink(struct run *rn, size_t i, const struct delta_op *op, in
 		tmp_name(rn, s->tmp);
 		if (symlinkat(op->target, dirfd, s->tmp) == 0) {
 			s->where = apart ? STAGE_DIR : STAGE_TARGET;
-			return 0;
+			int r = give_at(rn->a, dirfd, s->tmp);
+			return r < 0 ? op_fail(rn, i, r, "giving the link to its owner") : 0;
 		}
 		if (errno == EACCES && !apart) { /* as stage_put */
 			if ((dirfd = stage_dir(rn)) < 0)
@@ -1276,6 +1299,10 @@ static int commit_op(struct run *rn, size_t i)
 	case DELTA_MKDIR:
 		if ((r = in_dir(DIROP_MKDIR, pfd, name, -1, NULL)) == 0) {
 			rn->st->dirs++;
+			if ((r = give_at(rn->a, pfd, name)) < 0) {
+				op_fail(rn, i, r, "giving the directory to its owner");
+				break;
+			}
 		} else if (r != -EEXIST) {
 			op_fail(rn, i, r, "mkdir");
 			break;

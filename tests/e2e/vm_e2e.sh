@@ -266,6 +266,25 @@ if vup 1; then
 			"$AIRLOCK" changes -C "$W" --json | grep -q '"path":"made-in-vm.txt","kind":"create"'
 	}
 	check "a command makes node_modules/x in the VM (not on the host) and made-in-vm.txt (a guest change, waiting)" t_cli_mark
+	# what the agent (root in the VM) writes is the command user's: a
+	# command edits, adds and removes files in a synced directory, and in
+	# one the host makes now; accept brings them to the host
+	t_cli_owned() {
+		mkdir "$W/src/newdir" && echo from-host >"$W/src/newdir/h.txt" || return 1
+		X -- sh -c 'echo vm-edit >>src/m7/f29.txt && echo vm-new >src/m7/made.txt && rm src/m7/f28.txt &&
+			echo vm-more >>src/newdir/h.txt && echo vm-g >src/newdir/g.txt' || return 1
+		"$AIRLOCK" changes -C "$W" --json >"$T/own.json" || return 1
+		grep -q '"path":"src/m7/f29.txt","kind":"modify"' "$T/own.json" &&
+			grep -q '"path":"src/m7/made.txt","kind":"create"' "$T/own.json" &&
+			grep -q '"path":"src/m7/f28.txt","kind":"delete"' "$T/own.json" &&
+			grep -q '"path":"src/newdir/g.txt","kind":"create"' "$T/own.json" || { cat "$T/own.json" >&2; return 1; }
+		$TO 60 "$AIRLOCK" accept -C "$W" src/m7/f29.txt src/m7/made.txt src/m7/f28.txt src/newdir/h.txt \
+			src/newdir/g.txt >/dev/null &&
+			[ "$(tail -n 1 "$W/src/m7/f29.txt")" = vm-edit ] && [ "$(cat "$W/src/m7/made.txt")" = vm-new ] &&
+			[ ! -e "$W/src/m7/f28.txt" ] && [ "$(cat "$W/src/newdir/h.txt")" = "$(printf 'from-host\nvm-more')" ] &&
+			[ "$(cat "$W/src/newdir/g.txt")" = vm-g ]
+	}
+	check "a command changes files the host synced, in a synced directory and in a new one (they are the command user's); accept brings them" t_cli_owned
 	check "airlock down stops the VM" down
 	t_cli_gone() { ! pgrep -f "qemu-system.*$VSB" >/dev/null; }
 	check "no qemu is left after down" t_cli_gone

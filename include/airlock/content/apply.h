@@ -76,6 +76,12 @@ struct apply_opts {
 	 * alone. The check before and the commit after are in op order on the
 	 * calling thread either way. */
 	unsigned threads;
+	/* With `own`: the files, directories and links the apply makes are
+	 * given to uid:gid (an agent running as root whose commands run as
+	 * another user, as in the vm sandbox: the host's files are theirs to
+	 * change). Without: they are the caller's, as created. */
+	bool own;
+	uint32_t uid, gid;
 };
 
 struct apply_stats {

@@ -3,6 +3,7 @@
  * must be refused with nothing written outside the root and nothing half
  * applied. Every test runs with openat2/O_TMPFILE and again with the
  * fallbacks (component walk, named temporaries). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -37,6 +38,14 @@ static uint8_t pk[32], sk[64], scope[32];
 static const struct apply_opts mode_default = {.fsync = APPLY_FSYNC_BATCH};
 static const struct apply_opts mode_fallback = {.fsync = APPLY_FSYNC_FILE,
 						.flags = APPLY_NO_OPENAT2 | APPLY_NO_TMPFILE | APPLY_NO_EXCHANGE};
+/* an agent that is root and gives what it makes to the command user */
+#define OWNER 4242u
+static const struct apply_opts mode_default_own = {.fsync = APPLY_FSYNC_BATCH, .own = true, .uid = OWNER, .gid = OWNER};
+static const struct apply_opts mode_fallback_own = {.fsync = APPLY_FSYNC_FILE,
+						    .flags = APPLY_NO_OPENAT2 | APPLY_NO_TMPFILE | APPLY_NO_EXCHANGE,
+						    .own = true,
+						    .uid = OWNER,
+						    .gid = OWNER};
 
 struct env {
 	char base[64], host[96], guest[96], outside[96];
@@ -1407,6 +1416,66 @@ static void test_parallel_same_as_serial(void **state)
 	buf_clear(&host);
 }
 
+/* Every entry below dfd (not dfd itself) is uid:gid's; how many. */
+static size_t owned_below(int dfd, uid_t uid, gid_t gid)
+{
+	int fd = dup(dfd);
+	DIR *d = fdopendir(fd);
+	struct dirent *de;
+	size_t n = 0;
+
+	assert_non_null(d);
+	rewinddir(d);
+	while ((de = readdir(d))) {
+		struct stat st;
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		assert_int_equal(fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW), 0);
+		if (st.st_uid != uid || st.st_gid != gid)
+			fail_msg("%s: owned by %u:%u, not %u:%u", de->d_name, (unsigned)st.st_uid, (unsigned)st.st_gid,
+				 (unsigned)uid, (unsigned)gid);
+		n++;
+		if (S_ISDIR(st.st_mode)) {
+			int sub = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			assert_true(sub >= 0);
+			n += owned_below(sub, uid, gid);
+			close(sub);
+		}
+	}
+	closedir(d);
+	return n;
+}
+
+/* With apply_opts.own (a root agent, commands as another user): every
+ * file, directory and link the apply makes, new or replaced, cloned or
+ * written whole, is that user's. */
+static void test_owner(void **state)
+{
+	struct env *e = *state;
+	struct apply_stats st;
+
+	if (geteuid() != 0) {
+		skip(); /* chown to another user needs root */
+		return;
+	}
+	build_host_tree(e->hfd);
+	sync_and_check(e, &st);
+	assert_true(owned_below(e->gfd, OWNER, OWNER) >= 10);
+	/* an edit in place (a clone or a copy of the old file), a replaced
+	 * small file, a new directory with a file and a link, a mode change */
+	int fd = openat(e->hfd, "src/lib/big.bin", O_WRONLY);
+	assert_int_equal(pwrite(fd, "Z", 1, 25000), 1);
+	close(fd);
+	tu_put_file(e->hfd, "src/main.c", "int main(void) { return 1; }\n", 29, 0644);
+	assert_int_equal(mkdirat(e->hfd, "new", 0755), 0);
+	tu_put_file(e->hfd, "new/file", "n", 1, 0600);
+	assert_int_equal(symlinkat("file", e->hfd, "new/link"), 0);
+	assert_int_equal(fchmodat(e->hfd, "empty", 0711, 0), 0);
+	sync_and_check(e, &st);
+	assert_int_equal(st.files, 3);
+	assert_true(owned_below(e->gfd, OWNER, OWNER) >= 13);
+}
+
 #define BOTH(t)                                                                                                        \
 	cmocka_unit_test_prestate_setup_teardown(t, setup, teardown, (void *)&mode_default),                           \
 	    cmocka_unit_test_prestate_setup_teardown(t, setup, teardown, (void *)&mode_fallback)
@@ -1429,6 +1498,8 @@ int main(void)
 	    BOTH(test_rsync_modes),
 	    BOTH(test_apply_alloc_failures),
 	    BOTH(test_parallel_same_as_serial),
+	    cmocka_unit_test_prestate_setup_teardown(test_owner, setup, teardown, (void *)&mode_default_own),
+	    cmocka_unit_test_prestate_setup_teardown(test_owner, setup, teardown, (void *)&mode_fallback_own),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
