@@ -212,6 +212,7 @@ W3=$T/w3
 cp -a "$W1" "$W3"
 echo "file 1" >"$W3/m.txt"
 echo del >"$W3/del.txt"
+mkdir -p "$W3/src" && echo "sub 1" >"$W3/src/s.txt"
 start_bg vup "$AIRLOCK" up "$W3" --sandbox vm 7>&- 8>&-
 if wait_line "$T/vup.out" "^airlock: $W3 in sync with sandbox vm\$" 150; then
 	VSB=$(sed -n 's/^airlock: sandbox started .*; state in //p' "$T/vup.err")
@@ -247,11 +248,11 @@ PY
 			[ "$($TO 60 "$AIRLOCK" exec -C "$W3" -- sh -c "grep -l 'settle-report[s]' /proc/[0-9]*/cmdline | wc -l" </dev/null)" = 0 ]
 	}
 	check "fork_changes of a vm fork: what its agent reported, the fork still running; its agent settles lost events before each report, the sandbox's does not" t_cli_fork_changes
-	# try: three patches of which B passes; B's run also deletes a file and
-	# makes a file and a symlink. (At the top level: the synced directories
-	# are the VM's agent's, root's, and commands run as uid 1000.)
+	# try: three patches of which B passes, each changing a file at the
+	# top and one in a synced directory; B's run also deletes a file and
+	# makes a file and a symlink
 	for v in a b c; do
-		printf -- '--- a/m.txt\n+++ b/m.txt\n@@ -1 +1 @@\n-file 1\n+%s\n' "$v" >"$T/p$v.diff"
+		printf -- '--- a/m.txt\n+++ b/m.txt\n@@ -1 +1 @@\n-file 1\n+%s\n--- a/src/s.txt\n+++ b/src/s.txt\n@@ -1 +1 @@\n-sub 1\n+sub %s\n' "$v" "$v" >"$T/p$v.diff"
 	done
 	t_cli_try() {
 		$TO 10 "$AIRLOCK" changes -C "$W3" --json >"$T/before.json" || return 1
@@ -268,26 +269,29 @@ assert v["B"]["exit_code"] == 0 and v["A"]["exit_code"] == 3 and v["C"]["exit_co
 assert v["A"]["patch_applied"] and v["B"]["patch_applied"] and v["C"]["patch_applied"], v
 # listed as deleted too: what a fork made and removed again (patch's temporary m.txtXXXXXX)
 def made(x): return {c["path"] for c in x["changes"] if not c["deleted"]}
-def gone(x): return {c["path"] for c in x["changes"] if c["deleted"] and not c["path"].startswith("m.txt")}
-assert made(v["B"]) == {"d/e/l", "new.txt", "m.txt"} and gone(v["B"]) == {"del.txt"}, v["B"]
-assert made(v["C"]) == {"m.txt"} and gone(v["C"]) == set(), v["C"]
+def gone(x): return {c["path"] for c in x["changes"] if c["deleted"] and not c["path"].startswith(("m.txt", "src/s.txt"))}
+assert made(v["B"]) == {"d/e/l", "new.txt", "m.txt", "src/s.txt"} and gone(v["B"]) == {"del.txt"}, v["B"]
+assert made(v["C"]) == {"m.txt", "src/s.txt"} and gone(v["C"]) == set(), v["C"]
 before = {c["path"] for c in json.load(open(sys.argv[2]))["changes"]}
 after = {c["path"]: c for c in json.load(open(sys.argv[3]))["changes"]}
-assert set(after) - before - {"d", "d/e"} == {"d/e/l", "new.txt", "m.txt", "del.txt"}, after
+assert set(after) - before - {"d", "d/e"} == {"d/e/l", "new.txt", "m.txt", "src/s.txt", "del.txt"}, after
 assert after["del.txt"]["kind"] == "delete" and after["new.txt"]["kind"] == "create", after
-assert after["m.txt"]["kind"] == "modify" and after["d/e/l"]["kind"] == "symlink", after
+assert after["m.txt"]["kind"] == "modify" and after["src/s.txt"]["kind"] == "modify", after
+assert after["d/e/l"]["kind"] == "symlink", after
 PY
 		grep -q '^\[B\] ok$' "$T/try.err" && grep -q '^\[A\] bad$' "$T/try.err" && grep -q '^\[C\] bad$' "$T/try.err" &&
-			[ "$(cat "$W3/m.txt")" = "file 1" ] && [ -e "$W3/del.txt" ] && [ ! -e "$W3/new.txt" ] &&
-			[ ! -e "$W3/d" ] && [ "$($TO 60 "$AIRLOCK" exec -C "$W3" -- sh -c 'cat m.txt new.txt d/e/l; test ! -e del.txt && echo gone' </dev/null)" = "b
+			[ "$(cat "$W3/m.txt")" = "file 1" ] && [ "$(cat "$W3/src/s.txt")" = "sub 1" ] && [ -e "$W3/del.txt" ] && [ ! -e "$W3/new.txt" ] &&
+			[ ! -e "$W3/d" ] && [ "$($TO 60 "$AIRLOCK" exec -C "$W3" -- sh -c 'cat m.txt src/s.txt new.txt d/e/l; test ! -e del.txt && echo gone' </dev/null)" = "b
+sub b
 new
 new
 gone" ] && ! ls -d "$VSB/forks"/try* >/dev/null 2>&1 && [ -z "$(find "$T/data" -path '*/.airlock-try*' 2>/dev/null)" ]
 	}
-	check "try on a vm sandbox: three patches, B passes; only B's changes (a changed, a deleted, a new file, a symlink) are the sandbox's guest changes; the host untouched; the forks removed" t_cli_try
+	check "try on a vm sandbox: three patches, B passes; only B's changes (two changed, one in a synced directory, a deleted, a new file, a symlink) are the sandbox's guest changes; the host untouched; the forks removed" t_cli_try
 	t_cli_try_accept() {
-		$TO 60 "$AIRLOCK" accept -C "$W3" m.txt del.txt new.txt >"$T/acc.out" 2>&1 || { cat "$T/acc.out" >&2; return 1; }
-		[ "$(cat "$W3/m.txt" "$W3/new.txt")" = "b
+		$TO 60 "$AIRLOCK" accept -C "$W3" m.txt src/s.txt del.txt new.txt >"$T/acc.out" 2>&1 || { cat "$T/acc.out" >&2; return 1; }
+		[ "$(cat "$W3/m.txt" "$W3/src/s.txt" "$W3/new.txt")" = "b
+sub b
 new" ] && [ ! -e "$W3/del.txt" ] && [ ! -e "$W3/d" ]
 	}
 	check "the winner's changes are accepted like any other: on the host now (and only those accepted)" t_cli_try_accept
