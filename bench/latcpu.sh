@@ -19,6 +19,7 @@ set -euo pipefail
 A=$(realpath "${1:?usage: bench/latcpu.sh BUILD_A BUILD_B [ROUNDS]}")
 B=$(realpath "${2:?usage: bench/latcpu.sh BUILD_A BUILD_B [ROUNDS]}")
 ROUNDS=${3:-10}
+BENCH=$(dirname "$(realpath "$0")")
 [ "$(id -u)" = 0 ] && [ -c /dev/fuse ] || { echo "bench/latcpu.sh needs root and /dev/fuse" >&2; exit 1; }
 for t in inotifywait python3; do command -v $t >/dev/null || { echo "$t is required" >&2; exit 1; }; done
 T=$(mktemp -d /tmp/airlock-latcpu.XXXXXX)
@@ -68,9 +69,12 @@ cg_ns() { # CPU ns charged to the cgroup so far
 	if [ -f "$CG/cpuacct.usage" ]; then cat "$CG/cpuacct.usage"; else awk '/^usage_usec/ { print $2 * 1000 }' "$CG/cpu.stat"; fi
 }
 
-cat >"$T/drive.py" <<'EOF'
-# drive.py MODE AIRLOCK WS GUEST N DAEMON_PID AGENT_PID CGROUP: one line of key=value figures
-import os, resource, select, subprocess, sys, time
+# cpu.py MODE AIRLOCK WS GUEST N DAEMON_PID AGENT_PID CGROUP: bench/drive.py's edits, or writes
+# each then exec, with the CPU each took; one line of key=value figures
+cat >"$T/cpu.py" <<'EOF'
+import os, sys, time
+sys.path.insert(0, os.environ["BENCH_DIR"])
+import drive
 mode, airlock, ws, guest, n, dpid, apid, cg = sys.argv[1:9]
 n = int(n)
 tck = os.sysconf("SC_CLK_TCK")
@@ -94,64 +98,21 @@ def cg_ns():
 def into_cg():
     with open(cg + "/cgroup.procs", "w") as f:
         f.write(str(os.getpid()))
-lat = []
+c0, d0, a0, k0 = cg_ns(), sched(dpid), sched(apid), children_cpu(apid)
 if mode == "exec":
-    c0, d0, a0, k0 = cg_ns(), sched(dpid), sched(apid), children_cpu(apid)
-    for i in range(n):
-        rel = "edits/f%d.txt" % (i % 100)
-        want = ("exec %d\n" % i).encode()
-        t0 = time.monotonic_ns()
-        with open(os.path.join(ws, rel), "wb") as f:
-            f.write(want)
-        got = subprocess.run([airlock, "exec", "-C", ws, "--", "cat", rel], stdout=subprocess.PIPE,
-                             preexec_fn=into_cg).stdout
-        t1 = time.monotonic_ns()
-        if got != want:
-            sys.exit("write -> exec: got %r, wanted %r" % (got, want))
-        lat.append((t1 - t0) / 1e6)
+    lat, bad = drive.writes_exec(ws, n, airlock, ws, preexec_fn=into_cg)
+    if bad:
+        sys.exit("write -> exec: %d commands did not print what was written" % bad)
     time.sleep(0.2)
-    extra = " cli_cpu_us=%.0f guest_cmd_cpu_us=%.0f" % ((cg_ns() - c0) / n / 1e3, (children_cpu(apid) - k0) / n * 1e6)
+    extra = " exec_cli_cpu_us=%.0f exec_guest_cmd_cpu_us=%.0f" % (
+        (cg_ns() - c0) / n / 1e3, (children_cpu(apid) - k0) / n * 1e6)
 else:
-    w = subprocess.Popen(["inotifywait", "-m", "-e", "close_write,moved_to,create", "--format", "%w%f",
-                          "--include", r"/f[0-9]+\.txt$", os.path.join(guest, "edits")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
-    while b"Watches established" not in w.stderr.readline():
-        pass
-    fd = w.stdout.fileno()
-    os.set_blocking(fd, False)
-    time.sleep(0.2)
-    d0, a0 = sched(dpid), sched(apid)
-    for i in range(n):
-        rel = "edits/f%d.txt" % (i % 100)
-        want = ("edit %d of %d\n" % (i, i % 100)).encode()
-        t0 = time.monotonic_ns()
-        with open(os.path.join(ws, rel), "wb") as f:
-            f.write(want)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            r, _, _ = select.select([fd], [], [], 0.5)
-            if not r:
-                continue
-            try:
-                os.read(fd, 65536)
-            except BlockingIOError:
-                continue
-            ts = time.monotonic_ns()
-            try:
-                if open(os.path.join(guest, rel), "rb").read() == want:
-                    lat.append((ts - t0) / 1e6)
-                    break
-            except OSError:
-                pass
-        time.sleep(0.002)
-    w.kill()
+    lat, _ = drive.edits(ws, guest, n)
     extra = ""
 d1, a1 = sched(dpid), sched(apid)
-lat.sort()
-pct = lambda p: lat[min(len(lat) - 1, int(p / 100.0 * len(lat)))] if lat else float("nan")
 print("%s_p50_ms=%.3f %s_p99_ms=%.3f %s_daemon_cpu_us=%.0f %s_agent_cpu_us=%.0f%s" % (
-    mode, pct(50), mode, pct(99), mode, (d1 - d0) / n / 1e3, mode, (a1 - a0) / n / 1e3,
-    extra.replace(" cli", " exec_cli").replace(" guest", " exec_guest")))
+    mode, drive.pct(lat, 50), mode, drive.pct(lat, 99), mode, (d1 - d0) / n / 1e3, mode,
+    (a1 - a0) / n / 1e3, extra))
 EOF
 
 for round in $(seq "$ROUNDS"); do
@@ -168,8 +129,8 @@ for round in $(seq "$ROUNDS"); do
 		for _ in $(seq 30); do (cd "$UP_W" && sh -c "echo \$\$ >$CG/cgroup.procs && exec $b/airlock exec -- true"); done
 		sleep 0.2
 		line+=" true_cgroup_cpu_us=$((($(cg_ns) - c0) / 30000))"
-		line+=" $(python3 "$T/drive.py" exec "$b/airlock" "$UP_W" "$G" 100 "$DP" "$AP" "$CG")"
-		line+=" $(python3 "$T/drive.py" edit "$b/airlock" "$UP_W" "$G" 300 "$DP" "$AP" "$CG")"
+		line+=" $(BENCH_DIR=$BENCH python3 "$T/cpu.py" exec "$b/airlock" "$UP_W" "$G" 100 "$DP" "$AP" "$CG")"
+		line+=" $(BENCH_DIR=$BENCH python3 "$T/cpu.py" edit "$b/airlock" "$UP_W" "$G" 300 "$DP" "$AP" "$CG")"
 		echo "$line" | tee -a "$T/rows"
 		stop
 	done
