@@ -110,74 +110,10 @@ med() { sort -g | awk '{ v[NR] = $1 } END { printf "%.3f", v[int((NR + 1) / 2)] 
 now() { date +%s.%N; }
 since() { echo "$(now) - $1" | bc; }
 
-# The driver: EDIT root, DEST root, N edits of edits/f*.txt; waits for DEST to hold the bytes.
-# Prints "p50 p99 n timeouts" in ms. With a 5th argument (the workspace), runs
+# The driver (bench/drive.py): EDIT root, DEST root, N edits of edits/f*.txt; waits for DEST to
+# hold the bytes. Prints "p50 p99 n timeouts" in ms. With a 5th argument (the workspace), runs
 # `airlock exec -C WS -- cat` after each write instead of watching, and prints its p50 p99.
-cat >"$T/drive.py" <<'EOF'
-import os, select, subprocess, sys, time
-edit, dest, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-ws = sys.argv[5] if len(sys.argv) > 5 else None
-lat, tmo = [], 0
-if ws:
-    for i in range(n):
-        rel = "edits/f%d.txt" % (i % 100)
-        want = ("exec %d\n" % i).encode()
-        t0 = time.monotonic_ns()
-        with open(os.path.join(edit, rel), "wb") as f:
-            f.write(want)
-        got = subprocess.run([sys.argv[4], "exec", "-C", ws, "--", "cat", rel], stdout=subprocess.PIPE).stdout
-        t1 = time.monotonic_ns()
-        if got == want:
-            lat.append((t1 - t0) / 1e6)
-        else:
-            tmo += 1
-else:
-    # only the edited names wake the driver: the temporaries each tool writes first (airlock's
-    # .airlock-tmp-*, rsync's .fN.txt.XXXXXX) would wake it while the tool is still working
-    w = subprocess.Popen(["inotifywait", "-m", "-e", "close_write,moved_to,create", "--format", "%w%f",
-                          "--include", r"/f[0-9]+\.txt$", os.path.join(dest, "edits")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
-    while b"Watches established" not in w.stderr.readline():
-        pass
-    fd = w.stdout.fileno()
-    os.set_blocking(fd, False)
-    time.sleep(0.2)
-    for i in range(n):
-        rel = "edits/f%d.txt" % (i % 100)
-        want = ("edit %d of %d\n" % (i, i % 100)).encode()
-        target = os.path.join(dest, rel)
-        t0 = time.monotonic_ns()
-        with open(os.path.join(edit, rel), "wb") as f:
-            f.write(want)
-        deadline = time.monotonic() + 5.0
-        done = False
-        while not done:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            r, _, _ = select.select([fd], [], [], left)
-            if not r:
-                continue
-            try:
-                os.read(fd, 65536)
-            except BlockingIOError:
-                continue
-            ts = time.monotonic_ns()
-            try:
-                with open(target, "rb") as g:
-                    if g.read() == want:
-                        lat.append((ts - t0) / 1e6)
-                        done = True
-            except OSError:
-                pass
-        if not done:
-            tmo += 1
-        time.sleep(0.002)
-    w.kill()
-lat.sort()
-pct = lambda p: lat[min(len(lat) - 1, int(p / 100.0 * len(lat)))] if lat else float("nan")
-print("%.3f %.3f %d %d" % (pct(50), pct(99), len(lat), tmo))
-EOF
+DRIVE=$(dirname "$(realpath "$0")")/drive.py
 
 # `airlock status` answered during the initial sync, every 200 ms, from the first answer until
 # the up is in sync: "max p99 n loopmax loopp99" in ms. max/p99: the whole CLI (a new process:
@@ -295,13 +231,13 @@ airlock_run() {
 	"$AIRLOCK" exec -C "$W" -- true </dev/null >/dev/null 2>&1 || true
 	local first
 	first=$(echo "($(since "$t0")) * 1000" | bc)
-	read -r p50 p99 _ tmo <<<"$(python3 "$T/drive.py" "$W" "$G" "$N")"
+	read -r p50 p99 _ tmo <<<"$(python3 "$DRIVE" "$W" "$G" "$N")"
 	"$AIRLOCK" sync-wait -C "$W" --timeout 60 >/dev/null
 	st=$("$AIRLOCK" status -C "$W" --json)
 	local ap50 ap99 pid apid e50 e99 pmax p99s pn lmax l99
 	ap50=$(python3 -c 'import json,sys; print("%.3f" % json.load(sys.stdin)["latency_ms"]["p50"])' <<<"$st")
 	ap99=$(python3 -c 'import json,sys; print("%.3f" % json.load(sys.stdin)["latency_ms"]["p99"])' <<<"$st")
-	read -r e50 e99 _ _ <<<"$(python3 "$T/drive.py" "$W" "$G" "$((N < 200 ? N : 200))" "$AIRLOCK" "$W")"
+	read -r e50 e99 _ _ <<<"$(python3 "$DRIVE" "$W" "$G" "$((N < 200 ? N : 200))" "$AIRLOCK" "$W")"
 	if [ -n "${TRACE:-}" ]; then
 		TRACES+=("$name: $(python3 "$T/trace.py" "$XDG_STATE_HOME"/airlock/*/up.log)")
 		echo "# trace ${TRACES[-1]}" >&2
@@ -370,7 +306,7 @@ EOF
 	lsyncd "$T/lsyncd.lua" >"$T/lsyncd.out" 2>&1 &
 	LP=$!
 	for _ in $(seq 1200); do grep -q "Startup of .* finished" "$T/lsyncd.log" && break; sleep 0.1; done
-	read -r p50 p99 _ tmo <<<"$(python3 "$T/drive.py" "$S" "$D" "$N")"
+	read -r p50 p99 _ tmo <<<"$(python3 "$DRIVE" "$S" "$D" "$N")"
 	kill "$LP" 2>/dev/null || true
 	wait "$LP" 2>/dev/null || true
 	LP=

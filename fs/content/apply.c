@@ -120,7 +120,7 @@ struct run {
 	/* A stager's copy of the run has its own of these: */
 	struct run *main;	 /* the batch's run (itself in the main one) */
 	char *err, *why;	 /* where op_fail writes: a->err and a->why, or a stager's own */
-	struct delta_dctx *dctx; /* a stager's decompression context; NULL: the batch's */
+	struct delta_dctx *dctx; /* a stager's decompression context, made at its first zstd chunk */
 	uint8_t rnd[64];	 /* random bytes for temporary names, */
 	size_t rnd_used;	 /* one getrandom per 8 names */
 	/* One-entry parent cache (parent_get): ops come sorted, runs share a parent. */
@@ -879,12 +879,18 @@ static enum state state_of(const struct stat *st)
 	return ST_OTHER;
 }
 
-/* An inline chunk's bytes, through the stager's own decompression context. */
+/* An inline chunk's bytes; a stager's through its own decompression
+ * context, made when it first needs one (a context is tens of KiB to
+ * allocate and clear, and most small batches have nothing compressed:
+ * making one per stager per batch was 4-5 % of the agent's CPU on
+ * one-file edits, doc/BENCH.md "Latency, fourth pass"). */
 static int chunk_data(struct run *rn, const struct delta_chunk *ch, const uint8_t **data)
 {
-	if (rn->dctx)
-		return delta_chunk_data_dctx(rn->b, rn->dctx, ch, rn->scratch, data);
-	return delta_chunk_data(rn->b, ch, rn->scratch, data);
+	if (rn->main == rn)
+		return delta_chunk_data(rn->b, ch, rn->scratch, data);
+	if (ch->kind == DELTA_CHUNK_ZSTD && !rn->dctx && !(rn->dctx = delta_dctx_new()))
+		return -ENOMEM;
+	return delta_chunk_data_dctx(rn->b, rn->dctx, ch, rn->scratch, data);
 }
 
 /* Mode and durability of a filled file. */
@@ -1537,8 +1543,8 @@ static int stagers_setup(struct run *m)
 		sg->rn.pc_fd = -1;
 		sg->rn.stagers = NULL;
 		m->nstagers = t + 1;
-		if (!(sg->rn.scratch = mem_alloc(m->scratch_len ? m->scratch_len : 1)) ||
-		    !(sg->rn.dctx = delta_dctx_new())) {
+		sg->rn.dctx = NULL; /* made on first use (chunk_data) */
+		if (!(sg->rn.scratch = mem_alloc(m->scratch_len ? m->scratch_len : 1))) {
 			stagers_free(m);
 			return -ENOMEM;
 		}

@@ -24,6 +24,14 @@
  * stdin requests are answered only on failure, so after each chunk we send
  * a `status` request as a fence: a `busy` error before the fence's answer
  * means the sandbox's input window was full, and the chunk is sent again.
+ *
+ * A command started through us ends when we do, as a local child would,
+ * even when we are killed with SIGKILL (an agent CLI's timeout kills the
+ * process group it started): the request asks for "cancel_on_close", so
+ * the relay cancels it when our connection closes (doc/RELAY.md, protocol
+ * 3). A relay of protocol 2 (an `airlock up` started before an upgrade)
+ * refuses that field; then the request is sent again without it, and a
+ * guard process does the same from outside (guard_start).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -79,8 +87,11 @@ struct xc {
 	bool chunk_busy; /* the relay answered busy: send it again */
 	uint64_t retry_at_ms;
 	unsigned backoff_ms;
-	struct shell_cwd *cwd; /* --cwd-file: its line taken out of stderr */
-	char sock[PATH_MAX];   /* the relay's socket, for the guard */
+	struct shell_cwd *cwd;	   /* --cwd-file: its line taken out of stderr */
+	char sock[PATH_MAX];	   /* the relay's socket, for the guard */
+	json_int_t relay_protocol; /* the relay's hello said so; 0 before it came */
+	bool cancel_on_close;	   /* the request asked for it */
+	bool old_relay;		   /* the relay refused it: send again, with a guard */
 };
 
 static uint64_t now_ms(void)
@@ -91,7 +102,8 @@ static uint64_t now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-/* Send one request object (consumed). */
+/* Send one request object (consumed), its line and newline in one write:
+ * the relay wakes once for it, not once more for a lone newline. */
 static int send_req(struct xc *x, json_t *o)
 {
 	char *line;
@@ -104,9 +116,8 @@ static int send_req(struct xc *x, json_t *o)
 	if (!line)
 		return -ENOMEM;
 	size_t n = strlen(line);
-	r = io_write_all(x->fd, line, n);
-	if (r == 0)
-		r = io_write_all(x->fd, "\n", 1);
+	line[n] = '\n'; /* in place of the NUL: n + 1 bytes, never read as a string again */
+	r = io_write_all(x->fd, line, n + 1);
 	mem_free(line); /* jansson allocates through mem_* (mem_init_json) */
 	return r;
 }
@@ -239,6 +250,10 @@ static void on_event(struct xc *x, json_t *ev)
 
 	if (!event)
 		return;
+	if (!strcmp(event, "hello")) {
+		x->relay_protocol = json_integer_value(json_object_get(ev, "protocol"));
+		return;
+	}
 	if (!strcmp(event, "status") && fence) {
 		x->in_flight = false;
 		if (x->chunk_busy) {
@@ -295,6 +310,11 @@ static void on_event(struct xc *x, json_t *ev)
 		}
 		if (code && !strcmp(code, "busy") && x->started)
 			return; /* a signal the sandbox could not take now */
+		if (code && !strcmp(code, "bad_field") && msg && strstr(msg, "'cancel_on_close'") && !x->started &&
+		    x->cancel_on_close && x->relay_protocol < 3) {
+			x->old_relay = true; /* run_remote sends it again without, and guards it */
+			return;
+		}
 		cmd_err("exec: %s (%s)", msg ? msg : "failed", code ? code : "error");
 		if (!x->started || (code && strcmp(code, "busy"))) {
 			x->done = true;
@@ -500,8 +520,9 @@ static int take_signals(const struct run_opts *o)
 	return sfd;
 }
 
-/* The exec request (doc/RELAY.md) in *out. 0, -ENOMEM, or -EILSEQ when an
- * argument is not valid UTF-8. */
+/* The exec request (doc/RELAY.md) in *out, with "cancel_on_close" when
+ * x->cancel_on_close. 0, -ENOMEM, or -EILSEQ when an argument is not
+ * valid UTF-8. */
 static int exec_request(const struct run_opts *o, const struct xc *x, const char *rel, json_t **out)
 {
 	unsigned rows, cols;
@@ -511,6 +532,8 @@ static int exec_request(const struct run_opts *o, const struct xc *x, const char
 	if (!(req = json_pack("{s:s, s:s, s:[], s:b, s:s}", "id", x->id, "op", "exec", "argv", "stdin", x->want_stdin,
 			      "encoding", "base64")))
 		return -ENOMEM;
+	if (x->cancel_on_close && json_object_set_new(req, "cancel_on_close", json_true()) < 0)
+		goto nomem;
 	av = json_object_get(req, "argv");
 	for (int i = 0; i < o->argc; i++)
 		if (json_array_append_new(av, json_string(o->argv[i])) < 0)
@@ -727,14 +750,11 @@ static void explain_exit(const struct run_opts *o, const struct xc *x, const cha
 }
 
 /*
- * The guard: a command started through us ends when we do, as a local
- * child would, even when we are killed with SIGKILL (an agent CLI's timeout
- * kills the process group it started). A child in its own session holds
- * the read end of a pipe; when we end without saying we are done (a byte),
- * it sees end of file and cancels the command over its own connection.
- * The relay keeps commands of closed connections running (doc/RELAY.md
- * "Commands outlive connections"); that is for clients that reattach, not
- * for us. -1 when there is no guard (said why; the command runs anyway).
+ * The guard, for a relay of protocol 2 only (newer ones take
+ * "cancel_on_close" and need no process of ours): a child in its own
+ * session holds the read end of a pipe; when we end without saying we
+ * are done (a byte), it sees end of file and cancels the command over its
+ * own connection. -1 when there is no guard (the command runs anyway).
  */
 static int guard_start(const struct xc *x, pid_t *pid)
 {
@@ -787,6 +807,26 @@ static void guard_stop(int fd, pid_t pid)
 		;
 }
 
+/* Build and send the exec request. 0, or -1 after saying why. */
+static int send_exec(const struct run_opts *o, struct xc *x, const char *rel)
+{
+	json_t *req;
+	int r;
+
+	if ((r = exec_request(o, x, rel, &req)) < 0) {
+		if (r == -EILSEQ)
+			cmd_err("%s: arguments must be valid UTF-8", o->who);
+		else
+			cmd_err("%s: out of memory", o->who);
+		return -1;
+	}
+	if ((r = send_req(x, req)) < 0) {
+		cmd_err("%s: sending the request: %s", o->who, strerror(-r));
+		return -1;
+	}
+	return 0;
+}
+
 /* Run one command through the relay and return the exit status to use. */
 static int run_remote(const struct run_opts *o)
 {
@@ -797,7 +837,6 @@ static int run_remote(const struct run_opts *o)
 	int r, sfd = -1, guard = -1;
 	pid_t guard_pid = -1;
 	bool winch = false; /* a resize to send once the command has started */
-	json_t *req = NULL;
 
 	memset(&x, 0, sizeof(x));
 	x.fd = -1;
@@ -813,26 +852,22 @@ static int run_remote(const struct run_opts *o)
 	snprintf(x.id, sizeof(x.id), "airlock-%s-%d-%08x", o->who, (int)getpid(), randombytes_random());
 	buf_init(&x.in, IN_MAX);
 	x.status = EXEC_FAILED;
-	if ((sfd = take_signals(o)) < 0)
+	x.cancel_on_close = true;
+	if ((sfd = take_signals(o)) < 0 || send_exec(o, &x, rel) < 0)
 		goto out;
-	if ((r = exec_request(o, &x, rel, &req)) < 0) {
-		if (r == -EILSEQ)
-			cmd_err("%s: arguments must be valid UTF-8", o->who);
-		else
-			cmd_err("%s: out of memory", o->who);
-		goto out;
-	}
-	r = send_req(&x, req);
-	if (r < 0) {
-		cmd_err("%s: sending the request: %s", o->who, strerror(-r));
-		goto out;
-	}
 	x.status = 0;
-	guard = guard_start(&x, &guard_pid);
 	if (o->tty)
 		term_raw(STDIN_FILENO); /* keys (^C, ^Z, ^D) go to the guest's terminal as bytes */
-	while (!x.done && (r = run_once(o, &x, sfd, &winch)) == 0)
-		;
+	while (!x.done && (r = run_once(o, &x, sfd, &winch)) == 0) {
+		if (!x.old_relay)
+			continue;
+		x.old_relay = x.cancel_on_close = false; /* a relay of protocol 2: the guard's way */
+		if (send_exec(o, &x, rel) < 0) {
+			x.status = EXEC_FAILED;
+			break;
+		}
+		guard = guard_start(&x, &guard_pid);
+	}
 	if (r < 0) {
 		term_restore();
 		cmd_err("%s: writing to the relay: %s", o->who, strerror(-r));

@@ -288,6 +288,7 @@ void relay_client_free(struct client *c)
 
 	while (c->subs)
 		relay_sub_free(c->subs);
+	relay_cmd_orphan(r, c);
 	for (struct pending_sync *ps = r->syncs; ps; ps = ps->next)
 		if (ps->c == c)
 			ps->c = NULL;

@@ -108,6 +108,32 @@ void relay_cmd_free(struct relay_cmd *m)
 	mem_free(m);
 }
 
+void relay_cmd_orphan(struct relay *r, struct client *c)
+{
+	for (struct relay_cmd *m = r->cmds; m; m = m->next) {
+		if (m->owner != c)
+			continue;
+		m->owner = NULL;
+		m->cancel_due = m->live;
+	}
+}
+
+bool relay_cmd_cancel_due(struct relay *r)
+{
+	bool left = false;
+
+	/* ops->cancel may end the command (relay_cmd_error from inside), never
+	 * free it: frees are housekeeping's, which calls us */
+	for (struct relay_cmd *m = r->cmds; m; m = m->next) {
+		if (!m->cancel_due)
+			continue;
+		m->cancel_due = false;
+		if (m->live && r->ops->cancel(r->ud, m) == -EAGAIN)
+			left = m->cancel_due = true;
+	}
+	return left;
+}
+
 /* ------------------------------------------------------------------ */
 /* backend -> relay */
 

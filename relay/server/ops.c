@@ -159,8 +159,8 @@ static void backend_failed(struct client *c, json_t *id, const char *what, int r
 /* ------------------------------------------------------------------ */
 /* ops */
 
-static const char *const exec_fields[] = {"argv", "shell",    "cwd",  "env", "timeout_seconds", "tty", "stdin",
-					  "tail", "encoding", "fork", NULL};
+static const char *const exec_fields[] = {"argv",  "shell", "cwd",	"env",	"timeout_seconds", "tty",
+					  "stdin", "tail",  "encoding", "fork", "cancel_on_close", NULL};
 
 /* "encoding": "text" (default: data when valid UTF-8, else data_b64) or
  * "base64" (always data_b64). 1 for base64, 0 for text, -1 after an error
@@ -190,7 +190,8 @@ struct exec_args {
 	size_t nenv;
 	bool tail_mode;
 	size_t tail[2];
-	int b64; /* want_b64 */
+	int b64;	      /* want_b64 */
+	bool cancel_on_close; /* the command ends when this connection does */
 };
 
 static void exec_args_clear(struct exec_args *a)
@@ -474,7 +475,7 @@ static bool exec_parse(struct client *c, json_t *rq, json_t *id, struct exec_arg
 	return exec_parse_argv(c, rq, id, a) && exec_parse_cwd(c, rq, id, a) && exec_parse_env(c, rq, id, a) &&
 	       exec_parse_timeout(c, rq, id, a) && exec_parse_tty(c, rq, id, a) &&
 	       get_bool(c, rq, id, "stdin", false, &a->req.stdin_open) && exec_parse_tail(c, rq, id, a) &&
-	       exec_parse_fork(c, rq, id, a);
+	       exec_parse_fork(c, rq, id, a) && get_bool(c, rq, id, "cancel_on_close", false, &a->cancel_on_close);
 }
 
 /* The command and its requester's subscription; takes *key on success.
@@ -502,6 +503,8 @@ static struct relay_cmd *exec_register(struct client *c, json_t *id, char **key,
 	s->b64 = a->b64 == 1;
 	s->tail[0] = a->tail[0];
 	s->tail[1] = a->tail[1];
+	if (a->cancel_on_close)
+		m->owner = c;
 	return m;
 }
 

@@ -52,10 +52,21 @@
 
 static void housekeeping(struct loop *l, void *ud);
 
+#define CANCEL_RETRY_MS 20 /* a "cancel_on_close" cancel the backend could not take yet */
+
 void relay_kick(struct relay *r)
 {
 	if (!r->hk_timer)
 		r->hk_timer = loop_add_timer(r->l, 0, housekeeping, r);
+}
+
+static void cancel_retry(struct loop *l, void *ud)
+{
+	struct relay *r = ud;
+
+	(void)l;
+	r->cancel_timer = 0;
+	relay_kick(r);
 }
 
 static void housekeeping(struct loop *l, void *ud)
@@ -67,8 +78,10 @@ static void housekeeping(struct loop *l, void *ud)
 	for (struct client *c = r->clients, *next; c; c = next) {
 		next = c->next;
 		if (c->dead)
-			relay_client_free(c);
+			relay_client_free(c); /* its "cancel_on_close" commands: relay_cmd_orphan */
 	}
+	if (relay_cmd_cancel_due(r) && !r->cancel_timer)
+		r->cancel_timer = loop_add_timer(r->l, CANCEL_RETRY_MS, cancel_retry, r);
 	/* Bounded history: drop the oldest finished commands, preferring
 	 * those nobody is reading. */
 	while (r->nfinished > r->keep_finished) {
@@ -279,6 +292,8 @@ void relay_free(struct relay *r)
 	}
 	if (r->hk_timer)
 		loop_del_timer(r->l, r->hk_timer);
+	if (r->cancel_timer)
+		loop_del_timer(r->l, r->cancel_timer);
 	if (r->fd >= 0) {
 		loop_del_fd(r->l, r->fd);
 		close(r->fd);

@@ -82,6 +82,10 @@ struct relay_cmd {
 	void *data;
 	const struct relay_cmd_watch *watch; /* relay_cmd_spawn's, or NULL */
 	void *watch_ud;
+	/* "cancel_on_close": the connection that started it, whose end cancels
+	 * it (relay_cmd_orphan); NULL once that is done or when not asked */
+	struct client *owner;
+	bool cancel_due; /* its owner is gone and the cancel is still to be sent */
 };
 
 struct client {
@@ -125,6 +129,7 @@ struct relay {
 	void *fork_ud;
 	uint64_t next_token;
 	uint64_t hk_timer;
+	uint64_t cancel_timer; /* retries relay_cmd_cancel_due */
 	uint8_t scratch[OUT_CHUNK];
 };
 
@@ -165,6 +170,13 @@ struct relay_cmd *relay_cmd_find(struct relay *r, const char *key);
 struct relay_cmd *relay_cmd_new(struct relay *r, char *key, json_t *id, const struct relay_exec_req *req);
 /* Unlink and free; the backend no longer holds m (or never did). */
 void relay_cmd_free(struct relay_cmd *m);
+/* c is going away: the commands it started with "cancel_on_close" lose
+ * their owner and, when still running, are canceled (from housekeeping:
+ * ops->cancel may end a command from inside). */
+void relay_cmd_orphan(struct relay *r, struct client *c);
+/* Send the cancels relay_cmd_orphan made due (from housekeeping); those
+ * the backend answers busy stay due: true when some do. */
+bool relay_cmd_cancel_due(struct relay *r);
 
 /* ---- ring.c ---- */
 

@@ -4,7 +4,8 @@
 # signals, timeout of a setsid grandchild, stdin, stdout/stderr order, binary
 # output, a 16 MiB flood into a reader that stalls 2 s (resumes, complete,
 # bounded RSS), the sync barrier (write then cat, 200 times), environment scrubbing,
-# and the guest's workspace as cwd.
+# the guest's workspace as cwd, a killed client's command canceled (by the relay,
+# or by a guard with a relay of protocol 2).
 # usage: exec_e2e.sh AIRLOCK AIRLOCK_AGENT   (root + /dev/fuse, else skipped: exit 77)
 # shellcheck source=tests/e2e/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -209,6 +210,82 @@ t_sigint() {
 	[ "$rc" = 130 ] || { echo "got $rc" >&2; return 1; }
 }
 check "SIGINT is forwarded (exit 130)" t_sigint
+
+t_kill9() {
+	local pid i kids
+	"$AIRLOCK" exec -C "$W" -- sh -c 'echo up; exec sleep 79' </dev/null >"$T/k9.out" 2>&1 &
+	pid=$!
+	wait_line "$T/k9.out" '^up$' 20 || return 1
+	# the relay cancels it (cancel_on_close): no guard process of ours
+	kids=$(pgrep -P "$pid" || true)
+	[ -z "$kids" ] || { echo "airlock exec has child processes: $(ps -o pid,args -p "$kids")" >&2; return 1; }
+	kill -KILL "$pid"
+	wait "$pid" 2>/dev/null || true
+	for ((i = 0; i < 200; i++)); do
+		pgrep -x -f 'sleep 79' >/dev/null || return 0
+		sleep 0.05
+	done
+	echo "still running in the guest after the client was killed: $(pgrep -a -x -f 'sleep 79')" >&2
+	return 1
+}
+check "a client killed with SIGKILL takes its command in the guest with it (the relay's cancel_on_close, no guard process)" t_kill9
+
+# A relay of protocol 2 (an `airlock up` older than the CLI) refuses
+# cancel_on_close: the CLI sends the request again without it, and a guard
+# cancels the command when the CLI is killed. A stand-in relay, one
+# connection at a time: the CLI's, then the guard's.
+t_old_relay() {
+	local pid spid i rc=0
+	python3 - "$T/old.sock" "$T/old.log" <<'PY' &
+import json, socket, sys
+path, log = sys.argv[1], sys.argv[2]
+srv = socket.socket(socket.AF_UNIX)
+srv.bind(path)
+srv.listen(4)
+def say(c, o):
+    c.sendall((json.dumps(o) + "\n").encode())
+while True:
+    c, _ = srv.accept()
+    say(c, {"event": "hello", "protocol": 2, "server": "stand-in", "line_max": 1048576, "ring_bytes": 1048576})
+    for line in c.makefile("rb"):
+        rq = json.loads(line)
+        with open(log, "a") as f:
+            f.write(json.dumps(rq, sort_keys=True) + "\n")
+        if rq["op"] == "exec" and "cancel_on_close" in rq:
+            say(c, {"event": "error", "id": rq["id"], "code": "bad_field",
+                    "message": "unknown field 'cancel_on_close' for op 'exec'"})
+        elif rq["op"] == "exec":
+            say(c, {"event": "started", "id": rq["id"], "pid": 7, "where": "guest"})
+        elif rq["op"] == "cancel":
+            say(c, {"event": "ok", "id": rq["id"], "op": "cancel"})
+            sys.exit(0)
+PY
+	spid=$!
+	for ((i = 0; i < 200; i++)); do
+		[ -S "$T/old.sock" ] && break
+		sleep 0.02
+	done
+	AIRLOCK_SOCKET=$T/old.sock "$AIRLOCK" exec -C "$W" -- sleep 30 </dev/null >"$T/old.out" 2>&1 &
+	pid=$!
+	for ((i = 0; i < 500; i++)); do
+		[ "$(grep -c '"op": "exec"' "$T/old.log" 2>/dev/null)" = 2 ] && break
+		sleep 0.02
+	done
+	sleep 0.2 # the guard starts right after the second request
+	kill -KILL "$pid"
+	wait "$pid" 2>/dev/null || true
+	$TO 10 tail --pid="$spid" -f /dev/null || rc=$?
+	kill "$spid" 2>/dev/null || true
+	[ "$rc" = 0 ] || { echo "the stand-in relay got no cancel: $(cat "$T/old.log")" >&2; return 1; }
+	python3 - "$T/old.log" <<'PY'
+import json, sys
+rq = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["op"] for r in rq] == ["exec", "exec", "cancel"], rq
+assert rq[0].get("cancel_on_close") is True and "cancel_on_close" not in rq[1], rq
+assert rq[0]["id"] == rq[1]["id"] == rq[2]["id"], rq
+PY
+}
+check "a relay of protocol 2: the request is sent again without cancel_on_close, and a guard cancels it when the client is killed" t_old_relay
 
 t_disconnected() {
 	local rc=0

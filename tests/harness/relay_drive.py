@@ -35,7 +35,7 @@ class Conn:
         self.buf = b""
         if hello:
             h = self.next()
-            if h.get("event") != "hello" or h.get("protocol") != 2:
+            if h.get("event") != "hello" or h.get("protocol") != 3:
                 fail("expected hello, got %r" % h)
 
     def send(self, obj):

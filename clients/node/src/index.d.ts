@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Types of airlock-relay-client (doc/RELAY.md, protocol 2).
+// Types of airlock-relay-client (doc/RELAY.md, protocol 3).
 import { EventEmitter } from "node:events";
 
-export declare const PROTOCOL: 2;
+export declare const PROTOCOL: 3;
 
 export declare class RelayError extends Error {
   /** The relay's stable error code (doc/RELAY.md), or: no_socket, unreachable, closed, protocol, bad_json, line_too_long, duplicate_id. */
@@ -10,7 +10,7 @@ export declare class RelayError extends Error {
   id?: string | number;
 }
 
-export interface Hello { event: "hello"; protocol: 2; server: string; line_max: number; ring_bytes: number; }
+export interface Hello { event: "hello"; protocol: 3; server: string; line_max: number; ring_bytes: number; }
 export interface Started { event: "started"; id: string | number; pid: number; where: "guest" | "host"; }
 export interface Attached { event: "attached"; id: string | number; state: string; pid: number; stdout_offset: number; stderr_offset: number; }
 export interface Exit {

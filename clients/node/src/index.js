@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// A client for the airlock relay socket (doc/RELAY.md, protocol 2). No dependencies.
+// A client for the airlock relay socket (doc/RELAY.md, protocol 3). No dependencies.
 import { createHash } from "node:crypto";
 import { EventEmitter } from "node:events";
 import { existsSync, realpathSync } from "node:fs";
 import { connect as netConnect } from "node:net";
 import { basename, join, relative, sep } from "node:path";
 
-export const PROTOCOL = 2;
+export const PROTOCOL = 3;
 const LINE_MAX = 1 << 20; // the relay's request line limit (hello.line_max)
 const IN_MAX = 8 << 20; // the longest event line we accept
 

@@ -27,7 +27,7 @@ function collect(cmd) {
 
 test("hello, and the socket path airlock up uses", async (t) => {
   const c = await client(t);
-  assert.equal(c.hello.protocol, 2);
+  assert.equal(c.hello.protocol, 3);
   assert.equal(socketPath(W), process.env.AIRLOCK_SOCKET);
   const other = { ...process.env };
   delete other.AIRLOCK_SOCKET;

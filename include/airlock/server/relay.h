@@ -28,8 +28,9 @@
 
 #include "airlock/core/loop.h"
 
-/* Change this if you change the protocol (doc/RELAY.md). Sent in `hello`. */
-#define RELAY_PROTOCOL_VERSION 2
+/* Change this if you change the protocol (doc/RELAY.md). Sent in `hello`.
+ * 3: exec's "cancel_on_close". */
+#define RELAY_PROTOCOL_VERSION 3
 
 /* Defaults for struct relay_cfg fields left 0. */
 #define RELAY_LINE_MAX		((size_t)1 << 20)   /* request line, without '\n' */

@@ -73,7 +73,9 @@ struct tb {
 	bool sync_fail;
 	uint64_t flood_total;
 	size_t last_argv_bytes;
-	char last_fork[40]; /* the exec request's "fork" ("" for none) */
+	char last_fork[40];   /* the exec request's "fork" ("" for none) */
+	unsigned cancels;     /* cancel calls */
+	unsigned cancel_busy; /* answer this many cancel calls with -EAGAIN */
 };
 
 static uint8_t pattern(unsigned seed, size_t i)
@@ -247,7 +249,13 @@ static int tb_resize(void *ud, struct relay_cmd *cmd, uint16_t rows, uint16_t co
 
 static int tb_cancel(void *ud, struct relay_cmd *cmd)
 {
-	(void)ud;
+	struct tb *tb = ud;
+
+	tb->cancels++;
+	if (tb->cancel_busy) {
+		tb->cancel_busy--;
+		return -EAGAIN;
+	}
 	tc_end(relay_cmd_data(cmd), -1, 15, false);
 	return 0;
 }
@@ -900,6 +908,66 @@ static void test_signal_resize(void **state)
 	assert_int_equal(json_integer_value(json_object_get(r.exit, "signal")), 9);
 	run_clear(&r);
 	tc_close(c);
+}
+
+/* State of command id as `status` gives it, from connection c. */
+static char *cmd_state(struct tc *c, const char *id)
+{
+	json_t *j, *m;
+	size_t i;
+	char *st = NULL;
+
+	tc_send(c, "{\"op\":\"status\"}");
+	j = tc_expect(c, "status");
+	json_array_foreach(json_object_get(j, "commands"), i, m)
+	{
+		if (!strcmp(json_string_value(json_object_get(m, "id")), id))
+			st = strdup(json_string_value(json_object_get(m, "state")));
+	}
+	json_decref(j);
+	assert_non_null(st);
+	return st;
+}
+
+/* "cancel_on_close": the command ends when the connection that started it
+ * closes (an `airlock exec` killed with SIGKILL), also when another one is
+ * attached; without it, the command outlives its connection; a cancel the
+ * backend cannot take yet is sent again; one that ended first is left
+ * alone. */
+static void test_cancel_on_close(void **state)
+{
+	(void)state;
+	struct tc *a = tc_connect(), *b = tc_connect(), *w = tc_connect();
+	struct run r = {0};
+	char *st;
+
+	tc_send(a, "{\"op\":\"exec\",\"id\":\"k\",\"argv\":[\"sleep\"],\"cancel_on_close\":true}");
+	json_decref(tc_expect(a, "started"));
+	tc_send(w, "{\"op\":\"attach\",\"id\":\"k\"}");
+	json_decref(tc_expect(w, "attached"));
+	tc_send(b, "{\"op\":\"exec\",\"id\":\"n\",\"argv\":[\"sleep\"],\"cancel_on_close\":false}");
+	json_decref(tc_expect(b, "started"));
+	tc_send(b, "{\"op\":\"exec\",\"id\":\"e\",\"argv\":[\"echo\",\"hi\"],\"cancel_on_close\":true}");
+	tc_run(b, &r); /* n's events are not b's run: it reads e's to its exit */
+	run_clear(&r);
+	F->tb.cancel_busy = 2;
+	tc_close(a);
+	tc_close(b);
+	tc_run(w, &r); /* k's exit, by the cancel's TERM, after two busy answers */
+	assert_int_equal(json_integer_value(json_object_get(r.exit, "signal")), 15);
+	run_clear(&r);
+	assert_int_equal(F->tb.cancels, 3); /* k's three tries; none for e (ended) nor n */
+	st = cmd_state(w, "n");
+	assert_string_equal(st, "running");
+	free(st);
+	st = cmd_state(w, "e");
+	assert_string_equal(st, "exited");
+	free(st);
+	tc_send(w, "{\"op\":\"cancel\",\"id\":\"n\"}");
+	json_decref(tc_expect(w, "ok"));
+	tc_send(w, "{\"op\":\"exec\",\"id\":\"t\",\"argv\":[\"sleep\"],\"cancel_on_close\":1}");
+	tc_expect_error(w, "bad_field", "'cancel_on_close'");
+	tc_close(w);
 }
 
 static void test_binary_utf8(void **state)
@@ -1879,6 +1947,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_ids, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_stdin, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_signal_resize, fx_setup, fx_teardown),
+	    cmocka_unit_test_setup_teardown(test_cancel_on_close, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_binary_utf8, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_encoding_base64, fx_setup, fx_teardown),
 	    cmocka_unit_test_setup_teardown(test_tail, fx_setup, fx_teardown),
