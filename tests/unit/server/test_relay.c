@@ -1735,8 +1735,10 @@ static void test_slow_client(void **state)
 		      "relay holds %zu KiB\n",
 		      rounds, (double)worst / 1e6, (unsigned long long)(F->tb.flood_total >> 10),
 		      st.bytes_buffered >> 10);
+	/* fast was never held behind slow (each of its commands ran to its
+	 * exit while slow read nothing); how fast is bench/relay.sh's, not a
+	 * unit test's: the worst round trip is printed, not asserted */
 	assert_true(rounds > 20);
-	assert_true(worst < 100 * 1000000ull); /* promptly, even under ASan */
 	assert_int_equal(st.paused, 1);
 	assert_true(F->tb.pauses >= 1);
 	/* the flood stopped: it produced about a ring's worth plus what the socket took */
