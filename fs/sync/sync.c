@@ -2222,7 +2222,7 @@ static void prep_start(struct sync *s)
  * name its files. The workers stay for the next operation. */
 static void prep_stop(struct sync *s)
 {
-	if (s->prep)
+	if (s->prep_on) /* jobs exist only then: a push that did not use it pays nothing */
 		prep_cancel(s->prep);
 	s->prep_on = false;
 	s->building = false;
