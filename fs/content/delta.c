@@ -5,6 +5,7 @@
  */
 #include "airlock/content/delta.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -119,6 +120,11 @@ void delta_builder_free(struct delta_builder *b)
 void delta_builder_set_level(struct delta_builder *b, int level)
 {
 	b->level = level;
+}
+
+int delta_builder_level(const struct delta_builder *b)
+{
+	return b->level;
 }
 
 void delta_builder_reset(struct delta_builder *b, uint64_t seq)
@@ -298,10 +304,36 @@ static void put_chunk_hdr(uint8_t *d, uint8_t kind, uint32_t len, const uint8_t 
 	memcpy(d + 5, hash, CHUNK_HASH_LEN);
 }
 
+/* The record of one inline chunk of data[0..len) (hash given) written at
+ * d, which has room for DELTA_CHUNK_REC_MAX(len) bytes: zstd at `level`
+ * when that makes it shorter (a frame that does not fit in len bytes does
+ * not), raw otherwise; its length. The one encoder of inline chunks, for
+ * the builder's body and for records made off it (delta_chunk_encode). */
+static size_t chunk_encode(ZSTD_CCtx *cctx, int level, const void *data, size_t len, const uint8_t hash[CHUNK_HASH_LEN],
+			   uint8_t *d)
+{
+	size_t cs = ZSTD_compressCCtx(cctx, d + CHUNK_HDR + 4, len, data, len, level);
+
+	if (!ZSTD_isError(cs) && cs < len) {
+		put_chunk_hdr(d, DELTA_CHUNK_ZSTD, (uint32_t)len, hash);
+		buf_store_be32(d + CHUNK_HDR, (uint32_t)cs);
+		return CHUNK_HDR + 4 + cs;
+	}
+	put_chunk_hdr(d, DELTA_CHUNK_RAW, (uint32_t)len, hash);
+	memcpy(d + CHUNK_HDR, data, len);
+	return CHUNK_HDR + len;
+}
+
+static void put_chunk_added(struct delta_builder *b, size_t len)
+{
+	b->put_nchunks++;
+	b->nchunks++;
+	b->put_size += len;
+}
+
 int delta_put_inline(struct delta_builder *b, const void *data, size_t len)
 {
-	uint8_t hash[CHUNK_HASH_LEN];
-	uint8_t *d;
+	uint8_t hash[CHUNK_HASH_LEN], *d;
 	int r;
 
 	if ((r = put_chunk_room(b, len)) < 0)
@@ -311,29 +343,69 @@ int delta_put_inline(struct delta_builder *b, const void *data, size_t len)
 		put_drop(b);
 		return -ENOMEM;
 	}
-	/* Compress straight into the batch; fall back to raw when it does
-	 * not shrink (or there is no room for the worst case). */
-	size_t bound = ZSTD_compressBound(len);
-	if (buf_reserve(&b->body, CHUNK_HDR + 4 + bound, &d) == 0) {
-		size_t cs = ZSTD_compressCCtx(b->cctx, d + CHUNK_HDR + 4, bound, data, len, b->level);
-		if (!ZSTD_isError(cs) && cs < len) {
-			put_chunk_hdr(d, DELTA_CHUNK_ZSTD, (uint32_t)len, hash);
-			buf_store_be32(d + CHUNK_HDR, (uint32_t)cs);
-			buf_commit(&b->body, CHUNK_HDR + 4 + cs);
-			goto done;
-		}
-	}
-	if ((r = buf_reserve(&b->body, CHUNK_HDR + len, &d)) < 0) {
+	/* straight into the batch */
+	if ((r = buf_reserve(&b->body, DELTA_CHUNK_REC_MAX(len), &d)) < 0) {
 		put_drop(b);
 		return r;
 	}
-	put_chunk_hdr(d, DELTA_CHUNK_RAW, (uint32_t)len, hash);
-	memcpy(d + CHUNK_HDR, data, len);
-	buf_commit(&b->body, CHUNK_HDR + len);
-done:
-	b->put_nchunks++;
-	b->nchunks++;
-	b->put_size += len;
+	buf_commit(&b->body, chunk_encode(b->cctx, b->level, data, len, hash, d));
+	put_chunk_added(b, len);
+	return 0;
+}
+
+struct delta_cctx {
+	ZSTD_CCtx *z;
+};
+
+struct delta_cctx *delta_cctx_new(void)
+{
+	struct delta_cctx *c = mem_calloc(1, sizeof(*c));
+
+	if (c && !(c->z = ZSTD_createCCtx())) {
+		mem_free(c);
+		return NULL;
+	}
+	return c;
+}
+
+void delta_cctx_free(struct delta_cctx *c)
+{
+	if (!c)
+		return;
+	ZSTD_freeCCtx(c->z);
+	mem_free(c);
+}
+
+int delta_chunk_encode(struct delta_cctx *c, int level, const void *data, size_t len,
+		       const uint8_t hash[CHUNK_HASH_LEN], uint8_t *out, size_t *n)
+{
+	_Static_assert(DELTA_CHUNK_REC_MAX(0) == CHUNK_HDR + 4, "record bound");
+	if (len == 0 || len > CHUNK_SIZE_LIMIT)
+		return -EINVAL;
+	*n = chunk_encode(c->z, level, data, len, hash, out);
+	return 0;
+}
+
+int delta_put_encoded(struct delta_builder *b, const uint8_t *rec, size_t n)
+{
+	uint8_t *d;
+	int r;
+
+	/* our own record (delta_chunk_encode): its shape is asserted, not parsed */
+	assert(n > CHUNK_HDR && (rec[0] == DELTA_CHUNK_RAW || rec[0] == DELTA_CHUNK_ZSTD));
+	uint32_t len = buf_load_be32(rec + 1);
+	assert(rec[0] == DELTA_CHUNK_RAW
+		   ? n == CHUNK_HDR + (size_t)len
+		   : n > CHUNK_HDR + 4 && n == CHUNK_HDR + 4 + (size_t)buf_load_be32(rec + CHUNK_HDR));
+	if ((r = put_chunk_room(b, len)) < 0)
+		return r;
+	if ((r = buf_reserve(&b->body, n, &d)) < 0) {
+		put_drop(b);
+		return r;
+	}
+	memcpy(d, rec, n);
+	buf_commit(&b->body, n);
+	put_chunk_added(b, len);
 	return 0;
 }
 
@@ -355,9 +427,7 @@ int delta_put_ref(struct delta_builder *b, uint64_t off, uint32_t len, const uin
 	put_chunk_hdr(d, DELTA_CHUNK_REF, len, hash);
 	buf_store_be64(d + CHUNK_HDR, off);
 	buf_commit(&b->body, CHUNK_HDR + 8);
-	b->put_nchunks++;
-	b->nchunks++;
-	b->put_size += len;
+	put_chunk_added(b, len);
 	return 0;
 }
 

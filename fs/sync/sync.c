@@ -6,6 +6,7 @@
  */
 #include "airlock/sync/sync.h"
 
+#include <assert.h>
 #include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -33,6 +34,7 @@
 #include "airlock/core/mem.h"
 #include "airlock/core/wire.h"
 #include "airlock/policy/policy.h"
+#include "airlock/sync/prep.h"
 #include "airlock/sync/withhold.h"
 
 /* ---- generated .git/config ---- */
@@ -292,6 +294,16 @@ struct sync {
 	size_t nfl;
 	uint32_t *bops; /* the batch being built: its ops' changes (-> inflight.cidx) */
 	size_t nbops, capbops;
+	bool building;	     /* a batch is open across pumps (it waits for a prepared file) */
+	struct inflight cur; /* its counts */
+	/* the worker threads that prepare small files' PUTs (prep.h), made by
+	 * the first operation that has sync_cfg.prep_min of them and kept;
+	 * with prep_on the operation's whole small files go through them:
+	 * every such change before pi was submitted, in change order */
+	struct prep *prep;
+	bool prep_on, prep_polled, prep_full;
+	size_t pi;
+	size_t judged_ci; /* 1 + the change whose prepared verdict was recorded */
 	/* per-path failures: those of the operations before (failed), those
 	 * the guest reports in this one (fnew), and what this one covers
 	 * (scope: anchors, sorted, none beneath another; scope_all: the whole
@@ -397,9 +409,12 @@ static void scan_stop(struct sync *s);
 
 static void state_drop(struct sync *s);
 
+static void prep_stop(struct sync *s);
+
 static void finish_op(struct sync *s, int err, const char *why)
 {
 	state_drop(s); /* an operation's scan state is saved in maybe_done or not at all */
+	prep_stop(s);
 	s->busy = false;
 	s->phase = PH_IDLE;
 	s->cfg.ops->on_done(err, why, s->cfg.ud);
@@ -859,6 +874,7 @@ static void pan_clear(struct sync *s)
 
 static void reconcile_clear(struct sync *s)
 {
+	prep_stop(s); /* its jobs name the changes' paths */
 	inflight_clear(s);
 	dispose(s, s->gm, NULL, s->ge, s->nge);
 	s->gm = NULL;
@@ -949,6 +965,9 @@ void sync_free(struct sync *s)
 	if (s->pump_timer)
 		loop_del_timer(s->cfg.loop, s->pump_timer);
 	reconcile_clear(s);
+	if (s->prep_polled)
+		loop_del_fd(s->cfg.loop, prep_fd(s->prep));
+	prep_free(s->prep);
 	syncmsg_inbox_clear(&s->in);
 	syncmsg_outbox_clear(&s->out);
 	gitcfgs_clear(&s->gitcfg);
@@ -2140,6 +2159,146 @@ out:
 	return r;
 }
 
+/* ---- small files prepared on worker threads (prep.h; doc/SYNC.md §8) ---- */
+
+/* c is a whole small file add_change sends through put_checked: the same
+ * conditions, in the same order. */
+static bool preparable(const struct sync *s, const struct manifest_change *c)
+{
+	const struct manifest_entry *n = c->new;
+
+	return n && n->type == MANIFEST_FILE && (c->kind == MANIFEST_ADD || c->kind == MANIFEST_MODIFY) &&
+	       !n->nchunks && n->size <= s->params.whole_max && !gitcfg_find(s, n->path);
+}
+
+/* Submitted and not taken: the change at s->ci has the pool's head. */
+static bool prepared(const struct sync *s, const struct manifest_change *c)
+{
+	return s->prep_on && s->ci < s->pi && preparable(s, c);
+}
+
+static void pump(struct sync *s);
+
+static void on_prep_ready(struct loop *l, int fd, uint32_t events, void *ud)
+{
+	struct sync *s = ud;
+	uint64_t v;
+	(void)l;
+	(void)events;
+
+	while (read(fd, &v, sizeof(v)) < 0 && errno == EINTR)
+		;
+	if (s->busy)
+		pump(s);
+}
+
+/* Use the workers for this operation's sends when it has enough small
+ * files (s->changes decided); without them (no memory, no thread, the
+ * loop refused the descriptor) everything is done here, as before. */
+static void prep_start(struct sync *s)
+{
+	uint32_t min = s->cfg.prep_min ? s->cfg.prep_min : SYNC_PREP_MIN;
+	size_t n = 0;
+
+	s->pi = 0;
+	s->prep_full = false;
+	s->judged_ci = 0;
+	for (size_t i = 0; i < s->nchanges && n < min; i++)
+		n += preparable(s, &s->changes[i]);
+	if (min == UINT32_MAX || n < min)
+		return;
+	if (!s->prep &&
+	    prep_new(s->cfg.dirfd, s->cfg.prep_threads, SYNC_PREP_BYTES, delta_builder_level(s->b), &s->prep) < 0)
+		return;
+	if (s->cfg.loop && !s->prep_polled) {
+		if (loop_add_fd(s->cfg.loop, prep_fd(s->prep), EPOLLIN, on_prep_ready, s) < 0)
+			return;
+		s->prep_polled = true;
+	}
+	s->prep_on = true;
+}
+
+/* The operation ends (or fails): drop its jobs, which borrow nothing but
+ * name its files. The workers stay for the next operation. */
+static void prep_stop(struct sync *s)
+{
+	if (s->prep_on) /* jobs exist only then: a push that did not use it pays nothing */
+		prep_cancel(s->prep);
+	s->prep_on = false;
+	s->building = false;
+	s->pi = 0;
+}
+
+/* Submit the small files of the changes ahead, in change order, as far as
+ * the pool's bounds allow. */
+static int prep_feed(struct sync *s)
+{
+	int r;
+
+	if (s->pi < s->ci)
+		s->pi = s->ci; /* never before the change being sent */
+	while (s->prep_on && !s->prep_full && s->pi < s->nchanges) {
+		const struct manifest_change *c = &s->changes[s->pi];
+		if (preparable(s, c)) {
+			const struct manifest_entry *n = c->new;
+			struct prep_job j = {.tag = s->pi, .path = n->path, .size = n->size, .scan = false};
+			memcpy(j.hash, n->hash, CHUNK_HASH_LEN);
+			j.scan = n->size && !allowed_by_name(s, n->path);
+			if ((r = prep_submit(s->prep, &j)) == -EAGAIN) {
+				s->prep_full = true;
+				break;
+			}
+			if (r < 0)
+				return r;
+		}
+		s->pi++;
+	}
+	return 0;
+}
+
+/* The change at s->ci is done with (sent or skipped): the next one. */
+static void advance(struct sync *s)
+{
+	if (prepared(s, &s->changes[s->ci])) {
+		prep_pop(s->prep);
+		s->prep_full = false;
+	}
+	s->ci++;
+}
+
+/* put_checked with what a worker prepared: the same checks, made there
+ * (still the scanned size and hash; the content judged), the verdict
+ * recorded here. -EINPROGRESS when the worker is not done yet (with a
+ * loop: the pool's descriptor calls the pump again; without one this
+ * waits). */
+static int put_prepared(struct sync *s, const struct manifest_entry *n)
+{
+	char rule[WITHHOLD_RULE_MAX];
+	struct prep_out o;
+	int r = prep_head(s->prep, !s->cfg.loop, &o);
+
+	if (r == 0)
+		return -EINPROGRESS;
+	assert(r == 1 && o.tag == s->ci); /* submitted in change order, taken at the head */
+	if (o.r < 0)
+		return o.r;
+	if (o.judged && s->judged_ci != s->ci + 1) {
+		s->judged_ci = s->ci + 1; /* once, also when the batch was full and it comes again */
+		if (withhold_judged(s->wh, n, &o.j, rule, sizeof(rule)) == 1) {
+			r = records_add(&s->withheld, n->path, rule) < 0 ? -ENOMEM : -EACCES;
+			s->st.withheld = s->withheld.total;
+			s->st.withheld_changes = s->withheld.changes;
+			return r;
+		}
+	}
+	if (o.judged && o.j.hit)
+		return -EACCES; /* our own bug otherwise: a withheld file is never put */
+	if ((r = delta_put_begin(s->b, n->path, n->mode, NULL)) < 0 ||
+	    (o.nrec && (r = delta_put_encoded(s->b, o.rec, o.nrec)) < 0) || (r = delta_put_end(s->b, n->hash)) < 0)
+		return r;
+	return 0;
+}
+
 static int add_change(struct sync *s, const struct manifest_change *c)
 {
 	const struct manifest_entry *n = c->new;
@@ -2179,6 +2338,8 @@ static int add_change(struct sync *s, const struct manifest_change *c)
 		close(fd);
 		return r == -EINVAL ? -ESTALE : r;
 	}
+	if (prepared(s, c))
+		return put_prepared(s, n);
 	if (n && n->type == MANIFEST_FILE && (c->kind == MANIFEST_ADD || c->kind == MANIFEST_MODIFY) &&
 	    n->size <= s->params.whole_max)
 		return put_checked(s, n);
@@ -2389,12 +2550,89 @@ static void pump_later(struct loop *l, void *ud)
 	pump(s);
 }
 
+/* Add changes from s->ci to the open batch until it is full, the changes
+ * end or the budget from t0 is spent: 0. 1 when the change at s->ci waits
+ * for a worker (the batch stays open), -1 when the operation failed. */
+static int fill(struct sync *s, uint64_t t0, uint64_t budget)
+{
+	int r;
+
+	while (s->ci < s->nchanges) {
+		const struct manifest_change *c = &s->changes[s->ci];
+		if ((r = prep_feed(s)) < 0) {
+			fail(s, r, "preparing files to send: %s", strerror(-r));
+			return -1;
+		}
+		r = add_change(s, c);
+		if (r == -EINPROGRESS)
+			return 1;
+		if (r == -ENOBUFS) {
+			if (delta_builder_ops(s->b) == 0) {
+				/* a file whose PUT alone exceeds a batch: not
+				 * sent, reported, the rest goes on (the guest
+				 * keeps its old version, if any) */
+				char rule[96];
+				if (!c->new) {
+					fail(s, -EFBIG, "%s: an operation larger than a batch", c->old->path);
+					return -1;
+				}
+				snprintf(rule, sizeof(rule), "too large to sync: over %zu KiB after compression",
+					 (s->cfg.max_batch && s->cfg.max_batch < WIRE_SYNC_MSG_MAX
+					      ? s->cfg.max_batch
+					      : WIRE_SYNC_MSG_MAX) >>
+					     10);
+				if (records_add(&s->skipped, c->new->path, rule) < 0 || note_vanished(s, s->ci) < 0) {
+					fail(s, -ENOMEM, "out of memory");
+					return -1;
+				}
+				s->st.skipped = s->skipped.total;
+				advance(s);
+				continue;
+			}
+			return 0;
+		}
+		if (r == -ESTALE || r == -ENOENT || r == -EACCES) {
+			/* changed or vanished since the scan: the next sync
+			 * (or the journal) picks it up; -EACCES: its content
+			 * is withheld (put_checked), the guest keeps what it
+			 * had until the next scan removes it */
+			if (r != -EACCES)
+				s->st.vanished++;
+			if ((r = note_vanished(s, s->ci)) < 0) {
+				fail(s, r, "out of memory");
+				return -1;
+			}
+			advance(s);
+			continue;
+		}
+		if (r < 0) {
+			const char *p = c->new ? c->new->path : c->old->path;
+			fail(s, r, "%s: cannot add to a batch: %s", p, strerror(-r));
+			return -1;
+		}
+		count_change(s, c, &s->cur);
+		if (bops_add(s, s->ci) < 0) {
+			fail(s, -ENOMEM, "out of memory");
+			return -1;
+		}
+		advance(s);
+		if (delta_builder_size(s->b) >= s->cfg.batch_target)
+			break;
+		if ((s->nbops & 31) == 0 && loop_now_ns() - t0 >= budget)
+			break; /* every 32 ops of the batch, also over several pumps */
+	}
+	return 0;
+}
+
 /* Build and queue batches while fewer than SYNC_BATCHES_IN_FLIGHT are
  * unacknowledged and nothing else waits for the socket. Once the budget
  * (sync_cfg.batch_budget_ns) is spent the batch being built is finished,
  * and after a batch, with a loop, the rest waits for a zero-delay timer:
  * reading and compressing a batch of thousands of small files must not
- * keep down, status or exec waiting. */
+ * keep down, status or exec waiting. With the workers on (prep_start),
+ * a batch whose next file is not prepared yet stays open until the pool's
+ * descriptor says it is; the workers keep preparing ahead meanwhile,
+ * also while the batches in flight wait for their acknowledgements. */
 static void pump(struct sync *s)
 {
 	uint64_t t0 = loop_now_ns(), budget = s->cfg.batch_budget_ns ? s->cfg.batch_budget_ns : SYNC_PUMP_BUDGET_NS;
@@ -2405,79 +2643,28 @@ static void pump(struct sync *s)
 		fail(s, r, "sending to the guest: %s", strerror(-r));
 		return;
 	}
+	if (s->busy && s->phase == PH_SEND && (r = prep_feed(s)) < 0) {
+		fail(s, r, "preparing files to send: %s", strerror(-r));
+		return;
+	}
 	while (s->busy && s->phase == PH_SEND && s->out.queued == 0 && s->nfl < SYNC_BATCHES_IN_FLIGHT &&
-	       s->ci < s->nchanges) {
+	       (s->ci < s->nchanges || s->building)) {
 		if (built && s->cfg.loop && loop_now_ns() - t0 >= budget) {
 			if (!s->pump_timer)
 				s->pump_timer = loop_add_timer(s->cfg.loop, 0, pump_later, s);
 			if (s->pump_timer)
 				return; /* without memory for the timer: go on now */
 		}
-		struct inflight f = {.seq = s->next_seq};
-		size_t ops = 0;
-		delta_builder_reset(s->b, s->next_seq);
-		s->nbops = 0;
-		s->batch_first = s->ci;
-		while (s->ci < s->nchanges) {
-			const struct manifest_change *c = &s->changes[s->ci];
-			r = add_change(s, c);
-			if (r == -ENOBUFS) {
-				if (delta_builder_ops(s->b) == 0) {
-					/* a file whose PUT alone exceeds a batch: not
-					 * sent, reported, the rest goes on (the guest
-					 * keeps its old version, if any) */
-					char rule[96];
-					if (!c->new) {
-						fail(s, -EFBIG, "%s: an operation larger than a batch", c->old->path);
-						return;
-					}
-					snprintf(rule, sizeof(rule),
-						 "too large to sync: over %zu KiB after compression",
-						 (s->cfg.max_batch && s->cfg.max_batch < WIRE_SYNC_MSG_MAX
-						      ? s->cfg.max_batch
-						      : WIRE_SYNC_MSG_MAX) >>
-						     10);
-					if (records_add(&s->skipped, c->new->path, rule) < 0 ||
-					    note_vanished(s, s->ci) < 0) {
-						fail(s, -ENOMEM, "out of memory");
-						return;
-					}
-					s->st.skipped = s->skipped.total;
-					s->ci++;
-					continue;
-				}
-				break;
-			}
-			if (r == -ESTALE || r == -ENOENT || r == -EACCES) {
-				/* changed or vanished since the scan: the next sync
-				 * (or the journal) picks it up; -EACCES: its content
-				 * is withheld (put_checked), the guest keeps what it
-				 * had until the next scan removes it */
-				if (r != -EACCES)
-					s->st.vanished++;
-				if ((r = note_vanished(s, s->ci)) < 0) {
-					fail(s, r, "out of memory");
-					return;
-				}
-				s->ci++;
-				continue;
-			}
-			if (r < 0) {
-				const char *p = c->new ? c->new->path : c->old->path;
-				fail(s, r, "%s: cannot add to a batch: %s", p, strerror(-r));
-				return;
-			}
-			count_change(s, c, &f);
-			if (bops_add(s, s->ci) < 0) {
-				fail(s, -ENOMEM, "out of memory");
-				return;
-			}
-			s->ci++;
-			if (delta_builder_size(s->b) >= s->cfg.batch_target)
-				break;
-			if ((++ops & 31) == 0 && loop_now_ns() - t0 >= budget)
-				break;
+		if (!s->building) {
+			s->cur = (struct inflight){.seq = s->next_seq};
+			delta_builder_reset(s->b, s->next_seq);
+			s->nbops = 0;
+			s->batch_first = s->ci;
+			s->building = true;
 		}
+		if ((r = fill(s, t0, budget)) != 0)
+			return; /* failed, or waiting for a worker */
+		s->building = false;
 		if (delta_builder_ops(s->b) == 0)
 			break;
 		uint8_t *bytes;
@@ -2489,6 +2676,7 @@ static void pump(struct sync *s)
 		s->st.batch_bytes += n;
 		s->st.batches++;
 		s->next_seq++;
+		struct inflight f = s->cur;
 		f.cidx = s->bops; /* the guest's failure list names ops by index */
 		f.nops = (uint32_t)s->nbops;
 		s->bops = NULL;
@@ -2630,6 +2818,7 @@ static void send_changes(struct sync *s)
 		}
 	}
 	s->phase = PH_SEND;
+	prep_start(s);
 	progress(s, "send");
 	pump(s);
 }

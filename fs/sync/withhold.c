@@ -290,47 +290,78 @@ static void hit_rule(const struct slot *v, char *rule, size_t rulelen)
 		snprintf(rule, rulelen, "secret: same content as a withheld file");
 }
 
+void withhold_judge(const uint8_t *p, size_t n, struct withhold_judgement *j)
+{
+	struct scan_hit hit;
+
+	memset(j, 0, sizeof(*j));
+	j->scanned = n;
+	if (scan_bytes(p, n < SCAN_MAX ? n : SCAN_MAX, &hit)) {
+		size_t nr;
+		j->hit = true;
+		j->rule = (uint8_t)(hit.rule - scan_rules(&nr));
+		j->line = hit.line > UINT32_MAX ? UINT32_MAX : (uint32_t)hit.line;
+	}
+}
+
+/* The verdict j on the content with hash h: counted, remembered when
+ * keep (a prefix of a larger file is not); 1 with rule filled when
+ * withheld. */
+static int judged(struct withhold *w, const uint8_t h[CHUNK_HASH_LEN], const struct withhold_judgement *j, bool keep,
+		  char *rule, size_t rulelen)
+{
+	struct slot nv = {.kind = j->hit ? V_HIT : V_CLEAN, .rule = j->rule, .aux = j->line};
+
+	memcpy(nv.h, h, CHUNK_HASH_LEN);
+	w->st.scanned++;
+	w->st.scanned_bytes += j->scanned;
+	if (j->hit) {
+		hit_rule(&nv, rule, rulelen);
+		w->st.by_content++;
+	}
+	if (keep) {
+		if (w->verdicts.n >= WITHHOLD_CACHE_MAX)
+			hset_clear(&w->verdicts);
+		(void)hset_put(&w->verdicts, &nv); /* not remembered: scanned again next time */
+	}
+	return j->hit ? 1 : 0;
+}
+
 /* Scan bytes p[0..n) of the content with hash h; remember the verdict
- * when keep. 1 with rule filled when a rule matched, else 0. */
+ * when keep. */
 static int decide(struct withhold *w, const uint8_t h[CHUNK_HASH_LEN], const uint8_t *p, size_t n, bool keep,
 		  char *rule, size_t rulelen)
 {
-	struct slot nv = {.kind = V_CLEAN};
-	struct scan_hit hit;
-	int r = 0;
+	struct withhold_judgement j;
 
-	w->st.scanned++;
-	w->st.scanned_bytes += n;
-	memcpy(nv.h, h, CHUNK_HASH_LEN);
-	if (scan_bytes(p, n < SCAN_MAX ? n : SCAN_MAX, &hit)) {
-		size_t nr;
-		nv.kind = V_HIT;
-		nv.rule = (uint8_t)(hit.rule - scan_rules(&nr));
-		nv.aux = hit.line > UINT32_MAX ? UINT32_MAX : (uint32_t)hit.line;
-		hit_rule(&nv, rule, rulelen);
-		w->st.by_content++;
-		r = 1;
-	}
-	if (!keep)
-		return r;
-	if (w->verdicts.n >= WITHHOLD_CACHE_MAX)
-		hset_clear(&w->verdicts);
-	(void)hset_put(&w->verdicts, &nv); /* not remembered: scanned again next time */
-	return r;
+	withhold_judge(p, n, &j);
+	return judged(w, h, &j, keep, rule, rulelen);
+}
+
+int withhold_known(const struct withhold *w, const uint8_t hash[CHUNK_HASH_LEN], char *rule, size_t rulelen)
+{
+	const struct slot *v = hset_find(&w->verdicts, hash);
+
+	if (!v)
+		return -ENOENT;
+	if (v->kind == V_CLEAN)
+		return 0;
+	hit_rule(v, rule, rulelen);
+	return 1;
+}
+
+int withhold_judged(struct withhold *w, const struct manifest_entry *e, const struct withhold_judgement *j, char *rule,
+		    size_t rulelen)
+{
+	return judged(w, e->hash, j, true, rule, rulelen);
 }
 
 int withhold_sent(struct withhold *w, const struct manifest_entry *e, const uint8_t *data, size_t n, char *rule,
 		  size_t rulelen)
 {
-	struct slot *v = hset_find(&w->verdicts, e->hash);
+	int r = withhold_known(w, e->hash, rule, rulelen);
 
-	if (v) {
-		if (v->kind == V_CLEAN)
-			return 0;
-		hit_rule(v, rule, rulelen);
-		return 1;
-	}
-	return decide(w, e->hash, data, n, true, rule, rulelen);
+	return r >= 0 ? r : decide(w, e->hash, data, n, true, rule, rulelen);
 }
 
 int withhold_content(struct withhold *w, const struct manifest_entry *e, bool defer, char *rule, size_t rulelen)

@@ -89,6 +89,7 @@ int delta_builder_new(uint64_t seq, const uint8_t scope[DELTA_SCOPE_LEN], const 
 void delta_builder_free(struct delta_builder *b);
 /* zstd level for inline chunks (default 1). */
 void delta_builder_set_level(struct delta_builder *b, int level);
+int delta_builder_level(const struct delta_builder *b);
 /* Start over empty with a new sequence number (keeps scope and settings). */
 void delta_builder_reset(struct delta_builder *b, uint64_t seq);
 /* Ops so far, and the size the batch would have if finished now. */
@@ -116,6 +117,28 @@ int delta_put_inline(struct delta_builder *b, const void *data, size_t len);
 /* Reference: len bytes at off in the base file, with content hash `hash`. */
 int delta_put_ref(struct delta_builder *b, uint64_t off, uint32_t len, const uint8_t hash[CHUNK_HASH_LEN]);
 int delta_put_end(struct delta_builder *b, const uint8_t file_hash[CHUNK_HASH_LEN]);
+
+/*
+ * Inline chunks made off the builder, e.g. on worker threads while the
+ * builder's thread assembles the batch (doc/SYNC.md §8 "Preparing files
+ * on worker threads"): delta_chunk_encode writes at out (room for
+ * DELTA_CHUNK_REC_MAX(len) bytes) the record delta_put_inline would have
+ * written for data[0..len) (1..CHUNK_SIZE_LIMIT bytes) whose content hash
+ * is `hash` (the caller computed it, e.g. to check the bytes are the
+ * scanned ones), its length in *n: zstd at `level` when that shrinks it,
+ * raw otherwise. -EINVAL for a bad len. One delta_cctx per thread (NULL
+ * from new: out of memory; free is NULL-safe). delta_put_encoded appends
+ * such a record, unchanged, to the PUT being built, as delta_put_inline
+ * would (same caps; -ENOBUFS and -EINVAL drop the PUT); a record that is
+ * not one delta_chunk_encode made is our own bug (asserted).
+ */
+#define DELTA_CHUNK_REC_MAX(len) (1 + 4 + CHUNK_HASH_LEN + 4 + (size_t)(len)) /* kind, raw_len, hash, zlen */
+struct delta_cctx;
+struct delta_cctx *delta_cctx_new(void);
+void delta_cctx_free(struct delta_cctx *c);
+int delta_chunk_encode(struct delta_cctx *c, int level, const void *data, size_t len,
+		       const uint8_t hash[CHUNK_HASH_LEN], uint8_t *out, size_t *n);
+int delta_put_encoded(struct delta_builder *b, const uint8_t *rec, size_t n);
 
 /*
  * A whole PUT from an open regular file: reads fd from offset 0 to its

@@ -55,13 +55,19 @@ struct sync;
 #define SYNC_RECORDS_MAX 10000u
 /* A batch is finished once it holds this many bytes (a single larger
  * file still goes in one batch, up to WIRE_SYNC_MSG_MAX). */
-#define SYNC_BATCH_TARGET (8u << 20)
+#define SYNC_BATCH_TARGET (4u << 20)
 /* Default sync_cfg.batch_budget_ns: 20 ms of batch building per turn of the loop. */
 #define SYNC_PUMP_BUDGET_NS (20ull * 1000 * 1000)
 /* Batches sent and not yet acknowledged. */
 #define SYNC_BATCHES_IN_FLIGHT 2u
-#define SYNC_GIT_CONFIG	       ".git/config"
-#define SYNC_GIT_CONFIG_MAX    (1u << 20) /* larger host .git/config files are not parsed */
+/* An operation with at least this many whole small files to send reads,
+ * checks, judges and compresses them on worker threads (prep.h; default
+ * sync_cfg.prep_min), ahead of the batches, holding at most
+ * SYNC_PREP_BYTES of them. */
+#define SYNC_PREP_MIN	    64u
+#define SYNC_PREP_BYTES	    (8u << 20)
+#define SYNC_GIT_CONFIG	    ".git/config"
+#define SYNC_GIT_CONFIG_MAX (1u << 20) /* larger host .git/config files are not parsed */
 
 /* The generated .git/config for the guest, from the host's one at
  * `path`: only [core] repositoryformatversion, filemode, logallrefupdates,
@@ -182,6 +188,12 @@ struct sync_cfg {
 	 * write-back"): asked about every op a reconcile or push would send;
 	 * true drops the op, so the guest keeps its version. NULL: none. */
 	bool (*keep)(void *ud, const struct manifest_change *c);
+	/* Worker threads preparing small files (doc/SYNC.md §8 "Preparing
+	 * files on worker threads"): how many (0: one per CPU), and from how
+	 * many such files in one operation they are used (0: SYNC_PREP_MIN;
+	 * UINT32_MAX: never, everything on the engine's thread). */
+	uint32_t prep_threads;
+	uint32_t prep_min;
 };
 
 /* New engine on a ready chan; opens its sync stream. cfg is copied (the

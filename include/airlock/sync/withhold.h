@@ -73,6 +73,25 @@ int withhold_content(struct withhold *w, const struct manifest_entry *e, bool de
 int withhold_sent(struct withhold *w, const struct manifest_entry *e, const uint8_t *data, size_t n, char *rule,
 		  size_t rulelen);
 
+/* withhold_sent in two halves, for bytes read and scanned on worker
+ * threads (doc/SYNC.md §8 "Preparing files on worker threads"):
+ * withhold_judge scans data[0..n) with no engine state (safe on any
+ * thread, any number at once) into *j; withhold_judged records that
+ * verdict for e (the caller checked the bytes hash to e->hash) on the
+ * engine's thread: 1 with rule filled when withheld, else 0.
+ * withhold_known: the verdict remembered for that content hash: 1 with
+ * rule filled, 0 clean, -ENOENT when not known (scan the bytes). */
+struct withhold_judgement {
+	bool hit;	/* a content rule matched */
+	uint8_t rule;	/* index into scan_rules() */
+	uint32_t line;	/* where */
+	size_t scanned; /* bytes looked at */
+};
+void withhold_judge(const uint8_t *data, size_t n, struct withhold_judgement *j);
+int withhold_judged(struct withhold *w, const struct manifest_entry *e, const struct withhold_judgement *j, char *rule,
+		    size_t rulelen);
+int withhold_known(const struct withhold *w, const uint8_t hash[CHUNK_HASH_LEN], char *rule, size_t rulelen);
+
 /* Read .git/config (and what it includes, 10 deep) and remember the
  * include targets inside the workspace. 1 when the set changed since the
  * last call (the caller re-decides the tree), 0 when not, -ENOMEM. */

@@ -191,7 +191,19 @@ static void e_done(int err, const char *why, void *ud)
 	e->err = err;
 	snprintf(e->why, sizeof(e->why), "%s", why ? why : "");
 }
-static const struct sync_ops e_ops = {.on_done = e_done};
+/* Called once when the next operation starts sending (its changes
+ * decided from the scan, nothing read for the batches yet). */
+static void (*eng_on_send)(void);
+static void e_progress(const struct sync_progress *p, void *ud)
+{
+	(void)ud;
+	void (*fn)(void) = eng_on_send;
+	if (fn && !strcmp(p->phase, "send")) {
+		eng_on_send = NULL;
+		fn();
+	}
+}
+static const struct sync_ops e_ops = {.on_progress = e_progress, .on_done = e_done};
 
 static void e_check(struct loop *l, void *ud)
 {
@@ -220,6 +232,14 @@ static bool eng_loop;
 static uint64_t eng_budget_ns;
 static const char *eng_state_dir; /* sync_cfg.state_dir: the host's hash cache */
 
+/* sync_cfg.prep_min: AIRLOCK_SYNC_PREP_MIN (the suite runs once with 1:
+ * every operation's small files on the worker threads; test sync_prep). */
+static uint32_t eng_prep_min(void)
+{
+	const char *v = getenv("AIRLOCK_SYNC_PREP_MIN");
+	return v ? (uint32_t)strtoul(v, NULL, 10) : 0;
+}
+
 /* A host engine on `host` and a guest session on `guest`, over a chan pair
  * on one loop, handshake done; max_batch as in sync_cfg. */
 static void eng_start(struct eng *e, const char *host, const char *guest, size_t max_batch)
@@ -245,7 +265,8 @@ static void eng_start(struct eng *e, const char *host, const char *guest, size_t
 			       .max_batch = max_batch,
 			       .loop = eng_loop ? e->l : NULL,
 			       .state_dir = eng_state_dir,
-			       .batch_budget_ns = eng_budget_ns};
+			       .batch_budget_ns = eng_budget_ns,
+			       .prep_min = eng_prep_min()};
 	assert_int_equal(sync_new(e->hc, &cfg, &e->s), 0);
 }
 
@@ -1791,6 +1812,81 @@ static void test_storm_during_jobs(void **state)
 	eng_budget_ns = 0;
 }
 
+/* Files changed between the scan and the send, on the worker threads'
+ * path (200 small files: prepared there by default, and in sync_prep
+ * always): a same-size rewrite, a same-size rewrite that now holds a
+ * token, a delete, a symlink in a file's place. None of them is sent with
+ * the scanned entry (each is counted as vanished, the guest does not get
+ * the new bytes under the old hash and never the token), the rest
+ * arrives byte for byte in op order, and a push of the four paths (what
+ * the journal would name) brings the guest to the host's state with the
+ * token withheld. */
+static char stale_host[128];
+static void stale_edit(void)
+{
+	char p[256], tok[64], line[128], text[256];
+	/* assembled here so this file holds no token */
+	snprintf(tok, sizeof(tok), "%s%s", "gh", "p_q8Zr2LmV0xKp4TbN7yWc1sHd9gFj3uEa6oRi");
+	snprintf(line, sizeof(line), "t = '%s';", tok);
+	snprintf(text, sizeof(text), "%-127s\n", line);
+	assert_int_equal(strlen(text), 128);
+	put(stale_host, "f100", text);
+	snprintf(text, sizeof(text), "%-127s\n", "rewritten after the scan");
+	put(stale_host, "f050", text);
+	snprintf(p, sizeof(p), "%s/f150", stale_host);
+	assert_int_equal(unlink(p), 0);
+	snprintf(p, sizeof(p), "%s/f151", stale_host);
+	assert_int_equal(unlink(p), 0);
+	assert_int_equal(symlink("f000", p), 0);
+}
+
+static void test_send_stale(void **state)
+{
+	(void)state;
+	struct eng e = {0};
+	char guest[128], name[256], text[160];
+
+	snprintf(stale_host, sizeof(stale_host), "%s/vsh", dir);
+	snprintf(guest, sizeof(guest), "%s/vsg", dir);
+	assert_int_equal(mkdir(stale_host, 0755), 0);
+	assert_int_equal(mkdir(guest, 0755), 0);
+	for (int i = 0; i < 200; i++) {
+		snprintf(name, sizeof(name), "f%03d", i);
+		snprintf(text, sizeof(text), "file %03d%-119s\n", i, "");
+		put(stale_host, name, text);
+	}
+	eng_start(&e, stale_host, guest, 0);
+	eng_on_send = stale_edit;
+	assert_int_equal(sync_reconcile(e.s), 0);
+	e_run(&e);
+	assert_true(e.done);
+	if (e.err)
+		fail_msg("%s", e.why);
+	assert_null(eng_on_send);
+	assert_int_equal(sync_get_stats(e.s)->vanished, 4);
+	static const char *const four[] = {"f050", "f100", "f150", "f151"};
+	for (size_t i = 0; i < 4; i++)
+		if (exists(guest, four[i]))
+			fail_msg("%s was sent with what the scan saw", four[i]);
+	for (int i = 0; i < 200; i++) {
+		snprintf(name, sizeof(name), "f%03d", i);
+		snprintf(text, sizeof(text), "file %03d%-119s\n", i, "");
+		if (i != 50 && i != 100 && i != 150 && i != 151 && !has(guest, name, text))
+			fail_msg("%s: not the host's bytes in the guest", name);
+	}
+	e_push(&e, four, 4);
+	snprintf(text, sizeof(text), "%-127s\n", "rewritten after the scan");
+	assert_true(has(guest, "f050", text));
+	assert_false(exists(guest, "f100"));
+	assert_non_null(strstr(withheld_rule(&e, "f100"), "secret content"));
+	assert_false(exists(guest, "f150"));
+	char t[16] = "";
+	snprintf(name, sizeof(name), "%s/f151", guest);
+	assert_int_equal(readlink(name, t, sizeof(t) - 1), 4);
+	assert_string_equal(t, "f000");
+	eng_stop(&e);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1802,6 +1898,7 @@ int main(void)
 	    cmocka_unit_test(test_guest_failures),     cmocka_unit_test(test_sending_after_failure),
 	    cmocka_unit_test(test_nested_git_configs), cmocka_unit_test(test_guest_quiet),
 	    cmocka_unit_test(test_push_random_loop),   cmocka_unit_test(test_storm_during_jobs),
+	    cmocka_unit_test(test_send_stale),
 	};
 	if (sodium_init() < 0)
 		return 1;
