@@ -323,6 +323,10 @@ static void on_sweep(struct loop *l, void *ud)
 /* ---- the parent's halt ---- */
 
 #define REAP_POLL_MS 20
+/* The parent's background restart waits this long after the fork op: its
+ * sandbox start holds the loop (tens of ms on a loaded machine), and the
+ * fork's first command, which usually follows the op at once, goes first. */
+#define RESTART_AFTER_MS 250
 
 void up_fork_reap(struct up *u, bool wait)
 {
@@ -362,10 +366,15 @@ static void on_reap(struct loop *l, void *ud)
 
 	u->forks.reap_timer = 0;
 	up_fork_reap(u, false);
-	if (u->forks.halted)
+	if (u->forks.halted) {
 		u->forks.reap_timer = loop_add_timer(l, REAP_POLL_MS, on_reap, u);
-	else if (u->forks.restart)
-		restart_parent(u);
+	} else if (u->forks.restart) {
+		uint64_t now = loop_now_ms();
+		if (now < u->forks.restart_at)
+			u->forks.reap_timer = loop_add_timer(l, u->forks.restart_at - now, on_reap, u);
+		else
+			restart_parent(u);
+	}
 }
 
 /* The parent's sandbox stopped for the freeze, as by the idle TTL: it
@@ -497,10 +506,11 @@ int up_fork_make(struct up *u, const struct relay_fork_req *q, up_fork_seed_fn *
 	/* not for try (seed): it stages the winner into the stopped parent's
 	 * state and replays it there, which would halt a restarted parent
 	 * again and wait for its teardown */
-	if (halted && !seed && u->sandbox.idle_stopped) {
-		u->forks.restart = true;
-		if (!u->forks.reap_timer) /* reaped already: after this op's reply */
-			u->forks.reap_timer = loop_add_timer(u->loop, 0, on_reap, u);
+	u->forks.restart = halted && !seed && u->sandbox.idle_stopped;
+	if (u->forks.restart) {
+		u->forks.restart_at = loop_now_ms() + RESTART_AFTER_MS;
+		if (!u->forks.reap_timer) /* reaped already */
+			u->forks.reap_timer = loop_add_timer(u->loop, RESTART_AFTER_MS, on_reap, u);
 	}
 	arr = json_array();
 	for (unsigned i = 0; i < n; i++)

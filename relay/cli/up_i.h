@@ -282,6 +282,7 @@ struct up_forks {
 	/* the parent starts again in the background once halted is reaped
 	 * (after the fork op; not after try's, which stages into its state) */
 	bool restart;
+	uint64_t restart_at; /* not before (loop_now_ms): the forks' first commands go first */
 	struct up_try *tries; /* try ops under way (up_try.c) */
 };
 
