@@ -424,21 +424,28 @@ static void timeout_fire(struct loop *l, void *ud)
  * bytes after a quiet spell are not delayed; a flood is not held (its reads
  * fill whole chunks); at the main process's exit the holds end, so its
  * exit is not delayed either. */
+static void unhold(struct exec *e)
+{
+	e->held[SLOT_OUT1] = e->held[SLOT_OUT2] = false;
+	update_fd(e, SLOT_OUT1);
+	update_fd(e, SLOT_OUT2);
+}
+
 static void hold_fire(struct loop *l, void *ud)
 {
 	struct exec *e = ud;
 
 	(void)l;
 	e->t_hold = 0;
-	e->held[SLOT_OUT1] = e->held[SLOT_OUT2] = false;
-	update_fd(e, SLOT_OUT1);
-	update_fd(e, SLOT_OUT2);
+	unhold(e);
 }
 
 static void hold_end(struct exec *e)
 {
-	if (e->t_hold)
-		hold_fire(e->loop, e);
+	if (e->t_hold) {
+		del_timer(e, &e->t_hold);
+		unhold(e);
+	}
 }
 
 static void hold(struct exec *e, int slot)
