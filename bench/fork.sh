@@ -6,9 +6,13 @@
 #      daemon's "ms": parent stop, freeze, fork sandbox start) and fork +
 #      `airlock exec --fork F -- true` end to end, RUNS times (each fork then
 #      removed); and how long the parent takes to answer `exec -- true` again;
-#  (b) a test suite (python3 unittest, CPU-bound, reading node_modules) in one
-#      fork, then in three forks at once, and `airlock try` with three patches
-#      running it: the ratio of three to one.
+#  (b) a test suite (python3 unittest, CPU-bound, reading node_modules; it
+#      prints 180 000 ResourceWarning lines to stderr) in one fork, then in
+#      three forks at once, and `airlock try` with three patches running it:
+#      the ratio of three to one, and the CPU seconds of every process (the
+#      daemon, the forks' agents, the suites, the CLIs; the same suite on the
+#      host beside them), which on a shared machine compare where wall time
+#      does not (doc/BENCH.md "Forks, fourth pass").
 #
 # usage: bench/fork.sh BUILD [RUNS] [FILES] [NM]      (root + /dev/fuse + user namespaces)
 set -euo pipefail
@@ -96,25 +100,59 @@ echo "  of which: parent stop p50 $(pct 50 <"$T/stop") ms, freeze p50 $(pct 50 <
 echo "fork + exec --fork -- true (CLI) p50 $(pct 50 <"$T/e2e") ms  p99 $(pct 99 <"$T/e2e") ms"
 echo "fork start to the parent's next exec -- true returning  p50 $(pct 50 <"$T/parent") ms  p99 $(pct 99 <"$T/parent") ms"
 
-echo "# (b) the suite in one fork, then in three at once"
+echo "# (b) the suite in one fork, then in three at once (load $(cut -d' ' -f1-3 /proc/loadavg))"
 SUITE=(python3 -m unittest discover -q -s tests)
 "$A" fork -C "$W" -n 3 >/dev/null
 # warm each fork alike (the page cache, the overlay's own dentries, the
 # suite's __pycache__ in its upper layer): the three-at-once run timed
 # warm f1 against cold f2 and f3 before
 for f in f1 f2 f3; do "$A" exec -C "$W" --fork "$f" -- "${SUITE[@]}" 2>/dev/null; done
-t0=$(now_ms)
-"$A" exec -C "$W" --fork f1 -- "${SUITE[@]}" 2>/dev/null
-t1=$(now_ms)
-one=$(echo "$t1 - $t0" | bc)
+# the parent, which starts again in the background after a fork where the
+# daemon does that, is settled (connected and in sync, or idle-stopped)
+# before anything is timed: its restart is not the forks' figure
+for _ in $(seq 300); do
+	"$A" status -C "$W" --json | python3 -c 'import json, sys; d = json.load(sys.stdin)
+sys.exit(0 if d.get("sandbox_state") == "idle-stopped" or d.get("state") == "live" else 1)' && break
+	sleep 0.1
+done
 DPID=$("$A" status -C "$W" --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["pid"])')
-cpu() { awk '{ print $14 + $15 }' "/proc/$DPID/stat"; } # the daemon's user + system ticks
-c0=$(cpu)
+# CPU ticks of every process involved: the daemon (its own), each fork's
+# agent (its own, and its reaped children's: the suite), each CLI (time -f)
+ticks() { awk '{ print $14 + $15, $16 + $17 }' "/proc/$1/stat"; }
+fork_agents() { ps -o pid=,args= --ppid "$DPID" | awk '/airlock-agent/ && /--no-track/ { print $1 }'; }
+snap() { # snap FILE: "pid own children" of the daemon and the forks' agents
+	{ echo "$DPID $(ticks "$DPID")"; for p in $(fork_agents); do echo "$p $(ticks "$p")"; done; } >"$1"
+}
+cpu_report() { # cpu_report LABEL BEFORE AFTER CLI-TIME-FILES...: seconds of CPU per process
+	local label=$1 b=$2 a=$3 hz
+	shift 3
+	hz=$(getconf CLK_TCK)
+	python3 - "$label" "$b" "$a" "$DPID" "$hz" "$@" <<'PY2'
+import sys
+label, b, a, dpid, hz = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
+rd = lambda f: {l.split()[0]: (int(l.split()[1]), int(l.split()[2])) for l in open(f) if l.strip()}
+B, A = rd(b), rd(a)
+d = (A[dpid][0] - B[dpid][0]) / hz
+own = sum(A[p][0] - B[p][0] for p in A if p != dpid and p in B) / hz
+kids = sum(A[p][1] - B[p][1] for p in A if p != dpid and p in B) / hz
+cli = sum(sum(float(x) for x in open(f).read().split()[-2:]) for f in sys.argv[6:])
+print("%s CPU s: daemon %.2f, agents %.2f, suites (agents' children) %.2f, CLIs %.2f; airlock's own %.2f" %
+      (label, d, own, kids, cli, d + own + cli))
+PY2
+}
+snap "$T/c0"
 t0=$(now_ms)
-for f in f1 f2 f3; do "$A" exec -C "$W" --fork "$f" -- "${SUITE[@]}" 2>/dev/null & done
+/usr/bin/time -f '%U %S' -o "$T/t1.cli" "$A" exec -C "$W" --fork f1 -- "${SUITE[@]}" 2>/dev/null
+t1=$(now_ms)
+snap "$T/c1"
+one=$(echo "$t1 - $t0" | bc)
+c0=$(awk -v d="$DPID" '$1 == d { print $2 }' "$T/c1")
+t0=$(now_ms)
+for f in f1 f2 f3; do /usr/bin/time -f '%U %S' -o "$T/t3$f.cli" "$A" exec -C "$W" --fork "$f" -- "${SUITE[@]}" 2>/dev/null & done
 wait
 t1=$(now_ms)
-c1=$(cpu)
+snap "$T/c3"
+c1=$(awk -v d="$DPID" '$1 == d { print $2 }' "$T/c3")
 three=$(echo "$t1 - $t0" | bc)
 # the same suite on the host, no sandbox: what two cores give three copies of it
 N0=$T/native
@@ -126,15 +164,18 @@ for i in range($NM):
     open('%s/m%05d.js' % (d, i), 'w').write('exports.v = %d;\n' % i)
 ")
 (cd "$N0" && "${SUITE[@]}" 2>/dev/null) # warm
+hcpu() { awk '{ s += $1 + $2 } END { printf "%.2f", s }' "$@"; } # user + system seconds of time -f files
 t0=$(now_ms)
-(cd "$N0" && "${SUITE[@]}" 2>/dev/null)
+(cd "$N0" && /usr/bin/time -f '%U %S' -o "$T/h1" "${SUITE[@]}" 2>/dev/null)
 t1=$(now_ms)
 none=$(echo "$t1 - $t0" | bc)
+hcpu "$T/h1" >"$T/h1.cpu"
 t0=$(now_ms)
-for _ in 1 2 3; do (cd "$N0" && "${SUITE[@]}" 2>/dev/null) & done
+for k in 1 2 3; do (cd "$N0" && /usr/bin/time -f '%U %S' -o "$T/h3.$k" "${SUITE[@]}" 2>/dev/null) & done
 wait
 t1=$(now_ms)
 nthree=$(echo "$t1 - $t0" | bc)
+hcpu "$T"/h3.? >"$T/h3.cpu"
 "$A" fork -C "$W" --rm-all >/dev/null
 for v in 1 2 3; do
 	printf -- '--- a/tests/test_s0.py\n+++ b/tests/test_s0.py\n@@ -1 +1,2 @@\n import os, unittest, hashlib\n+V = %d\n' "$v" >"$T/p$v.diff"
@@ -145,5 +186,7 @@ t1=$(now_ms)
 try=$(echo "$t1 - $t0" | bc)
 printf 'one fork: %.0f ms; three forks at once: %.0f ms; ratio %.2f (2 cores); the daemon used %d ticks of CPU (%s Hz) meanwhile\n' \
 	"$one" "$three" "$(echo "$three / $one" | bc -l)" "$((c1 - c0))" "$(getconf CLK_TCK)"
-printf 'on the host, no sandbox: one %.0f ms; three at once %.0f ms; ratio %.2f\n' "$none" "$nthree" "$(echo "$nthree / $none" | bc -l)"
+cpu_report "one fork:" "$T/c0" "$T/c1" "$T/t1.cli"
+cpu_report "three forks:" "$T/c1" "$T/c3" "$T"/t3f?.cli
+printf 'on the host, no sandbox: one %.0f ms (CPU %s s); three at once %.0f ms (CPU %s s); ratio %.2f\n' "$none" "$(cat "$T/h1.cpu")" "$nthree" "$(cat "$T/h3.cpu")" "$(echo "$nthree / $none" | bc -l)"
 printf 'airlock try, three patches, the suite in each (forks, patches, run, changes, replay in the parent): %.0f ms\n' "$try"

@@ -68,8 +68,8 @@ void hcache_key_of(const struct stat *st, struct hcache_key *k)
 
 bool hcache_key_eq(const struct hcache_key *a, const struct hcache_key *b)
 {
-	return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime == b->mtime &&
-	       a->ctime == b->ctime && a->mode == b->mode;
+	return a->ino == b->ino && a->size == b->size && a->mtime == b->mtime && a->ctime == b->ctime &&
+	       a->mode == b->mode;
 }
 
 static uint64_t path_hash(const char *p, size_t n)

@@ -105,6 +105,8 @@ struct exec {
 	int fd[NSLOT];	     /* out1 (pipe or pty master), out2, stdin pipe; -1 = closed */
 	uint32_t reg[NSLOT]; /* events registered on the loop; 0 = not registered */
 	bool paused;
+	bool held[NSLOT]; /* not read until t_hold fires: coalescing a trickle of output */
+	uint32_t hold_ms; /* 0: never held */
 
 	struct buf in;	/* accepted stdin bytes not yet written */
 	bool in_eof;	/* close requested, pending until in drains */
@@ -115,7 +117,7 @@ struct exec {
 	uint8_t *rbuf;
 	struct exec_cg cg;
 
-	uint64_t t_timeout, t_grace, t_drain, t_sweep, t_wait, t_notify;
+	uint64_t t_timeout, t_grace, t_drain, t_sweep, t_wait, t_notify, t_hold;
 	int drain_stage;
 	int sweep_ticks;
 	uint32_t grace_ms, drain_ms;
@@ -132,6 +134,7 @@ struct exec {
 };
 
 static void update_fd(struct exec *e, int slot);
+static void hold_end(struct exec *e);
 static void destroy(struct exec *e);
 static void maybe_finish(struct exec *e);
 
@@ -218,6 +221,7 @@ static void finish(struct exec *e)
 	del_timer(e, &e->t_sweep);
 	del_timer(e, &e->t_wait);
 	del_timer(e, &e->t_notify);
+	del_timer(e, &e->t_hold);
 	if (!e->reaped) {
 		memset(&si, 0, sizeof(si));
 		if (e->pidfd >= 0)
@@ -351,6 +355,7 @@ static void check_exit(struct exec *e)
 		loop_del_fd(e->loop, e->pidfd);
 	del_timer(e, &e->t_wait);
 	del_timer(e, &e->t_timeout);
+	hold_end(e); /* what is left, and the EOF, at once */
 	maybe_finish(e);
 }
 
@@ -410,6 +415,49 @@ static void timeout_fire(struct loop *l, void *ud)
 
 /* ---- output ---- */
 
+/* Output is read as soon as it comes, then, after a read that emptied the
+ * pipe, not again for hold_ms: a command that prints line by line (a test
+ * runner's warnings: 180 000 lines in two seconds) otherwise costs a read,
+ * an on_output and everything the consumer does per chunk (a frame, its
+ * encryption, the host's event, the client's write) for every line or two,
+ * which on a busy machine takes CPU from the commands themselves. The first
+ * bytes after a quiet spell are not delayed; a flood is not held (its reads
+ * fill whole chunks); at the main process's exit the holds end, so its
+ * exit is not delayed either. */
+static void unhold(struct exec *e)
+{
+	e->held[SLOT_OUT1] = e->held[SLOT_OUT2] = false;
+	update_fd(e, SLOT_OUT1);
+	update_fd(e, SLOT_OUT2);
+}
+
+static void hold_fire(struct loop *l, void *ud)
+{
+	struct exec *e = ud;
+
+	(void)l;
+	e->t_hold = 0;
+	unhold(e);
+}
+
+static void hold_end(struct exec *e)
+{
+	if (e->t_hold) {
+		del_timer(e, &e->t_hold);
+		unhold(e);
+	}
+}
+
+static void hold(struct exec *e, int slot)
+{
+	if (!e->hold_ms || e->exited || e->fd[slot] < 0)
+		return;
+	if (!e->t_hold && !(e->t_hold = loop_add_timer(e->loop, e->hold_ms, hold_fire, e)))
+		return; /* ENOMEM: read at once, as without a hold */
+	e->held[slot] = true;
+	update_fd(e, slot);
+}
+
 static void read_out(struct exec *e, int slot)
 {
 	ssize_t n = read(e->fd[slot], e->rbuf, EXEC_CHUNK);
@@ -422,7 +470,8 @@ static void read_out(struct exec *e, int slot)
 			e->res.stderr_bytes += (uint64_t)n;
 		cb_enter(e);
 		e->ops.on_output(e, stream, e->rbuf, (size_t)n, e->ud);
-		(void)cb_leave(e); /* e may be gone now */
+		if (cb_leave(e) && n < EXEC_CHUNK) /* else e may be gone; a full chunk: more waits */
+			hold(e, slot);
 		return;
 	}
 	if (n < 0 && (errno == EAGAIN || errno == EINTR))
@@ -525,7 +574,7 @@ static uint32_t want_events(const struct exec *e, int slot)
 
 	if (e->fd[slot] < 0 || e->finished)
 		return 0;
-	if (slot != SLOT_IN && !e->paused)
+	if (slot != SLOT_IN && !e->paused && !e->held[slot])
 		ev |= EPOLLIN;
 	bool in_pending = !e->in_done && (buf_len(&e->in) > 0 || e->in_eof);
 	if (in_pending && ((e->tty && slot == SLOT_OUT1) || (!e->tty && slot == SLOT_IN)))
@@ -966,6 +1015,7 @@ static struct exec *exec_alloc(struct loop *loop, const struct exec_req *req, co
 	e->tty = req->tty;
 	e->grace_ms = req->grace_ms ? req->grace_ms : EXEC_GRACE_MS_DEFAULT;
 	e->drain_ms = req->drain_ms ? req->drain_ms : EXEC_DRAIN_MS_DEFAULT;
+	e->hold_ms = req->hold_ms == EXEC_HOLD_NONE ? 0 : req->hold_ms ? req->hold_ms : EXEC_HOLD_MS_DEFAULT;
 	size_t inmax = req->stdin_buf ? req->stdin_buf : EXEC_STDIN_BUF_DEFAULT;
 	buf_init(&e->in, inmax > EXEC_STDIN_BUF_MAX ? EXEC_STDIN_BUF_MAX : inmax);
 	e->cg.procs_fd[0] = e->cg.procs_fd[1] = e->cg.procs_fd[2] = -1;
@@ -1252,6 +1302,7 @@ static void destroy(struct exec *e)
 	del_timer(e, &e->t_sweep);
 	del_timer(e, &e->t_wait);
 	del_timer(e, &e->t_notify);
+	del_timer(e, &e->t_hold);
 	if (e->pid > 0 && !e->reaped) {
 		signal_tree(e, SIGKILL);
 		if (e->pidfd >= 0)

@@ -51,6 +51,13 @@ struct hcache_key {
 	uint32_t mode;
 };
 void hcache_key_of(const struct stat *st, struct hcache_key *k);
+/* Same identity: every field but dev (kept, not compared). A device
+ * number is not a file's: every mount of an overlay gets a new one, so a
+ * sandbox restarted on a fresh overlay (after a fork, doc/SANDBOX.md
+ * "Forks") would find all its files changed and hash them again; NFS and
+ * FUSE remounts do the same (git compares no st_dev either, USE_STDEV).
+ * The inode, size, mode and both times to the nanosecond still have to
+ * match, and no user can set a ctime. */
 bool hcache_key_eq(const struct hcache_key *a, const struct hcache_key *b);
 
 /* New empty cache for chunk lists cut with p (NULL: default). */

@@ -47,6 +47,11 @@ struct exec_sys;
 /* Default time output may stay open after the main process exited (a
  * descendant holding the pipe) before the tree is killed. */
 #define EXEC_DRAIN_MS_DEFAULT 500
+/* After a read that emptied a command's output pipe, how long that pipe is
+ * not read again, so a command printing line by line is delivered in
+ * chunks of many lines (exec_req.hold_ms; doc/EXEC.md "Output"). */
+#define EXEC_HOLD_MS_DEFAULT 2
+#define EXEC_HOLD_NONE	     ((uint32_t)-1)
 /* "Do not change uid/gid". */
 #define EXEC_ID_KEEP ((uint32_t)-1)
 
@@ -237,6 +242,10 @@ struct exec_req {
 	uint64_t timeout_ms;
 	uint32_t grace_ms; /* 0 = EXEC_GRACE_MS_DEFAULT */
 	uint32_t drain_ms; /* 0 = EXEC_DRAIN_MS_DEFAULT */
+	/* 0 = EXEC_HOLD_MS_DEFAULT; EXEC_HOLD_NONE: every read at once. The
+	 * first bytes after a quiet spell, a full chunk and the output left at
+	 * the main process's exit are never held. */
+	uint32_t hold_ms;
 	/* tty: one pty, stdout and stderr merged into stream 1, stdin is the
 	 * terminal. Otherwise three pipes (stdin /dev/null unless stdin). */
 	bool tty;

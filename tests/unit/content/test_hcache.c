@@ -186,6 +186,47 @@ static void test_racy(void **state)
 	}
 }
 
+/* The identity: a new device number alone (a fresh overlay mount of the
+ * same layers, an NFS or FUSE remount) is the same file; any other field
+ * changed is another. */
+static void test_key_identity(void **state)
+{
+	struct env *e = *state;
+	struct hcache_key a, b;
+	struct stat sb;
+
+	put_file(e, "k.txt", "k\n", 2);
+	assert_int_equal(fstatat(e->dfd, "k.txt", &sb, AT_SYMLINK_NOFOLLOW), 0);
+	hcache_key_of(&sb, &a);
+	assert_int_equal(a.dev, (uint64_t)sb.st_dev); /* kept (persisted), not compared */
+	static const struct {
+		const char *what;
+		uint64_t dev, ino, size;
+		int64_t mtime, ctime;
+		uint32_t mode;
+		bool same;
+	} rows[] = {
+	    {"nothing", 0, 0, 0, 0, 0, 0, true},
+	    {"the device", 7, 0, 0, 0, 0, 0, true},
+	    {"the inode", 0, 1, 0, 0, 0, 0, false},
+	    {"the size", 0, 0, 1, 0, 0, 0, false},
+	    {"the mtime by 1 ns", 0, 0, 0, 1, 0, 0, false},
+	    {"the ctime by 1 ns", 0, 0, 0, 0, 1, 0, false},
+	    {"the mode", 7, 0, 0, 0, 0, 0100, false},
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		b = a;
+		b.dev += rows[i].dev;
+		b.ino += rows[i].ino;
+		b.size += rows[i].size;
+		b.mtime += rows[i].mtime;
+		b.ctime += rows[i].ctime;
+		b.mode ^= rows[i].mode;
+		print_message("changed %s: %s\n", rows[i].what, rows[i].same ? "same" : "another");
+		assert_int_equal(hcache_key_eq(&a, &b), rows[i].same);
+	}
+}
+
 /* What a command does to the (guest's) copy is seen: append, rewrite in
  * place with the same size, replace by rename, chmod. */
 static void test_guest_edit(void **state)
@@ -333,6 +374,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_restored_mtime, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_corrupt, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_racy, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_key_identity, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_guest_edit, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_trim_reload, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_spill, setup, teardown),

@@ -479,6 +479,51 @@ static void test_binary_output(void **state)
 	loop_free(l);
 }
 
+/* ---- the hold: a trickle of output comes in chunks of many writes ---- */
+
+struct chunks {
+	int n;
+	char first[16];
+};
+
+static void count_out(struct run *run, int stream, const void *data, size_t n)
+{
+	struct chunks *c = run->ctx;
+
+	(void)stream;
+	if (c->n++ == 0)
+		memcpy(c->first, data, n < sizeof(c->first) - 1 ? n : sizeof(c->first) - 1);
+}
+
+/* Three writes 150 ms apart: with a hold longer than the command, the first
+ * comes at once and alone, the other two in one chunk at the exit, and the
+ * exit is not made to wait for the hold; without a hold, one chunk each. */
+static void test_output_hold(void **state)
+{
+	(void)state;
+	const char *sh = "printf a; sleep 0.15; printf b; sleep 0.15; printf c";
+	struct loop *l = loop_new();
+	struct exec_req q;
+
+	for (int held = 1; held >= 0; held--) {
+		struct chunks c = {0};
+		struct run run = {.on_out = count_out, .ctx = &c};
+		req_init(&q);
+		q.shell = sh;
+		q.hold_ms = held ? 60000 : EXEC_HOLD_NONE;
+		uint64_t t0 = loop_now_ms();
+		run_req(l, g_sys, &q, &run); /* its watchdog fails at 20 s: the hold outlasted the exit */
+		print_message("hold %s: %d chunks in %llu ms\n", held ? "60 s" : "none", c.n,
+			      (unsigned long long)(loop_now_ms() - t0));
+		assert_int_equal(run.r.exit_code, 0);
+		assert_string_equal(run.out[1], "abc");
+		assert_string_equal(c.first, "a");
+		assert_int_equal(c.n, held ? 2 : 3);
+		run_free(&run);
+	}
+	loop_free(l);
+}
+
 struct flood {
 	uint64_t total, next_pause;
 	int pauses;
@@ -1445,6 +1490,7 @@ int main(void)
 	    cmocka_unit_test(test_stdin_round_trip),
 	    cmocka_unit_test(test_streams_in_order),
 	    cmocka_unit_test(test_binary_output),
+	    cmocka_unit_test(test_output_hold),
 	    cmocka_unit_test(test_large_output_pause),
 	    cmocka_unit_test(test_tty),
 	    cmocka_unit_test(test_env_build),
