@@ -11,11 +11,9 @@
  * the parent's (SANDBOX_FORKS_LIVE: each make pauses the running parent
  * VM and lets it go on; no halt, no restart). Making local
  * forks stops the parent's sandbox for the freeze (a rename), starts the
- * forks, and starts the parent again on a fresh upper in the background
- * once its halted sandbox is reaped (restart_parent; its next activity
- * does the same if it comes first; try's forks leave it stopped), so its
- * start, reconnect and reconcile (each grows with the tree) hold up
- * neither the forks nor its own next command. A fork gets no sync:
+ * forks, and leaves the parent idle-stopped: its next activity starts it
+ * again on a fresh upper (up_touch), so its start, reconnect and reconcile
+ * (each grows with the tree) do not hold up the forks. A fork gets no sync:
  * the host's later edits reach the parent only. Its commands are ordinary
  * xcmds (up_exec.c) on its channel; its egress goes through an egress link
  * of its own over the parent's policy, so the allow-list and the audit are
@@ -348,10 +346,6 @@ static void on_sweep(struct loop *l, void *ud)
 /* ---- the parent's halt ---- */
 
 #define REAP_POLL_MS 20
-/* The parent's background restart waits this long after the fork op: its
- * sandbox start holds the loop (tens of ms on a loaded machine), and the
- * fork's first command, which usually follows the op at once, goes first. */
-#define RESTART_AFTER_MS 250
 
 void up_fork_reap(struct up *u, bool wait)
 {
@@ -370,41 +364,18 @@ void up_fork_reap(struct up *u, bool wait)
 	u->forks.reap_timer = 0;
 }
 
-/* The parent's restart after a fork op, in the background: its start,
- * reconnect and reconcile (seconds at 100k files: the guest stats its
- * whole copy through the fresh overlay) then run while the forks do
- * their work, not when the parent's next command arrives. Only once the
- * halted parent is reaped (up_sandbox_begin would wait for it, holding
- * the loop). A command or an edit that comes first starts it on demand. */
-static void restart_parent(struct up *u)
-{
-	u->forks.restart = false;
-	if (u->sandbox.idle_stopped && !u->stopping && u->sandbox.use) {
-		fprintf(stderr, "airlock: the sandbox starts again after the fork (in the background)\n");
-		up_touch(u);
-	}
-}
-
 static void on_reap(struct loop *l, void *ud)
 {
 	struct up *u = ud;
 
 	u->forks.reap_timer = 0;
 	up_fork_reap(u, false);
-	if (u->forks.halted) {
+	if (u->forks.halted)
 		u->forks.reap_timer = loop_add_timer(l, REAP_POLL_MS, on_reap, u);
-	} else if (u->forks.restart) {
-		uint64_t now = loop_now_ms();
-		if (now < u->forks.restart_at)
-			u->forks.reap_timer = loop_add_timer(l, u->forks.restart_at - now, on_reap, u);
-		else
-			restart_parent(u);
-	}
 }
 
-/* The parent's sandbox stopped for the freeze, as by the idle TTL: it
- * starts again on the new layers in the background (restart_parent), or
- * at its next activity of its own if that comes first. Halted
+/* The parent's sandbox stopped for the freeze, as by the idle TTL: its
+ * next activity of its own starts it again on the new layers. Halted
  * (frozen, then killed) rather than stopped where it can be: nothing of
  * it writes the upper about to become a layer once sandbox_halt returns,
  * and the kernel's teardown of its overlay (the eviction of every inode
@@ -487,8 +458,7 @@ int up_fork_make(struct up *u, const struct relay_fork_req *q, up_fork_seed_fn *
 	/* stopped as by the idle TTL: the next activity of its own (a command,
 	 * an edit) starts it again, on the new layers; until then its start,
 	 * reconnect and reconcile do not hold up the forks' first commands */
-	bool halted = u->sandbox.sb && !live;
-	if (halted) /* live: each make pauses it for its fork */
+	if (u->sandbox.sb && !live) /* live: each make pauses it for its fork */
 		parent_halt(u);
 	/* with no fork alive the freeze merges the layer stack into the base:
 	 * never while the halted parent's overlay, which still has those
@@ -528,15 +498,6 @@ int up_fork_make(struct up *u, const struct relay_fork_req *q, up_fork_seed_fn *
 	}
 	if (!u->forks.timer)
 		u->forks.timer = loop_add_timer(u->loop, FORK_SWEEP_MS, on_sweep, u);
-	/* not for try (seed): it stages the winner into the stopped parent's
-	 * state and replays it there, which would halt a restarted parent
-	 * again and wait for its teardown */
-	u->forks.restart = halted && !seed && u->sandbox.idle_stopped;
-	if (u->forks.restart) {
-		u->forks.restart_at = loop_now_ms() + RESTART_AFTER_MS;
-		if (!u->forks.reap_timer) /* reaped already */
-			u->forks.reap_timer = loop_add_timer(u->loop, RESTART_AFTER_MS, on_reap, u);
-	}
 	arr = json_array();
 	for (unsigned i = 0; i < n; i++)
 		json_array_append_new(arr,
@@ -578,7 +539,6 @@ int up_fork_parent_quiesce(struct up *u, char *err, size_t errlen)
 			   up_exec_parent_busy(u) ? "commands are running" : "the workspace is still syncing");
 		return -EAGAIN;
 	}
-	u->forks.restart = false; /* its state is about to be written: it stays stopped */
 	if (u->sandbox.sb)
 		parent_halt(u);
 	up_fork_reap(u, true);

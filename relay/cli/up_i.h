@@ -286,10 +286,6 @@ struct up_forks {
 	 * parent starts again (up_fork_reap) */
 	struct sandbox *halted;
 	uint64_t reap_timer, halted_ms;
-	/* the parent starts again in the background once halted is reaped
-	 * (after the fork op; not after try's, which stages into its state) */
-	bool restart;
-	uint64_t restart_at; /* not before (loop_now_ms): the forks' first commands go first */
 	struct up_try *tries; /* try ops under way (up_try.c) */
 };
 
@@ -510,9 +506,7 @@ struct json_t *up_fork_status(struct up *u);
  * starts: i is its index in the request. 0 or -errno with err set. */
 typedef int up_fork_seed_fn(void *ud, unsigned i, const char *dir, const char *name, char *err, size_t errlen);
 /* The fork op: the parent stopped for the freeze (vm: paused by each
- * make), q->count forks made and started; their figures into out. A local
- * parent halted for it starts again in the background once reaped, unless
- * seed (try) is given. -EAGAIN when the sandbox is busy. */
+ * make), q->count forks made and started; their figures into out. -EAGAIN when the sandbox is busy. */
 int up_fork_make(struct up *u, const struct relay_fork_req *q, up_fork_seed_fn *seed, void *seed_ud, struct json_t *out,
 		 char *err, size_t errlen);
 /* Whether kind's forks' changes are an overlay upper the host reads
