@@ -56,7 +56,11 @@ struct scanstate {
 	 * in paths when built, in the loaded file itself when loaded */
 	struct ent *e;
 	size_t n, cap;
-	struct buf paths;
+	/* the paths when built: grown by mem_realloc (a large block is
+	 * mremapped, not copied beside itself) and trimmed to fit at the
+	 * scan's end, since they are held until the save */
+	char *paths;
+	size_t plen, pcap;
 	uint32_t *kids;		   /* children of each walked directory, in name order */
 	uint32_t root_kids, nroot; /* the root's range in kids */
 	int64_t stamp;
@@ -82,7 +86,7 @@ struct scanstate {
 
 static const char *ent_path(const struct scanstate *st, size_t i)
 {
-	return (st->file ? (const char *)st->file : (const char *)st->paths.data) + st->e[i].path;
+	return (st->file ? (const char *)st->file : (const char *)st->paths) + st->e[i].path;
 }
 
 void scanstate_id_encode(const struct stat *sb, uint8_t out[SCANSTATE_ID_LEN])
@@ -115,7 +119,6 @@ int scanstate_new(struct scanstate **out)
 	*out = st;
 	if (!st)
 		return -ENOMEM;
-	buf_init(&st->paths, SCANSTATE_FILE_MAX);
 	st->stamp = INT64_MIN;
 	return 0;
 }
@@ -131,7 +134,7 @@ void scanstate_free(struct scanstate *st)
 	sodium_memzero(st->key, sizeof(st->key));
 	mem_free(st->e);
 	mem_free(st->kids);
-	buf_clear(&st->paths);
+	mem_free(st->paths);
 	mem_free(st->file);
 	mem_free(st);
 }
@@ -139,7 +142,7 @@ void scanstate_free(struct scanstate *st)
 void scanstate_begin(struct scanstate *st, int dirfd)
 {
 	st->n = 0;
-	buf_reset(&st->paths);
+	st->plen = 0;
 	st->distrusted = false;
 	st->stamp = hcache_stamp(dirfd);
 }
@@ -155,6 +158,47 @@ void scanstate_distrust(struct scanstate *st)
 		st->distrusted = true;
 }
 
+/* Room for n more bytes of paths; -E2BIG past SCANSTATE_FILE_MAX (the
+ * offsets are u32), -ENOMEM. */
+static int paths_reserve(struct scanstate *st, size_t n)
+{
+	if (st->pcap - st->plen >= n)
+		return 0;
+	if (n > SCANSTATE_FILE_MAX - st->plen)
+		return -E2BIG;
+	size_t nc = st->pcap ? st->pcap : 64u << 10;
+	while (nc - st->plen < n)
+		nc *= 2;
+	if (nc > SCANSTATE_FILE_MAX)
+		nc = SCANSTATE_FILE_MAX;
+	char *np = mem_realloc(st->paths, nc);
+	if (!np)
+		return -ENOMEM;
+	st->paths = np;
+	st->pcap = nc;
+	return 0;
+}
+
+/* The scan is over: give back what the doubling left unused (up to half
+ * of each array, held until the save). A failed shrink keeps the block. */
+static void trim(struct scanstate *st)
+{
+	if (st->n && st->cap > st->n) {
+		struct ent *ne = mem_realloc(st->e, st->n * sizeof(*ne));
+		if (ne) {
+			st->e = ne;
+			st->cap = st->n;
+		}
+	}
+	if (st->plen && st->pcap > st->plen) {
+		char *np = mem_realloc(st->paths, st->plen);
+		if (np) {
+			st->paths = np;
+			st->pcap = st->plen;
+		}
+	}
+}
+
 void scanstate_seen(const char *relpath, const struct stat *sb, enum manifest_seen kind, void *ud)
 {
 	struct scanstate *st = ud;
@@ -162,6 +206,10 @@ void scanstate_seen(const char *relpath, const struct stat *sb, enum manifest_se
 
 	if (st->distrusted)
 		return;
+	if (kind == MANIFEST_SEEN_DONE) {
+		trim(st);
+		return;
+	}
 	if (kind == MANIFEST_SEEN_WALK) {
 		/* right after the directory's own STAT */
 		if (!st->n || strcmp(ent_path(st, st->n - 1), relpath) != 0)
@@ -186,17 +234,19 @@ void scanstate_seen(const char *relpath, const struct stat *sb, enum manifest_se
 	}
 	struct ent *e = &st->e[st->n];
 	memset(e, 0, sizeof(*e));
-	e->path = (uint32_t)buf_len(&st->paths);
+	if (paths_reserve(st, pl + 1) < 0) {
+		st->distrusted = true;
+		return;
+	}
+	e->path = (uint32_t)st->plen;
 	e->plen = pl & 0x1fffu; /* <= MANIFEST_PATH_MAX: checked above */
 	const char *slash = strrchr(relpath, '/');
 	e->name = slash ? (uint16_t)(slash - relpath + 1) : 0;
 	hcache_key_of(sb, &e->id);
 	if (e->id.mtime >= st->stamp || e->id.ctime >= st->stamp)
 		e->flags |= F_RACY;
-	if (buf_put(&st->paths, relpath, pl + 1) < 0) {
-		st->distrusted = true;
-		return;
-	}
+	memcpy(st->paths + st->plen, relpath, pl + 1);
+	st->plen += pl + 1;
 	st->n++;
 }
 
