@@ -34,9 +34,10 @@ enum {
 	F_ALL = 0x03,
 };
 
-/* One per name the scan saw: 64 bytes (it was 72: a size_t offset, a
- * u32 name offset), held for every file of the tree from the scan to the
- * save. Offsets fit: the paths and the loaded file are at most
+/* One per name the scan saw: 16 bytes (it was 64 with the identity
+ * decoded in it; that stays encoded beside the path: ent_id), held for
+ * every file of the tree from the scan to the save, and from a load to
+ * the verification's end. Offsets fit: the paths and the loaded file are at most
  * SCANSTATE_FILE_MAX bytes, a path MANIFEST_PATH_MAX. */
 struct ent {
 	uint32_t path;	    /* offset of the NUL-terminated path in paths */
@@ -45,22 +46,22 @@ struct ent {
 	uint16_t name;	    /* offset of its last component within the path */
 	unsigned plen : 13; /* <= MANIFEST_PATH_MAX */
 	unsigned flags : 3; /* F_* */
-	struct hcache_key id;
 };
 _Static_assert(SCANSTATE_FILE_MAX <= UINT32_MAX && MANIFEST_PATH_MAX < (1u << 13) && F_ALL < (1u << 3),
 	       "struct ent's fields hold their values");
-_Static_assert(sizeof(struct ent) == 64, "struct ent stays 64 bytes");
+_Static_assert(sizeof(struct ent) == 16, "struct ent stays 16 bytes");
 
 struct scanstate {
 	/* entries in tree order; their NUL-terminated paths at base + e->path:
 	 * in paths when built, in the loaded file itself when loaded */
 	struct ent *e;
 	size_t n, cap;
-	/* the paths when built: grown by mem_realloc (a large block is
-	 * mremapped, not copied beside itself) and trimmed to fit at the
-	 * scan's end, since they are held until the save */
+	/* when built: each name's path, NUL, a flags byte and its encoded
+	 * identity, as in the file (ent_id); grown by mem_realloc (a large
+	 * block is mremapped, not copied beside itself) and trimmed to fit
+	 * at the scan's end, since they are held until the save */
 	char *paths;
-	size_t plen, pcap;
+	size_t pused, pcap;
 	uint32_t *kids;		   /* children of each walked directory, in name order */
 	uint32_t root_kids, nroot; /* the root's range in kids */
 	int64_t stamp;
@@ -87,6 +88,20 @@ struct scanstate {
 static const char *ent_path(const struct scanstate *st, size_t i)
 {
 	return (st->file ? (const char *)st->file : (const char *)st->paths) + st->e[i].path;
+}
+
+/* The name's encoded identity (SCANSTATE_ID_LEN bytes) is where the file
+ * has it, after the path's NUL and the flags byte: in the loaded file
+ * itself, or in paths laid out the same way while built. It is decoded
+ * when compared, not held decoded (48 bytes a name). */
+static const uint8_t *ent_id(const struct scanstate *st, size_t i)
+{
+	return (const uint8_t *)ent_path(st, i) + st->e[i].plen + 2;
+}
+
+static uint32_t ent_mode(const struct scanstate *st, size_t i)
+{
+	return buf_load_be32(ent_id(st, i) + 16);
 }
 
 void scanstate_id_encode(const struct stat *sb, uint8_t out[SCANSTATE_ID_LEN])
@@ -142,7 +157,7 @@ void scanstate_free(struct scanstate *st)
 void scanstate_begin(struct scanstate *st, int dirfd)
 {
 	st->n = 0;
-	st->plen = 0;
+	st->pused = 0;
 	st->distrusted = false;
 	st->stamp = hcache_stamp(dirfd);
 }
@@ -162,12 +177,12 @@ void scanstate_distrust(struct scanstate *st)
  * offsets are u32), -ENOMEM. */
 static int paths_reserve(struct scanstate *st, size_t n)
 {
-	if (st->pcap - st->plen >= n)
+	if (st->pcap - st->pused >= n)
 		return 0;
-	if (n > SCANSTATE_FILE_MAX - st->plen)
+	if (n > SCANSTATE_FILE_MAX - st->pused)
 		return -E2BIG;
 	size_t nc = st->pcap ? st->pcap : 64u << 10;
-	while (nc - st->plen < n)
+	while (nc - st->pused < n)
 		nc *= 2;
 	if (nc > SCANSTATE_FILE_MAX)
 		nc = SCANSTATE_FILE_MAX;
@@ -190,11 +205,11 @@ static void trim(struct scanstate *st)
 			st->cap = st->n;
 		}
 	}
-	if (st->plen && st->pcap > st->plen) {
-		char *np = mem_realloc(st->paths, st->plen);
+	if (st->pused && st->pcap > st->pused) {
+		char *np = mem_realloc(st->paths, st->pused);
 		if (np) {
 			st->paths = np;
-			st->pcap = st->plen;
+			st->pcap = st->pused;
 		}
 	}
 }
@@ -234,19 +249,24 @@ void scanstate_seen(const char *relpath, const struct stat *sb, enum manifest_se
 	}
 	struct ent *e = &st->e[st->n];
 	memset(e, 0, sizeof(*e));
-	if (paths_reserve(st, pl + 1) < 0) {
+	if (paths_reserve(st, pl + 2 + SCANSTATE_ID_LEN) < 0) {
 		st->distrusted = true;
 		return;
 	}
-	e->path = (uint32_t)st->plen;
+	e->path = (uint32_t)st->pused;
 	e->plen = pl & 0x1fffu; /* <= MANIFEST_PATH_MAX: checked above */
 	const char *slash = strrchr(relpath, '/');
 	e->name = slash ? (uint16_t)(slash - relpath + 1) : 0;
-	hcache_key_of(sb, &e->id);
-	if (e->id.mtime >= st->stamp || e->id.ctime >= st->stamp)
+	struct hcache_key k;
+	hcache_key_of(sb, &k);
+	if (k.mtime >= st->stamp || k.ctime >= st->stamp)
 		e->flags |= F_RACY;
-	memcpy(st->paths + st->plen, relpath, pl + 1);
-	st->plen += pl + 1;
+	/* the file's layout: path, NUL, the flags byte (written by the save), identity */
+	char *d = st->paths + st->pused;
+	memcpy(d, relpath, pl + 1);
+	d[pl + 1] = 0;
+	scanstate_id_encode(sb, (uint8_t *)d + pl + 2);
+	st->pused += pl + 2 + SCANSTATE_ID_LEN;
 	st->n++;
 }
 
@@ -328,13 +348,7 @@ static int encode(struct scanstate *st, const struct manifest *m, const uint8_t 
 		memcpy(d + 2, p, pl);
 		d[2 + pl] = 0; /* so that a loaded state uses its paths where they are */
 		d[3 + pl] = e->flags;
-		d += 4 + pl;
-		buf_store_be64(d, e->id.dev);
-		buf_store_be64(d + 8, e->id.ino);
-		buf_store_be32(d + 16, e->id.mode);
-		buf_store_be64(d + 20, e->id.size);
-		buf_store_be64(d + 28, (uint64_t)e->id.mtime);
-		buf_store_be64(d + 36, (uint64_t)e->id.ctime);
+		memcpy(d + 4 + pl, ent_id(st, i), SCANSTATE_ID_LEN);
 		buf_commit(out, 2 + pl + 2 + SCANSTATE_ID_LEN);
 	}
 	return sink_flush(k, out);
@@ -411,7 +425,7 @@ static int link_tree(struct scanstate *st)
 		parent[i] = depth ? stack[depth - 1] : (uint32_t)st->n; /* n = the root */
 		count[parent[i]]++;
 		if (st->e[i].flags & F_WALKED) {
-			if (!S_ISDIR(st->e[i].id.mode))
+			if (!S_ISDIR(ent_mode(st, i)))
 				goto out;
 			stack[depth++] = (uint32_t)i;
 		}
@@ -489,7 +503,6 @@ static int parse(struct scanstate *st, const uint8_t fp[SCANSTATE_FP_LEN])
 		if (fl & ~F_ALL)
 			return -EBADMSG;
 		e->flags = fl & F_ALL;
-		id_decode(buf_ptr(&in), &e->id);
 		buf_consume(&in, SCANSTATE_ID_LEN);
 		st->n++;
 	}
@@ -695,7 +708,7 @@ static bool check_name(struct verify *v, uint32_t d, int fd, uint32_t k, const c
 	struct scanstate *st = v->st;
 	const struct ent *e = &st->e[k];
 	struct stat sb;
-	struct hcache_key now;
+	struct hcache_key now, was;
 
 	if (fstatat(fd, name, &sb, AT_SYMLINK_NOFOLLOW) < 0) {
 		differ(v, d, name);
@@ -703,9 +716,10 @@ static bool check_name(struct verify *v, uint32_t d, int fd, uint32_t k, const c
 	}
 	atomic_fetch_add_explicit(&v->names, 1, memory_order_relaxed);
 	hcache_key_of(&sb, &now);
-	bool same = S_ISDIR(e->id.mode) && !(e->flags & F_WALKED)
-			? (now.mode & S_IFMT) == (e->id.mode & S_IFMT) /* skipped: its type only */
-			: !(e->flags & F_RACY) && hcache_key_eq(&now, &e->id);
+	id_decode(ent_id(st, k), &was);
+	bool same = S_ISDIR(was.mode) && !(e->flags & F_WALKED)
+			? (now.mode & S_IFMT) == (was.mode & S_IFMT) /* skipped: its type only */
+			: !(e->flags & F_RACY) && hcache_key_eq(&now, &was);
 	if (!same) {
 		differ(v, d, name);
 		return false;
