@@ -34,13 +34,14 @@ enum {
 	F_ALL = 0x03,
 };
 
-/* One per name the scan saw: 16 bytes (it was 64 with the identity
- * decoded in it; that stays encoded beside the path: ent_id), held for
- * every file of the tree from the scan to the save, and from a load to
- * the verification's end. Offsets fit: the paths and the loaded file are at most
- * SCANSTATE_FILE_MAX bytes, a path MANIFEST_PATH_MAX. */
+/* One per name of a loaded state: 16 bytes (it was 64 with the identity
+ * decoded in it; that stays encoded beside the path: ent_id), held from
+ * the load to the verification's end. A state being built keeps no
+ * entries: only its records (see struct scanstate). Offsets fit: the
+ * loaded file is at most SCANSTATE_FILE_MAX bytes, a path
+ * MANIFEST_PATH_MAX. */
 struct ent {
-	uint32_t path;	    /* offset of the NUL-terminated path in paths */
+	uint32_t path;	    /* offset of the NUL-terminated path in the file */
 	uint32_t kids;	    /* walked directories: first child in kids[] */
 	uint32_t nkids;	    /* and how many */
 	uint16_t name;	    /* offset of its last component within the path */
@@ -52,16 +53,25 @@ _Static_assert(SCANSTATE_FILE_MAX <= UINT32_MAX && MANIFEST_PATH_MAX < (1u << 13
 _Static_assert(sizeof(struct ent) == 16, "struct ent stays 16 bytes");
 
 struct scanstate {
-	/* entries in tree order; their NUL-terminated paths at base + e->path:
-	 * in paths when built, in the loaded file itself when loaded */
+	/* loaded: entries in tree order, their NUL-terminated paths at
+	 * file + e->path */
 	struct ent *e;
-	size_t n, cap;
-	/* when built: each name's path, NUL, a flags byte and its encoded
-	 * identity, as in the file (ent_id); grown by mem_realloc (a large
-	 * block is mremapped, not copied beside itself) and trimmed to fit
-	 * at the scan's end, since they are held until the save */
-	char *paths;
-	size_t pused, pcap;
+	size_t n; /* names: built or loaded */
+	/* built: each name's record as the file has it (be16 path length,
+	 * path, NUL, flags byte, encoded identity), in the order seen; grown
+	 * by mem_realloc (a large block is mremapped, not copied beside
+	 * itself) and trimmed to fit at the scan's end. With a spill file
+	 * (scanstate_spill), the records before the last one go to it once
+	 * SCANSTATE_SPILL_AT bytes are held: a whole tree's records (67 bytes
+	 * a name, 64 MB at 1M files) were held from the scan to the save,
+	 * which on the host is the end of the initial sync. */
+	uint8_t *rec;
+	size_t rused, rcap;
+	size_t last;	    /* the last record's offset in rec (n > 0) */
+	int spill_fd;	    /* -1: none */
+	uint64_t spilled;   /* bytes of records in it, before rec's */
+	const uint8_t *recs; /* loaded: the file's records, and their length */
+	size_t recs_len;
 	uint32_t *kids;		   /* children of each walked directory, in name order */
 	uint32_t root_kids, nroot; /* the root's range in kids */
 	int64_t stamp;
@@ -85,15 +95,15 @@ struct scanstate {
 	struct manifest *m; /* decoded by the thread (decode) */
 };
 
+/* Loaded states only (a built one has no entries). */
 static const char *ent_path(const struct scanstate *st, size_t i)
 {
-	return (st->file ? (const char *)st->file : (const char *)st->paths) + st->e[i].path;
+	return (const char *)st->file + st->e[i].path;
 }
 
 /* The name's encoded identity (SCANSTATE_ID_LEN bytes) is where the file
- * has it, after the path's NUL and the flags byte: in the loaded file
- * itself, or in paths laid out the same way while built. It is decoded
- * when compared, not held decoded (48 bytes a name). */
+ * has it, after the path's NUL and the flags byte. It is decoded when
+ * compared, not held decoded (48 bytes a name). */
 static const uint8_t *ent_id(const struct scanstate *st, size_t i)
 {
 	return (const uint8_t *)ent_path(st, i) + st->e[i].plen + 2;
@@ -135,10 +145,19 @@ int scanstate_new(struct scanstate **out)
 	if (!st)
 		return -ENOMEM;
 	st->stamp = INT64_MIN;
+	st->spill_fd = -1;
 	return 0;
 }
 
 static int check_join(struct scanstate *st);
+
+static void spill_stop(struct scanstate *st)
+{
+	if (st->spill_fd >= 0)
+		close(st->spill_fd);
+	st->spill_fd = -1;
+	st->spilled = 0;
+}
 
 void scanstate_free(struct scanstate *st)
 {
@@ -149,7 +168,8 @@ void scanstate_free(struct scanstate *st)
 	sodium_memzero(st->key, sizeof(st->key));
 	mem_free(st->e);
 	mem_free(st->kids);
-	mem_free(st->paths);
+	mem_free(st->rec);
+	spill_stop(st);
 	mem_free(st->file);
 	mem_free(st);
 }
@@ -157,9 +177,22 @@ void scanstate_free(struct scanstate *st)
 void scanstate_begin(struct scanstate *st, int dirfd)
 {
 	st->n = 0;
-	st->pused = 0;
+	st->rused = 0;
+	spill_stop(st);
 	st->distrusted = false;
 	st->stamp = hcache_stamp(dirfd);
+}
+
+int scanstate_spill(struct scanstate *st, int dirfd)
+{
+	if (st->file)
+		return -EINVAL;
+	spill_stop(st);
+	int fd = openat(dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	st->spill_fd = fd;
+	return 0;
 }
 
 int64_t scanstate_stamp(const struct scanstate *st)
@@ -173,43 +206,48 @@ void scanstate_distrust(struct scanstate *st)
 		st->distrusted = true;
 }
 
-/* Room for n more bytes of paths; -E2BIG past SCANSTATE_FILE_MAX (the
- * offsets are u32), -ENOMEM. */
-static int paths_reserve(struct scanstate *st, size_t n)
+static int write_all(int fd, const uint8_t *p, size_t n);
+
+/* Room for n more bytes of records; -E2BIG when the file would pass
+ * SCANSTATE_FILE_MAX (its offsets are u32), -ENOMEM. */
+static int rec_reserve(struct scanstate *st, size_t n)
 {
-	if (st->pcap - st->pused >= n)
-		return 0;
-	if (n > SCANSTATE_FILE_MAX - st->pused)
+	if (n > SCANSTATE_FILE_MAX - st->spilled - st->rused)
 		return -E2BIG;
-	size_t nc = st->pcap ? st->pcap : 64u << 10;
-	while (nc - st->pused < n)
+	if (st->rcap - st->rused >= n)
+		return 0;
+	size_t nc = st->rcap ? st->rcap : 64u << 10;
+	while (nc - st->rused < n)
 		nc *= 2;
-	if (nc > SCANSTATE_FILE_MAX)
-		nc = SCANSTATE_FILE_MAX;
-	char *np = mem_realloc(st->paths, nc);
+	uint8_t *np = mem_realloc(st->rec, nc);
 	if (!np)
 		return -ENOMEM;
-	st->paths = np;
-	st->pcap = nc;
+	st->rec = np;
+	st->rcap = nc;
 	return 0;
 }
 
-/* The scan is over: give back what the doubling left unused (up to half
- * of each array, held until the save). A failed shrink keeps the block. */
+/* The records held, all final (called before the next one is added), to
+ * the spill file. */
+static int spill(struct scanstate *st)
+{
+	int r = write_all(st->spill_fd, st->rec, st->rused);
+	if (r < 0)
+		return r;
+	st->spilled += st->rused;
+	st->rused = 0;
+	return 0;
+}
+
+/* The scan is over: give back what the doubling left unused of the
+ * records held until the save. A failed shrink keeps the block. */
 static void trim(struct scanstate *st)
 {
-	if (st->n && st->cap > st->n) {
-		struct ent *ne = mem_realloc(st->e, st->n * sizeof(*ne));
-		if (ne) {
-			st->e = ne;
-			st->cap = st->n;
-		}
-	}
-	if (st->pused && st->pcap > st->pused) {
-		char *np = mem_realloc(st->paths, st->pused);
+	if (st->rused && st->rcap > st->rused) {
+		uint8_t *np = mem_realloc(st->rec, st->rused);
 		if (np) {
-			st->paths = np;
-			st->pcap = st->pused;
+			st->rec = np;
+			st->rcap = st->rused;
 		}
 	}
 }
@@ -226,47 +264,34 @@ void scanstate_seen(const char *relpath, const struct stat *sb, enum manifest_se
 		return;
 	}
 	if (kind == MANIFEST_SEEN_WALK) {
-		/* right after the directory's own STAT */
-		if (!st->n || strcmp(ent_path(st, st->n - 1), relpath) != 0)
+		/* right after the directory's own STAT: its record is the last
+		 * one, still held (spilling happens before a record is added) */
+		uint8_t *d = st->rec + st->last;
+		if (!st->n || buf_load_be16(d) != pl || memcmp(d + 2, relpath, pl) != 0)
 			st->distrusted = true;
 		else
-			st->e[st->n - 1].flags |= F_WALKED;
+			d[3 + pl] |= F_WALKED;
 		return;
 	}
 	if (st->n >= MANIFEST_ENTRIES_MAX || pl == 0 || pl > MANIFEST_PATH_MAX) {
 		st->distrusted = true;
 		return;
 	}
-	if (st->n == st->cap) {
-		size_t nc = st->cap ? st->cap * 2 : 1024;
-		struct ent *nv = mem_realloc(st->e, nc * sizeof(*nv));
-		if (!nv) {
-			st->distrusted = true;
-			return;
-		}
-		st->e = nv;
-		st->cap = nc;
-	}
-	struct ent *e = &st->e[st->n];
-	memset(e, 0, sizeof(*e));
-	if (paths_reserve(st, pl + 2 + SCANSTATE_ID_LEN) < 0) {
-		st->distrusted = true;
+	size_t need = 2 + pl + 2 + SCANSTATE_ID_LEN;
+	if ((st->spill_fd >= 0 && st->rused >= SCANSTATE_SPILL_AT && spill(st) < 0) || rec_reserve(st, need) < 0) {
+		st->distrusted = true; /* no state saved: the next up scans */
 		return;
 	}
-	e->path = (uint32_t)st->pused;
-	e->plen = pl & 0x1fffu; /* <= MANIFEST_PATH_MAX: checked above */
-	const char *slash = strrchr(relpath, '/');
-	e->name = slash ? (uint16_t)(slash - relpath + 1) : 0;
 	struct hcache_key k;
 	hcache_key_of(sb, &k);
-	if (k.mtime >= st->stamp || k.ctime >= st->stamp)
-		e->flags |= F_RACY;
-	/* the file's layout: path, NUL, the flags byte (written by the save), identity */
-	char *d = st->paths + st->pused;
-	memcpy(d, relpath, pl + 1);
-	d[pl + 1] = 0;
-	scanstate_id_encode(sb, (uint8_t *)d + pl + 2);
-	st->pused += pl + 2 + SCANSTATE_ID_LEN;
+	uint8_t *d = st->rec + st->rused;
+	buf_store_be16(d, (uint16_t)pl);
+	memcpy(d + 2, relpath, pl);
+	d[2 + pl] = 0; /* so that a loaded state uses its paths where they are */
+	d[3 + pl] = k.mtime >= st->stamp || k.ctime >= st->stamp ? F_RACY : 0;
+	scanstate_id_encode(sb, d + 4 + pl);
+	st->last = st->rused;
+	st->rused += need;
 	st->n++;
 }
 
@@ -315,6 +340,21 @@ static int sink_flush(void *ud, struct buf *b)
 	return r;
 }
 
+/* p[0..n) through the sink, a piece at a time. */
+static int put_pieces(struct buf *out, struct sink *k, const uint8_t *p, size_t n)
+{
+	int r;
+
+	do {
+		size_t m = n < MANIFEST_FLUSH_AT ? n : MANIFEST_FLUSH_AT;
+		if ((r = buf_put(out, p, m)) < 0 || (r = sink_flush(k, out)) < 0)
+			return r;
+		p += m;
+		n -= m;
+	} while (n > 0);
+	return 0;
+}
+
 static int encode(struct scanstate *st, const struct manifest *m, const uint8_t fp[SCANSTATE_FP_LEN], const void *extra,
 		  size_t extra_len, struct buf *out, struct sink *k)
 {
@@ -335,23 +375,26 @@ static int encode(struct scanstate *st, const struct manifest *m, const uint8_t 
 	assert(k->written + buf_len(out) - at == mlen);
 	if ((r = buf_put_bytes(out, extra, extra_len)) < 0 || (r = buf_put_u32(out, (uint32_t)st->n)) < 0)
 		return r;
-	for (size_t i = 0; i < st->n; i++) {
-		const struct ent *e = &st->e[i];
-		const char *p = ent_path(st, i);
-		size_t pl = strlen(p);
+	/* the records as they are: the loaded file's, or the spilled ones
+	 * then those held */
+	if (st->file)
+		return put_pieces(out, k, st->recs, st->recs_len);
+	for (uint64_t got_at = 0; got_at < st->spilled;) {
+		size_t want = st->spilled - got_at < MANIFEST_FLUSH_AT ? (size_t)(st->spilled - got_at) : MANIFEST_FLUSH_AT;
 		uint8_t *d;
-		if (buf_len(out) >= MANIFEST_FLUSH_AT && (r = sink_flush(k, out)) < 0)
+		if ((r = buf_reserve(out, want, &d)) < 0)
 			return r;
-		if ((r = buf_reserve(out, 2 + pl + 2 + SCANSTATE_ID_LEN, &d)) < 0)
+		ssize_t got = pread(st->spill_fd, d, want, (off_t)got_at);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got <= 0)
+			return got < 0 ? -errno : -EIO;
+		buf_commit(out, (size_t)got);
+		got_at += (uint64_t)got;
+		if ((r = sink_flush(k, out)) < 0)
 			return r;
-		buf_store_be16(d, (uint16_t)pl);
-		memcpy(d + 2, p, pl);
-		d[2 + pl] = 0; /* so that a loaded state uses its paths where they are */
-		d[3 + pl] = e->flags;
-		memcpy(d + 4 + pl, ent_id(st, i), SCANSTATE_ID_LEN);
-		buf_commit(out, 2 + pl + 2 + SCANSTATE_ID_LEN);
 	}
-	return sink_flush(k, out);
+	return put_pieces(out, k, st->rec, st->rused);
 }
 
 int scanstate_save(struct scanstate *st, int dirfd, const char *name, const struct manifest *m,
@@ -483,7 +526,8 @@ static int parse(struct scanstate *st, const uint8_t fp[SCANSTATE_FP_LEN])
 		return -EBADMSG;
 	if (count && !(st->e = mem_calloc(count, sizeof(*st->e))))
 		return -ENOMEM;
-	st->cap = count;
+	st->recs = buf_ptr(&in);
+	st->recs_len = buf_len(&in);
 	for (uint32_t i = 0; i < count; i++) {
 		uint16_t pl;
 		if (buf_get_u16(&in, &pl) < 0 || pl == 0 || pl > MANIFEST_PATH_MAX ||

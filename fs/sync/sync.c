@@ -1786,6 +1786,7 @@ static int full_scan(struct sync *s, char *why, size_t whylen)
 	if (s->state_fd >= 0 && scanstate_new(&s->sstate) == 0) {
 		s->sstate_new = true;
 		scanstate_begin(s->sstate, s->cfg.dirfd);
+		(void)scanstate_spill(s->sstate, s->state_fd); /* else held until the save */
 		o.seen = scanstate_seen;
 		o.seen_ud = s->sstate;
 		for (size_t i = 0; i < N_RULE_FILES; i++)
