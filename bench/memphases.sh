@@ -11,7 +11,9 @@
 # VmHWM (/proc/PID/status) of each up's daemon and of the one agent. WORK is edited (the rename
 # toggles back on the next run). HTPHASE 1, 2 or 3 attaches heaptrack (-p) to that up's daemon
 # and writes HTOUT.zst (`heaptrack_print -f HTOUT.zst --print-peaks 1`); it attaches after the
-# daemon starts, so a very short up is missed.
+# daemon starts, so a very short up is missed. The 1M tree of bench/scale.sh has neither directory
+# the edits use: they are added to WORK first (gen/m00/p000 with 20 small files, gen/m01/p001 with
+# one), as in doc/BENCH.md "Memory at 1M files".
 #
 # usage: bench/memphases.sh BUILD WORK [HTPHASE HTOUT]     (root + /dev/fuse)
 set -euo pipefail
@@ -23,6 +25,11 @@ cleanup() { [ -n "$W" ] && "$AIRLOCK" down "$W" >/dev/null 2>&1 || true; [ -n "$
 trap cleanup EXIT
 export XDG_STATE_HOME=$T/state XDG_DATA_HOME=$T/data
 W=$W0
+if [ ! -d "$W/gen/m00/p000" ]; then
+  mkdir -p "$W/gen/m00/p000"
+  for i in $(seq -w 0 19); do echo "int x$i;" >"$W/gen/m00/p000/s$i.c"; done
+fi
+if [ ! -d "$W/gen/m01/p001" ] && [ ! -d "$W/gen/m01/p001x" ]; then mkdir -p "$W/gen/m01/p001"; echo y >"$W/gen/m01/p001/t.c"; fi
 G=$(mktemp -d /dev/shm/memphases-guest.XXXXXX)
 "$AIRLOCK" keygen -o "$T/hk" >"$T/hk.pub"; "$AIRLOCK" keygen -o "$T/gk" >"$T/gk.pub"
 "$B/airlock-agent" --listen "unix:$T/a.sock" --root "$G" --key "$T/gk" --allow "$(cat "$T/hk.pub")" --state "$T/agent-state" --fsync none >"$T/agent.out" 2>&1 &
