@@ -266,8 +266,8 @@ void scanstate_seen(const char *relpath, const struct stat *sb, enum manifest_se
 	if (kind == MANIFEST_SEEN_WALK) {
 		/* right after the directory's own STAT: its record is the last
 		 * one, still held (spilling happens before a record is added) */
-		uint8_t *d = st->rec + st->last;
-		if (!st->n || buf_load_be16(d) != pl || memcmp(d + 2, relpath, pl) != 0)
+		uint8_t *d = st->n ? st->rec + st->last : NULL;
+		if (!d || buf_load_be16(d) != pl || memcmp(d + 2, relpath, pl) != 0)
 			st->distrusted = true;
 		else
 			d[3 + pl] |= F_WALKED;
