@@ -316,6 +316,8 @@ static void digest_range(const struct manifest *m, size_t first, size_t last, ui
 	chunk_hasher_final(&h, out);
 }
 
+#define SEAL_TRIM_MIN (256u << 10) /* bytes of unused entries worth giving back */
+
 /* manifest_seal; with `want_root`, every directory's hash as it was
  * given and the root must equal the digests computed: -EBADMSG if not
  * (checked in place: a decoder keeps no copy of the hashes sent). */
@@ -359,8 +361,9 @@ static int seal(struct manifest *m, const uint8_t *want_root)
 	}
 	/* A grown array is up to half empty (capacity doubles): give the
 	 * rest back once the manifest is whole (a large block is mremapped,
-	 * not copied). Adding to it later doubles it again. */
-	if (m->cap - m->n > m->n / 8 && m->n > 0) {
+	 * not copied). Adding to it later doubles it again. Small slack is
+	 * kept: the small manifests of a push are sealed and grown often. */
+	if (m->n > 0 && m->cap - m->n > m->n / 8 && (m->cap - m->n) * sizeof(*m->e) >= SEAL_TRIM_MIN) {
 		struct manifest_entry *ne = mem_realloc(m->e, m->n * sizeof(*ne));
 		if (ne) {
 			m->e = ne;
