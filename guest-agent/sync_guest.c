@@ -519,6 +519,7 @@ static int full_scan(struct syncg *g, struct syncg_session *ss)
 		o.cache = g->cache;
 	if (scanstate_new(&st) == 0) {
 		scanstate_begin(st, apply_rootfd(g->apply));
+		(void)scanstate_spill(st, g->state_fd); /* else held until the save */
 		o.seen = scanstate_seen;
 		o.seen_ud = st;
 		o.skipped = scan_skipped;

@@ -180,6 +180,8 @@ static int reserve_entries(struct manifest *m, size_t more)
 {
 	if (m->cap - m->n >= more)
 		return 0;
+	if (more > UINT32_MAX - m->n)
+		return -E2BIG; /* end[] holds indexes as u32 */
 	size_t ncap = m->cap ? m->cap : 64;
 	while (ncap - m->n < more) {
 		if (ncap > SIZE_MAX / 2 / sizeof(struct manifest_entry))
@@ -314,12 +316,17 @@ static void digest_range(const struct manifest *m, size_t first, size_t last, ui
 	chunk_hasher_final(&h, out);
 }
 
-int manifest_seal(struct manifest *m)
+#define SEAL_TRIM_MIN (256u << 10) /* bytes of unused entries worth giving back */
+
+/* manifest_seal; with `want_root`, every directory's hash as it was
+ * given and the root must equal the digests computed: -EBADMSG if not
+ * (checked in place: a decoder keeps no copy of the hashes sent). */
+static int seal(struct manifest *m, const uint8_t *want_root)
 {
 	size_t *stack = NULL, sp = 0;
 	int r = 0;
 
-	if (m->sealed)
+	if (m->sealed && !want_root)
 		return 0;
 	/* The scanner adds in tree order already: one pass tells, and a
 	 * strictly increasing list has no duplicates either. */
@@ -352,7 +359,18 @@ int manifest_seal(struct manifest *m)
 			if (manifest_path_cmp(m->e[i - 1].path, m->e[i].path) == 0)
 				return -EEXIST;
 	}
-	size_t *end = mem_realloc(m->end, (m->n ? m->n : 1) * sizeof(size_t));
+	/* A grown array is up to half empty (capacity doubles): give the
+	 * rest back once the manifest is whole (a large block is mremapped,
+	 * not copied). Adding to it later doubles it again. Small slack is
+	 * kept: the small manifests of a push are sealed and grown often. */
+	if (m->n > 0 && m->cap - m->n > m->n / 8 && (m->cap - m->n) * sizeof(*m->e) >= SEAL_TRIM_MIN) {
+		struct manifest_entry *ne = mem_realloc(m->e, m->n * sizeof(*ne));
+		if (ne) {
+			m->e = ne;
+			m->cap = m->n;
+		}
+	}
+	uint32_t *end = mem_realloc(m->end, (m->n ? m->n : 1) * sizeof(*end));
 	if (!end)
 		return -ENOMEM;
 	m->end = end;
@@ -371,7 +389,7 @@ int manifest_seal(struct manifest *m)
 			size_t tl = strlen(t);
 			if (tl < strlen(p) && memcmp(t, p, tl) == 0 && p[tl] == '/')
 				break;
-			end[stack[--sp]] = i;
+			end[stack[--sp]] = (uint32_t)i;
 		}
 		if (pl > 0 && (sp == 0 || strlen(m->e[stack[sp - 1]].path) != pl)) {
 			r = -ENOENT;
@@ -380,18 +398,33 @@ int manifest_seal(struct manifest *m)
 		if (m->e[i].type == MANIFEST_DIR)
 			stack[sp++] = i;
 		else
-			end[i] = i + 1;
+			end[i] = (uint32_t)(i + 1);
 	}
 	while (sp > 0)
-		end[stack[--sp]] = m->n;
-	for (size_t i = m->n; i-- > 0;)
-		if (m->e[i].type == MANIFEST_DIR)
-			digest_range(m, i + 1, end[i], m->e[i].hash);
+		end[stack[--sp]] = (uint32_t)m->n;
+	/* bottom up: a directory's digest reads its children's hashes, which
+	 * are final by then */
+	for (size_t i = m->n; i-- > 0;) {
+		if (m->e[i].type != MANIFEST_DIR)
+			continue;
+		uint8_t h[CHUNK_HASH_LEN];
+		digest_range(m, i + 1, end[i], h);
+		if (want_root && memcmp(h, m->e[i].hash, CHUNK_HASH_LEN) != 0)
+			r = -EBADMSG;
+		memcpy(m->e[i].hash, h, CHUNK_HASH_LEN);
+	}
 	digest_range(m, 0, m->n, m->root);
-	m->sealed = true;
+	if (want_root && memcmp(want_root, m->root, CHUNK_HASH_LEN) != 0)
+		r = -EBADMSG;
+	m->sealed = r == 0;
 out:
 	mem_free(stack);
 	return r;
+}
+
+int manifest_seal(struct manifest *m)
+{
+	return seal(m, NULL);
 }
 
 /* ---- editing a sealed manifest in place ---- */
@@ -516,7 +549,7 @@ int manifest_swap_subtree(struct manifest *m, const char *anchor, struct manifes
 	if (k > nold && (r = reserve_entries(m, k - nold)) < 0)
 		goto out;
 	if (newn > m->endcap) {
-		size_t *ne = mem_realloc(m->end, newn * sizeof(size_t));
+		uint32_t *ne = mem_realloc(m->end, newn * sizeof(*ne));
 		if (!ne) {
 			r = -ENOMEM;
 			goto out;
@@ -532,16 +565,16 @@ int manifest_swap_subtree(struct manifest *m, const char *anchor, struct manifes
 		memcpy(old, m->e + lo, nold * sizeof(*old));
 	if (k != nold) {
 		memmove(m->e + lo + k, m->e + hi, (m->n - hi) * sizeof(*m->e));
-		memmove(m->end + lo + k, m->end + hi, (m->n - hi) * sizeof(size_t));
+		memmove(m->end + lo + k, m->end + hi, (m->n - hi) * sizeof(*m->end));
 		for (size_t i = lo + k; i < newn; i++)
-			m->end[i] = m->end[i] - nold + k;
+			m->end[i] = (uint32_t)(m->end[i] - nold + k);
 		for (size_t i = 0; i < na; i++)
-			m->end[anc[i]] = m->end[anc[i]] - nold + k;
+			m->end[anc[i]] = (uint32_t)(m->end[anc[i]] - nold + k);
 	}
 	if (k)
 		memcpy(m->e + lo, sub->e, k * sizeof(*m->e));
 	for (size_t j = 0; j < k; j++)
-		m->end[lo + j] = lo + lend[j];
+		m->end[lo + j] = (uint32_t)(lo + lend[j]);
 	m->n = newn;
 	mem_free(sub->e);
 	sub->e = old;
@@ -612,7 +645,7 @@ int manifest_entry_decode(struct buf *src, const struct chunk_params *p, struct 
 	buf_view(in, buf_ptr(src), buf_len(src));
 	const uint8_t *s;
 	size_t sl;
-	uint32_t nch;
+	uint32_t nch, mode;
 	int r;
 
 	memset(e, 0, sizeof(*e));
@@ -624,9 +657,12 @@ int manifest_entry_decode(struct buf *src, const struct chunk_params *p, struct 
 		r = -ENOMEM;
 		goto fail;
 	}
-	if ((r = buf_get_u8(in, &e->type)) < 0 || (r = buf_get_u32(in, &e->mode)) < 0 ||
+	if ((r = buf_get_u8(in, &e->type)) < 0 || (r = buf_get_u32(in, &mode)) < 0 ||
 	    (r = buf_get_u64(in, &e->size)) < 0 || (r = buf_get(in, e->hash, CHUNK_HASH_LEN)) < 0)
 		goto bad;
+	if (mode > MANIFEST_MODE_MASK)
+		goto bad;
+	e->mode = (uint16_t)mode;
 	if (e->type == MANIFEST_SYMLINK) {
 		if ((r = buf_get_bytes(in, &s, &sl, MANIFEST_TARGET_MAX)) < 0)
 			goto bad;
@@ -775,27 +811,12 @@ int manifest_decode(const uint8_t *p, size_t n, size_t max_entries, struct manif
 		r = -EBADMSG;
 		goto fail;
 	}
-	/* Directory hashes as sent, to check against the recomputed ones. */
-	uint8_t(*sent)[CHUNK_HASH_LEN] = mem_calloc(m->n ? m->n : 1, CHUNK_HASH_LEN);
-	if (!sent) {
-		r = -ENOMEM;
-		goto fail;
-	}
-	for (size_t i = 0; i < m->n; i++)
-		memcpy(sent[i], m->e[i].hash, CHUNK_HASH_LEN);
-	r = manifest_seal(m);
-	if (r == 0) {
-		for (size_t i = 0; i < m->n && r == 0; i++)
-			if (memcmp(sent[i], m->e[i].hash, CHUNK_HASH_LEN) != 0)
-				r = -EBADMSG;
-		if (r == 0 && memcmp(root, m->root, CHUNK_HASH_LEN) != 0)
+	/* Directory hashes as sent are checked against the recomputed ones. */
+	if ((r = seal(m, root)) < 0) {
+		if (r != -ENOMEM)
 			r = -EBADMSG;
-	} else if (r != -ENOMEM) {
-		r = -EBADMSG;
-	}
-	mem_free(sent);
-	if (r < 0)
 		goto fail;
+	}
 	*out = m;
 	return 0;
 fail:
@@ -944,10 +965,14 @@ static int scan_file(struct scan *s, int dfd, const char *name, const struct sta
 		close(fd);
 		return 1;
 	}
-	e.mode = st.st_mode & MANIFEST_MODE_MASK;
+	e.mode = (uint16_t)(st.st_mode & MANIFEST_MODE_MASK);
 	e.size = (uint64_t)st.st_size;
 	if (s->chunking && e.size > s->chunking->whole_max) {
-		r = chunk_file(s->chunking, chunk_read_fd, &fd, e.size, NULL, NULL, &e.chunks, &e.nchunks, e.hash);
+		size_t nch = 0;
+		r = chunk_file(s->chunking, chunk_read_fd, &fd, e.size, NULL, NULL, &e.chunks, &nch, e.hash);
+		if (r == 0 && nch > UINT32_MAX)
+			r = -E2BIG;
+		e.nchunks = (uint32_t)nch;
 	} else {
 		struct chunk_hasher h;
 		uint64_t left = e.size, off = 0;
@@ -1202,6 +1227,8 @@ int manifest_scan(int dirfd, const struct manifest_scan_opts *opts, struct manif
 	r = scan_dir(s, fd, 0);
 	if (r == 1)
 		r = -EIO; /* the root itself could not be read */
+	if (r == 0 && opts->seen)
+		opts->seen("", NULL, MANIFEST_SEEN_DONE, opts->seen_ud);
 	if (r == 0)
 		r = manifest_seal(s->m);
 	if (r == 0) {
@@ -1384,9 +1411,12 @@ int manifest_level_next(struct manifest_level_reader *lr, struct manifest_entry 
 	size_t pl = dl ? dl + 1 + nl : nl;
 	if (pl > MANIFEST_PATH_MAX)
 		return -EBADMSG;
-	if (buf_get_u8(&lr->in, &e->type) < 0 || buf_get_u32(&lr->in, &e->mode) < 0 ||
+	uint32_t mode;
+	if (buf_get_u8(&lr->in, &e->type) < 0 || buf_get_u32(&lr->in, &mode) < 0 ||
 	    buf_get_u64(&lr->in, &e->size) < 0 || buf_get(&lr->in, e->hash, CHUNK_HASH_LEN) < 0)
 		return -EBADMSG;
+	/* the caller checks the mode: one that does not fit stays invalid */
+	e->mode = mode > UINT16_MAX ? UINT16_MAX : (uint16_t)mode;
 	if (dl) {
 		memcpy(lr->path, lr->dir, dl);
 		lr->path[dl] = '/';

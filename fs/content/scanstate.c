@@ -35,29 +35,44 @@ enum {
 	F_ALL = 0x03,
 };
 
-/* One per name the scan saw: 64 bytes (it was 72: a size_t offset, a
- * u32 name offset), held for every file of the tree from the scan to the
- * save. Offsets fit: the paths and the loaded file are at most
- * SCANSTATE_FILE_MAX bytes, a path MANIFEST_PATH_MAX. */
+/* One per name of a loaded state: 16 bytes (it was 64 with the identity
+ * decoded in it; that stays encoded beside the path: ent_id), held from
+ * the load to the verification's end. A state being built keeps no
+ * entries: only its records (see struct scanstate). Offsets fit: the
+ * loaded file is at most SCANSTATE_FILE_MAX bytes, a path
+ * MANIFEST_PATH_MAX. */
 struct ent {
-	uint32_t path;	    /* offset of the NUL-terminated path in paths */
+	uint32_t path;	    /* offset of the NUL-terminated path in the file */
 	uint32_t kids;	    /* walked directories: first child in kids[] */
 	uint32_t nkids;	    /* and how many */
 	uint16_t name;	    /* offset of its last component within the path */
 	unsigned plen : 13; /* <= MANIFEST_PATH_MAX */
 	unsigned flags : 3; /* F_* */
-	struct hcache_key id;
 };
 _Static_assert(SCANSTATE_FILE_MAX <= UINT32_MAX && MANIFEST_PATH_MAX < (1u << 13) && F_ALL < (1u << 3),
 	       "struct ent's fields hold their values");
-_Static_assert(sizeof(struct ent) == 64, "struct ent stays 64 bytes");
+_Static_assert(sizeof(struct ent) == 16, "struct ent stays 16 bytes");
 
 struct scanstate {
-	/* entries in tree order; their NUL-terminated paths at base + e->path:
-	 * in paths when built, in the loaded file itself when loaded */
+	/* loaded: entries in tree order, their NUL-terminated paths at
+	 * file + e->path */
 	struct ent *e;
-	size_t n, cap;
-	struct buf paths;
+	size_t n; /* names: built or loaded */
+	/* built: each name's record as the file has it (be16 path length,
+	 * path, NUL, flags byte, encoded identity), in the order seen; grown
+	 * by mem_realloc (a large block is mremapped, not copied beside
+	 * itself) and trimmed to fit at the scan's end. With a spill file
+	 * (scanstate_spill), the records before the last one go to it once
+	 * SCANSTATE_SPILL_AT bytes are held: a whole tree's records (67 bytes
+	 * a name, 64 MB at 1M files) were held from the scan to the save,
+	 * which on the host is the end of the initial sync. */
+	uint8_t *rec;
+	size_t rused, rcap;
+	size_t last;	    /* the last record's offset in rec (n > 0) */
+	int spill_fd;	    /* -1: none */
+	uint64_t spilled;   /* bytes of records in it, before rec's */
+	const uint8_t *recs; /* loaded: the file's records, and their length */
+	size_t recs_len;
 	uint32_t *kids;		   /* children of each walked directory, in name order */
 	uint32_t root_kids, nroot; /* the root's range in kids */
 	int64_t stamp;
@@ -81,9 +96,23 @@ struct scanstate {
 	struct manifest *m; /* decoded by the thread (decode) */
 };
 
+/* Loaded states only (a built one has no entries). */
 static const char *ent_path(const struct scanstate *st, size_t i)
 {
-	return (st->file ? (const char *)st->file : (const char *)st->paths.data) + st->e[i].path;
+	return (const char *)st->file + st->e[i].path;
+}
+
+/* The name's encoded identity (SCANSTATE_ID_LEN bytes) is where the file
+ * has it, after the path's NUL and the flags byte. It is decoded when
+ * compared, not held decoded (48 bytes a name). */
+static const uint8_t *ent_id(const struct scanstate *st, size_t i)
+{
+	return (const uint8_t *)ent_path(st, i) + st->e[i].plen + 2;
+}
+
+static uint32_t ent_mode(const struct scanstate *st, size_t i)
+{
+	return buf_load_be32(ent_id(st, i) + 16);
 }
 
 void scanstate_id_encode(const struct stat *sb, uint8_t out[SCANSTATE_ID_LEN])
@@ -116,12 +145,20 @@ int scanstate_new(struct scanstate **out)
 	*out = st;
 	if (!st)
 		return -ENOMEM;
-	buf_init(&st->paths, SCANSTATE_FILE_MAX);
 	st->stamp = INT64_MIN;
+	st->spill_fd = -1;
 	return 0;
 }
 
 static int check_join(struct scanstate *st);
+
+static void spill_stop(struct scanstate *st)
+{
+	if (st->spill_fd >= 0)
+		close(st->spill_fd);
+	st->spill_fd = -1;
+	st->spilled = 0;
+}
 
 void scanstate_free(struct scanstate *st)
 {
@@ -132,7 +169,8 @@ void scanstate_free(struct scanstate *st)
 	sodium_memzero(st->key, sizeof(st->key));
 	mem_free(st->e);
 	mem_free(st->kids);
-	buf_clear(&st->paths);
+	mem_free(st->rec);
+	spill_stop(st);
 	mem_free(st->file);
 	mem_free(st);
 }
@@ -140,9 +178,22 @@ void scanstate_free(struct scanstate *st)
 void scanstate_begin(struct scanstate *st, int dirfd)
 {
 	st->n = 0;
-	buf_reset(&st->paths);
+	st->rused = 0;
+	spill_stop(st);
 	st->distrusted = false;
 	st->stamp = hcache_stamp(dirfd);
+}
+
+int scanstate_spill(struct scanstate *st, int dirfd)
+{
+	if (st->file)
+		return -EINVAL;
+	spill_stop(st);
+	int fd = openat(dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	st->spill_fd = fd;
+	return 0;
 }
 
 int64_t scanstate_stamp(const struct scanstate *st)
@@ -156,6 +207,51 @@ void scanstate_distrust(struct scanstate *st)
 		st->distrusted = true;
 }
 
+
+/* Room for n more bytes of records; -E2BIG when the file would pass
+ * SCANSTATE_FILE_MAX (its offsets are u32), -ENOMEM. */
+static int rec_reserve(struct scanstate *st, size_t n)
+{
+	if (n > SCANSTATE_FILE_MAX - st->spilled - st->rused)
+		return -E2BIG;
+	if (st->rcap - st->rused >= n)
+		return 0;
+	size_t nc = st->rcap ? st->rcap : 64u << 10;
+	while (nc - st->rused < n)
+		nc *= 2;
+	uint8_t *np = mem_realloc(st->rec, nc);
+	if (!np)
+		return -ENOMEM;
+	st->rec = np;
+	st->rcap = nc;
+	return 0;
+}
+
+/* The records held, all final (called before the next one is added), to
+ * the spill file. */
+static int spill(struct scanstate *st)
+{
+	int r = io_write_all(st->spill_fd, st->rec, st->rused);
+	if (r < 0)
+		return r;
+	st->spilled += st->rused;
+	st->rused = 0;
+	return 0;
+}
+
+/* The scan is over: give back what the doubling left unused of the
+ * records held until the save. A failed shrink keeps the block. */
+static void trim(struct scanstate *st)
+{
+	if (st->rused && st->rcap > st->rused) {
+		uint8_t *np = mem_realloc(st->rec, st->rused);
+		if (np) {
+			st->rec = np;
+			st->rcap = st->rused;
+		}
+	}
+}
+
 void scanstate_seen(const char *relpath, const struct stat *sb, enum manifest_seen kind, void *ud)
 {
 	struct scanstate *st = ud;
@@ -163,41 +259,39 @@ void scanstate_seen(const char *relpath, const struct stat *sb, enum manifest_se
 
 	if (st->distrusted)
 		return;
+	if (kind == MANIFEST_SEEN_DONE) {
+		trim(st);
+		return;
+	}
 	if (kind == MANIFEST_SEEN_WALK) {
-		/* right after the directory's own STAT */
-		if (!st->n || strcmp(ent_path(st, st->n - 1), relpath) != 0)
+		/* right after the directory's own STAT: its record is the last
+		 * one, still held (spilling happens before a record is added) */
+		uint8_t *d = st->n ? st->rec + st->last : NULL;
+		if (!d || buf_load_be16(d) != pl || memcmp(d + 2, relpath, pl) != 0)
 			st->distrusted = true;
 		else
-			st->e[st->n - 1].flags |= F_WALKED;
+			d[3 + pl] |= F_WALKED;
 		return;
 	}
 	if (st->n >= MANIFEST_ENTRIES_MAX || pl == 0 || pl > MANIFEST_PATH_MAX) {
 		st->distrusted = true;
 		return;
 	}
-	if (st->n == st->cap) {
-		size_t nc = st->cap ? st->cap * 2 : 1024;
-		struct ent *nv = mem_realloc(st->e, nc * sizeof(*nv));
-		if (!nv) {
-			st->distrusted = true;
-			return;
-		}
-		st->e = nv;
-		st->cap = nc;
-	}
-	struct ent *e = &st->e[st->n];
-	memset(e, 0, sizeof(*e));
-	e->path = (uint32_t)buf_len(&st->paths);
-	e->plen = pl & 0x1fffu; /* <= MANIFEST_PATH_MAX: checked above */
-	const char *slash = strrchr(relpath, '/');
-	e->name = slash ? (uint16_t)(slash - relpath + 1) : 0;
-	hcache_key_of(sb, &e->id);
-	if (e->id.mtime >= st->stamp || e->id.ctime >= st->stamp)
-		e->flags |= F_RACY;
-	if (buf_put(&st->paths, relpath, pl + 1) < 0) {
-		st->distrusted = true;
+	size_t need = 2 + pl + 2 + SCANSTATE_ID_LEN;
+	if ((st->spill_fd >= 0 && st->rused >= SCANSTATE_SPILL_AT && spill(st) < 0) || rec_reserve(st, need) < 0) {
+		st->distrusted = true; /* no state saved: the next up scans */
 		return;
 	}
+	struct hcache_key k;
+	hcache_key_of(sb, &k);
+	uint8_t *d = st->rec + st->rused;
+	buf_store_be16(d, (uint16_t)pl);
+	memcpy(d + 2, relpath, pl);
+	d[2 + pl] = 0; /* so that a loaded state uses its paths where they are */
+	d[3 + pl] = k.mtime >= st->stamp || k.ctime >= st->stamp ? F_RACY : 0;
+	scanstate_id_encode(sb, d + 4 + pl);
+	st->last = st->rused;
+	st->rused += need;
 	st->n++;
 }
 
@@ -232,6 +326,21 @@ static int sink_flush(void *ud, struct buf *b)
 	return r;
 }
 
+/* p[0..n) through the sink, a piece at a time. */
+static int put_pieces(struct buf *out, struct sink *k, const uint8_t *p, size_t n)
+{
+	int r;
+
+	do {
+		size_t m = n < MANIFEST_FLUSH_AT ? n : MANIFEST_FLUSH_AT;
+		if ((r = buf_put(out, p, m)) < 0 || (r = sink_flush(k, out)) < 0)
+			return r;
+		p += m;
+		n -= m;
+	} while (n > 0);
+	return 0;
+}
+
 static int encode(struct scanstate *st, const struct manifest *m, const uint8_t fp[SCANSTATE_FP_LEN], const void *extra,
 		  size_t extra_len, struct buf *out, struct sink *k)
 {
@@ -252,29 +361,26 @@ static int encode(struct scanstate *st, const struct manifest *m, const uint8_t 
 	assert(k->written + buf_len(out) - at == mlen);
 	if ((r = buf_put_bytes(out, extra, extra_len)) < 0 || (r = buf_put_u32(out, (uint32_t)st->n)) < 0)
 		return r;
-	for (size_t i = 0; i < st->n; i++) {
-		const struct ent *e = &st->e[i];
-		const char *p = ent_path(st, i);
-		size_t pl = strlen(p);
+	/* the records as they are: the loaded file's, or the spilled ones
+	 * then those held */
+	if (st->file)
+		return put_pieces(out, k, st->recs, st->recs_len);
+	for (uint64_t got_at = 0; got_at < st->spilled;) {
+		size_t want = st->spilled - got_at < MANIFEST_FLUSH_AT ? (size_t)(st->spilled - got_at) : MANIFEST_FLUSH_AT;
 		uint8_t *d;
-		if (buf_len(out) >= MANIFEST_FLUSH_AT && (r = sink_flush(k, out)) < 0)
+		if ((r = buf_reserve(out, want, &d)) < 0)
 			return r;
-		if ((r = buf_reserve(out, 2 + pl + 2 + SCANSTATE_ID_LEN, &d)) < 0)
+		ssize_t got = pread(st->spill_fd, d, want, (off_t)got_at);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got <= 0)
+			return got < 0 ? -errno : -EIO;
+		buf_commit(out, (size_t)got);
+		got_at += (uint64_t)got;
+		if ((r = sink_flush(k, out)) < 0)
 			return r;
-		buf_store_be16(d, (uint16_t)pl);
-		memcpy(d + 2, p, pl);
-		d[2 + pl] = 0; /* so that a loaded state uses its paths where they are */
-		d[3 + pl] = e->flags;
-		d += 4 + pl;
-		buf_store_be64(d, e->id.dev);
-		buf_store_be64(d + 8, e->id.ino);
-		buf_store_be32(d + 16, e->id.mode);
-		buf_store_be64(d + 20, e->id.size);
-		buf_store_be64(d + 28, (uint64_t)e->id.mtime);
-		buf_store_be64(d + 36, (uint64_t)e->id.ctime);
-		buf_commit(out, 2 + pl + 2 + SCANSTATE_ID_LEN);
 	}
-	return sink_flush(k, out);
+	return put_pieces(out, k, st->rec, st->rused);
 }
 
 int scanstate_save(struct scanstate *st, int dirfd, const char *name, const struct manifest *m,
@@ -348,7 +454,7 @@ static int link_tree(struct scanstate *st)
 		parent[i] = depth ? stack[depth - 1] : (uint32_t)st->n; /* n = the root */
 		count[parent[i]]++;
 		if (st->e[i].flags & F_WALKED) {
-			if (!S_ISDIR(st->e[i].id.mode))
+			if (!S_ISDIR(ent_mode(st, i)))
 				goto out;
 			stack[depth++] = (uint32_t)i;
 		}
@@ -406,7 +512,8 @@ static int parse(struct scanstate *st, const uint8_t fp[SCANSTATE_FP_LEN])
 		return -EBADMSG;
 	if (count && !(st->e = mem_calloc(count, sizeof(*st->e))))
 		return -ENOMEM;
-	st->cap = count;
+	st->recs = buf_ptr(&in);
+	st->recs_len = buf_len(&in);
 	for (uint32_t i = 0; i < count; i++) {
 		uint16_t pl;
 		if (buf_get_u16(&in, &pl) < 0 || pl == 0 || pl > MANIFEST_PATH_MAX ||
@@ -426,7 +533,6 @@ static int parse(struct scanstate *st, const uint8_t fp[SCANSTATE_FP_LEN])
 		if (fl & ~F_ALL)
 			return -EBADMSG;
 		e->flags = fl & F_ALL;
-		id_decode(buf_ptr(&in), &e->id);
 		buf_consume(&in, SCANSTATE_ID_LEN);
 		st->n++;
 	}
@@ -632,7 +738,7 @@ static bool check_name(struct verify *v, uint32_t d, int fd, uint32_t k, const c
 	struct scanstate *st = v->st;
 	const struct ent *e = &st->e[k];
 	struct stat sb;
-	struct hcache_key now;
+	struct hcache_key now, was;
 
 	if (fstatat(fd, name, &sb, AT_SYMLINK_NOFOLLOW) < 0) {
 		differ(v, d, name);
@@ -640,9 +746,10 @@ static bool check_name(struct verify *v, uint32_t d, int fd, uint32_t k, const c
 	}
 	atomic_fetch_add_explicit(&v->names, 1, memory_order_relaxed);
 	hcache_key_of(&sb, &now);
-	bool same = S_ISDIR(e->id.mode) && !(e->flags & F_WALKED)
-			? (now.mode & S_IFMT) == (e->id.mode & S_IFMT) /* skipped: its type only */
-			: !(e->flags & F_RACY) && hcache_key_eq(&now, &e->id);
+	id_decode(ent_id(st, k), &was);
+	bool same = S_ISDIR(was.mode) && !(e->flags & F_WALKED)
+			? (now.mode & S_IFMT) == (was.mode & S_IFMT) /* skipped: its type only */
+			: !(e->flags & F_RACY) && hcache_key_eq(&now, &was);
 	if (!same) {
 		differ(v, d, name);
 		return false;

@@ -1805,6 +1805,7 @@ static int full_scan(struct sync *s, char *why, size_t whylen)
 	if (s->state_fd >= 0 && scanstate_new(&s->sstate) == 0) {
 		s->sstate_new = true;
 		scanstate_begin(s->sstate, s->cfg.dirfd);
+		(void)scanstate_spill(s->sstate, s->state_fd); /* else held until the save */
 		o.seen = scanstate_seen;
 		o.seen_ud = s->sstate;
 		for (size_t i = 0; i < N_RULE_FILES; i++)
@@ -3546,8 +3547,12 @@ static int push_ranged(struct sync *s, int fd, const struct stat *st, const char
 		}
 		if (off > end)
 			off = end;
-		r = chunk_update(&s->params, o->chunks, o->nchunks, off, end, nsz, chunk_read_fd, &fd, &e->chunks,
-				 &e->nchunks, &reread);
+		size_t nch = 0;
+		r = chunk_update(&s->params, o->chunks, o->nchunks, off, end, nsz, chunk_read_fd, &fd, &e->chunks, &nch,
+				 &reread);
+		if (r == 0 && nch > UINT32_MAX)
+			r = -E2BIG; /* an entry's chunk count is a u32 */
+		e->nchunks = (uint32_t)nch;
 		if (r == -EINVAL)
 			return 1;
 		if (r < 0)
@@ -3571,9 +3576,12 @@ static int push_hash_file(struct sync *s, int fd, const struct stat *st, struct 
 	e->size = (uint64_t)st->st_size;
 	s->push.hashed++;
 	s->push.hashed_bytes += e->size;
-	if (e->size > s->params.whole_max)
-		return chunk_file(&s->params, chunk_read_fd, &fd, e->size, NULL, NULL, &e->chunks, &e->nchunks,
-				  e->hash);
+	if (e->size > s->params.whole_max) {
+		size_t nch = 0;
+		r = chunk_file(&s->params, chunk_read_fd, &fd, e->size, NULL, NULL, &e->chunks, &nch, e->hash);
+		e->nchunks = (uint32_t)nch;
+		return r == 0 && nch > UINT32_MAX ? -E2BIG : r; /* an entry's chunk count is a u32 */
+	}
 	struct chunk_hasher h;
 	uint64_t off = 0;
 	chunk_hasher_init(&h);

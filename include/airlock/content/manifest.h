@@ -50,17 +50,21 @@ enum manifest_type {
 	MANIFEST_SYMLINK = 3,
 };
 
+/* 56 bytes: one per file of the tree in every manifest held (doc/SYNC.md
+ * §12). mode and nchunks are as narrow as what they hold: a mode read
+ * from bytes is range-checked before it is stored here, and a chunk
+ * count is a u32 in every encoding (manifest, hash cache, batch). */
 struct manifest_entry {
 	char *path;    /* owned */
-	uint8_t type;  /* enum manifest_type */
-	uint32_t mode; /* permission bits (<= 0777); 0 for symlinks */
 	uint64_t size; /* file: bytes; symlink: target length; dir: 0 */
 	/* file: XXH3-128 of the content; symlink: of the target bytes;
 	 * dir: digest of the children (computed by the manifest). */
 	uint8_t hash[CHUNK_HASH_LEN];
 	char *target;	      /* symlink target as stored, or NULL when only its size/hash are known */
 	struct chunk *chunks; /* file: chunk list when known and size > whole_max, else NULL */
-	size_t nchunks;
+	uint32_t nchunks;
+	uint16_t mode; /* permission bits (<= 0777); 0 for symlinks */
+	uint8_t type;  /* enum manifest_type */
 };
 
 /* Free what an entry owns and zero it. */
@@ -73,7 +77,8 @@ struct manifest {
 	uint8_t root[CHUNK_HASH_LEN]; /* digest of the top level, once sealed */
 	/* private */
 	size_t cap;
-	size_t *end; /* dirs: index one past the subtree; others: i + 1 */
+	/* dirs: index one past the subtree; others: i + 1 (n <= UINT32_MAX) */
+	uint32_t *end;
 	size_t endcap;
 	bool sealed;
 };
@@ -208,6 +213,7 @@ struct hcache;
 enum manifest_seen {
 	MANIFEST_SEEN_STAT = 1, /* st: the name's lstat, taken before any verdict or read */
 	MANIFEST_SEEN_WALK = 2, /* a directory whose names are read next (its children follow) */
+	MANIFEST_SEEN_DONE = 3, /* the scan read everything (relpath "", st NULL): the last call */
 };
 typedef void (*manifest_seen_fn)(const char *relpath, const struct stat *st, enum manifest_seen kind, void *ud);
 

@@ -73,8 +73,18 @@ int scanstate_new(struct scanstate **out);
 void scanstate_free(struct scanstate *st);
 
 /* Take the racy stamp for a scan of the tree at dirfd; forgets what an
- * earlier scan fed. */
+ * earlier scan fed (and stops a spill: scanstate_spill comes after). */
 void scanstate_begin(struct scanstate *st, int dirfd);
+
+/* Hold at most about SCANSTATE_SPILL_AT bytes of the names recorded: the
+ * rest go to an unnamed temporary file (O_TMPFILE) in dirfd (the state's
+ * directory) as the scan records them, and scanstate_save reads them back.
+ * Without it a state holds all of them (67 bytes a name and its path)
+ * until the save. 0 or -errno (the state then holds them all); a failed
+ * write later distrusts the state (nothing saved: the next up scans). For
+ * a state being built, after scanstate_begin. */
+#define SCANSTATE_SPILL_AT (256u << 10)
+int scanstate_spill(struct scanstate *st, int dirfd);
 
 /* The stamp scanstate_begin took (ns on the filesystem's clock): an
  * identity with an mtime or ctime not older than it is racy. */

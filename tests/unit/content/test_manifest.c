@@ -242,6 +242,88 @@ static void test_manifest_decode_rejects(void **state)
 	}
 }
 
+/* A mode is 16 bits in an entry: a wider one from bytes must stay
+ * refused, never be cut down to a valid one (0x101a4 -> 0644). */
+static void test_wide_mode(void **state)
+{
+	(void)state;
+	struct manifest_entry f = ent("f", MANIFEST_FILE, 0644, 1, 1, NULL), d;
+	struct buf b, in;
+	_Static_assert(sizeof(struct manifest_entry) == 56, "an entry is 56 bytes");
+
+	buf_init(&b, 1024);
+	assert_int_equal(manifest_entry_encode(&f, &b), 0);
+	buf_view(&in, buf_ptr(&b), buf_len(&b));
+	assert_int_equal(manifest_entry_decode(&in, &small, &d), 0);
+	assert_int_equal(d.mode, 0644);
+	manifest_entry_clear(&d);
+	/* u32 path length, "f", u8 type, then the u32 mode */
+	uint8_t *p = (uint8_t *)buf_ptr(&b);
+	assert_int_equal(p[4 + 1 + 1 + 2], 0x01);
+	p[4 + 1 + 1 + 1] = 0x01;
+	buf_view(&in, buf_ptr(&b), buf_len(&b));
+	assert_int_equal(manifest_entry_decode(&in, &small, &d), -EBADMSG);
+	assert_null(d.path);
+	buf_clear(&b);
+
+	/* a level's record: read, with a mode no check accepts */
+	struct manifest_level_reader lr;
+	uint8_t hash[CHUNK_HASH_LEN] = {0};
+	buf_init(&b, 1024);
+	assert_int_equal(buf_put_u32(&b, 1), 0);
+	assert_int_equal(buf_put_str(&b, "x"), 0);
+	assert_int_equal(buf_put_u8(&b, MANIFEST_FILE), 0);
+	assert_int_equal(buf_put_u32(&b, 0x101a4), 0);
+	assert_int_equal(buf_put_u64(&b, 0), 0);
+	assert_int_equal(buf_put(&b, hash, sizeof(hash)), 0);
+	assert_int_equal(manifest_level_open(&lr, "", buf_ptr(&b), buf_len(&b)), 0);
+	assert_int_equal(manifest_level_next(&lr, &d), 1);
+	assert_true(d.mode & ~MANIFEST_MODE_MASK);
+	buf_clear(&b);
+}
+
+/* Sealing gives back what the doubling left unused, and the manifest
+ * grows again after it (checked against one built whole). */
+static void test_seal_trims(void **state)
+{
+	(void)state;
+	struct manifest *m, *whole;
+	char path[32];
+
+	assert_int_equal(manifest_new(NULL, &m), 0);
+	assert_int_equal(manifest_new(NULL, &whole), 0);
+	/* a small one keeps its slack */
+	for (int i = 0; i < 100; i++) {
+		snprintf(path, sizeof(path), "f%05d", i);
+		struct manifest_entry e = ent(path, MANIFEST_FILE, 0644, 1, (uint8_t)i, NULL);
+		assert_int_equal(manifest_add(m, &e), 0);
+		assert_int_equal(manifest_add(whole, &e), 0);
+	}
+	assert_int_equal(manifest_seal(m), 0);
+	assert_int_equal(m->cap, 128);
+	for (int i = 100; i < 10000; i++) {
+		snprintf(path, sizeof(path), "f%05d", i);
+		struct manifest_entry e = ent(path, MANIFEST_FILE, 0644, 1, (uint8_t)i, NULL);
+		assert_int_equal(manifest_add(m, &e), 0);
+		assert_int_equal(manifest_add(whole, &e), 0);
+	}
+	assert_int_equal(m->cap, 16384);
+	assert_int_equal(manifest_seal(m), 0);
+	assert_int_equal(m->cap, m->n);
+	for (int i = 10000; i < 10100; i++) {
+		snprintf(path, sizeof(path), "f%05d", i);
+		struct manifest_entry e = ent(path, MANIFEST_FILE, 0600, 2, (uint8_t)i, NULL);
+		assert_int_equal(manifest_add(m, &e), 0);
+		assert_int_equal(manifest_add(whole, &e), 0);
+	}
+	assert_int_equal(manifest_seal(m), 0);
+	assert_int_equal(manifest_seal(whole), 0);
+	assert_int_equal(m->n, 10100);
+	assert_memory_equal(m->root, whole->root, CHUNK_HASH_LEN);
+	manifest_free(m);
+	manifest_free(whole);
+}
+
 static void test_manifest_add_rejects(void **state)
 {
 	(void)state;
@@ -308,6 +390,26 @@ static int make_tree(void)
 	return d;
 }
 
+struct seen {
+	size_t stats, done;
+	bool after_done;
+};
+
+static void on_seen(const char *relpath, const struct stat *st, enum manifest_seen kind, void *ud)
+{
+	struct seen *sn = ud;
+	if (sn->done)
+		sn->after_done = true;
+	if (kind == MANIFEST_SEEN_DONE) {
+		assert_string_equal(relpath, "");
+		assert_null(st);
+		sn->done++;
+	} else if (kind == MANIFEST_SEEN_STAT) {
+		assert_non_null(st);
+		sn->stats++;
+	}
+}
+
 static void test_scan(void **state)
 {
 	(void)state;
@@ -332,9 +434,15 @@ static void test_scan(void **state)
 	assert_int_equal(bind(sock, (struct sockaddr *)&sa, sizeof(sa)), 0);
 
 	struct skips sk_ = {0};
-	struct manifest_scan_opts o = {.skipped = on_skip, .skipped_ud = &sk_, .chunking = &small};
+	struct seen sn = {0};
+	struct manifest_scan_opts o = {
+	    .skipped = on_skip, .skipped_ud = &sk_, .chunking = &small, .seen = on_seen, .seen_ud = &sn};
 	struct manifest *m;
 	assert_int_equal(manifest_scan(d, &o, &m), 0);
+	/* told every name, then once that the scan is over, last */
+	assert_true(sn.stats >= 10);
+	assert_int_equal(sn.done, 1);
+	assert_false(sn.after_done);
 	static const struct {
 		const char *path;
 		uint8_t type;
@@ -1198,6 +1306,7 @@ int main(void)
 	    cmocka_unit_test(test_recon_rejects),	 cmocka_unit_test(test_alloc_failures),
 	    cmocka_unit_test(test_swap_subtree_random),	 cmocka_unit_test(test_swap_subtree_empty),
 	    cmocka_unit_test(test_remove_readd_random),	 cmocka_unit_test(test_encode_stream),
+	    cmocka_unit_test(test_wide_mode),		 cmocka_unit_test(test_seal_trims),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -131,14 +131,10 @@ static int check(struct env *e, char *first, size_t firstlen)
 	return r;
 }
 
-/* The save is streamed: a state of several MB is written without any
- * allocation near its size (it was built whole in one buffer), and loads
- * and verifies as before. */
-static void test_save_streamed(void **state)
+/* 12000 empty files with long names: a state of more than 2 MB. */
+static void make_many(struct env *e)
 {
-	struct env *e = *state;
 	char name[128];
-	struct stat sb;
 
 	assert_int_equal(mkdirat(e->dfd, "many", 0755), 0);
 	for (int i = 0; i < 12000; i++) {
@@ -147,10 +143,93 @@ static void test_save_streamed(void **state)
 		assert_true(fd >= 0);
 		close(fd);
 	}
+}
+
+/* The save is streamed: a state of several MB is written without any
+ * allocation near its size (it was built whole in one buffer), and loads
+ * and verifies as before. */
+static void test_save_streamed(void **state)
+{
+	struct env *e = *state;
+	struct stat sb;
+
+	make_many(e);
 	size_t largest = scan_save(e, "x");
 	assert_int_equal(fstatat(e->sfd, SCANSTATE_FILE, &sb, 0), 0);
 	assert_true(sb.st_size > 2 * 1024 * 1024);
 	assert_true(largest <= 2 * MANIFEST_FLUSH_AT); /* a piece, grown once past the mark */
+	assert_int_equal(check(e, NULL, 0), 1);
+}
+
+/* Two states fed by one scan. */
+static void seen_both(const char *relpath, const struct stat *sb, enum manifest_seen kind, void *ud)
+{
+	struct scanstate **two = ud;
+	scanstate_seen(relpath, sb, kind, two[0]);
+	scanstate_seen(relpath, sb, kind, two[1]);
+}
+
+/* With a spill file, a state being built holds about SCANSTATE_SPILL_AT
+ * bytes of names, not all of them (the largest allocation while 20000
+ * names are recorded), and the save writes the same bytes as a state that
+ * held them all, fed by the same scan (but for the stamp each begin took,
+ * and so the MAC); that file loads and verifies. */
+static void test_spilled(void **state)
+{
+	struct env *e = *state;
+	struct scanstate *two[2];
+	struct manifest *m;
+	struct stat sb;
+	char name[128];
+
+	assert_int_equal(fstatat(e->dfd, ".", &sb, 0), 0);
+	for (int k = 0; k < 2; k++) {
+		assert_int_equal(scanstate_new(&two[k]), 0);
+		scanstate_begin(two[k], e->dfd);
+		if (k == 1)
+			assert_int_equal(scanstate_spill(two[k], e->sfd), 0);
+		mem_largest_reset();
+		for (int i = 0; i < 20000; i++) {
+			snprintf(name, sizeof(name), "d/a-rather-long-file-name-so-that-the-state-grows-%05d", i);
+			scanstate_seen(name, &sb, MANIFEST_SEEN_STAT, two[k]);
+		}
+		if (k == 0)
+			assert_true(mem_largest() > 2 * SCANSTATE_SPILL_AT);
+		else
+			assert_true(mem_largest() <= 2 * SCANSTATE_SPILL_AT);
+		assert_int_equal(scanstate_count(two[k]), 20000);
+		scanstate_free(two[k]);
+	}
+
+	make_many(e);
+	granule();
+	for (int k = 0; k < 2; k++) {
+		assert_int_equal(scanstate_new(&two[k]), 0);
+		scanstate_begin(two[k], e->dfd);
+	}
+	assert_int_equal(scanstate_spill(two[1], e->sfd), 0);
+	struct manifest_scan_opts o = {.filter = filter, .seen = seen_both, .seen_ud = two};
+	assert_int_equal(manifest_scan(e->dfd, &o, &m), 0);
+	assert_int_equal(scanstate_save(two[0], e->sfd, "held", m, key, fp, NULL, 0), 0);
+	assert_int_equal(scanstate_save(two[1], e->sfd, SCANSTATE_FILE, m, key, fp, NULL, 0), 0);
+	/* saved twice: the spilled names are read again */
+	assert_int_equal(scanstate_save(two[1], e->sfd, "again", m, key, fp, NULL, 0), 0);
+	size_t la, lb, lc;
+	uint8_t *a = (uint8_t *)tu_read_file(e->sfd, "held", &la), *b = (uint8_t *)tu_read_file(e->sfd, SCANSTATE_FILE, &lb),
+		*c = (uint8_t *)tu_read_file(e->sfd, "again", &lc);
+	assert_true(la > 2 * 1024 * 1024);
+	assert_int_equal(la, lb);
+	assert_int_equal(lb, lc);
+	assert_memory_equal(b, c, lb);
+	size_t stamp_at = 4 + 1 + 1 + 2 + SCANSTATE_FP_LEN + CHUNK_HASH_LEN + 4;
+	assert_memory_equal(a, b, stamp_at);
+	assert_memory_equal(a + stamp_at + 8, b + stamp_at + 8, la - stamp_at - 8 - 32);
+	free(a);
+	free(b);
+	free(c);
+	manifest_free(m);
+	scanstate_free(two[0]);
+	scanstate_free(two[1]);
 	assert_int_equal(check(e, NULL, 0), 1);
 }
 
@@ -401,6 +480,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_changes_found, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_racy, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_damaged, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_spilled, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_save_streamed, setup, teardown),
 	};
 	if (sodium_init() < 0)
