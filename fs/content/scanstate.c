@@ -207,7 +207,6 @@ void scanstate_distrust(struct scanstate *st)
 		st->distrusted = true;
 }
 
-
 /* Room for n more bytes of records; -E2BIG when the file would pass
  * SCANSTATE_FILE_MAX (its offsets are u32), -ENOMEM. */
 static int rec_reserve(struct scanstate *st, size_t n)
